@@ -1,0 +1,100 @@
+"""Scheduler actor: moves messages between requesters, a policy and the instance workers.
+
+The policy (pure, see ``nursery/scheduling``) decides; this actor only does what it says:
+it feeds arrivals and ``InstanceReady`` notices to the policy, sends ``ExecuteBatch`` to the
+chosen instance, answers rejections, and sleeps until its next message or the policy's next
+deadline. Requests whose requester has stopped waiting are dropped before they reach an
+instance. On ``CloseIntake`` it finishes the queue, then closes the instances' inboxes,
+which ends them; when every sender of its own inbox is gone, it returns.
+
+The same actor runs the default (FIFO) policy today and the batching policies later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from nursery.errors import NurseryError, Unavailable
+from nursery.messages import CloseIntake, ExecuteBatch, InferWork, InstanceReady
+from nursery.scheduling.decisions import Dispatch, Reject, SchedulingPolicy
+
+log = logging.getLogger("nursery.scheduler")
+
+RejectError = Callable[[str], NurseryError]
+
+
+async def run(
+    *,
+    name: str,
+    policy: SchedulingPolicy[InferWork],
+    inbox: trio.MemoryReceiveChannel[Any],
+    instances: Sequence[trio.MemorySendChannel[ExecuteBatch]],
+    reject_error: RejectError = Unavailable,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    closing = False
+    idle: set[int] = set()  # instances the policy knows are free
+    busy: set[int] = set()  # instances running a batch we sent
+    task_status.started()
+    async with inbox:
+        try:
+            while True:
+                now = trio.current_time()
+                poll = policy.poll(now)
+                dropped = False
+                for decision in poll.decisions:
+                    if isinstance(decision, Dispatch):
+                        live = tuple(w for w in decision.items if not w.abandoned())
+                        if not live:  # nobody waits for these: the instance stays free
+                            policy.instance_ready(decision.instance, now)
+                            dropped = True
+                            continue
+                        instances[decision.instance].send_nowait(ExecuteBatch(live))
+                        idle.discard(decision.instance)
+                        busy.add(decision.instance)
+                    elif isinstance(decision, Reject):
+                        for w in decision.items:
+                            _answer(w, reject_error(decision.reason))
+                if dropped:
+                    continue  # the freed instance may take the next request at once
+                if closing and instances and policy.pending() == 0 and not busy:
+                    for channel in instances:
+                        await channel.aclose()  # ends the workers, which close their senders
+                    instances = ()
+                deadline = poll.wake_at if poll.wake_at is not None else math.inf
+                with trio.move_on_at(deadline):
+                    try:
+                        message = await inbox.receive()
+                    except trio.EndOfChannel:
+                        return
+                    now = trio.current_time()
+                    if isinstance(message, InferWork):
+                        if closing or not instances:
+                            _answer(message, Unavailable(f"model '{name}' is unloading"))
+                        else:
+                            policy.arrive(message, now)
+                    elif isinstance(message, InstanceReady):
+                        if message.instance in idle:
+                            log.error("%s: instance %d reported ready twice", name, message.instance)
+                            continue
+                        busy.discard(message.instance)
+                        idle.add(message.instance)
+                        policy.instance_ready(message.instance, now)
+                    elif isinstance(message, CloseIntake):
+                        closing = True
+        finally:
+            with trio.CancelScope(shield=True):
+                for channel in instances:
+                    await channel.aclose()
+
+
+def _answer(work: InferWork, answer: NurseryError) -> None:
+    try:
+        work.reply.send_nowait(answer)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass

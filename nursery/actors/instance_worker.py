@@ -1,0 +1,108 @@
+"""InstanceWorker: one model instance, its own OS thread, its backend.
+
+Receives ``ExecuteBatch`` from its scheduler, runs the batch on its dedicated thread (gather
+inputs, execute, split outputs: all off the trio thread), answers each requester on its own
+reply channel, then tells the scheduler it is ready again. The backend is loaded on that
+thread before ``task_status.started()`` and finalized on it when the inbox closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from nursery import batching
+from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
+from nursery.errors import InternalError, NurseryError
+from nursery.messages import ExecuteBatch, InstanceReady, InferWork
+from nursery.model_config import ModelConfig
+from nursery.threads import DedicatedThread
+from nursery.types import InferenceResponse
+
+log = logging.getLogger("nursery.instance")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTimings:
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+
+def _run_batch(
+    backend: BackendInstance, config: ModelConfig, version: str, batch: ExecuteBatch
+) -> tuple[list[InferenceResponse] | NurseryError, BatchTimings]:
+    """Everything a batch needs, on the instance thread. Errors become the batch's answer."""
+    t0 = time.monotonic_ns()
+    t1 = t2 = t0
+    try:
+        requests = [w.request for w in batch.work]
+        inputs = batching.gather_inputs(requests, config)
+        names = batching.output_names(requests, config)
+        t1 = time.monotonic_ns()
+        results = backend.execute(inputs, names)
+        t2 = time.monotonic_ns()
+        responses: list[InferenceResponse] | NurseryError = batching.split_outputs(
+            requests, [w.batch_size for w in batch.work], results, config, version
+        )
+    except NurseryError as exc:
+        responses = exc
+    except Exception as exc:  # a backend bug must not take the instance down
+        log.exception("model '%s' version %s: batch failed", config.name, version)
+        responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
+    t3 = time.monotonic_ns()
+    return responses, BatchTimings(t1 - t0, t2 - t1, t3 - t2)
+
+
+def _deliver(work: tuple[InferWork, ...], result: list[InferenceResponse] | NurseryError) -> None:
+    for i, item in enumerate(work):
+        answer: Any = result if isinstance(result, NurseryError) else result[i]
+        try:
+            item.reply.send_nowait(answer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the requester stopped waiting
+
+
+async def run(
+    *,
+    config: ModelConfig,
+    version: str,
+    version_path: Path,
+    placement: InstancePlacement,
+    factory: BackendFactory,
+    inbox: trio.MemoryReceiveChannel[ExecuteBatch],
+    scheduler: trio.MemorySendChannel[Any],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    thread = DedicatedThread(f"{config.name}:{version}:{placement.name}")
+    backend: BackendInstance | None = None
+    try:
+        async with inbox, scheduler:
+            backend = await thread.call(factory.load, config, version_path, placement)
+            log.info(
+                "model '%s' version %s: instance %s ready (%s %d)",
+                config.name, version, placement.name, placement.kind.upper(), placement.device_id,
+            )
+            task_status.started()
+            await scheduler.send(InstanceReady(placement.index))
+            async for batch in inbox:
+                result, _timings = await thread.call(_run_batch, backend, config, version, batch)
+                _deliver(batch.work, result)
+                try:
+                    await scheduler.send(InstanceReady(placement.index))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # scheduler already gone: we are shutting down
+    finally:
+        with trio.CancelScope(shield=True):
+            if backend is not None:
+                try:
+                    await thread.call(backend.close)
+                except Exception:
+                    log.exception("model '%s': instance %s failed to close", config.name,
+                                  placement.name)
+            thread.stop()

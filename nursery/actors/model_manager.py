@@ -1,0 +1,358 @@
+"""ModelManager: owns every model version's lifecycle and the nursery it lives in.
+
+Only this actor changes a version's state (UNKNOWN, LOADING, READY, UNLOADING, UNAVAILABLE)
+and it publishes each change as a new immutable table in the :class:`Directory`. A version is
+served by its own nursery (its instance workers and its scheduler); loading opens it, starts
+the workers (each loads its backend on its own thread), then the scheduler, and only then
+marks the version READY. Unloading marks it UNLOADING, closes the intake, lets the scheduler
+finish the queue and the workers finish their batches, bounded by the unload timeout.
+
+Commands arrive on the inbox (``LoadModel``, ``UnloadModel``, ``RepositoryIndex``); when the
+inbox closes (server shutdown) every model is drained and unloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import trio
+
+from nursery.actors import default_scheduler, instance_worker
+from nursery.backends.base import get_factory
+from nursery.errors import ErrorKind, NotFound, NurseryError
+from nursery.handles import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
+from nursery.messages import CloseIntake, ExecuteBatch, InferWork
+from nursery.model_config import ModelConfig, read_model_config
+from nursery.repository import ModelLocation, scan
+from nursery.scheduling.fifo import FifoPolicy
+
+log = logging.getLogger("nursery.manager")
+
+INTAKE_CAPACITY = 65536  # requests buffered ahead of a scheduler before UNAVAILABLE
+
+# Triton's Status code strings, used in the "reason" of a failed version
+_CODE_STRINGS = {
+    ErrorKind.UNKNOWN: "Unknown",
+    ErrorKind.INTERNAL: "Internal",
+    ErrorKind.NOT_FOUND: "Not found",
+    ErrorKind.INVALID_ARG: "Invalid argument",
+    ErrorKind.UNAVAILABLE: "Unavailable",
+    ErrorKind.UNSUPPORTED: "Unsupported",
+    ErrorKind.ALREADY_EXISTS: "Already exists",
+    ErrorKind.CANCELLED: "Cancelled",
+    ErrorKind.DEADLINE_EXCEEDED: "Deadline exceeded",
+    ErrorKind.RESOURCE_EXHAUSTED: "Resource exhausted",
+}
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Triton's ``Status::AsString()`` form: ``"Invalid argument: <message>"``."""
+    error = first_error(exc)
+    if isinstance(error, NurseryError):
+        return f"{_CODE_STRINGS[error.kind]}: {error.message}"
+    return f"Internal: {error}"
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (trio wraps nursery failures in groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadModel:
+    name: str
+    reply: trio.MemorySendChannel[NurseryError | None]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UnloadModel:
+    name: str
+    reply: trio.MemorySendChannel[NurseryError | None]
+
+
+class StartupError(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class _Live:
+    """A running version: its handle, the manager's control channel, its cancel scope."""
+
+    handle: ModelHandle
+    control: trio.MemorySendChannel[Any]
+    scope: trio.CancelScope
+    done: trio.Event
+
+
+class _Manager:
+    def __init__(
+        self,
+        repositories: tuple[Path, ...],
+        directory: Directory,
+        nursery: trio.Nursery,
+        *,
+        auto_complete: bool,
+        unload_timeout: float,
+    ) -> None:
+        self.repositories = repositories
+        self.directory = directory
+        self.nursery = nursery
+        self.auto_complete = auto_complete
+        self.unload_timeout = unload_timeout
+        self.entries: dict[str, ModelEntry] = {}
+        self.live: dict[tuple[str, int], _Live] = {}
+        self.config_limiter = trio.CapacityLimiter(4)
+
+    # -- state (the only writer) -----------------------------------------------------------
+
+    def _set(self, name: str, version: int, state: ModelState, reason: str = "",
+             handle: ModelHandle | None = None) -> None:
+        entry = self.entries.get(name) or ModelEntry(name, MappingProxyType({}))
+        versions = dict(entry.versions)
+        versions[version] = VersionStatus(version, state, reason, handle)
+        self.entries[name] = ModelEntry(name, MappingProxyType(versions), "", entry.config)
+        self._publish()
+
+    def _set_model_failure(self, name: str, reason: str) -> None:
+        entry = self.entries.get(name) or ModelEntry(name, MappingProxyType({}))
+        self.entries[name] = ModelEntry(name, entry.versions, reason, entry.config)
+        self._publish()
+
+    def _publish(self) -> None:
+        self.directory.publish(ModelTable(MappingProxyType(dict(self.entries))))
+
+    # -- loading ---------------------------------------------------------------------------
+
+    async def load_many(self, names: Iterable[str]) -> list[str]:
+        """Load models concurrently; returns the names that failed."""
+        failed: list[str] = []
+
+        async def one(name: str) -> None:
+            error = await self.load(name)
+            if error is not None:
+                failed.append(name)
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(one, name)
+        return sorted(failed)
+
+    async def load(self, name: str) -> NurseryError | None:
+        """Load (or reload) every version the policy selects. Returns the error, if any."""
+        repo = scan(self.repositories)
+        if name in repo.duplicates:
+            where = ", ".join(str(p) for p in repo.duplicates[name])
+            reason = f"model '{name}' appears in more than one repository ({where})"
+            self._set_model_failure(name, f"Invalid argument: {reason}")
+            log.error("failed to load '%s': %s", name, reason)
+            return NurseryError(reason, ErrorKind.INVALID_ARG)
+        location = repo.models.get(name)
+        if location is None:
+            return NotFound(f"failed to load '{name}', failed to poll from model repository")
+        try:
+            config, versions = await trio.to_thread.run_sync(
+                partial(read_model_config, location.path, name, auto_complete=self.auto_complete),
+                limiter=self.config_limiter,
+            )
+        except NurseryError as exc:
+            reason = failure_reason(exc)
+            log.error("failed to load '%s': %s", name, reason)
+            self._set_model_failure(name, reason)
+            return exc
+        entry = self.entries.get(name)
+        self.entries[name] = ModelEntry(
+            name, entry.versions if entry else MappingProxyType({}), "", config
+        )
+        if config.scheduler == "dynamic":
+            log.warning(
+                "model '%s': dynamic_batching is configured but the dynamic batcher is not "
+                "active yet in this build; requests run one at a time (FIFO)", name,
+            )
+        errors: list[NurseryError] = []
+
+        async def one(version: int) -> None:
+            error = await self._load_version(location, config, version)
+            if error is not None:
+                errors.append(error)
+
+        async with trio.open_nursery() as nursery:
+            for version in versions:
+                nursery.start_soon(one, version)
+        return errors[0] if errors else None
+
+    async def _load_version(
+        self, location: ModelLocation, config: ModelConfig, version: int
+    ) -> NurseryError | None:
+        name = location.name
+        old = self.live.get((name, version))
+        self._set(name, version, ModelState.LOADING)
+        log.info("loading: %s:%d", name, version)
+        scope = trio.CancelScope()
+        done = trio.Event()
+        try:
+            handle, control = await self.nursery.start(
+                partial(self._serve_version, location, config, version, scope, done)
+            )
+        except BaseException as exc:
+            if isinstance(first_error(exc), trio.Cancelled):
+                raise
+            reason = failure_reason(exc)
+            log.error("failed to load '%s' version %d: %s", name, version, reason)
+            if old is not None:  # a failed reload leaves the old version serving
+                self._set(name, version, ModelState.READY, "", old.handle)
+            else:
+                self._set(name, version, ModelState.UNAVAILABLE, reason)
+            error = first_error(exc)
+            return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
+        self.live[(name, version)] = _Live(handle, control, scope, done)
+        self._set(name, version, ModelState.READY, "", handle)
+        log.info("successfully loaded '%s' version %d", name, version)
+        if old is not None:  # the new version serves; the old one drains
+            self.nursery.start_soon(self._drain, old)
+        return None
+
+    async def _serve_version(
+        self,
+        location: ModelLocation,
+        config: ModelConfig,
+        version: int,
+        scope: trio.CancelScope,
+        done: trio.Event,
+        task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
+    ) -> None:
+        """The life of one version: its own nursery holding its workers and scheduler."""
+        name = location.name
+        version_path = location.path / str(version)
+        factory = get_factory(config.backend, name)
+        placements = config.placements()
+        intake, inbox = trio.open_memory_channel[Any](INTAKE_CAPACITY)
+        try:
+            with scope:
+                async with trio.open_nursery() as version_nursery:
+                    worker_channels: list[trio.MemorySendChannel[ExecuteBatch]] = []
+                    async with trio.open_nursery() as starting:
+                        for placement in placements:
+                            send, receive = trio.open_memory_channel[ExecuteBatch](1)
+                            worker_channels.append(send)
+                            starting.start_soon(
+                                version_nursery.start,
+                                partial(
+                                    instance_worker.run,
+                                    config=config,
+                                    version=str(version),
+                                    version_path=version_path,
+                                    placement=placement,
+                                    factory=factory,
+                                    inbox=receive,
+                                    scheduler=intake.clone(),
+                                ),
+                            )
+                    await version_nursery.start(
+                        partial(
+                            default_scheduler.run,
+                            name=name,
+                            policy=FifoPolicy[InferWork](),
+                            inbox=inbox,
+                            instances=worker_channels,
+                        )
+                    )
+                    handle = ModelHandle(name, version, config, intake)
+                    task_status.started((handle, intake.clone()))
+        finally:
+            intake.close()
+            done.set()
+
+    # -- unloading -------------------------------------------------------------------------
+
+    async def _drain(self, live: _Live) -> None:
+        """Stop intake, let queued and running requests finish (bounded), then end."""
+        live.handle.intake.close()
+        try:
+            live.control.send_nowait(CloseIntake())
+        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
+            pass
+        live.control.close()
+        live.scope.deadline = trio.current_time() + self.unload_timeout
+        await live.done.wait()
+
+    async def unload(self, name: str) -> NurseryError | None:
+        versions = sorted(v for (n, v) in self.live if n == name)
+        entry = self.entries.get(name)
+        if not versions and entry is None:
+            return NurseryError("Model to be unloaded has not been served", ErrorKind.INVALID_ARG)
+        async with trio.open_nursery() as nursery:
+            for version in versions:
+                nursery.start_soon(self._unload_version, name, version)
+        return None
+
+    async def _unload_version(self, name: str, version: int) -> None:
+        live = self.live.get((name, version))
+        if live is None:
+            return
+        self._set(name, version, ModelState.UNLOADING, "", None)
+        log.info("unloading: %s:%d", name, version)
+        await self._drain(live)
+        if self.live.get((name, version)) is live:
+            del self.live[(name, version)]
+        self._set(name, version, ModelState.UNAVAILABLE, "unloaded")
+        log.info("successfully unloaded '%s' version %d", name, version)
+
+    async def unload_all(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for name in sorted({n for (n, _) in self.live}):
+                nursery.start_soon(self.unload, name)
+
+
+async def run(
+    *,
+    repositories: tuple[Path, ...],
+    directory: Directory,
+    inbox: trio.MemoryReceiveChannel[Any],
+    startup_models: list[str],
+    exit_on_error: bool,
+    auto_complete: bool = True,
+    unload_timeout: float = 30.0,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
+
+    ``task_status.started`` reports the models that failed to load. With ``exit_on_error``
+    a failure raises :class:`StartupError` instead.
+    """
+    async with trio.open_nursery() as nursery:
+        manager = _Manager(
+            repositories, directory, nursery,
+            auto_complete=auto_complete, unload_timeout=unload_timeout,
+        )
+        failed = await manager.load_many(startup_models)
+        if failed and exit_on_error:
+            await manager.unload_all()
+            raise StartupError("failed to load all models")
+        task_status.started(failed)
+        async with inbox:
+            async for command in inbox:
+                if isinstance(command, LoadModel):
+                    _reply(command.reply, await manager.load(command.name))
+                elif isinstance(command, UnloadModel):
+                    _reply(command.reply, await manager.unload(command.name))
+        await manager.unload_all()
+        nursery.cancel_scope.deadline = min(
+            nursery.cancel_scope.deadline, trio.current_time() + unload_timeout
+        )
+
+
+def _reply(channel: trio.MemorySendChannel[NurseryError | None], value: NurseryError | None) -> None:
+    try:
+        channel.send_nowait(value)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    channel.close()
+

@@ -1,0 +1,319 @@
+"""ONNX Runtime backend (``backend: "onnxruntime"`` / ``platform: "onnxruntime_onnx"``).
+
+One ``InferenceSession`` per model instance, created on the instance's own thread. CPU
+instances use the CPU execution provider; GPU instances use the CUDA provider on their
+device when onnxruntime-gpu and a GPU are present, and fall back to the CPU with one log
+line otherwise. Session options come from the config ``parameters`` Triton's ORT backend
+reads (``intra_op_thread_count``, ``inter_op_thread_count``, ``execution_mode``,
+``enable_mem_arena``, ``enable_mem_pattern``) and ``optimization { graph { level } }``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import betterproto
+import numpy as np
+
+from nursery.backends.base import InstancePlacement
+from nursery.errors import ConfigError, InternalError, InvalidArgument
+from nursery.protocol._generated import inference as pb
+from nursery.types import DataType
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+    from nursery.model_config import ModelConfig
+
+log = logging.getLogger("nursery.backends.onnxruntime")
+
+_ORT_TYPES = {
+    "tensor(bool)": DataType.BOOL,
+    "tensor(uint8)": DataType.UINT8,
+    "tensor(uint16)": DataType.UINT16,
+    "tensor(uint32)": DataType.UINT32,
+    "tensor(uint64)": DataType.UINT64,
+    "tensor(int8)": DataType.INT8,
+    "tensor(int16)": DataType.INT16,
+    "tensor(int32)": DataType.INT32,
+    "tensor(int64)": DataType.INT64,
+    "tensor(float16)": DataType.FP16,
+    "tensor(float)": DataType.FP32,
+    "tensor(double)": DataType.FP64,
+    "tensor(string)": DataType.BYTES,
+    "tensor(bfloat16)": DataType.BF16,
+}
+_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _model_file(config_filename: str, version_path: Path) -> Path:
+    path = version_path / (config_filename or "model.onnx")
+    if path.is_dir():  # Triton accepts a folder holding model.onnx (external data)
+        path = path / "model.onnx"
+    return path
+
+
+def _dims(shape: Sequence[Any]) -> list[int]:
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def _session_options(parameters: Mapping[str, str], graph_level: int, model: str) -> Any:
+    ort = _ort()
+    opts = ort.SessionOptions()
+
+    def int_param(key: str) -> int | None:
+        if key not in parameters:
+            return None
+        try:
+            return int(parameters[key])
+        except ValueError:
+            raise ConfigError(
+                f"model '{model}': parameter '{key}' must be an integer, got '{parameters[key]}'"
+            ) from None
+
+    def bool_param(key: str) -> bool | None:
+        if key not in parameters:
+            return None
+        v = parameters[key].strip().lower()
+        if v in ("true", "1"):
+            return True
+        if v in ("false", "0"):
+            return False
+        raise ConfigError(f"model '{model}': failed to convert {key} '{parameters[key]}' to boolean")
+
+    if (n := int_param("intra_op_thread_count")) and n > 0:
+        opts.intra_op_num_threads = n
+    if (n := int_param("inter_op_thread_count")) and n > 0:
+        opts.inter_op_num_threads = n
+    mode = int_param("execution_mode")
+    if mode is not None:
+        if mode not in (0, 1):
+            raise ConfigError(
+                f"model '{model}': execution_mode must be 0 (sequential) or 1 (parallel), got {mode}"
+            )
+        opts.execution_mode = (
+            ort.ExecutionMode.ORT_PARALLEL if mode == 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+        )
+    if (arena := bool_param("enable_mem_arena")) is not None:
+        opts.enable_cpu_mem_arena = arena
+    if (pattern := bool_param("enable_mem_pattern")) is not None:
+        opts.enable_mem_pattern = pattern
+    levels = {
+        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    }
+    opts.graph_optimization_level = levels.get(graph_level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    return opts
+
+
+def _cuda_available() -> bool:
+    return "CUDAExecutionProvider" in _ort().get_available_providers()
+
+
+class OnnxRuntimeInstance:
+    """One session; every method runs on the owning instance worker's thread."""
+
+    def __init__(self, session: ort.InferenceSession, model: str) -> None:
+        self._session = session
+        self._model = model
+        self._input_types = {i.name: i.type for i in session.get_inputs()}
+        self._output_types = {o.name: o.type for o in session.get_outputs()}
+        self._needs_ortvalues = "tensor(bfloat16)" in set(self._input_types.values()) | set(
+            self._output_types.values()
+        )
+        self._run_options = _ort().RunOptions()
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        feeds: dict[str, Any] = {}
+        for name, array in inputs.items():
+            ort_type = self._input_types.get(name)
+            if ort_type == "tensor(string)":
+                feeds[name] = _text_array(array, name)
+            else:
+                feeds[name] = array
+        names = list(output_names)
+        try:
+            if self._needs_ortvalues:
+                return self._execute_ortvalues(feeds, names)
+            results = self._session.run(names, feeds, self._run_options)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise InternalError(f"onnx runtime error: {exc}") from exc
+        return dict(zip(names, results, strict=True))
+
+    def _execute_ortvalues(self, feeds: dict[str, Any], names: list[str]) -> dict[str, np.ndarray]:
+        ort = _ort()
+        values = {}
+        for name, array in feeds.items():
+            if self._input_types[name] == "tensor(bfloat16)":
+                values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(array, dtype=np.uint16), onnx_element_type=_ONNX_BFLOAT16
+                )
+            else:
+                values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        outs = self._session.run_with_ort_values(names, values, self._run_options)
+        result = {}
+        for name, value in zip(names, outs, strict=True):
+            if self._output_types[name] == "tensor(bfloat16)":
+                shape = value.shape()
+                count = int(np.prod(shape)) if shape else 1
+                raw = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+                result[name] = np.array(raw, dtype=np.uint16).reshape(shape)
+            else:
+                result[name] = value.numpy()
+        return result
+
+    def close(self) -> None:
+        del self._session
+
+
+def _text_array(array: np.ndarray, name: str) -> np.ndarray:
+    """ONNX Runtime string tensors take Python ``str``; BYTES elements must be UTF-8."""
+    out = np.empty(array.shape, dtype=object)
+    flat_in = array.reshape(-1)
+    flat_out = out.reshape(-1)
+    for i, item in enumerate(flat_in):
+        if isinstance(item, bytes | bytearray):
+            try:
+                flat_out[i] = bytes(item).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidArgument(
+                    f"input '{name}' element {i} is not valid UTF-8; ONNX Runtime string tensors "
+                    "carry UTF-8 text"
+                ) from None
+        else:
+            flat_out[i] = str(item)
+    return out
+
+
+class OnnxRuntimeFactory:
+    name = "onnxruntime"
+    platform = "onnxruntime_onnx"
+    default_filename = "model.onnx"
+
+    def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
+        """Triton's ORT AutoCompleteConfig: IO and max_batch_size from the model file."""
+        if config.input and config.output:
+            return
+        path = _model_file(config.default_model_filename, version_path)
+        if not path.exists():
+            raise ConfigError(f"model '{config.name}': unable to find '{path}'")
+        ort = _ort()
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        ins = [(i.name, i.type, _dims(i.shape)) for i in session.get_inputs()]
+        outs = [(o.name, o.type, _dims(o.shape)) for o in session.get_outputs()]
+        batchable = all(d and d[0] == -1 for _, _, d in ins + outs)
+        if batchable:
+            if config.max_batch_size == 0:
+                config.max_batch_size = 4  # Triton's default-max-batch-size
+                log.warning(
+                    "autofilled max_batch_size to 4 for model '%s' since batching is supported "
+                    "but no max_batch_size is specified in model configuration",
+                    config.name,
+                )
+            if config.max_batch_size > 1 and betterproto.which_one_of(
+                config, "scheduling_choice"
+            )[0] == "":
+                config.dynamic_batching = pb.ModelDynamicBatching()
+        elif config.max_batch_size != 0:
+            raise ConfigError(
+                f"autofill failed for model '{config.name}': model does not support batching "
+                "while non-zero max_batch_size is specified"
+            )
+        strip = config.max_batch_size > 0
+        if not config.input:
+            for name, ort_type, dims in ins:
+                config.input.append(pb.ModelInput(name=name, data_type=_config_type(ort_type, name),
+                                                  dims=_config_dims(dims, strip)))
+                if strip and len(dims) == 1:
+                    config.input[-1].reshape = pb.ModelTensorReshape(shape=[])
+        if not config.output:
+            for name, ort_type, dims in outs:
+                config.output.append(pb.ModelOutput(name=name, data_type=_config_type(ort_type, name),
+                                                    dims=_config_dims(dims, strip)))
+                if strip and len(dims) == 1:
+                    config.output[-1].reshape = pb.ModelTensorReshape(shape=[])
+
+    def load(
+        self, config: ModelConfig, version_path: Path, placement: InstancePlacement
+    ) -> OnnxRuntimeInstance:
+        ort = _ort()
+        path = _model_file(config.default_model_filename, version_path)
+        if not path.exists():
+            raise ConfigError(f"model '{config.name}': unable to find '{path}'")
+        opts = _session_options(
+            config.parameters, config.proto.optimization.graph.level, config.name
+        )
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if placement.kind == "gpu":
+            if _cuda_available():
+                providers = [("CUDAExecutionProvider", {"device_id": placement.device_id}),
+                             "CPUExecutionProvider"]
+            else:
+                log.warning(
+                    "model '%s' instance %s: onnxruntime has no CUDA provider here (install the "
+                    "'gpu' extra for onnxruntime-gpu); running on the CPU",
+                    config.name, placement.name,
+                )
+        try:
+            session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        except Exception as exc:
+            raise ConfigError(f"model '{config.name}': onnx runtime failed to load '{path}': {exc}") from exc
+        _check_io(config, session)
+        return OnnxRuntimeInstance(session, config.name)
+
+
+def _config_type(ort_type: str, name: str) -> pb.DataType:
+    dt = _ORT_TYPES.get(ort_type)
+    if dt is None:
+        raise ConfigError(f"tensor '{name}' has ONNX type {ort_type}, which is not supported")
+    return pb.DataType(dt.config_value)
+
+
+def _config_dims(dims: list[int], strip_batch: bool) -> list[int]:
+    out = dims[1:] if strip_batch else dims
+    return out or [1]
+
+
+def _check_io(config: ModelConfig, session: Any) -> None:
+    """The config's inputs and outputs must exist in the model with the same datatype."""
+    model_inputs = {i.name: i for i in session.get_inputs()}
+    model_outputs = {o.name: o for o in session.get_outputs()}
+    for what, specs, found in (("input", config.inputs, model_inputs),
+                               ("output", config.outputs, model_outputs)):
+        for spec in specs:
+            arg = found.get(spec.name)
+            if arg is None:
+                allowed = ", ".join(sorted(found))
+                raise ConfigError(
+                    f"model '{config.name}': unexpected inference {what} '{spec.name}', allowed "
+                    f"{what}s are: {allowed}"
+                )
+            dt = _ORT_TYPES.get(arg.type)
+            if dt is not spec.datatype:
+                raise ConfigError(
+                    f"model '{config.name}': {what} '{spec.name}' has data type "
+                    f"{spec.datatype.config_name} in config.pbtxt but {arg.type} in the model"
+                )
+    required = [n for n in model_inputs if n not in config.input_map]
+    if required:
+        raise ConfigError(
+            f"model '{config.name}': unable to load model, configuration expects "
+            f"{len(config.inputs)} inputs, model provides {len(model_inputs)} (missing from "
+            f"config.pbtxt: {', '.join(required)})"
+        )
+
+
+FACTORY = OnnxRuntimeFactory()

@@ -1,0 +1,190 @@
+"""The transport-neutral facade every frontend calls.
+
+Frontends decode wire bytes into an :class:`InferenceRequest`, call :meth:`Core.infer` (or a
+readiness / metadata / config call), and encode what comes back. Requests are validated here
+against the model's frozen configuration, once, with Triton's messages, before anything
+reaches a scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import trio
+
+from nursery import __version__
+from nursery.errors import InvalidArgument, NurseryError
+from nursery.handles import Directory, ModelHandle
+from nursery.messages import InferWork
+from nursery.model_config import ModelConfig
+from nursery.types import DataType, InferenceRequest, InferenceResponse
+
+SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id changes it
+
+EXTENSIONS = (
+    "classification",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+)
+
+
+def _dims(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
+    "be prepended to each input shape. If you want to specify the full shape including the "
+    "batch dim in your input dims config, try setting max_batch_size to zero. See the model "
+    "configuration docs for more info on max_batch_size."
+)
+
+
+def _count_error(
+    prefix: str, request: InferenceRequest, config: ModelConfig, required: list[str]
+) -> None:
+    inputs = request.inputs
+    missing = [n for n in required if n not in inputs]
+    got = "[" + ",".join(f"'{n}'" for n in inputs) + "]"
+    miss = "[" + ",".join(f"'{n}'" for n in missing) + "]"
+    if len(required) == len(config.inputs):
+        expected = f"expected {len(config.inputs)} inputs"
+    else:
+        expected = f"expected number of inputs between {len(required)} and {len(config.inputs)}"
+    raise InvalidArgument(
+        f"{prefix}{expected} but got {len(inputs)} inputs for model '{config.name}'. Got input(s) "
+        f"{got}, but missing required input(s) {miss}. Please provide all required input(s)."
+    )
+
+
+def validate_request(request: InferenceRequest, config: ModelConfig) -> int:
+    """Check a request against the model (Triton's order and messages); return its batch size."""
+    prefix = f"[request id: {request.id or '<id_unknown>'}] "
+    model = config.name
+    for out in request.requested_outputs:
+        if out.name not in config.output_map:
+            raise InvalidArgument(f"unexpected inference output '{out.name}' for model '{model}'")
+    inputs = request.inputs
+    required = [s.name for s in config.inputs if not s.optional]
+    if len(inputs) > len(config.inputs) or len(inputs) < len(required):
+        _count_error(prefix, request, config, required)
+    batching = config.max_batch_size > 0
+    batch_size = 1 if not batching else -1
+    for name, tensor in inputs.items():
+        spec = config.input_map.get(name)
+        if spec is None:
+            raise InvalidArgument(f"unexpected inference input '{name}' for model '{model}'")
+        shape = tensor.shape
+        if batching and not spec.is_shape_tensor:
+            if not shape:
+                raise InvalidArgument(
+                    f"{prefix}input '{name}' has no shape but model requires batch dimension "
+                    f"for '{model}'"
+                )
+            if batch_size == -1:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                raise InvalidArgument(
+                    f"{prefix}input '{name}' batch size does not match other inputs for '{model}'"
+                )
+    if any(n not in inputs for n in required):
+        _count_error(prefix, request, config, required)
+    if batching and batch_size > config.max_batch_size:
+        raise InvalidArgument(
+            f"{prefix}inference request batch-size must be <= {config.max_batch_size} for "
+            f"'{model}'"
+        )
+    for name, tensor in inputs.items():
+        spec = config.input_map[name]
+        if tensor.datatype is not spec.datatype:
+            raise InvalidArgument(
+                f"{prefix}inference input '{name}' data-type is '{tensor.datatype.value}', but "
+                f"model '{model}' expects '{spec.datatype.value}'"
+            )
+        dims = tensor.shape[1:] if batching and not spec.is_shape_tensor else tensor.shape
+        if len(dims) != len(spec.dims) or any(
+            c != -1 and c != d for c, d in zip(spec.dims, dims, strict=True)
+        ):
+            full = spec.full_shape(config.max_batch_size)
+            note = _BATCH_NOTE if batching else ""
+            raise InvalidArgument(
+                f"{prefix}unexpected shape for input '{name}' for model '{model}'. Expected "
+                f"{_dims(full)}, got {_dims(tensor.shape)}. {note}".rstrip()
+            )
+    return batch_size if batching else 1
+
+
+class Core:
+    """What the frontends may ask of the server."""
+
+    def __init__(self, directory: Directory, *, server_name: str = SERVER_NAME,
+                 strict_readiness: bool = True) -> None:
+        self.directory = directory
+        self.server_name = server_name
+        self.strict_readiness = strict_readiness
+        self.live = True
+        self.accepting = False  # ready for traffic: set once start-up loading is done
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    def server_live(self) -> bool:
+        return self.live
+
+    def server_ready(self) -> bool:
+        if not self.accepting:
+            return False
+        return self.directory.all_ready() if self.strict_readiness else True
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.directory.is_ready(name, version)
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.server_name, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def resolve(self, name: str, version: str = "") -> ModelHandle:
+        return self.directory.resolve(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        handle = self.directory.resolve(name, version)
+        config = handle.config
+        if version:
+            versions = [version]
+        else:
+            entry = self.directory.entry(name)
+            versions = [str(v) for v in entry.ready_versions()] if entry else []
+        mbs = config.max_batch_size
+
+        def tensors(specs: Any) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "datatype": s.datatype.value, "shape": s.full_shape(mbs)}
+                for s in specs
+            ]
+
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": config.platform_name,
+            "inputs": tensors(config.inputs),
+            "outputs": tensors(config.outputs),
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return dict(self.directory.resolve(name, version).config.json)
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        handle = self.directory.resolve(request.model_name, request.model_version)
+        batch_size = validate_request(request, handle.config)
+        send, receive = trio.open_memory_channel[Any](1)
+        handle.submit(InferWork(request, send, batch_size, time.monotonic_ns()))
+        with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
+            answer = await receive.receive()
+        if isinstance(answer, NurseryError):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+
+__all__ = ["Core", "validate_request", "DataType"]

@@ -1,0 +1,409 @@
+"""A model's configuration: read ``config.pbtxt`` once, complete it, validate it, freeze it.
+
+``read_model_config`` turns a model folder into a frozen :class:`ModelConfig`:
+
+1. parse ``config.pbtxt`` (protobuf text format) into the typed ``pb.ModelConfig``;
+2. fill ``name``, ``platform`` and ``backend`` as Triton does (the backend from the model
+   file when the config names none);
+3. let the backend auto-complete what the model file knows (inputs, outputs,
+   ``max_batch_size``), unless auto-complete is disabled;
+4. normalize: default version policy, instance groups, preferred batch sizes, pinned memory;
+5. validate, with errors that name the model, the file and the field.
+
+Nothing downstream reads the text or the message's raw fields again: actors get the frozen
+:class:`ModelConfig`, whose ``proto`` is kept (read-only) for the ``/config`` answers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import betterproto
+
+from nursery import pbtext
+from nursery.backends.base import (
+    BACKEND_TO_PLATFORM,
+    DEFAULT_FILENAMES,
+    PLATFORM_TO_BACKEND,
+    InstancePlacement,
+    detect_backend,
+    get_factory,
+    gpu_count,
+)
+from nursery.config_json import config_to_json
+from nursery.errors import ConfigError, InvalidArgument
+from nursery.protocol._generated import inference as pb
+from nursery.repository import available_versions, select_versions
+from nursery.types import DataType
+
+log = logging.getLogger("nursery.config")
+
+CONFIG_FILENAME = "config.pbtxt"
+SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]  # without the batch dimension; -1 = variable
+    optional: bool = False
+    is_shape_tensor: bool = False
+    reshape: tuple[int, ...] | None = None
+    label_filename: str = ""
+
+    def full_shape(self, max_batch_size: int) -> list[int]:
+        """The shape as metadata reports it: ``-1`` prepended when the model batches."""
+        return [-1, *self.dims] if max_batch_size > 0 else list(self.dims)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    name: str
+    kind: str  # "cpu", "gpu" or "model"
+    count: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instance_groups: tuple[InstanceGroup, ...]
+    scheduler: str  # "default", "dynamic", "sequence" or "ensemble"
+    decoupled: bool
+    default_model_filename: str
+    parameters: Mapping[str, str]
+    path: Path
+    proto: pb.ModelConfig = field(repr=False, compare=False)
+    input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_map", MappingProxyType({t.name: t for t in self.inputs}))
+        object.__setattr__(self, "output_map", MappingProxyType({t.name: t for t in self.outputs}))
+        object.__setattr__(self, "json", config_to_json(self.proto))
+
+    @property
+    def platform_name(self) -> str:
+        """What model metadata reports as ``platform``: the platform, else the backend."""
+        return self.platform or self.backend
+
+    def model_filename(self) -> str:
+        return self.default_model_filename or DEFAULT_FILENAMES.get(self.backend, "")
+
+    def placements(self) -> list[InstancePlacement]:
+        """One placement per model instance, in group order.
+
+        A KIND_GPU group on a machine without a usable GPU runs on the CPU instead (logged
+        once per model): nursery must serve wherever it is started.
+        """
+        out: list[InstancePlacement] = []
+        gpus_here = gpu_count()
+        warned = False
+        for group in self.instance_groups:
+            devices: tuple[int, ...] = group.gpus if group.kind == "gpu" else (0,)
+            for device in devices:
+                for _ in range(group.count):
+                    kind = "cpu" if group.kind != "gpu" else "gpu"
+                    if kind == "gpu" and device >= gpus_here:
+                        if not warned:
+                            log.warning(
+                                "model '%s': instance group '%s' asks for GPU %d but %s; "
+                                "running it on the CPU", self.name, group.name, device,
+                                "no GPU is available" if gpus_here == 0
+                                else f"only {gpus_here} GPU(s) are present",
+                            )
+                            warned = True
+                        kind, device = "cpu", 0
+                    out.append(InstancePlacement(group.name, len(out), kind, device))
+        return out
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAME) -> pb.ModelConfig:
+    try:
+        return pbtext.parse(text, pb.ModelConfig())  # type: ignore[return-value]
+    except pbtext.TextFormatError as exc:
+        raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
+
+
+def read_config_proto(model_path: Path, model_name: str, auto_complete: bool) -> pb.ModelConfig:
+    path = model_path / CONFIG_FILENAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if not auto_complete:
+            raise ConfigError(
+                f"model '{model_name}': {CONFIG_FILENAME} is missing and auto-complete is "
+                "disabled (--disable-auto-complete-config / --strict-model-config=true)"
+            ) from None
+        return pb.ModelConfig()
+    except OSError as exc:
+        raise ConfigError(f"model '{model_name}': cannot read {CONFIG_FILENAME}: {exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"model '{model_name}': {CONFIG_FILENAME} is not UTF-8 text (byte {exc.start})"
+        ) from None
+    return parse_config_text(text, model_name)
+
+
+def read_model_config(
+    model_path: Path,
+    model_name: str,
+    *,
+    auto_complete: bool = True,
+    proto: pb.ModelConfig | None = None,
+) -> tuple[ModelConfig, list[int]]:
+    """The frozen configuration of a model folder and the versions its policy selects.
+
+    ``proto`` replaces the file's configuration (a load request's ``config`` override).
+    Blocking (reads files; auto-complete may open the model): call it off the trio thread.
+    """
+    if proto is None:
+        proto = read_config_proto(model_path, model_name, auto_complete)
+    where = f"model '{model_name}'"
+    if not proto.name:
+        proto.name = model_name
+    elif proto.name != model_name:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'name' is '{proto.name}' but the model folder is "
+            f"'{model_name}'; they must match"
+        )
+    versions_on_disk = available_versions(model_path)
+    _fill_backend(proto, model_path, versions_on_disk, where)
+    if not proto.version_policy or not _present(proto, "version_policy"):
+        policy = pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1))
+        proto.version_policy = policy
+    versions = select_versions(proto.version_policy, versions_on_disk)
+    if not versions:
+        raise ConfigError(
+            f"{where}: no version to serve: found versions {versions_on_disk or 'none'} in "
+            f"'{model_path}', and the version policy selects none of them (a version is a "
+            "numbered folder holding the model file)"
+        )
+    factory = get_factory(proto.backend, model_name)
+    if auto_complete:
+        version_path = model_path / str(versions[-1])
+        try:
+            factory.auto_complete(proto, version_path)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"{where}: auto-complete from the model file failed: {exc}") from exc
+    _normalize(proto)
+    config = _freeze(proto, model_path, where)
+    return config, versions
+
+
+def _present(message: betterproto.Message, name: str) -> bool:
+    return pbtext.is_present(message, pbtext.fields_of(type(message))[name])
+
+
+def _fill_backend(
+    proto: pb.ModelConfig, model_path: Path, versions: list[int], where: str
+) -> None:
+    if proto.platform == "ensemble":
+        raise ConfigError(f"{where}: ensembles are not supported yet")
+    if not proto.backend and proto.platform:
+        backend = PLATFORM_TO_BACKEND.get(proto.platform)
+        if backend is None:
+            raise ConfigError(
+                f"{where}: {CONFIG_FILENAME}: unknown platform '{proto.platform}' (known: "
+                f"{', '.join(sorted(PLATFORM_TO_BACKEND))}, ensemble)"
+            )
+        proto.backend = backend
+    if not proto.backend:
+        version_paths = [model_path / str(v) for v in reversed(versions)]
+        if proto.default_model_filename:
+            for path in version_paths:
+                if (path / proto.default_model_filename).exists():
+                    suffix = Path(proto.default_model_filename).suffix
+                    proto.backend = {".onnx": "onnxruntime", ".pt": "pytorch",
+                                     ".plan": "tensorrt", ".py": "python"}.get(suffix, "")
+                    break
+        if not proto.backend:
+            detected = detect_backend(version_paths)
+            if detected is None:
+                raise ConfigError(
+                    f"{where}: {CONFIG_FILENAME} names no 'backend' or 'platform', and no "
+                    f"version folder holds a known model file "
+                    f"({', '.join(DEFAULT_FILENAMES.values())})"
+                )
+            proto.backend = detected
+    if not proto.default_model_filename and proto.backend in DEFAULT_FILENAMES:
+        proto.default_model_filename = DEFAULT_FILENAMES[proto.backend]
+    if not proto.platform and proto.backend in BACKEND_TO_PLATFORM:
+        proto.platform = BACKEND_TO_PLATFORM[proto.backend]
+    elif proto.platform and PLATFORM_TO_BACKEND.get(proto.platform, proto.backend) != proto.backend:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: platform '{proto.platform}' does not match backend "
+            f"'{proto.backend}'"
+        )
+
+
+def _normalize(proto: pb.ModelConfig) -> None:
+    """Triton's NormalizeModelConfig and NormalizeInstanceGroup."""
+    scheduling, sched_value = betterproto.which_one_of(proto, "scheduling_choice")
+    if scheduling == "dynamic_batching":
+        if not sched_value.preferred_batch_size and proto.max_batch_size > 0:
+            sched_value.preferred_batch_size.append(proto.max_batch_size)
+    elif scheduling == "sequence_batching":
+        if sched_value.max_sequence_idle_microseconds == 0:
+            sched_value.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+        strategy, oldest = betterproto.which_one_of(sched_value, "strategy_choice")
+        if strategy == "oldest" and not oldest.preferred_batch_size and proto.max_batch_size > 0:
+            oldest.preferred_batch_size.append(proto.max_batch_size)
+    if scheduling != "ensemble_scheduling":
+        opt = proto.optimization
+        for name in ("input_pinned_memory", "output_pinned_memory"):
+            if not _present(opt, name):
+                buf = pb.ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
+                setattr(opt, name, buf)
+        pbtext.mark_present(opt)
+        proto.optimization = opt
+        if not proto.instance_group:
+            proto.instance_group.append(pb.ModelInstanceGroup(name=proto.name))
+        gpus = gpu_count()
+        for i, group in enumerate(proto.instance_group):
+            if not group.name:
+                group.name = f"{proto.name}_{i}"
+            if group.kind == pb.ModelInstanceGroupKind.KIND_AUTO:
+                group.kind = (
+                    pb.ModelInstanceGroupKind.KIND_GPU if gpus else pb.ModelInstanceGroupKind.KIND_CPU
+                )
+            if group.count < 1:
+                # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime
+                cpu = group.kind == pb.ModelInstanceGroupKind.KIND_CPU
+                group.count = 2 if cpu and proto.backend in _TWO_CPU_INSTANCES else 1
+            if group.kind == pb.ModelInstanceGroupKind.KIND_GPU and not group.gpus:
+                group.gpus.extend(range(max(gpus, 1)))
+
+
+_TWO_CPU_INSTANCES = {"onnxruntime", "tensorflow"}
+
+_KIND_NAMES = {
+    pb.ModelInstanceGroupKind.KIND_CPU: "cpu",
+    pb.ModelInstanceGroupKind.KIND_GPU: "gpu",
+    pb.ModelInstanceGroupKind.KIND_MODEL: "model",
+}
+
+
+def _tensor_specs(
+    tensors: list[pb.ModelInput] | list[pb.ModelOutput], what: str, where: str
+) -> tuple[TensorSpec, ...]:
+    specs: list[TensorSpec] = []
+    seen: set[str] = set()
+    for t in tensors:
+        if not t.name:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: every model {what} must have a 'name'")
+        label = f"{where}: {CONFIG_FILENAME}: {what} '{t.name}'"
+        if t.name in seen:
+            raise ConfigError(f"{label} is specified more than once")
+        seen.add(t.name)
+        if t.data_type == pb.DataType.TYPE_INVALID:
+            raise ConfigError(f"{label} must specify 'data_type'")
+        try:
+            datatype = DataType.from_config(t.data_type)
+        except InvalidArgument as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+        if not t.dims:
+            raise ConfigError(f"{label} must specify 'dims'")
+        for d in t.dims:
+            if d < 1 and d != -1:
+                raise ConfigError(
+                    f"{label}: dimension {d} in 'dims' {list(t.dims)} is invalid; a dimension "
+                    "must be an integer >= 1, or -1 for a variable-size dimension"
+                )
+        reshape: tuple[int, ...] | None = None
+        if pbtext.is_present(t, pbtext.fields_of(type(t))["reshape"]):
+            reshape = tuple(t.reshape.shape)
+        specs.append(
+            TensorSpec(
+                name=t.name,
+                datatype=datatype,
+                dims=tuple(int(d) for d in t.dims),
+                optional=bool(getattr(t, "optional", False)),
+                is_shape_tensor=t.is_shape_tensor,
+                reshape=reshape,
+                label_filename=getattr(t, "label_filename", ""),
+            )
+        )
+    return tuple(specs)
+
+
+def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
+    if proto.max_batch_size < 0:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'max_batch_size' must be >= 0, got {proto.max_batch_size}"
+        )
+    inputs = _tensor_specs(proto.input, "input", where)
+    outputs = _tensor_specs(proto.output, "output", where)
+    if not inputs:
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no inputs")
+    if not outputs:
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no outputs")
+    groups = []
+    for g in proto.instance_group:
+        kind = _KIND_NAMES.get(g.kind)
+        if kind is None:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has no kind")
+        if g.gpus and kind != "gpu":
+            raise ConfigError(
+                f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has kind "
+                f"KIND_{kind.upper()} but specifies one or more GPUs"
+            )
+        for gpu in g.gpus:
+            if gpu < 0:
+                raise ConfigError(
+                    f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' names GPU {gpu}"
+                )
+        groups.append(InstanceGroup(g.name, kind, g.count, tuple(g.gpus)))
+    scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
+    scheduler = {
+        "dynamic_batching": "dynamic",
+        "sequence_batching": "sequence",
+        "ensemble_scheduling": "ensemble",
+    }.get(scheduling, "default")
+    if scheduling == "dynamic_batching":
+        for size in proto.dynamic_batching.preferred_batch_size:
+            if size < 1 or (proto.max_batch_size > 0 and size > proto.max_batch_size):
+                raise ConfigError(
+                    f"{where}: {CONFIG_FILENAME}: dynamic_batching preferred batch size {size} "
+                    f"must be between 1 and max_batch_size ({proto.max_batch_size})"
+                )
+    which, latest = betterproto.which_one_of(proto.version_policy, "policy_choice")
+    if which == "latest" and latest.num_versions < 1:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: version_policy latest must have num_versions >= 1"
+        )
+    parameters = {k: v.string_value for k, v in proto.parameters.items()}
+    return ModelConfig(
+        name=proto.name,
+        platform=proto.platform,
+        backend=proto.backend,
+        max_batch_size=proto.max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        instance_groups=tuple(groups),
+        scheduler=scheduler,
+        decoupled=proto.model_transaction_policy.decoupled,
+        default_model_filename=proto.default_model_filename,
+        parameters=MappingProxyType(parameters),
+        path=model_path,
+        proto=proto,
+    )

@@ -1,0 +1,68 @@
+"""The binary tensor data extension: a JSON header followed by raw tensor blocks.
+
+``Inference-Header-Content-Length`` gives the JSON header's byte length; each input (request)
+or output (response) carrying ``parameters.binary_data_size`` owns the next block, in order.
+Pure functions: no I/O, no trio.
+"""
+
+from __future__ import annotations
+
+from nursery.errors import InvalidArgument
+
+HEADER = "Inference-Header-Content-Length"
+HEADER_LOWER = b"inference-header-content-length"
+
+
+def split_body(body: bytes, header_value: bytes | None) -> tuple[memoryview, memoryview | None]:
+    """Split a request body into the JSON header and the binary section.
+
+    Returns ``(json, binary)``; ``binary`` is None without the header (all JSON).
+    A header length of 0 means a raw binary request (no JSON at all): ``json`` is empty.
+    """
+    view = memoryview(body)
+    if header_value is None:
+        return view, None
+    text = header_value.decode("latin-1").strip()
+    try:
+        length = int(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"Unable to parse {HEADER}, got: {text}"
+        ) from None
+    if length < 0 or length > len(body):
+        raise InvalidArgument(
+            f"inference header size should be in range (0, {len(body)}), got: {text}"
+        )
+    return view[:length], view[length:]
+
+
+class BlockReader:
+    """Hands out consecutive blocks of the binary section to binary inputs, in order."""
+
+    __slots__ = ("_data", "_pos", "_model")
+
+    def __init__(self, data: memoryview | None, model: str) -> None:
+        self._data = data
+        self._pos = 0
+        self._model = model
+
+    def take(self, name: str, size: int) -> memoryview:
+        data = self._data
+        if data is None:
+            raise InvalidArgument(
+                f"unexpected size for input '{name}', expecting {size} additional bytes for "
+                f"model '{self._model}'"
+            )
+        end = self._pos + size
+        if end > len(data):
+            raise InvalidArgument(
+                f"unexpected size for input '{name}', expecting {end - len(data)} additional "
+                f"bytes for model '{self._model}'"
+            )
+        block = data[self._pos : end]
+        self._pos = end
+        return block
+
+    def finish(self) -> None:
+        if self._data is not None and self._pos != len(self._data):
+            raise InvalidArgument(f"unexpected additional input data for model '{self._model}'")

@@ -1,0 +1,143 @@
+"""KServe v2 HTTP/REST routes plus Triton's extensions.
+
+:func:`build_http_app` returns the ASGI callable hypercorn serves: the inference route goes
+straight to the lean handler in ``http_infer``; every other route is a quart-trio view of a few
+lines that calls the core and encodes its answer. Errors are ``{"error": "..."}`` with the
+status from ``status_map``; unknown routes are 404 ``{"error":"Not Found"}`` and wrong
+methods 405 ``{"error":"Method Not Allowed"}``, as Triton answers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+from quart import Response
+from quart_trio import QuartTrio
+
+from nursery.core import Core
+from nursery.errors import NurseryError, Unsupported
+from nursery.protocol.http_infer import handle_infer
+from nursery.protocol.json_codec import dumps
+from nursery.protocol.status_map import error_body, http_error
+
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+_INFER_PATH = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(dumps(obj), status=status, content_type="application/json")
+
+
+def _error(error: NurseryError) -> Response:
+    status, body = http_error(error)
+    return Response(body, status=status, content_type="application/json")
+
+
+def _empty(status: int) -> Response:
+    return Response(b"", status=status)
+
+
+def build_quart_app(core: Core) -> QuartTrio:
+    app = QuartTrio("nursery")
+    app.config["MAX_CONTENT_LENGTH"] = None
+
+    @app.errorhandler(NurseryError)
+    async def nursery_error(error: NurseryError) -> Response:
+        return _error(error)
+
+    @app.errorhandler(404)
+    async def not_found(_: Any) -> Response:
+        return Response(error_body("Not Found"), status=404, content_type="application/json")
+
+    @app.errorhandler(405)
+    async def bad_method(_: Any) -> Response:
+        return Response(error_body("Method Not Allowed"), status=405,
+                        content_type="application/json")
+
+    @app.get("/v2/health/live")
+    async def health_live() -> Response:
+        return _empty(200 if core.server_live() else 400)
+
+    @app.get("/v2/health/ready")
+    async def health_ready() -> Response:
+        return _empty(200 if core.server_ready() else 400)
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return _json(core.server_metadata())
+
+    @app.get("/v2/models/<model>/ready")
+    @app.get("/v2/models/<model>/versions/<version>/ready")
+    async def model_ready(model: str, version: str = "") -> Response:
+        if core.model_ready(model, version):
+            return _empty(200)
+        return Response(error_body("Model version not ready"), status=400,
+                        content_type="application/json")
+
+    @app.get("/v2/models/<model>")
+    @app.get("/v2/models/<model>/versions/<version>")
+    async def model_metadata(model: str, version: str = "") -> Response:
+        return _json(core.model_metadata(model, version))
+
+    @app.get("/v2/models/<model>/config")
+    @app.get("/v2/models/<model>/versions/<version>/config")
+    async def model_config(model: str, version: str = "") -> Response:
+        return _json(core.model_config(model, version))
+
+    @app.route("/v2/models/<model>/infer", methods=["POST"])
+    @app.route("/v2/models/<model>/versions/<version>/infer", methods=["POST"])
+    async def infer_elsewhere(model: str, version: str = "") -> Response:
+        # POSTs never get here (build_http_app routes them to the lean handler); the rule
+        # exists so that other methods on this path get Triton's 405.
+        return _error(Unsupported("inference is served by the lean handler"))
+
+    # Triton routes whose features land later: a clear 501, never a 404 or a hang.
+    later = {
+        "/v2/models/stats": "statistics",
+        "/v2/models/<model>/stats": "statistics",
+        "/v2/models/<model>/versions/<version>/stats": "statistics",
+        "/v2/repository/index": "the model repository extension",
+        "/v2/repository/models/<model>/load": "the model repository extension",
+        "/v2/repository/models/<model>/unload": "the model repository extension",
+        "/v2/systemsharedmemory/status": "system shared memory",
+        "/v2/systemsharedmemory/region/<region>/status": "system shared memory",
+        "/v2/systemsharedmemory/region/<region>/register": "system shared memory",
+        "/v2/systemsharedmemory/unregister": "system shared memory",
+        "/v2/systemsharedmemory/region/<region>/unregister": "system shared memory",
+        "/v2/cudasharedmemory/status": "CUDA shared memory",
+        "/v2/cudasharedmemory/region/<region>/status": "CUDA shared memory",
+        "/v2/cudasharedmemory/region/<region>/register": "CUDA shared memory",
+        "/v2/cudasharedmemory/unregister": "CUDA shared memory",
+        "/v2/cudasharedmemory/region/<region>/unregister": "CUDA shared memory",
+        "/v2/trace/setting": "trace settings",
+        "/v2/models/<model>/trace/setting": "trace settings",
+        "/v2/logging": "log settings",
+    }
+    for i, (rule, feature) in enumerate(later.items()):
+
+        async def not_yet(feature: str = feature, **_: str) -> Response:
+            return _error(Unsupported(f"{feature} is not supported by this server yet"))
+
+        app.add_url_rule(rule, f"later_{i}", not_yet, methods=["GET", "POST"])
+    return app
+
+
+def build_http_app(core: Core, *, max_input_size: int) -> ASGIApp:
+    """The ASGI callable for the HTTP port: lean inference path first, quart for the rest."""
+    quart_app = build_quart_app(core)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.match(scope.get("raw_path") or scope["path"].encode())
+            if match is not None:
+                model = unquote(match.group(1).decode("latin-1"))
+                version = match.group(2).decode() if match.group(2) else ""
+                await handle_infer(core, scope, receive, send, model, version, max_input_size)
+                return
+        await quart_app(scope, receive, send)
+
+    return app

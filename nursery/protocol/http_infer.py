@@ -1,0 +1,235 @@
+"""The inference route (``POST /v2/models/{m}[/versions/{v}]/infer``) as a lean ASGI handler.
+
+hypercorn calls this directly, ahead of the quart-trio app that serves every other route:
+one parse of the JSON header, ``numpy.frombuffer`` views on the body, no per-request logging.
+It decodes, calls ``Core.infer``, and encodes; it knows nothing about scheduling or models.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from nursery.core import Core
+from nursery.errors import InvalidArgument, NurseryError, Unsupported
+from nursery.protocol import binary_tensor, json_codec
+from nursery.protocol.status_map import http_error
+from nursery.types import (
+    DataType,
+    InferenceRequest,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    tensor_from_bytes,
+)
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request body arrived."""
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise InvalidArgument(
+                        f"Request JSON size of {size}+ bytes exceeds the maximum allowed value of "
+                        f"{limit} bytes. Use --http-max-input-size to increase the limit."
+                    )
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        elif kind == "http.disconnect":
+            raise ClientGone
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    enc = encoding.strip().lower()
+    if enc in (b"", b"identity"):
+        return body
+    if enc == b"gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    elif enc == b"deflate":
+        wbits = zlib.MAX_WBITS
+    else:
+        raise Unsupported("Unsupported compression type")
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidArgument(f"failed to decompress the request body ({enc.decode()}): {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise InvalidArgument(
+            f"decompressed request body exceeds the maximum allowed value of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit."
+        )
+    return out
+
+
+def _pick_response_encoding(accept: bytes | None) -> str | None:
+    """Highest-q of gzip/deflate in Accept-Encoding (identity wins ties); None = identity."""
+    if not accept:
+        return None
+    best, best_q = None, 0.0
+    identity_q = 0.001
+    for part in accept.decode("latin-1").split(","):
+        fields = part.strip().split(";")
+        name = fields[0].strip().lower()
+        q = 1.0
+        for f in fields[1:]:
+            f = f.strip()
+            if f.startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        if name == "identity":
+            identity_q = q
+        elif name in ("gzip", "deflate") and q > best_q:
+            best, best_q = name, q
+    return best if best is not None and best_q > identity_q else None
+
+
+def _compress(data: bytes, encoding: str) -> bytes:
+    if encoding == "gzip":
+        c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    else:
+        c = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+def _raw_request(core: Core, model: str, version: str, body: bytes) -> InferenceRequest:
+    """``Inference-Header-Content-Length: 0``: the body is the only input, batch 1."""
+    config = core.resolve(model, version).config
+    if len(config.inputs) != 1:
+        raise InvalidArgument(
+            f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+            f"deduced but got {len(config.inputs)} inputs in '{model}' model configuration"
+        )
+    spec = config.inputs[0]
+    batch = (1,) if config.max_batch_size > 0 else ()
+    if spec.datatype is DataType.BYTES:
+        if list(spec.dims) != [1]:
+            raise InvalidArgument(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        arr = np.array([bytes(body)], dtype=object).reshape((*batch, 1))
+        return InferenceRequest(model, version, {spec.name: Tensor(spec.name, spec.datatype, arr.shape, arr)})
+    dims = list(spec.dims)
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    if len(variable) > 1:
+        raise InvalidArgument(
+            f"Raw input '{spec.name}' of model '{model}' has more than one variable dimension"
+        )
+    if variable:
+        known = element_count(tuple(d for d in dims if d != -1)) * spec.datatype.itemsize
+        if known == 0 or len(body) % known:
+            raise InvalidArgument(
+                f"raw input of {len(body)} bytes does not fit input '{spec.name}' of model '{model}'"
+            )
+        dims[variable[0]] = len(body) // known
+    shape = (*batch, *dims)
+    data = tensor_from_bytes(
+        body, spec.datatype, shape,
+        f"[request id: <id_unknown>] input byte size mismatch for input '{spec.name}' for model "
+        f"'{model}'",
+    )
+    return InferenceRequest(
+        model, version, {spec.name: Tensor(spec.name, spec.datatype, shape, data)},
+        requested_outputs=tuple(RequestedOutput(o.name) for o in config.outputs),
+    )
+
+
+async def respond_error(
+    send: Send, error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    status, body = http_error(error)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON_HEADERS, *(extra or []),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def handle_infer(
+    core: Core, scope: dict[str, Any], receive: Receive, send: Send,
+    model: str, version: str, max_input_size: int,
+) -> None:
+    header_len: bytes | None = None
+    encoding: bytes | None = None
+    accept: bytes | None = None
+    for key, value in scope["headers"]:
+        if key == binary_tensor.HEADER_LOWER:
+            header_len = value
+        elif key == b"content-encoding":
+            encoding = value
+        elif key == b"accept-encoding":
+            accept = value
+        elif key == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = 0
+            if declared > max_input_size:
+                await respond_error(send, InvalidArgument(
+                    f"Request JSON size of {declared} bytes exceeds the maximum allowed value of "
+                    f"{max_input_size} bytes. Use --http-max-input-size to increase the limit."))
+                return
+    try:
+        handle = core.resolve(model, version)
+        if handle.config.decoupled:
+            raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+        body = await read_body(receive, max_input_size)
+        if encoding is not None:
+            body = _decompress(body, encoding, max_input_size)
+        if header_len is None and not body:
+            header_len = b"0"  # Triton treats an empty body as a raw binary request
+        json_part, binary = binary_tensor.split_body(body, header_len)
+        if binary is not None and len(json_part) == 0:
+            request = _raw_request(core, model, version, bytes(binary))
+            fmt = json_codec.OutputFormat({}, True)
+        else:
+            parsed = json_codec.parse_json(json_part)
+            request, fmt = json_codec.decode_request(
+                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size
+            )
+        response = await core.infer(request)
+        head, blocks = json_codec.encode_response(response, fmt)
+    except ClientGone:
+        return
+    except NurseryError as error:
+        extra = [(b"accept-encoding", b"gzip, deflate")] if isinstance(error, Unsupported) and encoding else []
+        await respond_error(send, error, extra)
+        return
+    headers: list[tuple[bytes, bytes]]
+    if blocks:
+        payload = b"".join([head, *blocks])
+        headers = [(b"content-type", b"application/octet-stream"),
+                   (b"inference-header-content-length", str(len(head)).encode())]
+    else:
+        payload = head
+        headers = list(_JSON_HEADERS)
+    chosen = _pick_response_encoding(accept)
+    if chosen is not None:
+        payload = _compress(payload, chosen)
+        headers.append((b"content-encoding", chosen.encode()))
+    headers.append((b"content-length", str(len(payload)).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,47 @@
+"""The only place that knows HTTP and gRPC status numbers.
+
+Triton's mapping (server ``HttpCodeFromError`` and ``grpc/grpc_utils``): INTERNAL 500,
+NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, everything else 400.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nursery.errors import ErrorKind, NurseryError
+
+HTTP_STATUS = {
+    ErrorKind.INTERNAL: 500,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.UNSUPPORTED: 501,
+    ErrorKind.INVALID_ARG: 400,
+    ErrorKind.ALREADY_EXISTS: 400,
+    ErrorKind.CANCELLED: 400,
+    ErrorKind.UNKNOWN: 400,
+    ErrorKind.DEADLINE_EXCEEDED: 400,
+    ErrorKind.RESOURCE_EXHAUSTED: 400,
+}
+
+# grpc.StatusCode numbers
+GRPC_STATUS = {
+    ErrorKind.UNKNOWN: 2,
+    ErrorKind.INTERNAL: 13,
+    ErrorKind.NOT_FOUND: 5,
+    ErrorKind.INVALID_ARG: 3,
+    ErrorKind.UNAVAILABLE: 14,
+    ErrorKind.UNSUPPORTED: 12,
+    ErrorKind.ALREADY_EXISTS: 6,
+    ErrorKind.CANCELLED: 1,
+    ErrorKind.DEADLINE_EXCEEDED: 4,
+    ErrorKind.RESOURCE_EXHAUSTED: 8,
+}
+
+
+def http_error(error: NurseryError) -> tuple[int, bytes]:
+    """HTTP status and the ``{"error": "..."}`` body for an error."""
+    return HTTP_STATUS[error.kind], error_body(error.message)
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}, separators=(",", ":")).encode()

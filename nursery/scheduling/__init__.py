@@ -1,0 +1,1 @@
+"""Pure scheduling policies: synchronous objects, no trio, no I/O, the clock passed in."""

@@ -1,0 +1,58 @@
+"""What a scheduling policy decides, and the contract every policy meets.
+
+A policy is told about arrivals and free instances (with the current time) and, when polled,
+answers with decisions plus the time it next wants to be polled. The actor around it performs
+the decisions and sleeps until that time or the next message, whichever comes first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+W = TypeVar("W")
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch(Generic[W]):
+    """Run ``items`` together as one batch on ``instance``."""
+
+    instance: int
+    items: tuple[W, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject(Generic[W]):
+    """Answer ``items`` with an error instead of running them."""
+
+    items: tuple[W, ...]
+    reason: str
+
+
+Decision = Dispatch[W] | Reject[W]
+
+
+@dataclass(frozen=True, slots=True)
+class Poll(Generic[W]):
+    decisions: list[Decision[W]]
+    wake_at: float | None  # poll again at this time even without news; None = only on news
+
+
+class SchedulingPolicy(Protocol[W]):
+    def arrive(self, item: W, now: float) -> None:
+        """A request joined the queue."""
+        ...
+
+    def instance_ready(self, instance: int, now: float) -> None:
+        """An instance finished its batch (or just started) and can take another."""
+        ...
+
+    def poll(self, now: float) -> Poll[W]:
+        """Everything that should happen now, and when to ask again."""
+        ...
+
+    def pending(self) -> int:
+        """Requests queued and not yet dispatched."""
+        ...
+
+    def idle_instances(self) -> int: ...

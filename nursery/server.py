@@ -1,0 +1,149 @@
+"""The supervisor: one root nursery, actors started in dependency order, clean shutdown.
+
+Start-up: the ModelManager loads the start-up models (``--exit-on-error`` decides what a
+failure means), then the frontends start listening. Shutdown (SIGINT/SIGTERM, or the caller's
+``shutdown`` event): the frontends stop accepting and finish their in-flight requests, then the
+manager drains and unloads every model; ``--exit-timeout-secs`` bounds the whole of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from nursery.actors import model_manager
+from nursery.core import Core
+from nursery.handles import Directory
+from nursery.protocol.http_app import build_http_app
+from nursery.repository import scan
+from nursery.settings import Settings
+
+log = logging.getLogger("nursery.server")
+
+
+@dataclass(frozen=True)
+class Running:
+    """What ``serve`` reports once it accepts traffic."""
+
+    core: Core
+    http_binds: tuple[str, ...]
+    failed_models: tuple[str, ...]
+    shutdown: trio.Event
+
+
+def startup_models(settings: Settings) -> list[str]:
+    if settings.model_control_mode == "explicit":
+        if settings.load_models == ("*",):
+            return sorted(scan(settings.model_repositories).models)
+        return list(settings.load_models)
+    repo = scan(settings.model_repositories)
+    return sorted([*repo.models, *repo.duplicates])
+
+
+def _hypercorn_config(address: str, port: int, graceful: float) -> HypercornConfig:
+    config = HypercornConfig()
+    host = f"[{address}]" if ":" in address else address
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("nursery.http")
+    config.keep_alive_timeout = 75.0
+    config.graceful_timeout = graceful
+    config.backlog = 1024
+    config.include_server_header = False
+    return config
+
+
+async def _watch_signals(
+    shutdown: trio.Event,
+    exit_timeout: float,
+    task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """First SIGINT/SIGTERM: graceful shutdown. A second one: stop at once."""
+    with trio.CancelScope() as scope, trio.open_signal_receiver(
+        signal.SIGINT, signal.SIGTERM
+    ) as signals:
+        task_status.started(scope)
+        async for signum in signals:
+            if not shutdown.is_set():
+                log.info("received %s: shutting down (up to %.0f s for in-flight requests)",
+                         signal.Signals(signum).name, exit_timeout)
+                shutdown.set()
+            else:
+                log.warning("second signal: exiting now")
+                raise KeyboardInterrupt
+
+
+def _report_inactive(settings: Settings) -> None:
+    for flag in settings.inactive:
+        log.warning("%s is accepted but not active yet in this build; it is ignored", flag)
+    if settings.model_control_mode == "poll":
+        log.warning(
+            "--model-control-mode=poll: repository polling is not active yet in this build; "
+            "the models found at start-up are loaded once"
+        )
+    if settings.allow_grpc:
+        log.warning("the gRPC frontend is not active yet in this build; --grpc-port %d is unused",
+                    settings.grpc_port)
+    if settings.allow_metrics:
+        log.warning("the metrics frontend is not active yet in this build; --metrics-port %d is "
+                    "unused", settings.metrics_port)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    _report_inactive(settings)
+    directory = Directory()
+    core = Core(directory, server_name=settings.server_id,
+                strict_readiness=settings.strict_readiness)
+    shutdown = trio.Event()
+    async with trio.open_nursery() as root:
+        watcher: trio.CancelScope | None = None
+        if handle_signals:
+            watcher = await root.start(_watch_signals, shutdown, settings.exit_timeout_secs)
+        async with trio.open_nursery() as models:
+            commands, inbox = trio.open_memory_channel[Any](16)
+            failed = await models.start(
+                partial(
+                    model_manager.run,
+                    repositories=settings.model_repositories,
+                    directory=directory,
+                    inbox=inbox,
+                    startup_models=startup_models(settings),
+                    exit_on_error=settings.exit_on_error,
+                    auto_complete=settings.auto_complete,
+                    unload_timeout=settings.exit_timeout_secs,
+                )
+            )
+            core.accepting = True
+            async with commands, trio.open_nursery() as frontends:
+                binds: list[str] = []
+                if settings.allow_http:
+                    app = build_http_app(core, max_input_size=settings.http_max_input_size)
+                    config = _hypercorn_config(settings.http_address, settings.http_port,
+                                               settings.exit_timeout_secs)
+                    binds = await frontends.start(
+                        partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
+                    )
+                    for bind in binds:
+                        log.info("Started HTTPService at %s", bind.removeprefix("http://"))
+                task_status.started(Running(core, tuple(binds), tuple(failed), shutdown))
+                await shutdown.wait()
+                core.accepting = False
+                frontends.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
+            # The frontends finished their in-flight requests. Closing `commands` makes the
+            # manager drain and unload every model and return, which ends `models`.
+            models.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
+        if watcher is not None:
+            watcher.cancel()
+    log.info("server stopped")

@@ -1,0 +1,215 @@
+"""Server settings: Triton's command-line flags, parsed once into a frozen :class:`Settings`.
+
+Flag names, defaults and help follow ``tritonserver``. Flags whose feature lands in a later
+release are accepted and reported as not active yet, so that a Triton command line keeps
+working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_repositories: tuple[Path, ...]
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_address: str = "0.0.0.0"
+    grpc_address: str = "0.0.0.0"
+    metrics_address: str = ""
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    repository_poll_secs: int = 15
+    load_models: tuple[str, ...] = ()
+    auto_complete: bool = True
+    exit_on_error: bool = True
+    exit_timeout_secs: float = 30.0
+    strict_readiness: bool = True
+    log_verbose: int = 0
+    http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
+    server_id: str = "triton"
+    inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "on", "yes"):
+        return True
+    if value in ("false", "0", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
+    parser.add_argument(name, type=_bool, nargs="?", const=True, default=default,
+                        metavar="<bool>", help=f"{help} Default is {str(default).lower()}.")
+
+
+# Flags tritonserver has whose features are not in this build yet: accepted, then reported.
+_LATER_FLAGS = {
+    "--cache-config": "the response cache",
+    "--rate-limit": "the rate limiter",
+    "--rate-limit-resource": "the rate limiter",
+    "--allow-gpu-metrics": "GPU metrics",
+    "--allow-cpu-metrics": "CPU metrics",
+    "--metrics-interval-ms": "metrics",
+    "--metrics-config": "metrics",
+    "--trace-config": "tracing",
+    "--backend-config": "backend settings",
+    "--backend-directory": "backend directories",
+    "--model-load-thread-count": "parallel model loading settings",
+    "--pinned-memory-pool-byte-size": "pinned memory pools",
+    "--cuda-memory-pool-byte-size": "CUDA memory pools",
+    "--log-file": "log files",
+    "--log-format": "log formats",
+    "--allow-sagemaker": "the SageMaker frontend",
+    "--allow-vertex-ai": "the Vertex AI frontend",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nursery serve",
+        description="Serve the models of one or more Triton-style model repositories over "
+        "KServe v2 HTTP (and gRPC), with Triton's flags.",
+    )
+    parser.add_argument(
+        "--model-repository", "--model-store", action="append", default=None, metavar="<path>",
+        help="Path to model repository directory. It may be specified multiple times to add "
+        "multiple model repositories. Note that if a model is not unique across all model "
+        "repositories at any time, the model will not be available. Defaults to "
+        "./model_repository when that folder exists.",
+    )
+    parser.add_argument("--http-port", type=int, default=8000, metavar="<int>",
+                        help="The port for the server to listen on for HTTP requests. "
+                        "Default is 8000.")
+    parser.add_argument("--http-address", default="0.0.0.0", metavar="<string>",
+                        help="The address for the http server to bind to. Default is 0.0.0.0.")
+    parser.add_argument("--grpc-port", type=int, default=8001, metavar="<int>",
+                        help="The port for the server to listen on for GRPC requests. "
+                        "Default is 8001.")
+    parser.add_argument("--grpc-address", default="0.0.0.0", metavar="<string>",
+                        help="The address for the grpc server to bind to. Default is 0.0.0.0.")
+    parser.add_argument("--metrics-port", type=int, default=8002, metavar="<int>",
+                        help="The port reporting prometheus metrics. Default is 8002.")
+    parser.add_argument("--metrics-address", default="", metavar="<string>",
+                        help="The address for the metrics server to bind to. Default is the "
+                        "same as --http-address.")
+    _bool_flag(parser, "--allow-http", True, "Allow the server to listen for HTTP requests.")
+    _bool_flag(parser, "--allow-grpc", True, "Allow the server to listen for GRPC requests.")
+    _bool_flag(parser, "--allow-metrics", True, "Allow the server to provide prometheus metrics.")
+    parser.add_argument(
+        "--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+        help='Specify the mode for model management. Options are "none", "poll" and '
+        '"explicit". The default is "none". For "none", the server will load all models in the '
+        'model repository(s) at startup and will not make any changes to the load models after '
+        'that. For "poll", the server will poll the model repository(s) to detect changes and '
+        "will load/unload models based on those changes. The poll rate is controlled by "
+        "'repository-poll-secs'. For \"explicit\", model load and unload is initiated by using "
+        "the model control APIs, and only models specified with --load-model will be loaded at "
+        "startup.",
+    )
+    parser.add_argument(
+        "--repository-poll-secs", type=int, default=15, metavar="<int>",
+        help="Interval in seconds between each poll of the model repository to check for "
+        "changes. Valid only when --model-control-mode=poll is specified.",
+    )
+    parser.add_argument(
+        "--load-model", action="append", default=[], metavar="<string>",
+        help="Name of the model to be loaded on server startup. It may be specified multiple "
+        "times to add multiple models. To load ALL models at startup, specify '*' as the model "
+        "name with --load-model=* as the ONLY --load-model argument. Only takes effect with "
+        "--model-control-mode=explicit.",
+    )
+    parser.add_argument(
+        "--strict-model-config", type=_bool, nargs="?", const=True, default=None,
+        metavar="<bool>",
+        help="DEPRECATED: If true model configuration files must be provided and all required "
+        "configuration settings must be specified. If false the model configuration may be "
+        "absent or only partially specified and the server will attempt to derive the missing "
+        "required configuration.",
+    )
+    parser.add_argument(
+        "--disable-auto-complete-config", action="store_true",
+        help="If set, disables the server and backends from auto completing model "
+        "configuration files. Model configuration files must be provided and all required "
+        "configuration settings must be specified.",
+    )
+    _bool_flag(parser, "--strict-readiness", True,
+               "If true /v2/health/ready endpoint indicates ready if the server is responsive "
+               "and all models are available. If false it indicates ready if the server is "
+               "responsive even if some/all models are unavailable.")
+    _bool_flag(parser, "--exit-on-error", True,
+               "Exit the inference server if an error occurs during initialization.")
+    parser.add_argument(
+        "--exit-timeout-secs", type=int, default=30, metavar="<int>",
+        help="Timeout (in seconds) when exiting to wait for in-flight inferences to finish. "
+        "After the timeout expires the server exits even if inferences are still in flight. "
+        "Default is 30.",
+    )
+    parser.add_argument("--log-verbose", type=int, default=0, metavar="<int>",
+                        help="Set verbose logging level. Zero (0) disables verbose logging and "
+                        "values >= 1 enable verbose logging.")
+    _bool_flag(parser, "--log-info", True, "Enable/disable info-level logging.")
+    _bool_flag(parser, "--log-warning", True, "Enable/disable warning-level logging.")
+    _bool_flag(parser, "--log-error", True, "Enable/disable error-level logging.")
+    parser.add_argument(
+        "--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE, metavar="<int>",
+        help="Maximum allowed HTTP request input size in bytes. Default is 64 MiB.",
+    )
+    parser.add_argument("--id", default="triton", metavar="<string>",
+                        help='Identifier for this server (the "name" in server metadata). '
+                        'Default is "triton", which Triton clients expect.')
+    for flag, feature in _LATER_FLAGS.items():
+        parser.add_argument(flag, action="append", default=None, metavar="<value>",
+                            help=f"Accepted for compatibility; {feature} is not active yet.")
+    return parser
+
+
+def settings_from_args(argv: list[str]) -> Settings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    repos = args.model_repository
+    if not repos:
+        if Path("model_repository").is_dir():
+            repos = ["model_repository"]
+        else:
+            parser.error("--model-repository is required (no ./model_repository folder here)")
+    if "*" in args.load_model and len(args.load_model) > 1:
+        parser.error("--load-model=* must be the only --load-model argument")
+    auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
+    inactive = tuple(
+        flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
+    )
+    return Settings(
+        model_repositories=tuple(Path(os.path.abspath(r)) for r in repos),
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        http_address=args.http_address,
+        grpc_address=args.grpc_address,
+        metrics_address=args.metrics_address or args.http_address,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
+        load_models=tuple(args.load_model),
+        auto_complete=auto_complete,
+        exit_on_error=args.exit_on_error,
+        exit_timeout_secs=float(args.exit_timeout_secs),
+        strict_readiness=args.strict_readiness,
+        log_verbose=args.log_verbose,
+        http_max_input_size=args.http_max_input_size,
+        server_id=args.id,
+        inactive=inactive,
+    )

@@ -1,0 +1,246 @@
+"""The core data model: datatypes, tensors, inference requests and responses.
+
+Tensors carry numpy arrays. BYTES tensors are numpy ``object`` arrays whose elements are
+``bytes``. BF16 has no numpy type: a BF16 tensor carries its raw 2-byte elements as a
+``uint16`` array, which is exactly what travels on the wire.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nursery.errors import InvalidArgument
+
+
+class DataType(enum.Enum):
+    """A tensor datatype; the value is the protocol string (``"FP32"``)."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+    BF16 = "BF16"
+
+    # Filled in below the class: numpy dtype, element size, config enum value.
+    numpy_dtype: np.dtype[Any]
+    itemsize: int  # 0 for BYTES (variable)
+    config_value: int  # model_config.proto DataType number
+
+    @classmethod
+    def from_protocol(cls, text: str) -> DataType:
+        try:
+            return _BY_PROTOCOL[text]
+        except (KeyError, TypeError):
+            raise InvalidArgument(f"invalid datatype '{text}'") from None
+
+    @classmethod
+    def from_config(cls, value: int) -> DataType:
+        try:
+            return _BY_CONFIG[int(value)]
+        except KeyError:
+            raise InvalidArgument(f"invalid model config data type {value}") from None
+
+    @property
+    def config_name(self) -> str:
+        return _CONFIG_NAMES[self.config_value]
+
+    @property
+    def json_capable(self) -> bool:
+        """Whether the datatype may travel as JSON ``data`` (Triton: not FP16/BF16)."""
+        return self not in (DataType.FP16, DataType.BF16)
+
+
+_TABLE: dict[str, tuple[str, int, int]] = {
+    # protocol: (numpy dtype, itemsize, config enum number)
+    "BOOL": ("bool", 1, 1),
+    "UINT8": ("uint8", 1, 2),
+    "UINT16": ("<u2", 2, 3),
+    "UINT32": ("<u4", 4, 4),
+    "UINT64": ("<u8", 8, 5),
+    "INT8": ("int8", 1, 6),
+    "INT16": ("<i2", 2, 7),
+    "INT32": ("<i4", 4, 8),
+    "INT64": ("<i8", 8, 9),
+    "FP16": ("<f2", 2, 10),
+    "FP32": ("<f4", 4, 11),
+    "FP64": ("<f8", 8, 12),
+    "BYTES": ("object", 0, 13),
+    "BF16": ("<u2", 2, 14),
+}
+_CONFIG_NAMES = {
+    0: "TYPE_INVALID", 1: "TYPE_BOOL", 2: "TYPE_UINT8", 3: "TYPE_UINT16", 4: "TYPE_UINT32",
+    5: "TYPE_UINT64", 6: "TYPE_INT8", 7: "TYPE_INT16", 8: "TYPE_INT32", 9: "TYPE_INT64",
+    10: "TYPE_FP16", 11: "TYPE_FP32", 12: "TYPE_FP64", 13: "TYPE_STRING", 14: "TYPE_BF16",
+}
+for _dt in DataType:
+    _np, _size, _cfg = _TABLE[_dt.value]
+    _dt.numpy_dtype = np.dtype(_np)
+    _dt.itemsize = _size
+    _dt.config_value = _cfg
+_BY_PROTOCOL = {dt.value: dt for dt in DataType}
+_BY_CONFIG = {dt.config_value: dt for dt in DataType}
+_BY_NUMPY_KIND = {
+    np.dtype(np.bool_): DataType.BOOL,
+    np.dtype(np.uint8): DataType.UINT8,
+    np.dtype(np.uint16): DataType.UINT16,
+    np.dtype(np.uint32): DataType.UINT32,
+    np.dtype(np.uint64): DataType.UINT64,
+    np.dtype(np.int8): DataType.INT8,
+    np.dtype(np.int16): DataType.INT16,
+    np.dtype(np.int32): DataType.INT32,
+    np.dtype(np.int64): DataType.INT64,
+    np.dtype(np.float16): DataType.FP16,
+    np.dtype(np.float32): DataType.FP32,
+    np.dtype(np.float64): DataType.FP64,
+    np.dtype(np.object_): DataType.BYTES,
+}
+
+
+def datatype_of_array(array: np.ndarray) -> DataType:
+    """The protocol datatype for a numpy array (``bytes``/``str`` arrays are BYTES)."""
+    dt = array.dtype
+    if dt.kind in ("S", "U", "O"):
+        return DataType.BYTES
+    try:
+        return _BY_NUMPY_KIND[dt.newbyteorder("=") if dt.byteorder == ">" else dt]
+    except KeyError:
+        raise InvalidArgument(f"numpy dtype {dt} has no protocol datatype") from None
+
+
+def element_count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- BYTES serialization: 4-byte little-endian length, then the bytes, per element --------
+
+_LEN = struct.Struct("<I")
+
+
+def serialize_bytes_tensor(array: np.ndarray) -> bytes:
+    """Serialize a BYTES tensor (elements ``bytes`` or ``str``) in row-major order."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, bytes | bytearray):
+            item = str(item).encode("utf-8")
+        parts.append(_LEN.pack(len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(
+    buffer: bytes | memoryview, count: int, what: str = "BYTES tensor"
+) -> np.ndarray:
+    """Parse exactly ``count`` length-prefixed elements; the buffer must be used up."""
+    view = memoryview(buffer)
+    out = np.empty(count, dtype=object)
+    pos = 0
+    end = len(view)
+    for i in range(count):
+        if pos + 4 > end:
+            raise InvalidArgument(
+                f"{what}: expected {count} string elements but the data ends after {i}"
+            )
+        (length,) = _LEN.unpack_from(view, pos)
+        pos += 4
+        if pos + length > end:
+            raise InvalidArgument(
+                f"{what}: element {i} declares {length} bytes but only {end - pos} remain"
+            )
+        out[i] = bytes(view[pos : pos + length])
+        pos += length
+    if pos != end:
+        raise InvalidArgument(
+            f"{what}: {end - pos} bytes left over after {count} string elements"
+        )
+    return out
+
+
+def serialized_byte_size(array: np.ndarray, datatype: DataType) -> int:
+    if datatype is DataType.BYTES:
+        return sum(4 + len(x if isinstance(x, bytes) else str(x).encode()) for x in array.flat)
+    return array.size * datatype.itemsize
+
+
+def tensor_to_bytes(array: np.ndarray, datatype: DataType) -> bytes | memoryview:
+    """The wire bytes of a tensor: row-major, little-endian, BYTES length-prefixed."""
+    if datatype is DataType.BYTES:
+        return serialize_bytes_tensor(array)
+    arr = np.ascontiguousarray(array)
+    if arr.dtype != datatype.numpy_dtype:
+        arr = arr.astype(datatype.numpy_dtype)
+    return memoryview(arr).cast("B") if arr.size else b""
+
+
+def tensor_from_bytes(
+    buffer: bytes | memoryview, datatype: DataType, shape: tuple[int, ...], what: str
+) -> np.ndarray:
+    """A numpy view (no copy) over wire bytes, checked against shape and datatype."""
+    count = element_count(shape)
+    if datatype is DataType.BYTES:
+        return deserialize_bytes_tensor(buffer, count, what).reshape(shape)
+    expected = count * datatype.itemsize
+    if len(buffer) != expected:
+        raise InvalidArgument(
+            f"{what}: expected {expected} bytes for shape {list(shape)} of {datatype.value}, "
+            f"got {len(buffer)}"
+        )
+    return np.frombuffer(buffer, dtype=datatype.numpy_dtype, count=count).reshape(shape)
+
+
+# -- requests and responses ---------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Tensor:
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass(slots=True, frozen=True)
+class RequestedOutput:
+    name: str
+    classification: int = 0  # top-K classes instead of the raw tensor (0 = off)
+
+
+@dataclass(slots=True, eq=False)
+class InferenceRequest:
+    """A decoded request, protocol-free. ``model_version`` is "" for "the server's choice"."""
+
+    model_name: str
+    model_version: str
+    inputs: dict[str, Tensor]
+    requested_outputs: tuple[RequestedOutput, ...] = ()
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    timeout_us: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class InferenceResponse:
+    model_name: str
+    model_version: str
+    outputs: list[Tensor]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
