@@ -1,0 +1,119 @@
+"""Shared fixtures: model repositories built on the fly, and real servers on loopback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
+
+
+def _load_make_models() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_models", ROOT / "scripts" / "make_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_models = _load_make_models()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``python -m nursery serve`` in a subprocess on free loopback ports."""
+
+    def __init__(self, repo: Path | list[Path], *extra: str, log_path: Path) -> None:
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        repos = repo if isinstance(repo, list) else [repo]
+        self.args = [sys.executable, "-m", "nursery", "serve"]
+        for r in repos:
+            self.args += ["--model-repository", str(r)]
+        self.args += [
+            "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
+            "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
+            "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+            *extra,
+        ]
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.url}{path}", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.flush()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
+    """A factory: ``start_server(repo, *flags)`` starts one; all are stopped afterwards."""
+    started: list[ServerProcess] = []
+
+    def start(repo: Path | list[Path], *extra: str, wait: bool = True) -> ServerProcess:
+        server = ServerProcess(repo, *extra, log_path=tmp_path / f"server{len(started)}.log")
+        started.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start  # type: ignore[misc]
+    for server in started:
+        server.stop()
