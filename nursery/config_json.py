@@ -59,9 +59,9 @@ def message_to_json(message: betterproto.Message) -> dict[str, Any]:
         numeric = (cls, info.name) in _NUMERIC_INT64
         if info.proto_type == "message":
             if info.repeated:
-                out[info.name] = [message_to_json(m) for m in getattr(message, info.name)]
+                out[info.proto_name] = [message_to_json(m) for m in getattr(message, info.name)]
             elif is_present(message, info):
-                out[info.name] = message_to_json(getattr(message, info.name))
+                out[info.proto_name] = message_to_json(getattr(message, info.name))
             continue
         if info.group is not None and not is_present(message, info):
             continue
@@ -69,14 +69,14 @@ def message_to_json(message: betterproto.Message) -> dict[str, Any]:
         if info.proto_type == "map":
             assert info.map_types is not None
             vtype = info.map_types[1]
-            out[info.name] = {
+            out[info.proto_name] = {
                 str(k): message_to_json(v) if vtype == "message" else _scalar(v, vtype, False)
                 for k, v in value.items()
             }
         elif info.repeated:
-            out[info.name] = [_scalar(v, info.proto_type, numeric) for v in value]
+            out[info.proto_name] = [_scalar(v, info.proto_type, numeric) for v in value]
         else:
-            out[info.name] = _scalar(value, info.proto_type, numeric)
+            out[info.proto_name] = _scalar(value, info.proto_type, numeric)
     return out
 
 

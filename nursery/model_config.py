@@ -186,7 +186,7 @@ def read_model_config(
         )
     versions_on_disk = available_versions(model_path)
     _fill_backend(proto, model_path, versions_on_disk, where)
-    if not proto.version_policy or not _present(proto, "version_policy"):
+    if not _present(proto, "version_policy"):
         policy = pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1))
         proto.version_policy = policy
     versions = select_versions(proto.version_policy, versions_on_disk)

@@ -14,6 +14,7 @@ Errors carry the line and column: ``3:14: unknown field 'max_batch' in ModelConf
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 import re
 from collections.abc import Iterator
@@ -51,7 +52,8 @@ class TextFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FieldInfo:
-    name: str
+    name: str  # the Python attribute (betterproto appends "_" to keywords: global -> global_)
+    proto_name: str  # the name in the .proto, text format and JSON
     proto_type: str  # betterproto type name: "string", "int64", "message", "enum", "map", ...
     repeated: bool
     group: str | None  # oneof group
@@ -61,18 +63,20 @@ class FieldInfo:
 
 @cache
 def fields_of(cls: type[betterproto.Message]) -> dict[str, FieldInfo]:
+    """Field descriptions keyed by proto name, in declaration order."""
     meta = cls._betterproto  # type: ignore[attr-defined]
     out: dict[str, FieldInfo] = {}
     for f in dataclasses.fields(cls):
         fm = f.metadata["betterproto"]
+        proto_name = f.name[:-1] if f.name.endswith("_") and keyword.iskeyword(f.name[:-1]) else f.name
         if fm.proto_type == "map":
             value_cls = meta.cls_by_field.get(f"{f.name}.value")
-            out[f.name] = FieldInfo(f.name, "map", False, None, value_cls, fm.map_types)
+            out[proto_name] = FieldInfo(f.name, proto_name, "map", False, None, value_cls,
+                                        fm.map_types)
         else:
             repeated = meta.default_gen[f.name] is list
-            out[f.name] = FieldInfo(
-                f.name, fm.proto_type, repeated, fm.group, meta.cls_by_field.get(f.name), None
-            )
+            out[proto_name] = FieldInfo(f.name, proto_name, fm.proto_type, repeated, fm.group,
+                                        meta.cls_by_field.get(f.name), None)
     return out
 
 
@@ -228,20 +232,21 @@ class _Parser:
             if info is None:
                 raise self.error(f"unknown field '{name_tok.text}' in {cls.__name__}", name_tok)
             if not info.repeated and info.proto_type != "map":
-                if info.name in seen:
+                if info.proto_name in seen:
                     raise self.error(
-                        f"field '{info.name}' is specified more than once in {cls.__name__}",
+                        f"field '{info.proto_name}' is specified more than once in "
+                        f"{cls.__name__}",
                         name_tok,
                     )
                 if info.group is not None:
-                    for other, _ in seen.items():
+                    for other in seen:
                         if schema[other].group == info.group:
                             raise self.error(
-                                f"field '{info.name}' is specified along with '{other}', another "
-                                f"member of oneof '{info.group}' in {cls.__name__}",
+                                f"field '{info.proto_name}' is specified along with '{other}', "
+                                f"another member of oneof '{info.group}' in {cls.__name__}",
                                 name_tok,
                             )
-            seen[info.name] = name_tok
+            seen[info.proto_name] = name_tok
             self.parse_field(msg, info)
             if not self.accept(","):
                 self.accept(";")
@@ -250,10 +255,10 @@ class _Parser:
         is_message = info.proto_type in ("message", "map")
         has_colon = self.accept(":")
         if not is_message and not has_colon:
-            raise self.error(f"expected ':' after field '{info.name}'")
+            raise self.error(f"expected ':' after field '{info.proto_name}'")
         if self.tok.kind == "symbol" and self.tok.text == "[":
             if not info.repeated and info.proto_type != "map":
-                raise self.error(f"field '{info.name}' is not repeated; a list is not allowed")
+                raise self.error(f"field '{info.proto_name}' is not repeated; a list is not allowed")
             self.advance()
             if self.accept("]"):
                 return
@@ -276,7 +281,7 @@ class _Parser:
             elif self.accept("<"):
                 close = ">"
             else:
-                raise self.error(f"expected '{{' to start {info.cls.__name__} '{info.name}'")
+                raise self.error(f"expected '{{' to start {info.cls.__name__} '{info.proto_name}'")
             if info.repeated:
                 sub = info.cls()
                 mark_present(sub)
@@ -291,7 +296,7 @@ class _Parser:
                 self.parse_message(sub, close)
                 setattr(msg, info.name, sub)
             return
-        value = self.parse_scalar(info.proto_type, info.cls, info.name)
+        value = self.parse_scalar(info.proto_type, info.cls, info.proto_name)
         if info.repeated:
             getattr(msg, info.name).append(value)
         else:
@@ -305,22 +310,22 @@ class _Parser:
         elif self.accept("<"):
             close = ">"
         else:
-            raise self.error(f"expected '{{' to start an entry of map '{info.name}'")
+            raise self.error(f"expected '{{' to start an entry of map '{info.proto_name}'")
         key: Any = None
         value: Any = None
         while not self.accept(close):
             t = self.tok
             if t.kind != "ident" or t.text not in ("key", "value"):
-                raise self.error(f"expected 'key' or 'value' in an entry of map '{info.name}'")
+                raise self.error(f"expected 'key' or 'value' in an entry of map '{info.proto_name}'")
             self.advance()
             if t.text == "key":
                 if key is not None:
-                    raise self.error(f"'key' given twice in an entry of map '{info.name}'", t)
+                    raise self.error(f"'key' given twice in an entry of map '{info.proto_name}'", t)
                 self.expect(":")
-                key = self.parse_scalar(key_type, None, f"{info.name}.key")
+                key = self.parse_scalar(key_type, None, f"{info.proto_name}.key")
             else:
                 if value is not None:
-                    raise self.error(f"'value' given twice in an entry of map '{info.name}'", t)
+                    raise self.error(f"'value' given twice in an entry of map '{info.proto_name}'", t)
                 if value_type == "message":
                     self.accept(":")
                     if self.accept("{"):
@@ -328,13 +333,13 @@ class _Parser:
                     elif self.accept("<"):
                         vclose = ">"
                     else:
-                        raise self.error(f"expected '{{' for the value of map '{info.name}'")
+                        raise self.error(f"expected '{{' for the value of map '{info.proto_name}'")
                     value = info.cls()
                     mark_present(value)
                     self.parse_message(value, vclose)
                 else:
                     self.expect(":")
-                    value = self.parse_scalar(value_type, info.cls, f"{info.name}.value")
+                    value = self.parse_scalar(value_type, info.cls, f"{info.proto_name}.value")
             if not self.accept(","):
                 self.accept(";")
         if key is None:
@@ -489,23 +494,23 @@ def dumps(message: betterproto.Message, indent: int = 0) -> str:
                 if info.map_types[1] == "message":
                     inner = dumps(v, indent + 2)
                     lines.append(
-                        f"{pad}{info.name} {{\n{pad}  key: {key}\n{pad}  value {{\n{inner}"
-                        f"{pad}  }}\n{pad}}}"
+                        f"{pad}{info.proto_name} {{\n{pad}  key: {key}\n{pad}  value {{\n"
+                        f"{inner}{pad}  }}\n{pad}}}"
                     )
                 else:
                     val = _format_scalar(v, info.map_types[1])
-                    lines.append(f"{pad}{info.name} {{ key: {key} value: {val} }}")
+                    lines.append(f"{pad}{info.proto_name} {{ key: {key} value: {val} }}")
         elif info.proto_type == "message":
             items = value if info.repeated else [value]
             for sub in items:
                 if not info.repeated and info.group is None and not is_present(message, info):
                     continue
-                lines.append(f"{pad}{info.name} {{\n{dumps(sub, indent + 1)}{pad}}}")
+                lines.append(f"{pad}{info.proto_name} {{\n{dumps(sub, indent + 1)}{pad}}}")
         elif info.repeated:
             if value:
                 joined = ", ".join(_format_scalar(v, info.proto_type) for v in value)
-                lines.append(f"{pad}{info.name}: [{joined}]")
+                lines.append(f"{pad}{info.proto_name}: [{joined}]")
         else:
             if value != _default_scalar(info.proto_type) or (info.group is not None):
-                lines.append(f"{pad}{info.name}: {_format_scalar(value, info.proto_type)}")
+                lines.append(f"{pad}{info.proto_name}: {_format_scalar(value, info.proto_type)}")
     return "".join(line + "\n" for line in lines)

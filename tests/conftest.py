@@ -67,7 +67,8 @@ class ServerProcess:
         return f"127.0.0.1:{self.http_port}"
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> None:
@@ -85,10 +86,7 @@ class ServerProcess:
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
 
     def wait_exit(self, timeout: float = 60.0) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._log.flush()
+        return self.proc.wait(timeout)
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

@@ -86,10 +86,20 @@ DEFAULT_FILENAMES = {
 }
 
 
+_REGISTERED: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make ``backend: "<name>"`` load through ``factory`` (tests and embedders)."""
+    _REGISTERED[name] = factory
+
+
 def get_factory(backend: str, model_name: str) -> BackendFactory:
+    if backend in _REGISTERED:
+        return _REGISTERED[backend]
     module_name = _MODULES.get(backend)
     if module_name is None:
-        known = ", ".join(sorted(_MODULES))
+        known = ", ".join(sorted({*_MODULES, *_REGISTERED}))
         raise ConfigError(
             f"model '{model_name}': backend '{backend}' is not available in this server "
             f"(available: {known})"

@@ -118,12 +118,14 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
     elif datatype in (DataType.FP32, DataType.FP64):
         if kind not in "iuf" and arr.size:
             raise InternalError("Unable to parse 'data': attempt to access JSON non-number as double")
-    else:  # integer types
-        if kind not in "iu" and arr.size:
+    elif kind not in "iu" and arr.size:  # integer types
+        # numpy widens a mix of int64 and larger uint64 values to float: check the elements
+        if not all(type(x) is int for x in flat):
             what = "unsigned-integer" if datatype.name.startswith("U") else "signed-integer"
             raise InternalError(
                 f"Unable to parse 'data': attempt to access JSON non-{what} as {what}"
             )
+        arr = np.array(flat, dtype=object)
     try:
         return arr.astype(datatype.numpy_dtype, copy=False).reshape(shape)
     except (ValueError, OverflowError) as exc:

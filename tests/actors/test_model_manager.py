@@ -1,0 +1,164 @@
+"""The ModelManager and InstanceWorkers with a fake backend: lifecycle, threads, draining."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from nursery.actors import model_manager
+from nursery.backends.base import register_backend
+from nursery.core import Core
+from nursery.errors import InternalError, NotFound, Unavailable
+from nursery.handles import Directory, ModelState
+from tests.fakes import FAKE_CONFIG, FakeFactory, make_request, write_fake_model
+
+
+@pytest.fixture
+def factory() -> FakeFactory:
+    fake = FakeFactory()
+    register_backend("fake", fake)
+    return fake
+
+
+class Harness:
+    def __init__(self, directory: Directory, commands: trio.MemorySendChannel[Any],
+                 failed: list[str]) -> None:
+        self.directory = directory
+        self.core = Core(directory)
+        self.commands = commands
+        self.failed = failed
+
+    def state(self, name: str, version: int = 1) -> tuple[ModelState, str]:
+        entry = self.directory.entry(name)
+        assert entry is not None
+        status = entry.versions[version]
+        return status.state, status.reason
+
+    async def command(self, cls: type, name: str) -> Any:
+        send, receive = trio.open_memory_channel[Any](1)
+        await self.commands.send(cls(name, send))
+        return await receive.receive()
+
+
+@asynccontextmanager
+async def _manager(repo: Path, models: list[str], exit_on_error: bool = False,
+                   unload_timeout: float = 5.0) -> AsyncIterator[Harness]:
+    directory = Directory()
+    async with trio.open_nursery() as nursery:
+        commands, inbox = trio.open_memory_channel[Any](4)
+        failed = await nursery.start(partial(
+            model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
+            startup_models=models, exit_on_error=exit_on_error, unload_timeout=unload_timeout))
+        async with commands:
+            yield Harness(directory, commands, failed)
+
+
+async def test_load_serve_unload(tmp_path: Path, factory: FakeFactory) -> None:
+    write_fake_model(tmp_path, "m", FAKE_CONFIG + "instance_group [{ count: 3 kind: KIND_CPU }]")
+    async with _manager(tmp_path, ["m"]) as h:
+        assert h.failed == []
+        assert h.state("m") == (ModelState.READY, "")
+        assert len(factory.instances) == 3
+        async with trio.open_nursery() as clients:
+            results = {}
+
+            async def one(i: int) -> None:
+                results[i] = await h.core.infer(make_request(i, rows=2))
+
+            for i in range(30):
+                clients.start_soon(one, i)
+        for i, response in results.items():
+            np.testing.assert_array_equal(response.outputs[0].data, np.full((2, 2), 2 * i))
+        # every instance only ever ran on its own thread, the one it was loaded on
+        for instance in factory.instances:
+            assert len(instance.threads) == 1
+            assert threading.get_ident() not in instance.threads
+        assert {i for i, _ in factory.executions} == {0, 1, 2}
+        assert await h.command(model_manager.UnloadModel, "m") is None
+        assert h.state("m") == (ModelState.UNAVAILABLE, "unloaded")
+        assert sorted(factory.closed) == [0, 1, 2]
+        with pytest.raises(NotFound, match="has no available versions"):
+            await h.core.infer(make_request(1))
+
+
+async def test_failed_load_reports_reason(tmp_path: Path, factory: FakeFactory) -> None:
+    write_fake_model(tmp_path, "good", FAKE_CONFIG.replace("fake", "fake"))
+    bad = write_fake_model(tmp_path, "bad")
+    (bad / "config.pbtxt").write_text("max_batch_size: [")
+    factory.fail_load = None
+    async with _manager(tmp_path, ["bad", "good"]) as h:
+        assert h.failed == ["bad"]
+        entry = h.directory.entry("bad")
+        assert entry is not None and "Invalid argument: model 'bad': config.pbtxt:1:17" in entry.reason
+        assert h.state("good")[0] is ModelState.READY
+        assert not h.directory.all_ready()
+
+
+async def test_backend_load_failure_marks_version_unavailable(tmp_path: Path,
+                                                              factory: FakeFactory) -> None:
+    write_fake_model(tmp_path, "m")
+    factory.fail_load = "weights are corrupt"
+    async with _manager(tmp_path, ["m"]) as h:
+        assert h.state("m") == (ModelState.UNAVAILABLE, "Internal: weights are corrupt")
+
+
+async def test_exit_on_error_raises(tmp_path: Path, factory: FakeFactory) -> None:
+    write_fake_model(tmp_path, "m")
+    factory.fail_load = "nope"
+    with pytest.raises(BaseException) as err:
+        async with _manager(tmp_path, ["m"], exit_on_error=True):
+            pass
+    assert isinstance(model_manager.first_error(err.value), model_manager.StartupError)
+
+
+async def test_execute_error_answers_requests_and_keeps_serving(
+    tmp_path: Path, factory: FakeFactory
+) -> None:
+    write_fake_model(tmp_path, "m")
+    async with _manager(tmp_path, ["m"]) as h:
+        factory.fail_execute = True
+        with pytest.raises(InternalError, match="backend exploded"):
+            await h.core.infer(make_request(1))
+        factory.fail_execute = False
+        response = await h.core.infer(make_request(2))
+        assert response.outputs[0].data[0, 0] == 4
+
+
+async def test_unload_drains_accepted_requests(tmp_path: Path, factory: FakeFactory) -> None:
+    write_fake_model(tmp_path, "m")
+    factory.compute = 0.05
+    async with _manager(tmp_path, ["m"]) as h:
+        results: list[Any] = []
+
+        async def one(i: int) -> None:
+            try:
+                results.append(await h.core.infer(make_request(i)))
+            except Unavailable as exc:
+                results.append(exc)
+
+        async with trio.open_nursery() as clients:
+            for i in range(5):
+                clients.start_soon(one, i)
+            await trio.sleep(0.01)  # all five are queued or running
+            assert await h.command(model_manager.UnloadModel, "m") is None
+        assert len(results) == 5 and all(not isinstance(r, Exception) for r in results)
+        assert len(factory.executions) == 5
+
+
+async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFactory) -> None:
+    write_fake_model(tmp_path, "m")
+    async with _manager(tmp_path, ["m"]) as h:
+        factory.fail_load = "broken new weights"
+        error = await h.command(model_manager.LoadModel, "m")
+        assert error is not None and "broken new weights" in error.message
+        assert h.state("m") == (ModelState.READY, "")
+        factory.fail_load = None
+        assert (await h.core.infer(make_request(3))).outputs[0].data[0, 0] == 6

@@ -1,0 +1,126 @@
+"""Start-up and shutdown of ``python -m nursery serve``: broken models, flags, signals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import ROOT, ServerProcess, make_models
+
+pytestmark = pytest.mark.e2e
+
+
+def _repo_with_broken_model(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    broken = repo / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
+    (broken / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+                                         'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\n'
+                                         'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n')
+    typo = repo / "typo"
+    (typo / "1").mkdir(parents=True)
+    (typo / "config.pbtxt").write_text("max_batch_size: 8\ninput [ { nme: \"X\" } ]\n")
+    return repo
+
+
+def test_exit_on_error_stops_startup(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    server = start_server(_repo_with_broken_model(tmp_path), wait=False)
+    assert server.wait_exit(60) == 1
+    log = server.log()
+    assert "error: creating server: Internal - failed to load all models" in log
+    assert "failed to load 'broken' version 1" in log
+    assert "model 'typo': config.pbtxt:2:11: unknown field 'nme' in ModelInput" in log
+
+
+def test_exit_on_error_false_serves_the_rest(tmp_path: Path,
+                                             start_server: type[ServerProcess]) -> None:
+    server = start_server(_repo_with_broken_model(tmp_path), "--exit-on-error=false", wait=False)
+    server.wait_ready(path="/v2/health/live")
+    server.wait_ready(path="/v2/models/add_sub/ready")
+    client = httpclient.InferenceServerClient(server.url)
+    assert not client.is_server_ready()  # strict readiness: a model is unavailable
+    assert not client.is_model_ready("broken")
+    a = np.ones((1, 16), np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    np.testing.assert_array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"), 2 * a)
+    assert server.stop() == 0
+
+
+def test_strict_readiness_false(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    server = start_server(_repo_with_broken_model(tmp_path), "--exit-on-error=false",
+                          "--strict-readiness=false")
+    assert httpclient.InferenceServerClient(server.url).is_server_ready()
+
+
+def test_explicit_mode_loads_only_named_models(tmp_path: Path,
+                                               start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    make_models.write_string_identity(repo)
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_model_ready("add_sub")
+    assert not client.is_model_ready("string_identity")
+
+
+def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
+                                             start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_mlp(repo, max_batch_size=64)
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, concurrency=8,
+                                              connection_timeout=60, network_timeout=60)
+    x = np.ones((64, 784), np.float32)
+    results: list[object] = []
+
+    def hammer() -> None:
+        inp = httpclient.InferInput("INPUT0", [64, 784], "FP32")
+        inp.set_data_from_numpy(x)
+        handles = [client.async_infer("mlp", [inp]) for _ in range(40)]
+        for h in handles:
+            try:
+                results.append(h.get_result().as_numpy("OUTPUT0").shape)
+            except Exception as exc:  # a request sent after the listener closed may fail
+                results.append(exc)
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    time.sleep(0.3)
+    assert server.stop() == 0
+    thread.join()
+    answered = [r for r in results if r == (64, 10)]
+    assert answered, results
+    assert "server stopped" in server.log()
+
+
+def test_help_lists_triton_flags() -> None:
+    out = subprocess.run([sys.executable, "-m", "nursery", "serve", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port",
+                 "--model-control-mode", "--repository-poll-secs", "--load-model",
+                 "--strict-model-config", "--disable-auto-complete-config", "--exit-on-error",
+                 "--exit-timeout-secs", "--log-verbose"):
+        assert flag in out
+
+
+def test_later_flags_are_accepted_and_reported(tmp_path: Path,
+                                               start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--cache-config=local,size=1048576",
+                          "--model-control-mode=poll", "--repository-poll-secs=5")
+    log = server.log()
+    assert "--cache-config is accepted but not active yet" in log
+    assert "repository polling is not active yet" in log

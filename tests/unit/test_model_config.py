@@ -1,0 +1,158 @@
+"""Reading, completing, normalizing and validating model configurations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nursery.config_json import config_to_json
+from nursery.errors import ConfigError
+from nursery.model_config import read_model_config
+from tests.conftest import make_models
+
+
+def _write(repo: Path, name: str, config: str | None, model: bool = True,
+           versions: tuple[int, ...] = (1,)) -> Path:
+    folder = repo / name
+    for v in versions:
+        (folder / str(v)).mkdir(parents=True, exist_ok=True)
+        if model:
+            import onnx
+
+            onnx.save_model(make_models.build_add_sub(), str(folder / str(v) / "model.onnx"))
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config)
+    return folder
+
+
+def test_add_sub_normalized_like_triton(tmp_path: Path) -> None:
+    folder = make_models.write_add_sub(tmp_path, max_batch_size=8)
+    config, versions = read_model_config(folder, "add_sub")
+    assert versions == [1]
+    assert config.backend == "onnxruntime" and config.platform == "onnxruntime_onnx"
+    assert config.max_batch_size == 8
+    assert [t.name for t in config.inputs] == ["INPUT0", "INPUT1"]
+    assert config.inputs[0].dims == (16,)
+    assert config.scheduler == "default"
+    js = config_to_json(config.proto)
+    assert js["version_policy"] == {"latest": {"num_versions": 1}}
+    assert js["instance_group"][0]["name"] == "add_sub_0"
+    assert js["optimization"] == {
+        "priority": "PRIORITY_DEFAULT", "input_pinned_memory": {"enable": True},
+        "output_pinned_memory": {"enable": True}, "gather_kernel_buffer_threshold": 0,
+        "eager_batching": False,
+    }
+    assert "model_transaction_policy" not in js  # Triton prints it only when configured
+
+
+def test_missing_config_is_auto_completed(tmp_path: Path) -> None:
+    folder = _write(tmp_path, "m", None)
+    config, _ = read_model_config(folder, "m")
+    assert config.name == "m"
+    assert config.max_batch_size == 4
+    assert config.scheduler == "dynamic"
+    assert [(t.name, t.datatype.value, t.dims) for t in config.inputs] == [
+        ("INPUT0", "FP32", (16,)), ("INPUT1", "FP32", (16,))]
+    js = config_to_json(config.proto)
+    assert js["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert js["instance_group"] == [{
+        "name": "m", "kind": "KIND_CPU", "count": 2, "gpus": [], "secondary_devices": [],
+        "profile": [], "passive": False, "host_policy": ""}]
+
+
+def test_partial_config_completed(tmp_path: Path) -> None:
+    folder = _write(tmp_path, "m", 'backend: "onnxruntime"\nmax_batch_size: 2\n')
+    config, _ = read_model_config(folder, "m")
+    assert config.max_batch_size == 2
+    assert len(config.outputs) == 2
+
+
+def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
+    folder = _write(tmp_path, "m", None)
+    with pytest.raises(ConfigError, match="config.pbtxt is missing and auto-complete is disabled"):
+        read_model_config(folder, "m", auto_complete=False)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ('name: "other"', "'name' is 'other' but the model folder is 'm'"),
+        ("max_batch_size: -1\ninput [{name: 'INPUT0' data_type: TYPE_FP32 dims: [16]}]",
+         "'max_batch_size' must be >= 0"),
+        ("max_batch_size: 8\ninput [{name: 'INPUT0' dims: [16]}, {name: 'INPUT1' "
+         "data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 "
+         "dims: [16]}]", "input 'INPUT0' must specify 'data_type'"),
+        ("max_batch_size: 8\ninput [{name: 'INPUT0' data_type: TYPE_FP32}, {name: 'INPUT1' "
+         "data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 "
+         "dims: [16]}]", "input 'INPUT0' must specify 'dims'"),
+        ("max_batch_size: 8\ninput [{name: 'INPUT0' data_type: TYPE_FP32 dims: [0]}, "
+         "{name: 'INPUT1' data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' "
+         "data_type: TYPE_FP32 dims: [16]}]", "dimension 0 in 'dims' [0] is invalid"),
+        ("max_batch_size: 8 maxbatch: 3", "config.pbtxt:1:19: unknown field 'maxbatch'"),
+        ('platform: "tensorflow_savedmodel"', "unknown platform 'tensorflow_savedmodel'"),
+        ('backend: "nope"', "backend 'nope' is not available"),
+        ("version_policy { specific { versions: [7] } }", "no version to serve"),
+        ("max_batch_size: 8\ninstance_group [{ kind: KIND_CPU gpus: [0] }]",
+         "has kind KIND_CPU but specifies one or more GPUs"),
+        ("max_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }",
+         "preferred batch size 8 must be between 1 and max_batch_size (4)"),
+        ("input [{name: 'X' data_type: TYPE_FP32 dims: [16]}, {name: 'X' data_type: "
+         "TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 dims: [16]}]",
+         "input 'X' is specified more than once"),
+    ],
+)
+def test_bad_configs_name_model_file_and_field(tmp_path: Path, config: str, message: str) -> None:
+    folder = _write(tmp_path, "m", config)
+    with pytest.raises(ConfigError) as err:
+        read_model_config(folder, "m")
+    assert "model 'm'" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_non_utf8_config(tmp_path: Path) -> None:
+    folder = _write(tmp_path, "m", None)
+    (folder / "config.pbtxt").write_bytes(b"name: \xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_model_config(folder, "m")
+
+
+def test_no_model_file(tmp_path: Path) -> None:
+    folder = _write(tmp_path, "m", "max_batch_size: 2", model=False)
+    with pytest.raises(ConfigError, match="no version folder holds a known model file"):
+        read_model_config(folder, "m")
+
+
+def test_version_policies(tmp_path: Path) -> None:
+    base = "platform: 'onnxruntime_onnx'\nmax_batch_size: 2\n"
+    folder = _write(tmp_path, "a", base, versions=(1, 2, 10))
+    assert read_model_config(folder, "a")[1] == [10]
+    (folder / "config.pbtxt").write_text(base + "version_policy { all {} }")
+    assert read_model_config(folder, "a")[1] == [1, 2, 10]
+    (folder / "config.pbtxt").write_text(base + "version_policy { latest { num_versions: 2 } }")
+    assert read_model_config(folder, "a")[1] == [2, 10]
+    (folder / "config.pbtxt").write_text(base + "version_policy { specific { versions: [1, 5] } }")
+    assert read_model_config(folder, "a")[1] == [1]
+
+
+def test_model_not_batchable_with_max_batch_size(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    make_models.write_model(tmp_path, "m", make_models.build_identity("FP32", [2, 3]),
+                            "max_batch_size: 4")
+    with pytest.raises(ConfigError, match="model does not support batching"):
+        read_model_config(folder, "m")
+
+
+def test_config_inputs_checked_against_model_at_load(tmp_path: Path) -> None:
+    from nursery.backends.base import InstancePlacement
+    from nursery.backends.onnxruntime import FACTORY
+
+    folder = _write(tmp_path, "m", (
+        "max_batch_size: 8\n"
+        "input [{name: 'INPUT0' data_type: TYPE_FP32 dims: [16]}, {name: 'WRONG' "
+        "data_type: TYPE_FP32 dims: [16]}]\n"
+        "output [{name: 'OUTPUT0' data_type: TYPE_FP32 dims: [16]}]"))
+    config, _ = read_model_config(folder, "m")
+    with pytest.raises(ConfigError, match="unexpected inference input 'WRONG', allowed inputs "
+                                          "are: INPUT0, INPUT1"):
+        FACTORY.load(config, folder / "1", InstancePlacement("m_0", 0, "cpu", 0))
