@@ -36,6 +36,7 @@ class ModelHandle:
     version: int
     config: ModelConfig
     intake: trio.MemorySendChannel[InferWork] = field(repr=False)
+    capacity: int = 65536  # requests waiting for the scheduler before UNAVAILABLE
 
     @property
     def version_str(self) -> str:
@@ -44,12 +45,12 @@ class ModelHandle:
     def submit(self, work: InferWork) -> None:
         """Queue a request, or raise UNAVAILABLE at once: a full queue never parks a caller."""
         try:
+            if self.intake.statistics().current_buffer_used >= self.capacity:
+                raise Unavailable(
+                    f"request for model '{self.name}' version {self.version} rejected: "
+                    "the scheduler's queue is full"
+                )
             self.intake.send_nowait(work)
-        except trio.WouldBlock:
-            raise Unavailable(
-                f"request for model '{self.name}' version {self.version} rejected: "
-                "the scheduler's queue is full"
-            ) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise Unavailable(
                 f"model '{self.name}' version {self.version} is unloading"

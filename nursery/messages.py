@@ -36,9 +36,12 @@ class InferWork:
 
 @dataclass(frozen=True, slots=True)
 class InstanceReady:
-    """An instance worker is free for its next batch (instance worker -> scheduler)."""
+    """An instance worker can take ``slots`` more batches (instance worker -> scheduler).
+
+    A worker announces all its slots when it starts and one slot per finished batch."""
 
     instance: int
+    slots: int = 1
 
 
 @dataclass(frozen=True, slots=True)

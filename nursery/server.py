@@ -21,7 +21,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from nursery.actors import model_manager
 from nursery.core import Core
 from nursery.handles import Directory
-from nursery.protocol.http_app import build_http_app
+from nursery.protocol.http_app import build_http_app, build_quart_app
+from nursery.protocol.http_server import HttpServer, Lifespan
 from nursery.repository import scan
 from nursery.settings import Settings
 
@@ -80,6 +81,37 @@ async def _watch_signals(
                 raise KeyboardInterrupt
 
 
+async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
+                      shutdown: trio.Event) -> list[str]:
+    """Start the HTTP frontend; it stops accepting and drains once ``shutdown`` is set."""
+    if settings.http_server == "hypercorn":
+        app = build_http_app(core, max_input_size=settings.http_max_input_size)
+        config = _hypercorn_config(settings.http_address, settings.http_port,
+                                   settings.exit_timeout_secs)
+        binds: list[str] = await nursery.start(
+            partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
+        )
+        return binds
+    quart_app = build_quart_app(core)
+    server = HttpServer(core, quart_app, max_input_size=settings.http_max_input_size)
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        lifespan = Lifespan(quart_app)
+        async with trio.open_nursery() as app_nursery:
+            await app_nursery.start(lifespan.run)
+            async with trio.open_nursery() as http_nursery:
+                binds = await http_nursery.start(server.serve, settings.http_address,
+                                                 settings.http_port)
+                task_status.started(binds)
+                await shutdown.wait()
+                server.close()
+            # serve() returned: nothing accepted any more, every connection finished
+            await lifespan.shutdown()
+            app_nursery.cancel_scope.cancel()
+
+    return await nursery.start(run)  # type: ignore[no-any-return]
+
+
 def _report_inactive(settings: Settings) -> None:
     for flag in settings.inactive:
         log.warning("%s is accepted but not active yet in this build; it is ignored", flag)
@@ -129,12 +161,7 @@ async def serve(
             async with commands, trio.open_nursery() as frontends:
                 binds: list[str] = []
                 if settings.allow_http:
-                    app = build_http_app(core, max_input_size=settings.http_max_input_size)
-                    config = _hypercorn_config(settings.http_address, settings.http_port,
-                                               settings.exit_timeout_secs)
-                    binds = await frontends.start(
-                        partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
-                    )
+                    binds = await _start_http(frontends, core, settings, shutdown)
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
                 task_status.started(Running(core, tuple(binds), tuple(failed), shutdown))

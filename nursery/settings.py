@@ -37,6 +37,7 @@ class Settings:
     log_verbose: int = 0
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
     server_id: str = "triton"
+    http_server: str = "nursery"
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
 
 
@@ -166,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE, metavar="<int>",
         help="Maximum allowed HTTP request input size in bytes. Default is 64 MiB.",
     )
+    parser.add_argument(
+        "--http-server", choices=["nursery", "hypercorn"], default="nursery",
+        help="(nursery only) Which HTTP/1.1 implementation serves the HTTP port: nursery's own "
+        "lean server (default) or hypercorn. Both serve the same routes and answers.",
+    )
     parser.add_argument("--id", default="triton", metavar="<string>",
                         help='Identifier for this server (the "name" in server metadata). '
                         'Default is "triton", which Triton clients expect.')
@@ -211,5 +217,6 @@ def settings_from_args(argv: list[str]) -> Settings:
         log_verbose=args.log_verbose,
         http_max_input_size=args.http_max_input_size,
         server_id=args.id,
+        http_server=args.http_server,
         inactive=inactive,
     )

@@ -2,8 +2,10 @@
 
 ``trio.to_thread.run_sync`` picks any idle thread from a shared cache, so it cannot promise
 "this instance always runs on this thread", which device state (CUDA streams, TensorRT
-contexts, thread-affine libraries) needs. :class:`DedicatedThread` runs every call on one
-thread, fed through a queue; the awaiting trio task is woken through the trio token.
+contexts, thread-affine libraries) needs. :class:`DedicatedThread` runs every job on one
+thread, in submission order, fed through a queue. Results come back on the trio thread:
+``call`` wakes the awaiting task; ``submit`` runs a callback (no task switch at all), which
+lets an actor queue its next job while the current one computes.
 """
 
 from __future__ import annotations
@@ -33,29 +35,36 @@ class DedicatedThread:
         return self._thread.ident
 
     def _main(self) -> None:
+        run_sync_soon = self._token.run_sync_soon
         while True:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            fn, args, task = job
+            fn, args, done = job
             result = outcome.capture(fn, *args)
             try:
-                self._token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+                run_sync_soon(done, result)
             except trio.RunFinishedError:  # the trio run ended while we computed
                 return
 
+    def submit(self, fn: Callable[..., T], args: tuple[Any, ...],
+               done: Callable[[outcome.Outcome[T]], None]) -> None:
+        """Queue ``fn(*args)``; ``done(outcome)`` then runs on the trio thread."""
+        self._jobs.put((fn, args, done))
+
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the thread. Not cancellable once started: a computation
-        in progress cannot be interrupted, so cancellation takes effect after it returns."""
+        """Run ``fn(*args)`` on the thread and return its result. Not cancellable once
+        queued: a computation cannot be interrupted, so cancellation waits for it."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._jobs.put((fn, args, trio.lowlevel.current_task()))
+        task = trio.lowlevel.current_task()
+        self.submit(fn, args, lambda result: trio.lowlevel.reschedule(task, result))
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             return trio.lowlevel.Abort.FAILED
 
-        result: T = await trio.lowlevel.wait_task_rescheduled(abort)
-        return result
+        value: T = await trio.lowlevel.wait_task_rescheduled(abort)
+        return value
 
     def stop(self) -> None:
-        """Let the thread finish after any queued call."""
+        """Let the thread finish after the jobs already queued."""
         self._jobs.put(_STOP)

@@ -38,8 +38,7 @@ async def run(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     closing = False
-    idle: set[int] = set()  # instances the policy knows are free
-    busy: set[int] = set()  # instances running a batch we sent
+    outstanding = [0] * len(instances)  # batches sent to each instance and not finished
     task_status.started()
     async with inbox:
         try:
@@ -50,19 +49,18 @@ async def run(
                 for decision in poll.decisions:
                     if isinstance(decision, Dispatch):
                         live = tuple(w for w in decision.items if not w.abandoned())
-                        if not live:  # nobody waits for these: the instance stays free
+                        if not live:  # nobody waits for these: the place stays free
                             policy.instance_ready(decision.instance, now)
                             dropped = True
                             continue
                         instances[decision.instance].send_nowait(ExecuteBatch(live))
-                        idle.discard(decision.instance)
-                        busy.add(decision.instance)
+                        outstanding[decision.instance] += 1
                     elif isinstance(decision, Reject):
                         for w in decision.items:
                             _answer(w, reject_error(decision.reason))
                 if dropped:
-                    continue  # the freed instance may take the next request at once
-                if closing and instances and policy.pending() == 0 and not busy:
+                    continue  # the freed place may take the next request at once
+                if closing and instances and policy.pending() == 0 and not any(outstanding):
                     for channel in instances:
                         await channel.aclose()  # ends the workers, which close their senders
                     instances = ()
@@ -79,12 +77,9 @@ async def run(
                         else:
                             policy.arrive(message, now)
                     elif isinstance(message, InstanceReady):
-                        if message.instance in idle:
-                            log.error("%s: instance %d reported ready twice", name, message.instance)
-                            continue
-                        busy.discard(message.instance)
-                        idle.add(message.instance)
-                        policy.instance_ready(message.instance, now)
+                        i = message.instance
+                        outstanding[i] = max(0, outstanding[i] - message.slots)
+                        policy.instance_ready(i, now, message.slots)
                     elif isinstance(message, CloseIntake):
                         closing = True
         finally:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import outcome
 import trio
 
 from nursery import batching
@@ -77,10 +79,34 @@ async def run(
     factory: BackendFactory,
     inbox: trio.MemoryReceiveChannel[ExecuteBatch],
     scheduler: trio.MemorySendChannel[Any],
+    slots: int = 1,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve batches until the inbox closes; ``slots`` batches may be queued on the thread
+    at once (the scheduler never sends more), so the thread can go from one to the next
+    without waiting for the trio thread."""
     thread = DedicatedThread(f"{config.name}:{version}:{placement.name}")
     backend: BackendInstance | None = None
+    in_flight = 0
+    all_done = trio.Event()
+    all_done.set()
+
+    def finished(batch: ExecuteBatch, result: outcome.Outcome[Any]) -> None:
+        # runs on the trio thread (DedicatedThread.submit), no task switch
+        nonlocal in_flight
+        in_flight -= 1
+        try:
+            responses, _timings = result.unwrap()
+        except BaseException as exc:  # _run_batch catches Exception; this is the rest
+            responses = InternalError(f"model '{config.name}' failed to execute: {exc!r}")
+        _deliver(batch.work, responses)
+        try:
+            scheduler.send_nowait(InstanceReady(placement.index))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the scheduler is gone: we are shutting down
+        if in_flight == 0:
+            all_done.set()
+
     try:
         async with inbox, scheduler:
             backend = await thread.call(factory.load, config, version_path, placement)
@@ -89,16 +115,18 @@ async def run(
                 config.name, version, placement.name, placement.kind.upper(), placement.device_id,
             )
             task_status.started()
-            await scheduler.send(InstanceReady(placement.index))
+            await scheduler.send(InstanceReady(placement.index, slots))
             async for batch in inbox:
-                result, _timings = await thread.call(_run_batch, backend, config, version, batch)
-                _deliver(batch.work, result)
-                try:
-                    await scheduler.send(InstanceReady(placement.index))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # scheduler already gone: we are shutting down
+                in_flight += 1
+                all_done = trio.Event() if in_flight == 1 else all_done
+                thread.submit(_run_batch, (backend, config, version, batch),
+                              partial(finished, batch))
+            with trio.CancelScope(shield=True):
+                await all_done.wait()  # answered requests are never dropped
     finally:
         with trio.CancelScope(shield=True):
+            if in_flight:
+                await all_done.wait()
             if backend is not None:
                 try:
                     await thread.call(backend.close)

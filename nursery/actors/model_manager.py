@@ -14,6 +14,7 @@ inbox closes (server shutdown) every model is drained and unloaded.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -34,7 +35,10 @@ from nursery.scheduling.fifo import FifoPolicy
 
 log = logging.getLogger("nursery.manager")
 
-INTAKE_CAPACITY = 65536  # requests buffered ahead of a scheduler before UNAVAILABLE
+INTAKE_CAPACITY = 65536  # requests waiting for the scheduler to take them, before UNAVAILABLE
+# Places per instance under the default scheduler: the thread holds its next request while it
+# computes (see nursery/scheduling/fifo.py).
+DEFAULT_SCHEDULER_SLOTS = 2
 
 # Triton's Status code strings, used in the "reason" of a failed version
 _CODE_STRINGS = {
@@ -233,14 +237,17 @@ class _Manager:
         version_path = location.path / str(version)
         factory = get_factory(config.backend, name)
         placements = config.placements()
-        intake, inbox = trio.open_memory_channel[Any](INTAKE_CAPACITY)
+        # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in; the
+        # frontends' requests are bounded by ModelHandle.submit instead.
+        intake, inbox = trio.open_memory_channel[Any](math.inf)
+        slots = DEFAULT_SCHEDULER_SLOTS
         try:
             with scope:
                 async with trio.open_nursery() as version_nursery:
                     worker_channels: list[trio.MemorySendChannel[ExecuteBatch]] = []
                     async with trio.open_nursery() as starting:
                         for placement in placements:
-                            send, receive = trio.open_memory_channel[ExecuteBatch](1)
+                            send, receive = trio.open_memory_channel[ExecuteBatch](slots)
                             worker_channels.append(send)
                             starting.start_soon(
                                 version_nursery.start,
@@ -253,18 +260,19 @@ class _Manager:
                                     factory=factory,
                                     inbox=receive,
                                     scheduler=intake.clone(),
+                                    slots=slots,
                                 ),
                             )
                     await version_nursery.start(
                         partial(
                             default_scheduler.run,
                             name=name,
-                            policy=FifoPolicy[InferWork](),
+                            policy=FifoPolicy[InferWork](slots),
                             inbox=inbox,
                             instances=worker_channels,
                         )
                     )
-                    handle = ModelHandle(name, version, config, intake)
+                    handle = ModelHandle(name, version, config, intake, INTAKE_CAPACITY)
                     task_status.started((handle, intake.clone()))
         finally:
             intake.close()

@@ -47,10 +47,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             if chunk:
                 size += len(chunk)
                 if size > limit:
-                    raise InvalidArgument(
-                        f"Request JSON size of {size}+ bytes exceeds the maximum allowed value of "
-                        f"{limit} bytes. Use --http-max-input-size to increase the limit."
-                    )
+                    raise too_large(size, limit)
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -158,45 +155,36 @@ def _raw_request(core: Core, model: str, version: str, body: bytes) -> Inference
     )
 
 
-async def respond_error(
-    send: Send, error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
+Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None) -> Response:
     status, body = http_error(error)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON_HEADERS, *(extra or []),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    return status, [*_JSON_HEADERS, *(extra or [])], body
 
 
-async def handle_infer(
-    core: Core, scope: dict[str, Any], receive: Receive, send: Send,
-    model: str, version: str, max_input_size: int,
-) -> None:
+async def infer_response(
+    core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
+    max_input_size: int,
+) -> Response:
+    """The whole inference route: request head and body in, status, headers, payload out.
+
+    ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
+    """
     header_len: bytes | None = None
     encoding: bytes | None = None
     accept: bytes | None = None
-    for key, value in scope["headers"]:
+    for key, value in headers:
         if key == binary_tensor.HEADER_LOWER:
             header_len = value
         elif key == b"content-encoding":
             encoding = value
         elif key == b"accept-encoding":
             accept = value
-        elif key == b"content-length":
-            try:
-                declared = int(value)
-            except ValueError:
-                declared = 0
-            if declared > max_input_size:
-                await respond_error(send, InvalidArgument(
-                    f"Request JSON size of {declared} bytes exceeds the maximum allowed value of "
-                    f"{max_input_size} bytes. Use --http-max-input-size to increase the limit."))
-                return
     try:
         handle = core.resolve(model, version)
         if handle.config.decoupled:
             raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
-        body = await read_body(receive, max_input_size)
         if encoding is not None:
             body = _decompress(body, encoding, max_input_size)
         if header_len is None and not body:
@@ -212,24 +200,55 @@ async def handle_infer(
             )
         response = await core.infer(request)
         head, blocks = json_codec.encode_response(response, fmt)
-    except ClientGone:
-        return
     except NurseryError as error:
         extra = [(b"accept-encoding", b"gzip, deflate")] if isinstance(error, Unsupported) and encoding else []
-        await respond_error(send, error, extra)
-        return
-    headers: list[tuple[bytes, bytes]]
+        return error_response(error, extra)
+    out_headers: list[tuple[bytes, bytes]]
     if blocks:
         payload = b"".join([head, *blocks])
-        headers = [(b"content-type", b"application/octet-stream"),
-                   (b"inference-header-content-length", str(len(head)).encode())]
+        out_headers = [(b"content-type", b"application/octet-stream"),
+                       (b"inference-header-content-length", str(len(head)).encode())]
     else:
         payload = head
-        headers = list(_JSON_HEADERS)
+        out_headers = list(_JSON_HEADERS)
     chosen = _pick_response_encoding(accept)
     if chosen is not None:
         payload = _compress(payload, chosen)
-        headers.append((b"content-encoding", chosen.encode()))
-    headers.append((b"content-length", str(len(payload)).encode()))
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+        out_headers.append((b"content-encoding", chosen.encode()))
+    return 200, out_headers, payload
+
+
+def too_large(declared: int, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"Request JSON size of {declared} bytes exceeds the maximum allowed value of {limit} "
+        "bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+async def handle_infer(
+    core: Core, scope: dict[str, Any], receive: Receive, send: Send,
+    model: str, version: str, max_input_size: int,
+) -> None:
+    """The inference route as an ASGI handler (hypercorn's path)."""
+    headers = scope["headers"]
+    for key, value in headers:
+        if key == b"content-length":
+            declared = int(value) if value.isdigit() else 0
+            if declared > max_input_size:
+                await _send(send, error_response(too_large(declared, max_input_size)))
+                return
+    try:
+        body = await read_body(receive, max_input_size)
+    except ClientGone:
+        return
+    except NurseryError as error:
+        await _send(send, error_response(error))
+        return
+    await _send(send, await infer_response(core, model, version, headers, body, max_input_size))
+
+
+async def _send(send: Send, response: Response) -> None:
+    status, headers, payload = response
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})

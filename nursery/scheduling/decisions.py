@@ -43,8 +43,8 @@ class SchedulingPolicy(Protocol[W]):
         """A request joined the queue."""
         ...
 
-    def instance_ready(self, instance: int, now: float) -> None:
-        """An instance finished its batch (or just started) and can take another."""
+    def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
+        """An instance can take ``slots`` more batches (it started, or finished one)."""
         ...
 
     def poll(self, now: float) -> Poll[W]:

@@ -1,7 +1,10 @@
 """The default scheduler's policy: no batching, first come first served, next free instance.
 
-Free instances are used in the order they became free, so that work spreads over every
-instance instead of piling onto the first.
+Each instance has ``slots`` places: with two, an instance's thread already holds its next
+request while it computes the current one, so it never idles between requests (a thread hand
+-off costs about 0.1 ms, as much as a small model's inference). A request always goes to an
+instance with the most free places, so an idle instance is used before a busy one gets a
+second request; among equals, the one that became free first goes first.
 """
 
 from __future__ import annotations
@@ -13,24 +16,33 @@ from nursery.scheduling.decisions import Decision, Dispatch, Poll, W
 
 
 class FifoPolicy(Generic[W]):
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 1) -> None:
+        self.slots = slots
         self._queue: deque[W] = deque()
-        self._idle: deque[int] = deque()
+        self._free: dict[int, int] = {}  # instance -> free places (insertion = free order)
 
     def arrive(self, item: W, now: float) -> None:
         self._queue.append(item)
 
-    def instance_ready(self, instance: int, now: float) -> None:
-        self._idle.append(instance)
+    def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
+        free = self._free.pop(instance, 0) + slots
+        self._free[instance] = min(free, self.slots)
 
     def poll(self, now: float) -> Poll[W]:
         decisions: list[Decision[W]] = []
-        while self._queue and self._idle:
-            decisions.append(Dispatch(self._idle.popleft(), (self._queue.popleft(),)))
+        while self._queue and self._free:
+            instance = max(self._free, key=self._free.__getitem__)  # first max = earliest
+            left = self._free.pop(instance) - 1
+            if left:
+                self._free[instance] = left
+            decisions.append(Dispatch(instance, (self._queue.popleft(),)))
         return Poll(decisions, None)
 
     def pending(self) -> int:
         return len(self._queue)
 
     def idle_instances(self) -> int:
-        return len(self._idle)
+        return sum(1 for free in self._free.values() if free == self.slots)
+
+    def free_slots(self) -> int:
+        return sum(self._free.values())

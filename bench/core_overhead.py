@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""In-process cost of the actor pipeline, without any HTTP: Core.infer round trips per second.
+
+    python bench/core_overhead.py [--model add_sub] [--repo model_repository] [--n 20000]
+                                  [--concurrency 1,16]
+
+Loads the repository with the real ModelManager, then drives Core.infer from N concurrent
+trio tasks. The figure is the ceiling the frontends can reach on this machine; compare it with
+perf_analyzer's figures to see what the HTTP stack costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+from nursery.actors import model_manager
+from nursery.core import Core
+from nursery.handles import Directory
+from nursery.types import DataType, InferenceRequest, Tensor
+
+
+def request_for(core: Core, model: str) -> InferenceRequest:
+    config = core.resolve(model).config
+    inputs = {}
+    for spec in config.inputs:
+        shape = tuple(d if d > 0 else 1 for d in spec.dims)
+        if config.max_batch_size > 0:
+            shape = (1, *shape)
+        data = np.ones(shape, dtype=spec.datatype.numpy_dtype)
+        inputs[spec.name] = Tensor(spec.name, spec.datatype, shape, data)
+    return InferenceRequest(model, "", inputs)
+
+
+async def main(args: argparse.Namespace) -> None:
+    directory = Directory()
+    core = Core(directory)
+    async with trio.open_nursery() as nursery:
+        commands, inbox = trio.open_memory_channel[Any](1)
+        await nursery.start(partial(model_manager.run, repositories=(Path(args.repo),),
+                                    directory=directory, inbox=inbox,
+                                    startup_models=[args.model], exit_on_error=True))
+        request = request_for(core, args.model)
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            per_task = args.n // concurrency
+
+            async def worker() -> None:
+                for _ in range(per_task):
+                    await core.infer(request)
+
+            start = time.perf_counter()
+            async with trio.open_nursery() as workers:
+                for _ in range(concurrency):
+                    workers.start_soon(worker)
+            elapsed = time.perf_counter() - start
+            total = per_task * concurrency
+            print(f"{args.model} concurrency {concurrency}: {total / elapsed:,.0f} infer/s, "
+                  f"{elapsed / total * 1e6:.1f} us per request")
+        await commands.aclose()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="add_sub")
+    p.add_argument("--repo", default="model_repository")
+    p.add_argument("--n", type=int, default=20000)
+    p.add_argument("--concurrency", default="1,16")
+    trio.run(main, p.parse_args())
