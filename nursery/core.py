@@ -175,8 +175,11 @@ class Core:
 
     # -- inference -------------------------------------------------------------------------
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        handle = self.directory.resolve(request.model_name, request.model_version)
+    async def infer(self, request: InferenceRequest,
+                    handle: ModelHandle | None = None) -> InferenceResponse:
+        """Validate and run one request. ``handle`` saves a lookup when the caller has it."""
+        if handle is None:
+            handle = self.directory.resolve(request.model_name, request.model_version)
         batch_size = validate_request(request, handle.config)
         send, receive = trio.open_memory_channel[Any](1)
         handle.submit(InferWork(request, send, batch_size, time.monotonic_ns()))

@@ -36,20 +36,16 @@ class ModelHandle:
     version: int
     config: ModelConfig
     intake: trio.MemorySendChannel[InferWork] = field(repr=False)
-    capacity: int = 65536  # requests waiting for the scheduler before UNAVAILABLE
 
     @property
     def version_str(self) -> str:
         return str(self.version)
 
     def submit(self, work: InferWork) -> None:
-        """Queue a request, or raise UNAVAILABLE at once: a full queue never parks a caller."""
+        """Queue a request, or raise UNAVAILABLE at once (the model is unloading). The intake
+        never blocks: the scheduler takes every message at once and its policy bounds its
+        queue, rejecting what does not fit."""
         try:
-            if self.intake.statistics().current_buffer_used >= self.capacity:
-                raise Unavailable(
-                    f"request for model '{self.name}' version {self.version} rejected: "
-                    "the scheduler's queue is full"
-                )
             self.intake.send_nowait(work)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise Unavailable(
@@ -71,6 +67,12 @@ class ModelEntry:
     versions: Mapping[int, VersionStatus]
     reason: str = ""  # a failure that happened before any version was known (bad config)
     config: ModelConfig | None = None
+    latest: ModelHandle | None = field(init=False, default=None)  # highest READY version
+
+    def __post_init__(self) -> None:
+        ready = self.ready_versions()
+        if ready:
+            object.__setattr__(self, "latest", self.versions[ready[-1]].handle)
 
     def ready_versions(self) -> list[int]:
         return sorted(v for v, s in self.versions.items() if s.state is ModelState.READY)
@@ -112,25 +114,20 @@ class Directory:
     def resolve(self, name: str, version: str) -> ModelHandle:
         """The handle serving ``name``/``version`` (Triton's errors when there is none)."""
         entry = self.table.models.get(name)
-        wanted = parse_version(version)
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
-        if wanted == -1:
-            ready = entry.ready_versions()
-            if not ready:
+        if not version:
+            if entry.latest is None:
                 raise NotFound(f"Request for unknown model: '{name}' has no available versions")
-            status = entry.versions[ready[-1]]
-        else:
-            found = entry.versions.get(wanted)
-            if found is None:
-                raise NotFound(
-                    f"Request for unknown model: '{name}' version {wanted} is not found"
-                )
-            status = found
-            if status.state is not ModelState.READY:
-                raise Unavailable(
-                    f"Request for unknown model: '{name}' version {wanted} is not at ready state"
-                )
+            return entry.latest
+        wanted = parse_version(version)
+        status = entry.versions.get(wanted)
+        if status is None:
+            raise NotFound(f"Request for unknown model: '{name}' version {wanted} is not found")
+        if status.state is not ModelState.READY:
+            raise Unavailable(
+                f"Request for unknown model: '{name}' version {wanted} is not at ready state"
+            )
         assert status.handle is not None
         return status.handle
 

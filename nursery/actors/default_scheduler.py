@@ -13,7 +13,6 @@ The same actor runs the default (FIFO) policy today and the batching policies la
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,13 +63,19 @@ async def run(
                     for channel in instances:
                         await channel.aclose()  # ends the workers, which close their senders
                     instances = ()
-                deadline = poll.wake_at if poll.wake_at is not None else math.inf
-                with trio.move_on_at(deadline):
-                    try:
+                try:
+                    if poll.wake_at is None:
                         message = await inbox.receive()
-                    except trio.EndOfChannel:
-                        return
-                    now = trio.current_time()
+                    else:
+                        message = None
+                        with trio.move_on_at(poll.wake_at):
+                            message = await inbox.receive()
+                        if message is None:
+                            continue  # the policy's deadline: poll again
+                except trio.EndOfChannel:
+                    return
+                now = trio.current_time()
+                while True:  # take everything already waiting before deciding again
                     if isinstance(message, InferWork):
                         if closing or not instances:
                             _answer(message, Unavailable(f"model '{name}' is unloading"))
@@ -82,6 +87,10 @@ async def run(
                         policy.instance_ready(i, now, message.slots)
                     elif isinstance(message, CloseIntake):
                         closing = True
+                    try:
+                        message = inbox.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
         finally:
             with trio.CancelScope(shield=True):
                 for channel in instances:

@@ -35,7 +35,7 @@ from nursery.scheduling.fifo import FifoPolicy
 
 log = logging.getLogger("nursery.manager")
 
-INTAKE_CAPACITY = 65536  # requests waiting for the scheduler to take them, before UNAVAILABLE
+MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAVAILABLE)
 # Places per instance under the default scheduler: the thread holds its next request while it
 # computes (see nursery/scheduling/fifo.py).
 DEFAULT_SCHEDULER_SLOTS = 2
@@ -237,8 +237,8 @@ class _Manager:
         version_path = location.path / str(version)
         factory = get_factory(config.backend, name)
         placements = config.placements()
-        # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in; the
-        # frontends' requests are bounded by ModelHandle.submit instead.
+        # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in. The
+        # scheduler takes every message at once; its policy bounds the queue it keeps.
         intake, inbox = trio.open_memory_channel[Any](math.inf)
         slots = DEFAULT_SCHEDULER_SLOTS
         try:
@@ -267,12 +267,12 @@ class _Manager:
                         partial(
                             default_scheduler.run,
                             name=name,
-                            policy=FifoPolicy[InferWork](slots),
+                            policy=FifoPolicy[InferWork](slots, MAX_QUEUE),
                             inbox=inbox,
                             instances=worker_channels,
                         )
                     )
-                    handle = ModelHandle(name, version, config, intake, INTAKE_CAPACITY)
+                    handle = ModelHandle(name, version, config, intake)
                     task_status.started((handle, intake.clone()))
         finally:
             intake.close()

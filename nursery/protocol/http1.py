@@ -8,6 +8,7 @@ Pure functions and small classes: the server in ``http_server.py`` does the I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MAX_HEAD = 64 * 1024  # request line + headers
@@ -22,6 +23,8 @@ REASONS = {
     505: b"HTTP Version Not Supported",
 }
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+# field-name ":" OWS field-value OWS (no obs-fold, no control characters in the value)
+_HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\Z")
 
 
 class HttpError(Exception):
@@ -104,14 +107,11 @@ def parse_head(buf: bytes | bytearray) -> tuple[RequestHead, int] | None:
     connection = b""
     expect = False
     for line in lines[1:]:
-        colon = line.find(b":")
-        if colon <= 0:
+        m = _HEADER.match(line)
+        if m is None:
             raise HttpError(400, "malformed request header")
-        name = line[:colon]
-        if name[-1:] in (b" ", b"\t") or any(c not in _TOKEN for c in name):
-            raise HttpError(400, "malformed request header name")
-        name = name.lower()
-        value = line[colon + 1 :].strip(b" \t")
+        name = m.group(1).lower()
+        value = m.group(2)
         if name == b"content-length":
             if not value.isdigit() or (content_length is not None and int(value) != content_length):
                 raise HttpError(400, "invalid Content-Length")

@@ -198,7 +198,7 @@ async def infer_response(
             request, fmt = json_codec.decode_request(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size
             )
-        response = await core.infer(request)
+        response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
     except NurseryError as error:
         extra = [(b"accept-encoding", b"gzip, deflate")] if isinstance(error, Unsupported) and encoding else []

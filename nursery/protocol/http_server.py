@@ -13,7 +13,9 @@ their request and close. The caller's cancel scope bounds the wait.
 from __future__ import annotations
 
 import logging
+import math
 import re
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
@@ -106,6 +108,12 @@ class Lifespan:
             await self._replies.receive()
 
 
+@dataclass(eq=False)
+class _Connection:
+    scope: trio.CancelScope
+    idle: bool = False  # waiting for the next request: shutdown may close it at once
+
+
 class HttpServer:
     def __init__(self, core: Core, app: ASGIApp, *, max_input_size: int,
                  keep_alive_timeout: float = 75.0, read_timeout: float = 60.0) -> None:
@@ -115,7 +123,7 @@ class HttpServer:
         self.keep_alive_timeout = keep_alive_timeout
         self.read_timeout = read_timeout
         self.closing = False
-        self._idle: set[trio.CancelScope] = set()
+        self._connections: set[_Connection] = set()
         self._accepting: trio.CancelScope | None = None
 
     async def serve(self, host: str, port: int,
@@ -137,22 +145,24 @@ class HttpServer:
         self.closing = True
         if self._accepting is not None:
             self._accepting.cancel()
-        for scope in list(self._idle):
-            scope.cancel()
+        for conn in list(self._connections):
+            if conn.idle:
+                conn.scope.cancel()
 
-    async def _receive(self, stream: trio.SocketStream, idle: bool) -> bytes:
-        """Next bytes from the client; b"" on EOF, timeout, or shutdown while idle."""
-        timeout = self.keep_alive_timeout if idle else self.read_timeout
-        with trio.move_on_after(timeout) as scope:
-            if idle:
-                self._idle.add(scope)
-                if self.closing:
-                    return b""
-            try:
-                return await stream.receive_some(_BIG)
-            finally:
-                self._idle.discard(scope)
-        return b""
+    async def _receive(self, stream: trio.SocketStream, conn: _Connection, idle: bool) -> bytes:
+        """Next bytes from the client. Waiting longer than the keep-alive (idle) or read
+        timeout, or idling through a shutdown, cancels the connection's scope: it closes."""
+        if idle:
+            if self.closing:
+                return b""
+            conn.idle = True
+            conn.scope.deadline = trio.current_time() + self.keep_alive_timeout
+        else:
+            conn.scope.deadline = trio.current_time() + self.read_timeout
+        data = await stream.receive_some(_BIG)
+        conn.idle = False
+        conn.scope.deadline = math.inf
+        return data
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         try:
@@ -161,27 +171,30 @@ class HttpServer:
         except OSError:
             return
         buf = bytearray()
+        conn = _Connection(trio.CancelScope())
+        self._connections.add(conn)
         try:
-            while not self.closing or buf:
-                parsed = http1.parse_head(buf) if buf else None
-                while parsed is None:
-                    data = await self._receive(stream, idle=not buf)
-                    if not data:
+            with conn.scope:
+                while not self.closing or buf:
+                    parsed = http1.parse_head(buf) if buf else None
+                    while parsed is None:
+                        data = await self._receive(stream, conn, idle=not buf)
+                        if not data:
+                            return
+                        buf += data
+                        parsed = http1.parse_head(buf)
+                    head, used = parsed
+                    del buf[:used]
+                    body, error = await self._read_body(stream, conn, head, buf)
+                    if body is None:
+                        if error is not None:
+                            await self._send(stream, head, error, keep_alive=False)
                         return
-                    buf += data
-                    parsed = http1.parse_head(buf)
-                head, used = parsed
-                del buf[:used]
-                body, error = await self._read_body(stream, head, buf)
-                if body is None:
-                    if error is not None:
-                        await self._send(stream, head, error, keep_alive=False)
-                    return
-                keep_alive = head.keep_alive and not self.closing
-                response = await self._handle(head, body, client, server)
-                await self._send(stream, head, response, keep_alive)
-                if not keep_alive:
-                    return
+                    keep_alive = head.keep_alive and not self.closing
+                    response = await self._handle(head, body, client, server)
+                    await self._send(stream, head, response, keep_alive)
+                    if not keep_alive:
+                        return
         except http1.HttpError as exc:
             response = (exc.status, [(b"content-type", b"application/json")],
                         error_body(exc.message))
@@ -192,11 +205,12 @@ class HttpServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            self._connections.discard(conn)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
-    async def _read_body(self, stream: trio.SocketStream, head: http1.RequestHead,
-                         buf: bytearray) -> tuple[bytes | None, Response | None]:
+    async def _read_body(self, stream: trio.SocketStream, conn: _Connection,
+                         head: http1.RequestHead, buf: bytearray) -> tuple[bytes | None, Response | None]:
         """The request body (taking bytes from ``buf`` first), or (None, error to send)."""
         length = head.content_length
         if head.expect_continue and (length or head.chunked):
@@ -208,7 +222,7 @@ class HttpServer:
             data = bytes(buf)
             buf.clear()
             while not reader.feed(data):
-                data = await self._receive(stream, idle=False)
+                data = await self._receive(stream, conn, idle=False)
                 if not data:
                     return None, None
             buf += reader.leftover
@@ -218,7 +232,7 @@ class HttpServer:
         if length > self.max_input_size:
             return None, error_response(too_large(length, self.max_input_size))
         while len(buf) < length:
-            data = await self._receive(stream, idle=False)
+            data = await self._receive(stream, conn, idle=False)
             if not data:
                 return None, None
             buf += data

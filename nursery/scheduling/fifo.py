@@ -12,17 +12,24 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic
 
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, W
+from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, W
+
+QUEUE_FULL = "Exceeds maximum queue size"  # Triton's message
 
 
 class FifoPolicy(Generic[W]):
-    def __init__(self, slots: int = 1) -> None:
+    def __init__(self, slots: int = 1, max_queue: int = 65536) -> None:
         self.slots = slots
+        self.max_queue = max_queue
         self._queue: deque[W] = deque()
         self._free: dict[int, int] = {}  # instance -> free places (insertion = free order)
+        self._rejected: list[W] = []
 
     def arrive(self, item: W, now: float) -> None:
-        self._queue.append(item)
+        if len(self._queue) >= self.max_queue:
+            self._rejected.append(item)  # a full queue rejects instead of growing
+        else:
+            self._queue.append(item)
 
     def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
         free = self._free.pop(instance, 0) + slots
@@ -30,6 +37,9 @@ class FifoPolicy(Generic[W]):
 
     def poll(self, now: float) -> Poll[W]:
         decisions: list[Decision[W]] = []
+        if self._rejected:
+            decisions.append(Reject(tuple(self._rejected), QUEUE_FULL))
+            self._rejected = []
         while self._queue and self._free:
             instance = max(self._free, key=self._free.__getitem__)  # first max = earliest
             left = self._free.pop(instance) - 1
