@@ -93,8 +93,8 @@ def parse_version(text: str) -> int:
         value = -2
     if value < 0 or not text.isdigit():
         raise InvalidArgument(
-            f"failed to get model version from specified version string '{text}', version "
-            "should be an integral value > 0"
+            f"failed to get model version from specified version string '{text}' (details: "
+            "not an integral number), version should be an integral value > 0"
         )
     return value
 

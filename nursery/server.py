@@ -22,6 +22,7 @@ from nursery.actors import model_manager
 from nursery.core import Core
 from nursery.handles import Directory
 from nursery.protocol.http_app import build_http_app, build_quart_app
+from nursery.protocol.grpc_server import serve_grpc
 from nursery.protocol.http_server import HttpServer, Lifespan
 from nursery.repository import scan
 from nursery.settings import Settings
@@ -120,9 +121,6 @@ def _report_inactive(settings: Settings) -> None:
             "--model-control-mode=poll: repository polling is not active yet in this build; "
             "the models found at start-up are loaded once"
         )
-    if settings.allow_grpc:
-        log.warning("the gRPC frontend is not active yet in this build; --grpc-port %d is unused",
-                    settings.grpc_port)
     if settings.allow_metrics:
         log.warning("the metrics frontend is not active yet in this build; --metrics-port %d is "
                     "unused", settings.metrics_port)
@@ -160,6 +158,12 @@ async def serve(
             core.accepting = True
             async with commands, trio.open_nursery() as frontends:
                 binds: list[str] = []
+                if settings.allow_grpc:
+                    grpc_binds = await frontends.start(
+                        serve_grpc, core, settings.grpc_address, settings.grpc_port, shutdown
+                    )
+                    for bind in grpc_binds:
+                        log.info("Started GRPCInferenceService at %s", bind)
                 if settings.allow_http:
                     binds = await _start_http(frontends, core, settings, shutdown)
                     for bind in binds:

@@ -90,15 +90,12 @@ def _flatten(data: Any, out: list[Any], depth: int = 0) -> None:
 def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
     if not isinstance(data, list):
         data = [data]
-    flat: list[Any]
-    if data and isinstance(data[0], list):
-        flat = []
-        _flatten(data, flat)
-    else:
-        flat = data
-    if len(flat) != element_count(shape):
-        raise InternalError("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    count = element_count(shape)
     if datatype is DataType.BYTES:
+        flat = _flat(data)
+        if len(flat) != count:
+            raise InternalError(
+                "Unable to parse 'data': Shape does not match true shape of 'data' field")
         out = np.empty(len(flat), dtype=object)
         for i, item in enumerate(flat):
             if not isinstance(item, str):
@@ -107,10 +104,19 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
                 )
             out[i] = item.encode("utf-8")
         return out.reshape(shape)
-    try:
-        arr = np.array(flat)
-    except (ValueError, OverflowError):
-        raise InternalError("Unable to parse 'data': elements are not all numbers") from None
+    flat = None
+    try:  # numpy reads flat and nested (rectangular) lists alike, without a Python loop
+        arr = np.array(data)
+    except (ValueError, OverflowError):  # ragged nesting or huge integers
+        arr = None
+    if arr is None or arr.dtype == object:
+        flat = _flat(data)
+        try:
+            arr = np.array(flat)
+        except (ValueError, OverflowError):
+            raise InternalError("Unable to parse 'data': elements are not all numbers") from None
+    if arr.size != count:
+        raise InternalError("Unable to parse 'data': Shape does not match true shape of 'data' field")
     kind = arr.dtype.kind
     if datatype is DataType.BOOL:
         if kind != "b" and arr.size:
@@ -120,6 +126,7 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
             raise InternalError("Unable to parse 'data': attempt to access JSON non-number as double")
     elif kind not in "iu" and arr.size:  # integer types
         # numpy widens a mix of int64 and larger uint64 values to float: check the elements
+        flat = _flat(data) if flat is None else flat
         if not all(type(x) is int for x in flat):
             what = "unsigned-integer" if datatype.name.startswith("U") else "signed-integer"
             raise InternalError(
@@ -130,6 +137,19 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
         return arr.astype(datatype.numpy_dtype, copy=False).reshape(shape)
     except (ValueError, OverflowError) as exc:
         raise InvalidArgument(f"input '{name}': {exc}") from None
+
+
+def _flat(data: list[Any]) -> list[Any]:
+    if data and isinstance(data[0], list):
+        flat: list[Any] = []
+        _flatten(data, flat)
+        return flat
+    for item in data:
+        if isinstance(item, list):
+            flat = []
+            _flatten(data, flat)
+            return flat
+    return data
 
 
 def _shape(value: Any) -> tuple[int, ...]:

@@ -1,0 +1,224 @@
+"""betterproto gRPC messages <-> the core's request and response types (pure).
+
+Inputs come either all as ``raw_input_contents`` (what tritonclient and perf_analyzer send)
+or all as typed ``contents``; responses always carry one ``raw_output_contents`` entry per
+output, as Triton does and as the C++ client (perf_analyzer) requires.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import betterproto
+import numpy as np
+
+from nursery.errors import InvalidArgument
+from nursery.protocol._generated import inference as pb
+from nursery.types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    serialize_bytes_tensor,
+    tensor_from_bytes,
+    tensor_to_bytes,
+)
+
+# typed contents field per datatype
+_CONTENTS_FIELD = {
+    DataType.BOOL: "bool_contents",
+    DataType.UINT8: "uint_contents",
+    DataType.UINT16: "uint_contents",
+    DataType.UINT32: "uint_contents",
+    DataType.UINT64: "uint64_contents",
+    DataType.INT8: "int_contents",
+    DataType.INT16: "int_contents",
+    DataType.INT32: "int_contents",
+    DataType.INT64: "int64_contents",
+    DataType.FP32: "fp32_contents",
+    DataType.FP64: "fp64_contents",
+    DataType.BYTES: "bytes_contents",
+}
+_ALLOWED_TRITON = {"triton_enable_empty_final_response"}
+_RESERVED = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+             "binary_data_output", "headers"}
+
+
+def parameter_value(param: pb.InferParameter) -> Any:
+    which, value = betterproto.which_one_of(param, "parameter_choice")
+    return value if which else None
+
+
+def _uint_param(params: dict[str, pb.InferParameter], key: str) -> int:
+    param = params.get(key)
+    if param is None:
+        return 0
+    which, value = betterproto.which_one_of(param, "parameter_choice")
+    if which not in ("int64_param", "uint64_param") or value < 0:
+        raise InvalidArgument(
+            f"invalid value type for '{key}' parameter, expected int64_param or uint64_param"
+        )
+    return int(value)
+
+
+def decode_request(message: pb.ModelInferRequest) -> InferenceRequest:
+    model = message.model_name
+    raw = message.raw_input_contents
+    params = message.parameters
+    custom: dict[str, Any] = {}
+    for key, param in params.items():
+        if key.startswith("triton_") and key not in _ALLOWED_TRITON:
+            raise InvalidArgument(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                "following keys starting with 'triton_' are allowed: "
+                + ", ".join(sorted(_ALLOWED_TRITON))
+            )
+        if key not in _RESERVED:
+            custom[key] = parameter_value(param)
+    inputs: dict[str, Tensor] = {}
+    prefix = f"[request id: {message.id or '<id_unknown>'}] "
+    for i, tensor in enumerate(message.inputs):
+        name = tensor.name
+        try:
+            datatype = DataType.from_protocol(tensor.datatype)
+        except InvalidArgument:
+            raise InvalidArgument(
+                f"invalid datatype '{tensor.datatype}' for input '{name}' of model '{model}'"
+            ) from None
+        shape = tuple(int(d) for d in tensor.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgument(
+                f"input '{name}' of model '{model}' has a negative dimension in shape "
+                f"{list(shape)}"
+            )
+        if "shared_memory_region" in tensor.parameters:
+            raise InvalidArgument(
+                f"input '{name}': shared memory inputs are not supported yet "
+                "(system and CUDA shared memory land with the shared-memory feature)"
+            )
+        has_contents = betterproto.serialized_on_wire(tensor.contents)
+        if raw:
+            if has_contents:
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{model}'"
+                )
+            if i >= len(raw):
+                raise InvalidArgument(
+                    f"unable to find data for input tensor '{name}' for model '{model}' in "
+                    "request."
+                )
+            block = raw[i]
+            if datatype is DataType.BYTES:
+                data = tensor_from_bytes(block, datatype, shape,
+                                         f"input '{name}' for model '{model}'")
+            else:
+                expected = element_count(shape) * datatype.itemsize
+                if len(block) != expected:
+                    raise InvalidArgument(
+                        f"{prefix}input byte size mismatch for input '{name}' for model "
+                        f"'{model}'. Expected {expected}, got {len(block)}"
+                    )
+                data = np.frombuffer(block, dtype=datatype.numpy_dtype).reshape(shape)
+        else:
+            data = _typed_contents(tensor, datatype, shape, model, prefix)
+        if name in inputs:
+            raise InvalidArgument(f"input '{name}' already exists in request")
+        inputs[name] = Tensor(name, datatype, shape, data)
+    outputs = []
+    for out in message.outputs:
+        classes = 0
+        param = out.parameters.get("classification")
+        if param is not None:
+            value = parameter_value(param)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument("Unable to set 'classification': expected an int64_param")
+            classes = value
+        if "shared_memory_region" in out.parameters:
+            raise InvalidArgument(f"output '{out.name}': shared memory outputs are not supported yet")
+        outputs.append(RequestedOutput(out.name, classes))
+    return InferenceRequest(
+        model_name=model,
+        model_version=message.model_version,
+        inputs=inputs,
+        requested_outputs=tuple(outputs),
+        id=message.id,
+        parameters=custom,
+        priority=_uint_param(params, "priority"),
+        timeout_us=_uint_param(params, "timeout"),
+    )
+
+
+def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor, datatype: DataType,
+                    shape: tuple[int, ...], model: str, prefix: str) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(datatype)
+    count = element_count(shape)
+    if field is None:
+        raise InvalidArgument(
+            f"{datatype.value} input '{tensor.name}' of model '{model}' must be sent in "
+            "raw_input_contents (it has no typed contents field)"
+        )
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        if datatype is DataType.BYTES:
+            raise InvalidArgument(
+                f"{prefix}expected {count} string elements for inference input "
+                f"'{tensor.name}' for model '{model}', got {len(values)}"
+            )
+        raise InvalidArgument(
+            f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+            f"Expected {count * datatype.itemsize}, got {len(values) * datatype.itemsize}"
+        )
+    if datatype is DataType.BYTES:
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out.reshape(shape)
+    try:
+        return np.array(values, dtype=datatype.numpy_dtype).reshape(shape)
+    except OverflowError as exc:
+        raise InvalidArgument(f"input '{tensor.name}': {exc}") from None
+
+
+def encode_response(response: InferenceResponse) -> pb.ModelInferResponse:
+    outputs = []
+    raw: list[bytes] = []
+    for tensor in response.outputs:
+        outputs.append(pb.ModelInferResponseInferOutputTensor(
+            name=tensor.name, datatype=tensor.datatype.value, shape=list(tensor.shape)))
+        if tensor.datatype is DataType.BYTES:
+            raw.append(serialize_bytes_tensor(tensor.data))
+        else:
+            raw.append(bytes(tensor_to_bytes(tensor.data, tensor.datatype)))
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id,
+        outputs=outputs,
+        raw_output_contents=raw,
+    )
+    for key, value in response.parameters.items():
+        message.parameters[key] = to_parameter(value)
+    return message
+
+
+def to_parameter(value: Any) -> pb.InferParameter:
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return pb.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return pb.InferParameter(double_param=value)
+    return pb.InferParameter(string_param=str(value))
+
+
+def model_metadata(meta: dict[str, Any]) -> pb.ModelMetadataResponse:
+    def tensors(items: list[dict[str, Any]]) -> list[pb.ModelMetadataResponseTensorMetadata]:
+        return [pb.ModelMetadataResponseTensorMetadata(name=t["name"], datatype=t["datatype"],
+                                                       shape=list(t["shape"])) for t in items]
+
+    return pb.ModelMetadataResponse(
+        name=meta["name"], versions=list(meta["versions"]), platform=meta["platform"],
+        inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"]),
+    )

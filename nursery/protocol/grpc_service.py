@@ -1,0 +1,212 @@
+"""GRPCInferenceService: every RPC of Triton's gRPC API, each a few lines calling the core.
+
+grpclib runs these handlers on the trio-asyncio loop (see ``grpc_server.py``); each handler
+crosses into trio once (``trio_as_aio``) to reach the core. Errors become gRPC statuses in one
+place (:func:`_status`), with the codes of ``status_map``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpclib
+import grpclib.const
+import grpclib.server
+import trio
+import trio_asyncio
+
+from nursery.core import Core
+from nursery.errors import ErrorKind, NurseryError, Unavailable, Unsupported
+from nursery.protocol import grpc_codec
+from nursery.protocol._generated import inference as pb
+from nursery.protocol._generated.grpc.health import v1 as health_pb
+from nursery.protocol.status_map import GRPC_STATUS
+
+
+def _status(error: NurseryError) -> grpclib.GRPCError:
+    return grpclib.GRPCError(grpclib.const.Status(GRPC_STATUS[error.kind]), error.message)
+
+
+class Draining:
+    """Counts RPCs in progress; once draining, new inference RPCs are refused."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.draining = False
+        self.idle = trio.Event()
+        self.idle.set()
+
+    def enter(self) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down")
+        self.active += 1
+        self.idle = trio.Event() if self.active == 1 else self.idle
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
+
+class InferenceService(pb.GrpcInferenceServiceBase):
+    def __init__(self, core: Core, draining: Draining) -> None:
+        self.core = core
+        self.draining = draining
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a trio function from this asyncio handler; errors become gRPC statuses."""
+        try:
+            return await trio_asyncio.trio_as_aio(fn)(*args)
+        except NurseryError as error:
+            raise _status(error) from None
+
+    def _sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except NurseryError as error:
+            raise _status(error) from None
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    async def server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.core.server_live())
+
+    async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.server_ready())
+
+    async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+
+    async def server_metadata(
+        self, request: pb.ServerMetadataRequest
+    ) -> pb.ServerMetadataResponse:
+        meta = self.core.server_metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                         extensions=list(meta["extensions"]))
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self._sync(self.core.model_metadata, request.name, request.version)
+        return grpc_codec.model_metadata(meta)
+
+    async def model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        handle = self._sync(self.core.resolve, request.name, request.version)
+        return pb.ModelConfigResponse(config=handle.config.proto)
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def model_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        return await self._call(self._infer, request)
+
+    async def _infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        self.draining.enter()
+        try:
+            handle = self.core.resolve(message.model_name, message.model_version)
+            if handle.config.decoupled:
+                raise Unsupported(
+                    f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
+                    f"use ModelStreamInfer for model '{message.model_name}'"
+                )
+            request = grpc_codec.decode_request(message)
+            response = await self.core.infer(request, handle)
+            return grpc_codec.encode_response(response)
+        finally:
+            self.draining.leave()
+
+    async def _stream_rpc(
+        self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
+    ) -> None:
+        """ModelStreamInfer: requests are served as they arrive, concurrently; each answer
+        (or its error, as ``error_message``) is written when it is ready. The stream stays
+        open after a failed request; the client ending or cancelling it is honoured."""
+        await trio_asyncio.trio_as_aio(self._stream_trio)(stream)
+
+    async def _stream_trio(self, stream: Any) -> None:
+        receive = trio_asyncio.aio_as_trio(stream.recv_message)
+        send = trio_asyncio.aio_as_trio(stream.send_message)
+        lock = trio.Lock()
+
+        async def answer(message: pb.ModelInferRequest) -> None:
+            try:
+                self.draining.enter()
+            except NurseryError as error:
+                reply = pb.ModelStreamInferResponse(error_message=error.message)
+            else:
+                try:
+                    handle = self.core.resolve(message.model_name, message.model_version)
+                    request = grpc_codec.decode_request(message)
+                    response = grpc_codec.encode_response(await self.core.infer(request, handle))
+                    response.parameters["triton_final_response"] = pb.InferParameter(
+                        bool_param=True)
+                    reply = pb.ModelStreamInferResponse(infer_response=response)
+                except NurseryError as error:
+                    reply = pb.ModelStreamInferResponse(error_message=error.message)
+                finally:
+                    self.draining.leave()
+            async with lock:
+                await send(reply)
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                message = await receive()
+                if message is None:
+                    break
+                nursery.start_soon(answer, message)
+
+    # -- extensions that land later --------------------------------------------------------
+
+    async def model_statistics(self, request: Any) -> Any:
+        raise _status(Unsupported("statistics are not supported by this server yet"))
+
+    async def repository_index(self, request: Any) -> Any:
+        raise _status(Unsupported("the model repository extension is not supported by this "
+                                  "server yet"))
+
+    async def repository_model_load(self, request: Any) -> Any:
+        return await self.repository_index(request)
+
+    async def repository_model_unload(self, request: Any) -> Any:
+        return await self.repository_index(request)
+
+    async def system_shared_memory_status(self, request: Any) -> Any:
+        raise _status(Unsupported("system shared memory is not supported by this server yet"))
+
+    system_shared_memory_register = system_shared_memory_status
+    system_shared_memory_unregister = system_shared_memory_status
+
+    async def cuda_shared_memory_status(self, request: Any) -> Any:
+        raise _status(Unsupported("CUDA shared memory is not supported by this server yet"))
+
+    cuda_shared_memory_register = cuda_shared_memory_status
+    cuda_shared_memory_unregister = cuda_shared_memory_status
+
+    async def trace_setting(self, request: Any) -> Any:
+        raise _status(Unsupported("trace settings are not supported by this server yet"))
+
+    async def log_settings(self, request: Any) -> Any:
+        raise _status(Unsupported("log settings are not supported by this server yet"))
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        mapping = super().__mapping__()
+        name = "/inference.GRPCInferenceService/ModelStreamInfer"
+        mapping[name] = grpclib.const.Handler(
+            self._stream_rpc, grpclib.const.Cardinality.STREAM_STREAM,
+            pb.ModelInferRequest, pb.ModelStreamInferResponse,
+        )
+        return mapping
+
+
+class HealthService(health_pb.HealthBase):
+    """grpc.health.v1.Health: SERVING while the server is ready, as Triton answers."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def check(self, request: health_pb.HealthCheckRequest) -> health_pb.HealthCheckResponse:
+        serving = self.core.server_ready()
+        status = (health_pb.HealthCheckResponseServingStatus.SERVING if serving
+                  else health_pb.HealthCheckResponseServingStatus.NOT_SERVING)
+        return health_pb.HealthCheckResponse(status=status)
+
+
+__all__ = ["InferenceService", "HealthService", "Draining", "ErrorKind"]
