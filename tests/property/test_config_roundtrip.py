@@ -6,7 +6,6 @@ The oracle is the reference protobuf implementation: ``model_config.proto`` comp
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from google.protobuf import text_format
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 from hypothesis import HealthCheck, given, settings
 
 from nursery import pbtext
@@ -26,17 +25,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    out = tmp_path_factory.mktemp("pb2")
+    """Google's protobuf classes for our model_config.proto, in a private descriptor pool (the
+    default pool may already hold tritonclient's copy of the same file)."""
+    out = tmp_path_factory.mktemp("pb2") / "model_config.desc"
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}", f"--python_out={out}",
-         str(ROOT / "protos" / "model_config.proto")],
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}",
+         f"--descriptor_set_out={out}", "--include_imports", str(ROOT / "protos" / "model_config.proto")],
         check=True,
     )
-    sys.path.insert(0, str(out))
-    try:
-        return importlib.import_module("model_config_pb2")
-    finally:
-        sys.path.remove(str(out))
+    files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for file in files.file:
+        pool.Add(file)
+    module = ModuleType("reference_model_config")
+    module.ModelConfig = message_factory.GetMessageClass(  # type: ignore[attr-defined]
+        pool.FindMessageTypeByName("inference.ModelConfig"))
+    return module
 
 
 def _sort_maps(message: Any) -> Any:
