@@ -14,6 +14,7 @@ import numpy as np
 
 from nursery.errors import InvalidArgument
 from nursery.protocol._generated import inference as pb
+from nursery.protocol.grpc_wire import InferRequest, InputTensor, encode_infer_response
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -46,16 +47,22 @@ _RESERVED = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeo
              "binary_data_output", "headers"}
 
 
-def parameter_value(param: pb.InferParameter) -> Any:
-    which, value = betterproto.which_one_of(param, "parameter_choice")
-    return value if which else None
+def _arms(params: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Parameters as {name: (oneof arm, value)}, from betterproto InferParameters or from the
+    hot path's decoder (which already gives that form)."""
+    out = {}
+    for key, param in params.items():
+        if isinstance(param, tuple):
+            out[key] = param
+        else:
+            out[key] = betterproto.which_one_of(param, "parameter_choice")
+    return out
 
 
-def _uint_param(params: dict[str, pb.InferParameter], key: str) -> int:
-    param = params.get(key)
-    if param is None:
+def _uint_param(params: dict[str, tuple[str, Any]], key: str) -> int:
+    if key not in params:
         return 0
-    which, value = betterproto.which_one_of(param, "parameter_choice")
+    which, value = params[key]
     if which not in ("int64_param", "uint64_param") or value < 0:
         raise InvalidArgument(
             f"invalid value type for '{key}' parameter, expected int64_param or uint64_param"
@@ -63,12 +70,14 @@ def _uint_param(params: dict[str, pb.InferParameter], key: str) -> int:
     return int(value)
 
 
-def decode_request(message: pb.ModelInferRequest) -> InferenceRequest:
+def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceRequest:
+    """A ModelInferRequest (betterproto's, or the hot path's :class:`InferRequest`) as the
+    core's request."""
     model = message.model_name
     raw = message.raw_input_contents
-    params = message.parameters
+    params = _arms(message.parameters)
     custom: dict[str, Any] = {}
-    for key, param in params.items():
+    for key, (_, value) in params.items():
         if key.startswith("triton_") and key not in _ALLOWED_TRITON:
             raise InvalidArgument(
                 "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
@@ -76,7 +85,7 @@ def decode_request(message: pb.ModelInferRequest) -> InferenceRequest:
                 + ", ".join(sorted(_ALLOWED_TRITON))
             )
         if key not in _RESERVED:
-            custom[key] = parameter_value(param)
+            custom[key] = value
     inputs: dict[str, Tensor] = {}
     prefix = f"[request id: {message.id or '<id_unknown>'}] "
     for i, tensor in enumerate(message.inputs):
@@ -98,7 +107,8 @@ def decode_request(message: pb.ModelInferRequest) -> InferenceRequest:
                 f"input '{name}': shared memory inputs are not supported yet "
                 "(system and CUDA shared memory land with the shared-memory feature)"
             )
-        has_contents = betterproto.serialized_on_wire(tensor.contents)
+        has_contents = tensor.contents is not None and (
+            isinstance(tensor, InputTensor) or betterproto.serialized_on_wire(tensor.contents))
         if raw:
             if has_contents:
                 raise InvalidArgument(
@@ -130,13 +140,13 @@ def decode_request(message: pb.ModelInferRequest) -> InferenceRequest:
     outputs = []
     for out in message.outputs:
         classes = 0
-        param = out.parameters.get("classification")
-        if param is not None:
-            value = parameter_value(param)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        oparams = _arms(out.parameters)
+        if "classification" in oparams:
+            which, value = oparams["classification"]
+            if which not in ("int64_param", "uint64_param") or value < 0:
                 raise InvalidArgument("Unable to set 'classification': expected an int64_param")
             classes = value
-        if "shared_memory_region" in out.parameters:
+        if "shared_memory_region" in oparams:
             raise InvalidArgument(f"output '{out.name}': shared memory outputs are not supported yet")
         outputs.append(RequestedOutput(out.name, classes))
     return InferenceRequest(
@@ -151,7 +161,7 @@ def decode_request(message: pb.ModelInferRequest) -> InferenceRequest:
     )
 
 
-def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor, datatype: DataType,
+def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, datatype: DataType,
                     shape: tuple[int, ...], model: str, prefix: str) -> np.ndarray:
     field = _CONTENTS_FIELD.get(datatype)
     count = element_count(shape)
@@ -181,26 +191,22 @@ def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor, datatype: Data
         raise InvalidArgument(f"input '{tensor.name}': {exc}") from None
 
 
-def encode_response(response: InferenceResponse) -> pb.ModelInferResponse:
+def encode_response(response: InferenceResponse,
+                    extra: dict[str, pb.InferParameter] | None = None) -> bytes:
+    """A ModelInferResponse in wire form: one raw_output_contents entry per output."""
     outputs = []
-    raw: list[bytes] = []
+    raw: list[bytes | memoryview] = []
     for tensor in response.outputs:
-        outputs.append(pb.ModelInferResponseInferOutputTensor(
-            name=tensor.name, datatype=tensor.datatype.value, shape=list(tensor.shape)))
+        outputs.append((tensor.name, tensor.datatype.value, tensor.shape))
         if tensor.datatype is DataType.BYTES:
             raw.append(serialize_bytes_tensor(tensor.data))
         else:
-            raw.append(bytes(tensor_to_bytes(tensor.data, tensor.datatype)))
-    message = pb.ModelInferResponse(
-        model_name=response.model_name,
-        model_version=response.model_version,
-        id=response.id,
-        outputs=outputs,
-        raw_output_contents=raw,
-    )
-    for key, value in response.parameters.items():
-        message.parameters[key] = to_parameter(value)
-    return message
+            raw.append(tensor_to_bytes(tensor.data, tensor.datatype))
+    parameters = {key: to_parameter(value) for key, value in response.parameters.items()}
+    if extra:
+        parameters.update(extra)
+    return encode_infer_response(response.model_name, response.model_version, response.id,
+                                 outputs, raw, parameters)
 
 
 def to_parameter(value: Any) -> pb.InferParameter:

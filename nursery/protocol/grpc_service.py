@@ -19,6 +19,7 @@ import trio_asyncio
 from nursery.core import Core
 from nursery.errors import ErrorKind, NurseryError, Unavailable, Unsupported
 from nursery.protocol import grpc_codec
+from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
 from nursery.protocol.status_map import GRPC_STATUS
@@ -95,10 +96,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # -- inference -------------------------------------------------------------------------
 
-    async def model_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def model_infer(self, request: pb.ModelInferRequest) -> Any:
         return await self._call(self._infer, request)
 
-    async def _infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(self, message: Any) -> bytes:
+        """The ModelInferResponse in wire form (the codec passes bytes through)."""
         self.draining.enter()
         try:
             handle = self.core.resolve(message.model_name, message.model_version)
@@ -130,17 +132,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             try:
                 self.draining.enter()
             except NurseryError as error:
-                reply = pb.ModelStreamInferResponse(error_message=error.message)
+                reply = encode_stream_response(None, error.message)
             else:
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message)
-                    response = grpc_codec.encode_response(await self.core.infer(request, handle))
-                    response.parameters["triton_final_response"] = pb.InferParameter(
-                        bool_param=True)
-                    reply = pb.ModelStreamInferResponse(infer_response=response)
+                    response = await self.core.infer(request, handle)
+                    reply = encode_stream_response(
+                        grpc_codec.encode_response(response, FINAL_RESPONSE))
                 except NurseryError as error:
-                    reply = pb.ModelStreamInferResponse(error_message=error.message)
+                    reply = encode_stream_response(None, error.message)
                 finally:
                     self.draining.leave()
             async with lock:
