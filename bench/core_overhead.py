@@ -23,7 +23,7 @@ import trio
 from nursery.actors import model_manager
 from nursery.core import Core
 from nursery.handles import Directory
-from nursery.types import DataType, InferenceRequest, Tensor
+from nursery.types import InferenceRequest, Tensor
 
 
 def request_for(core: Core, model: str) -> InferenceRequest:
@@ -50,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             per_task = args.n // concurrency
 
-            async def worker() -> None:
+            async def worker(per_task: int = per_task) -> None:
                 for _ in range(per_task):
                     await core.infer(request)
 

@@ -9,7 +9,7 @@ statistics and drops the request without spending model time on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import trio
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from nursery.errors import NurseryError
     from nursery.types import InferenceRequest, InferenceResponse
 
-    Reply = Union[InferenceResponse, NurseryError]
+    Reply = InferenceResponse | NurseryError
 
 
 @dataclass(frozen=True, slots=True, eq=False)

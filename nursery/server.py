@@ -21,8 +21,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from nursery.actors import model_manager
 from nursery.core import Core
 from nursery.handles import Directory
-from nursery.protocol.http_app import build_http_app, build_quart_app
 from nursery.protocol.grpc_server import serve_grpc
+from nursery.protocol.http_app import build_http_app, build_quart_app
 from nursery.protocol.http_server import HttpServer, Lifespan
 from nursery.repository import scan
 from nursery.settings import Settings

@@ -21,7 +21,7 @@ import trio
 from nursery import batching
 from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
 from nursery.errors import InternalError, NurseryError
-from nursery.messages import ExecuteBatch, InstanceReady, InferWork
+from nursery.messages import ExecuteBatch, InferWork, InstanceReady
 from nursery.model_config import ModelConfig
 from nursery.threads import DedicatedThread
 from nursery.types import InferenceResponse

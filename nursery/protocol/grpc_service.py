@@ -19,9 +19,9 @@ import trio_asyncio
 from nursery.core import Core
 from nursery.errors import ErrorKind, NurseryError, Unavailable, Unsupported
 from nursery.protocol import grpc_codec
-from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
+from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
 from nursery.protocol.status_map import GRPC_STATUS
 
 

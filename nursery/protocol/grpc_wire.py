@@ -346,10 +346,20 @@ def encode_stream_response(response: bytes | None, error_message: str = "") -> b
 FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=True)}
 
 
+MAX_MESSAGE = 2**31 - 1  # Triton sets gRPC's max send/receive to INT32_MAX
+
+
 class StrictProtoCodec(ProtoCodec):
     """grpclib's protobuf codec for betterproto messages, refusing malformed input."""
 
+    def __init__(self, max_message: int = MAX_MESSAGE) -> None:
+        self.max_message = max_message
+
     def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_message:
+            raise grpclib.GRPCError(
+                grpclib.const.Status.RESOURCE_EXHAUSTED,
+                f"Received message larger than max ({len(data)} vs. {self.max_message})")
         try:
             if message_type is pb.ModelInferRequest:  # the hot path: hand-written decoder
                 return decode_infer_request(data)

@@ -201,7 +201,8 @@ async def infer_response(
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
     except NurseryError as error:
-        extra = [(b"accept-encoding", b"gzip, deflate")] if isinstance(error, Unsupported) and encoding else []
+        unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
+        extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
         return error_response(error, extra)
     out_headers: list[tuple[bytes, bytes]]
     if blocks:

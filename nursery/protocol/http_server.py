@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 

@@ -243,7 +243,8 @@ def decode_request(
                 f" '{f}'" for f, on in (("data", has_data), ("binary_data_size", has_binary),
                                         ("shared_memory_region", has_shm)) if on
             )
-            raise InvalidArgument(f"{_CONTENT_FIELDS}{' set' + set_fields if set_fields else ' no field is set'}")
+            given = " set" + set_fields if set_fields else " no field is set"
+            raise InvalidArgument(f"{_CONTENT_FIELDS}{given}")
         if has_shm:
             raise InvalidArgument(
                 f"input '{name}': shared memory inputs are not supported yet "

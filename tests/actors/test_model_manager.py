@@ -113,7 +113,7 @@ async def test_backend_load_failure_marks_version_unavailable(tmp_path: Path,
 async def test_exit_on_error_raises(tmp_path: Path, factory: FakeFactory) -> None:
     write_fake_model(tmp_path, "m")
     factory.fail_load = "nope"
-    with pytest.raises(BaseException) as err:
+    with pytest.raises(BaseException) as err:  # noqa: PT011 - trio wraps it in a group
         async with _manager(tmp_path, ["m"], exit_on_error=True):
             pass
     assert isinstance(model_manager.first_error(err.value), model_manager.StartupError)

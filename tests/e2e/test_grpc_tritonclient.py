@@ -277,3 +277,28 @@ def test_matches_recorded_triton_answers(grpc_url: str) -> None:
             if key in want and have.get(key) != want[key]:
                 problems.append(f"{name}: {key} {have.get(key)} != Triton {want[key]}")
     assert not problems, "\n".join(problems)
+
+
+def test_stream_cancel_leaves_server_healthy(client: grpcclient.InferenceServerClient,
+                                             grpc_url: str) -> None:
+    other = grpcclient.InferenceServerClient(grpc_url)
+    other.start_stream(callback=lambda result, error: None)
+    for _ in range(30):
+        inputs, _, _ = _add_sub(4)
+        other.async_stream_infer("add_sub", inputs)
+    other.stop_stream(cancel_requests=True)
+    other.close()
+    test_infer(client, 3)
+    assert client.is_server_ready()
+
+
+def test_oversize_message_is_refused() -> None:
+    import grpclib
+
+    from nursery.protocol._generated import inference as pb
+    from nursery.protocol.grpc_wire import StrictProtoCodec
+
+    codec = StrictProtoCodec(max_message=100)
+    with pytest.raises(grpclib.GRPCError) as err:
+        codec.decode(b"\0" * 101, pb.ModelInferRequest)
+    assert err.value.status is grpclib.const.Status.RESOURCE_EXHAUSTED

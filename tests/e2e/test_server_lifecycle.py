@@ -124,3 +124,32 @@ def test_later_flags_are_accepted_and_reported(tmp_path: Path,
     log = server.log()
     assert "--cache-config is accepted but not active yet" in log
     assert "repository polling is not active yet" in log
+
+
+def test_sigterm_finishes_in_flight_grpc_requests(tmp_path: Path,
+                                                  start_server: type[ServerProcess]) -> None:
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    make_models.write_mlp(repo, max_batch_size=64)
+    server = start_server(repo)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    x = np.ones((64, 784), np.float32)
+    results: list[object] = []
+    done = threading.Event()
+
+    def callback(result: object, error: object) -> None:
+        results.append(result if error is None else error)
+        if len(results) == 40:
+            done.set()
+
+    inp = grpcclient.InferInput("INPUT0", [64, 784], "FP32")
+    inp.set_data_from_numpy(x)
+    for _ in range(40):
+        client.async_infer("mlp", [inp], callback)
+    time.sleep(0.2)
+    assert server.stop() == 0
+    done.wait(30)
+    answered = [r for r in results if not isinstance(r, Exception)]
+    assert answered  # requests accepted before the signal were answered
+    assert all(r.as_numpy("OUTPUT0").shape == (64, 10) for r in answered)  # type: ignore[attr-defined]

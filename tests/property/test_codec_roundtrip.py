@@ -27,7 +27,8 @@ def _request_body(name: str, dt: str, arr: np.ndarray, binary: bool) -> tuple[by
     entry: dict = {"name": name, "datatype": dt, "shape": list(arr.shape)}
     blob = b""
     if binary:
-        blob = serialize_bytes_tensor(arr) if dt == "BYTES" else arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        little = arr.astype(arr.dtype.newbyteorder("<"))
+        blob = serialize_bytes_tensor(arr) if dt == "BYTES" else little.tobytes()
         entry["parameters"] = {"binary_data_size": len(blob)}
     elif dt == "BYTES":
         entry["data"] = [x.decode("latin-1") for x in arr.reshape(-1)]

@@ -3,19 +3,17 @@ raw_output_contents entry per output."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from hypothesis import given, settings
-
 from typing import Any
 
-from hypothesis import HealthCheck
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nursery.errors import InvalidArgument, NurseryError
 from nursery.protocol import grpc_codec
-from nursery.protocol.grpc_wire import WireError, decode_infer_request
 from nursery.protocol._generated import inference as pb
+from nursery.protocol.grpc_wire import WireError, decode_infer_request
 from nursery.types import (
     DataType,
     InferenceRequest,

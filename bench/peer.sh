@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# nursery beside real Triton 2.51 and MLServer, same models, same perf_analyzer, one run
+# (../shared/bench/run_anchors.sh). Results and a ratio table land in bench/results/<name>/.
+#
+#   bash bench/peer.sh http     # HTTP: JSON tensors and the binary extension
+#   bash bench/peer.sh grpc     # gRPC
+#
+# Knobs pass through: CONCURRENCY (default "1 16"), MODELS ("add_sub mlp"), REPEATS (2),
+# MEASURE_MS (3000), BATCHING ("off"). Set up the peers first (once per machine):
+#   bash ../shared/bench/setup_envs.sh tools pa mlserver pytriton
+# Never run two benchmarks at once on the 2-core machine.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SHARED="${SHARED_BENCH:-$ROOT/../shared/bench}"
+proto="${1:-http}"
+case "$proto" in
+  http) np="http http-bin"; tp="http http-bin"; mp="http"; steps="models ort nursery triton mlserver summary" ;;
+  grpc) np="grpc"; tp="grpc"; mp="grpc"; steps="models nursery triton mlserver summary" ;;
+  *) echo "usage: $0 http|grpc" >&2; exit 2 ;;
+esac
+export NURSERY_ROOT="$ROOT" NURSERY_PROTOCOLS="$np" TRITON_PROTOCOLS="$tp" PROTOCOLS="$mp"
+export CONCURRENCY="${CONCURRENCY:-1 16}" MODELS="${MODELS:-add_sub mlp}"
+export REPEATS="${REPEATS:-2}" MEASURE_MS="${MEASURE_MS:-3000}" BATCHING="${BATCHING:-off}"
+export OUT="${OUT:-$ROOT/bench/results/peer-$proto-$(date +%Y%m%d-%H%M)}"
+# shellcheck disable=SC2086
+bash "$SHARED/run_anchors.sh" $steps
+echo "summary: $OUT/summary.md"
