@@ -33,12 +33,17 @@ with zipfile.ZipFile(glob.glob(f"{dest}/wheels/nvidia_cuda_runtime_cu12-*.whl")[
                 f.write(z.read(name))
 PYEOF
 rm -rf "$DEST/wheels"
-if ! ldconfig -p 2>/dev/null | grep -q 'libb64.so.0d'; then
-  # no root needed: unpack the Debian package next to the binary
-  (cd "$DEST" && apt-get download libb64-0d >/dev/null 2>&1 && dpkg -x libb64-0d_*.deb pkg && \
-     cp pkg/usr/lib/x86_64-linux-gnu/libb64.so.0d* lib/ && rm -rf pkg libb64-0d_*.deb) || {
-    [ "$(id -u)" = 0 ] && apt-get install -y -q libb64-0d >/dev/null; }
+have_b64() { ldconfig -p 2>/dev/null | grep 'libb64.so.0d' >/dev/null || [ -e "$DEST/lib/libb64.so.0d" ]; }
+if ! have_b64; then
+  # unpack Debian's libb64-0d next to the binary (no root needed), else install it as root
+  (cd "$DEST" && apt-get download libb64-0d >/dev/null 2>&1 && dpkg -x libb64-0d_*.deb pkg &&
+     cp pkg/usr/lib/x86_64-linux-gnu/libb64.so.0d* lib/ && rm -rf pkg libb64-0d_*.deb) || true
 fi
+if ! have_b64 && [ "$(id -u)" = 0 ]; then
+  apt-get install -y -q libb64-0d >/dev/null 2>&1 ||
+    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1; } || true
+fi
+have_b64 || { echo "libb64.so.0d (Debian package libb64-0d) is missing" >&2; exit 1; }
 cat > "$DEST/perf_analyzer" <<'WRAP'
 #!/usr/bin/env bash
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
