@@ -14,19 +14,22 @@ from typing import Any
 import trio
 
 from nursery import __version__
-from nursery.errors import InvalidArgument, NurseryError
+from nursery.errors import InvalidArgument, NotFound, NurseryError
 from nursery.handles import Directory, ModelHandle
 from nursery.messages import InferWork
 from nursery.model_config import ModelConfig
-from nursery.types import DataType, InferenceRequest, InferenceResponse
+from nursery.stats import StatsSnapshot
+from nursery.types import InferenceRequest, InferenceResponse
 
 SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id changes it
 
-EXTENSIONS = (
+EXTENSIONS = (  # in Triton's order
     "classification",
+    "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
+    "statistics",
 )
 
 
@@ -180,14 +183,52 @@ class Core:
         """Validate and run one request. ``handle`` saves a lookup when the caller has it."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
-        batch_size = validate_request(request, handle.config)
+        config = handle.config
+        batch_size = validate_request(request, config)
+        signature = None
+        if config.batching is not None:
+            signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
+                              for n in config.shape_checked_inputs)
+            if config.has_optional_inputs:
+                signature = (signature, frozenset(request.inputs))
         send, receive = trio.open_memory_channel[Any](1)
-        handle.submit(InferWork(request, send, batch_size, time.monotonic_ns()))
-        with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
-            answer = await receive.receive()
+        work = InferWork(request, send, batch_size, time.monotonic_ns(), signature,
+                         request.priority, request.timeout_us)
+        handle.submit(work)
+        try:
+            with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
+                answer = await receive.receive()
+        except trio.Cancelled:
+            handle.cancel(work)  # drop it from the queue now rather than at dispatch
+            raise
         if isinstance(answer, NurseryError):
             raise answer
         return answer  # type: ignore[no-any-return]
 
+    async def model_statistics(
+        self, name: str = "", version: str = ""
+    ) -> list[tuple[str, str, StatsSnapshot]]:
+        """(model, version, snapshot) for every ready version asked for (all models when
+        ``name`` is empty), each from its scheduler."""
+        if name:
+            if version:
+                handles = [self.directory.resolve(name, version)]
+            else:
+                entry = self.directory.entry(name)
+                if entry is None:
+                    raise NotFound(f"Request for unknown model: '{name}' is not found")
+                handles = [entry.versions[v].handle for v in entry.ready_versions()]  # type: ignore[misc]
+                if not handles:
+                    raise InvalidArgument(f"requested model '{name}' is not available")
+        else:
+            handles = [entry.versions[v].handle  # type: ignore[misc]
+                       for _, entry in sorted(self.directory.table.models.items())
+                       for v in entry.ready_versions()]
+        out = []
+        for h in handles:
+            assert h is not None
+            out.append((h.name, h.version_str, await h.query_stats()))
+        return out
 
-__all__ = ["Core", "validate_request", "DataType"]
+
+__all__ = ["Core", "validate_request"]

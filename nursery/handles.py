@@ -16,8 +16,9 @@ from types import MappingProxyType
 import trio
 
 from nursery.errors import InvalidArgument, NotFound, Unavailable
-from nursery.messages import InferWork
+from nursery.messages import CancelWork, InferWork, StatsQuery
 from nursery.model_config import ModelConfig
+from nursery.stats import StatsSnapshot
 
 
 class ModelState(enum.Enum):
@@ -51,6 +52,23 @@ class ModelHandle:
             raise Unavailable(
                 f"model '{self.name}' version {self.version} is unloading"
             ) from None
+
+
+    def cancel(self, work: InferWork) -> None:
+        """The requester gave up on ``work``: the scheduler drops it if still queued."""
+        try:
+            self.intake.send_nowait(CancelWork(work))  # type: ignore[arg-type]
+        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
+            pass
+
+    async def query_stats(self) -> StatsSnapshot:
+        send, receive = trio.open_memory_channel[StatsSnapshot](1)
+        try:
+            self.intake.send_nowait(StatsQuery(send))  # type: ignore[arg-type]
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return StatsSnapshot()
+        with receive:
+            return await receive.receive()
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,10 @@ from nursery.backends.base import (
     gpu_count,
 )
 from nursery.config_json import config_to_json
-from nursery.errors import ConfigError, InvalidArgument
+from nursery.errors import ConfigError, ErrorKind, InvalidArgument
 from nursery.protocol._generated import inference as pb
 from nursery.repository import available_versions, select_versions
+from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
 from nursery.types import DataType
 
 log = logging.getLogger("nursery.config")
@@ -85,11 +86,19 @@ class ModelConfig:
     parameters: Mapping[str, str]
     path: Path
     proto: pb.ModelConfig = field(repr=False, compare=False)
+    batching: BatchConfig | None = None  # the dynamic batcher's settings, when configured
     input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
+    shape_checked_inputs: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    has_optional_inputs: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # inputs whose shapes must agree for requests to share a batch (Triton's
+        # enforce_equal_shape_tensors: variable dims, no ragged batching; shape tensors)
+        object.__setattr__(self, "shape_checked_inputs", tuple(
+            t.name for t in self.inputs if t.is_shape_tensor or (-1 in t.dims)))
+        object.__setattr__(self, "has_optional_inputs", any(t.optional for t in self.inputs))
         object.__setattr__(self, "input_map", MappingProxyType({t.name: t for t in self.inputs}))
         object.__setattr__(self, "output_map", MappingProxyType({t.name: t for t in self.outputs}))
         object.__setattr__(self, "json", config_to_json(self.proto))
@@ -379,13 +388,12 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         "sequence_batching": "sequence",
         "ensemble_scheduling": "ensemble",
     }.get(scheduling, "default")
-    if scheduling == "dynamic_batching":
-        for size in proto.dynamic_batching.preferred_batch_size:
-            if size < 1 or (proto.max_batch_size > 0 and size > proto.max_batch_size):
-                raise ConfigError(
-                    f"{where}: {CONFIG_FILENAME}: dynamic_batching preferred batch size {size} "
-                    f"must be between 1 and max_batch_size ({proto.max_batch_size})"
-                )
+    batching = _batch_config(proto, where) if scheduling == "dynamic_batching" else None
+    if scheduling in ("sequence_batching", "ensemble_scheduling"):
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: {scheduling} is not supported by this server yet",
+            ErrorKind.UNSUPPORTED,
+        )
     which, latest = betterproto.which_one_of(proto.version_policy, "policy_choice")
     if which == "latest" and latest.num_versions < 1:
         raise ConfigError(
@@ -406,4 +414,55 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         parameters=MappingProxyType(parameters),
         path=model_path,
         proto=proto,
+        batching=batching,
+    )
+
+
+def _queue_policy(p: pb.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        reject_on_timeout=p.timeout_action == pb.ModelQueuePolicyTimeoutAction.REJECT,
+        default_timeout_us=p.default_timeout_microseconds,
+        allow_timeout_override=p.allow_timeout_override,
+        max_queue_size=p.max_queue_size,
+    )
+
+
+def _batch_config(proto: pb.ModelConfig, where: str) -> BatchConfig:
+    """The dynamic_batching block, validated with Triton's rules and messages."""
+    db = proto.dynamic_batching
+    name = proto.name
+    label = f"{where}: {CONFIG_FILENAME}"
+    for size in db.preferred_batch_size:
+        if size < 1:
+            raise ConfigError(f"{label}: dynamic batching preferred size must be positive for {name}")
+        if size > max(proto.max_batch_size, 0):
+            raise ConfigError(f"{label}: dynamic batching preferred size must be <= max batch size "
+                              f"for {name} (preferred {size}, max_batch_size {proto.max_batch_size})")
+    levels = db.priority_levels
+    if levels:
+        if not 1 <= db.default_priority_level <= levels:
+            raise ConfigError(f"{label}: default priority level must be in range [1, {levels}] "
+                              f"for {name}")
+        for level in db.priority_queue_policy:
+            if not 1 <= level <= levels:
+                raise ConfigError(f"{label}: priority queue policy must have priority level in "
+                                  f"range [1, {levels}] for {name}")
+    policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+    if db.preserve_ordering:
+        if levels > 1:
+            raise ConfigError(f"{label}: Only one priority level is allowed when "
+                              f"'preserve_ordering' is true for {name}")
+        for p in policies:
+            if p.default_timeout_microseconds and p.timeout_action == pb.ModelQueuePolicyTimeoutAction.DELAY:
+                raise ConfigError(f"{label}: Queue policy can not have DELAY as timeout action "
+                                  f"when 'preserve_ordering' is true for {name}")
+    return BatchConfig(
+        max_batch_size=proto.max_batch_size,
+        preferred_batch_sizes=tuple(sorted(db.preferred_batch_size)),
+        max_queue_delay_us=db.max_queue_delay_microseconds,
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=levels,
+        default_priority_level=db.default_priority_level if levels else 0,
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        level_policies={int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()},
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import trio
 from nursery.backends.base import InstancePlacement
 from nursery.errors import InternalError
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady
+from nursery.stats import BatchReport
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 
@@ -24,9 +25,10 @@ def make_request(i: int, rows: int = 1) -> InferenceRequest:
                             id=str(i))
 
 
-def make_work(i: int, rows: int = 1) -> tuple[InferWork, trio.MemoryReceiveChannel[Any]]:
+def make_work(i: int, rows: int = 1, *, signature: Any = None, priority: int = 0,
+              timeout_us: int = 0) -> tuple[InferWork, trio.MemoryReceiveChannel[Any]]:
     send, receive = trio.open_memory_channel[Any](1)
-    return InferWork(make_request(i, rows), send, rows, 0), receive
+    return InferWork(make_request(i, rows), send, rows, 0, signature, priority, timeout_us), receive
 
 
 @dataclass
@@ -41,25 +43,34 @@ async def fake_worker(
     inbox: trio.MemoryReceiveChannel[ExecuteBatch],
     scheduler: trio.MemorySendChannel[Any],
     log: ExecutionLog,
-    compute: float = 0.01,
+    compute: float | Callable[[int], float] = 0.01,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Behaves like an InstanceWorker, with ``trio.sleep`` as its compute time."""
+    """Behaves like an InstanceWorker, with ``trio.sleep`` as its compute time (a number, or a
+    function of the instance index)."""
+    seconds = compute(index) if callable(compute) else compute
     async with inbox, scheduler:
         task_status.started()
         await scheduler.send(InstanceReady(index))
         async for batch in inbox:
             start = trio.current_time()
-            await trio.sleep(compute)
+            await trio.sleep(seconds)
             log.batches.append((index, tuple(w.request.id for w in batch.work), start,
                                 trio.current_time()))
-            for w in batch.work:
-                try:
-                    w.reply.send_nowait(InferenceResponse("m", "1", [], id=w.request.id))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+            pairs = [(w, InferenceResponse("m", "1", [], id=w.request.id)) for w in batch.work]
+            report = BatchReport(
+                batch_size=sum(w.batch_size for w in batch.work), requests=len(batch.work),
+                succeeded=True, queue_ns=0, request_ns=0, compute_input_ns=0,
+                compute_infer_ns=int(seconds * 1e9), compute_output_ns=0, finished_ms=0)
+            if not batch.ordered:
+                for w, answer in pairs:
+                    try:
+                        w.reply.send_nowait(answer)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
             try:
-                await scheduler.send(InstanceReady(index))
+                await scheduler.send(InstanceReady(index, 1, report,
+                                                   tuple(pairs) if batch.ordered else ()))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,22 +22,16 @@ from nursery.backends.base import BackendFactory, BackendInstance, InstancePlace
 from nursery.errors import InternalError, NurseryError
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady
 from nursery.model_config import ModelConfig
+from nursery.stats import BatchReport
 from nursery.threads import DedicatedThread
 from nursery.types import InferenceResponse
 
 log = logging.getLogger("nursery.instance")
 
 
-@dataclass(frozen=True, slots=True)
-class BatchTimings:
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-
-
 def _run_batch(
     backend: BackendInstance, config: ModelConfig, version: str, batch: ExecuteBatch
-) -> tuple[list[InferenceResponse] | NurseryError, BatchTimings]:
+) -> tuple[list[InferenceResponse] | NurseryError, BatchReport]:
     """Everything a batch needs, on the instance thread. Errors become the batch's answer."""
     t0 = time.monotonic_ns()
     t1 = t2 = t0
@@ -58,12 +51,29 @@ def _run_batch(
         log.exception("model '%s' version %s: batch failed", config.name, version)
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
     t3 = time.monotonic_ns()
-    return responses, BatchTimings(t1 - t0, t2 - t1, t3 - t2)
+    report = BatchReport(
+        batch_size=sum(w.batch_size for w in batch.work),
+        requests=len(batch.work),
+        succeeded=not isinstance(responses, NurseryError),
+        queue_ns=sum(t0 - w.enqueued_ns for w in batch.work),
+        request_ns=sum(t3 - w.enqueued_ns for w in batch.work),
+        compute_input_ns=t1 - t0,
+        compute_infer_ns=t2 - t1,
+        compute_output_ns=t3 - t2,
+        finished_ms=time.time_ns() // 1_000_000,
+    )
+    return responses, report
 
 
-def _deliver(work: tuple[InferWork, ...], result: list[InferenceResponse] | NurseryError) -> None:
-    for i, item in enumerate(work):
-        answer: Any = result if isinstance(result, NurseryError) else result[i]
+def _answers(work: tuple[InferWork, ...],
+             result: list[InferenceResponse] | NurseryError) -> list[tuple[InferWork, Any]]:
+    if isinstance(result, NurseryError):
+        return [(item, result) for item in work]
+    return list(zip(work, result, strict=True))
+
+
+def _deliver(pairs: list[tuple[InferWork, Any]]) -> None:
+    for item, answer in pairs:
         try:
             item.reply.send_nowait(answer)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -95,13 +105,20 @@ async def run(
         # runs on the trio thread (DedicatedThread.submit), no task switch
         nonlocal in_flight
         in_flight -= 1
+        report: BatchReport | None
         try:
-            responses, _timings = result.unwrap()
+            responses, report = result.unwrap()
         except BaseException as exc:  # _run_batch catches Exception; this is the rest
             responses = InternalError(f"model '{config.name}' failed to execute: {exc!r}")
-        _deliver(batch.work, responses)
+            report = None
+        pairs = _answers(batch.work, responses)
+        held: tuple[tuple[InferWork, Any], ...] = ()
+        if batch.ordered:
+            held = tuple(pairs)  # the scheduler releases them in arrival order
+        else:
+            _deliver(pairs)
         try:
-            scheduler.send_nowait(InstanceReady(placement.index))
+            scheduler.send_nowait(InstanceReady(placement.index, 1, report, held))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the scheduler is gone: we are shutting down
         if in_flight == 0:

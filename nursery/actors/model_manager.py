@@ -24,13 +24,14 @@ from typing import Any
 
 import trio
 
-from nursery.actors import default_scheduler, instance_worker
+from nursery.actors import instance_worker, scheduler
 from nursery.backends.base import get_factory
 from nursery.errors import ErrorKind, NotFound, NurseryError
 from nursery.handles import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
 from nursery.model_config import ModelConfig, read_model_config
 from nursery.repository import ModelLocation, scan
+from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
 
 log = logging.getLogger("nursery.manager")
@@ -175,11 +176,6 @@ class _Manager:
         self.entries[name] = ModelEntry(
             name, entry.versions if entry else MappingProxyType({}), "", config
         )
-        if config.scheduler == "dynamic":
-            log.warning(
-                "model '%s': dynamic_batching is configured but the dynamic batcher is not "
-                "active yet in this build; requests run one at a time (FIFO)", name,
-            )
         errors: list[NurseryError] = []
 
         async def one(version: int) -> None:
@@ -240,7 +236,15 @@ class _Manager:
         # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in. The
         # scheduler takes every message at once; its policy bounds the queue it keeps.
         intake, inbox = trio.open_memory_channel[Any](math.inf)
-        slots = DEFAULT_SCHEDULER_SLOTS
+        policy: Any
+        if config.batching is not None:
+            # the DynamicBatcher: batches form while instances are busy, so an instance takes
+            # one batch at a time
+            slots = 1
+            policy = DynamicBatchPolicy[InferWork](config.batching)
+        else:
+            slots = DEFAULT_SCHEDULER_SLOTS
+            policy = FifoPolicy[InferWork](slots, MAX_QUEUE)
         try:
             with scope:
                 async with trio.open_nursery() as version_nursery:
@@ -265,11 +269,13 @@ class _Manager:
                             )
                     await version_nursery.start(
                         partial(
-                            default_scheduler.run,
+                            scheduler.run,
                             name=name,
-                            policy=FifoPolicy[InferWork](slots, MAX_QUEUE),
+                            policy=policy,
                             inbox=inbox,
                             instances=worker_channels,
+                            preserve_ordering=bool(config.batching
+                                                   and config.batching.preserve_ordering),
                         )
                     )
                     handle = ModelHandle(name, version, config, intake)

@@ -18,7 +18,7 @@ import trio_asyncio
 
 from nursery.core import Core
 from nursery.errors import ErrorKind, NurseryError, Unavailable, Unsupported
-from nursery.protocol import grpc_codec
+from nursery.protocol import grpc_codec, stats_codec
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
 from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
@@ -156,8 +156,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # -- extensions that land later --------------------------------------------------------
 
-    async def model_statistics(self, request: Any) -> Any:
-        raise _status(Unsupported("statistics are not supported by this server yet"))
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        entries = await self._call(self.core.model_statistics, request.name, request.version)
+        return stats_codec.to_proto(entries)
 
     async def repository_index(self, request: Any) -> Any:
         raise _status(Unsupported("the model repository extension is not supported by this "

@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 
 from nursery.core import Core
 from nursery.errors import NurseryError, Unsupported
+from nursery.protocol import stats_codec
 from nursery.protocol.http_infer import handle_infer
 from nursery.protocol.json_codec import dumps
 from nursery.protocol.status_map import error_body, http_error
@@ -95,11 +96,14 @@ def build_quart_app(core: Core) -> QuartTrio:
         # exists so that other methods on this path get Triton's 405.
         return _error(Unsupported("inference is served by the lean handler"))
 
+    @app.get("/v2/models/stats")
+    @app.get("/v2/models/<model>/stats")
+    @app.get("/v2/models/<model>/versions/<version>/stats")
+    async def model_stats(model: str = "", version: str = "") -> Response:
+        return _json(stats_codec.to_json(await core.model_statistics(model, version)))
+
     # Triton routes whose features land later: a clear 501, never a 404 or a hang.
     later = {
-        "/v2/models/stats": "statistics",
-        "/v2/models/<model>/stats": "statistics",
-        "/v2/models/<model>/versions/<version>/stats": "statistics",
         "/v2/repository/index": "the model repository extension",
         "/v2/repository/models/<model>/load": "the model repository extension",
         "/v2/repository/models/<model>/unload": "the model repository extension",

@@ -20,6 +20,21 @@ def build_e2e_repo(repo: Path) -> Path:
     make_models.write_add_sub(repo, max_batch_size=64)
     make_models.write_mlp(repo, max_batch_size=64)
     make_models.write_string_identity(repo)
+    make_models.write_model(
+        repo, "mlp_batched", make_models.build_mlp(),
+        make_models.config_text("mlp_batched", [("INPUT0", "FP32", [784])],
+                                [("OUTPUT0", "FP32", [10])], 32,
+                                "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"),
+    )
+    make_models.write_model(
+        repo, "identity_priority", make_models.build_identity("INT32", ["batch", 1]),
+        make_models.config_text(
+            "identity_priority", [("INPUT0", "INT32", [1])], [("OUTPUT0", "INT32", [1])], 8,
+            "dynamic_batching { max_queue_delay_microseconds: 300000 priority_levels: 2 "
+            "default_priority_level: 2 default_queue_policy { timeout_action: REJECT "
+            "default_timeout_microseconds: 5000000 allow_timeout_override: true "
+            "max_queue_size: 4 } }\n"),
+    )
     for dt in ALL_TYPES:
         name = f"identity_{dt.lower()}"
         make_models.write_model(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import subprocess
-from functools import partial
 
 import grpc
 import numpy as np
@@ -132,8 +131,7 @@ def test_errors(client: grpcclient.InferenceServerClient) -> None:
 
 
 def test_later_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    for call in (partial(client.get_inference_statistics, "add_sub"),
-                 client.get_model_repository_index,
+    for call in (client.get_model_repository_index,
                  client.get_system_shared_memory_status,
                  client.get_cuda_shared_memory_status,
                  client.get_trace_settings,

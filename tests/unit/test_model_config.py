@@ -96,7 +96,19 @@ def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
         ("max_batch_size: 8\ninstance_group [{ kind: KIND_CPU gpus: [0] }]",
          "has kind KIND_CPU but specifies one or more GPUs"),
         ("max_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }",
-         "preferred batch size 8 must be between 1 and max_batch_size (4)"),
+         "dynamic batching preferred size must be <= max batch size for m"),
+        ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+         "default priority level must be in range [1, 2] for m"),
+        ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 default_priority_level: 1 "
+         "priority_queue_policy { key: 5 value: { max_queue_size: 1 } } }",
+         "priority queue policy must have priority level in range [1, 2] for m"),
+        ("max_batch_size: 4\ndynamic_batching { preserve_ordering: true priority_levels: 2 "
+         "default_priority_level: 1 }",
+         "Only one priority level is allowed when 'preserve_ordering' is true for m"),
+        ("max_batch_size: 4\ndynamic_batching { preserve_ordering: true default_queue_policy { "
+         "timeout_action: DELAY default_timeout_microseconds: 10 } }",
+         "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"),
+        ("max_batch_size: 4\nsequence_batching { }", "sequence_batching is not supported"),
         ("input [{name: 'X' data_type: TYPE_FP32 dims: [16]}, {name: 'X' data_type: "
          "TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 dims: [16]}]",
          "input 'X' is specified more than once"),

@@ -1,30 +1,65 @@
 """Scheduler actor: moves messages between requesters, a policy and the instance workers.
 
-The policy (pure, see ``nursery/scheduling``) decides; this actor only does what it says:
-it feeds arrivals and ``InstanceReady`` notices to the policy, sends ``ExecuteBatch`` to the
-chosen instance, answers rejections, and sleeps until its next message or the policy's next
-deadline. Requests whose requester has stopped waiting are dropped before they reach an
-instance. On ``CloseIntake`` it finishes the queue, then closes the instances' inboxes,
-which ends them; when every sender of its own inbox is gone, it returns.
+The same actor runs every scheduling policy: the default scheduler is this actor with
+``FifoPolicy``; the DynamicBatcher is this actor with ``DynamicBatchPolicy``. The policy
+(pure, see ``nursery/scheduling``) decides; the actor only does what it says: it feeds arrivals,
+cancellations and ``InstanceReady`` notices to the policy, sends ``ExecuteBatch`` to the chosen
+instance, answers rejections, and sleeps until its next message or the policy's next deadline.
+Requests whose requester stopped waiting are dropped before they reach an instance.
 
-The same actor runs the default (FIFO) policy today and the batching policies later.
+It also keeps the version's statistics (from the workers' batch reports and its own
+rejections) and, with ``preserve_ordering``, releases answers in arrival order.
+
+On ``CloseIntake`` it finishes the queue, then closes the instances' inboxes, which ends them;
+when every sender of its own inbox is gone, it returns.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
 
-from nursery.errors import NurseryError, Unavailable
-from nursery.messages import CloseIntake, ExecuteBatch, InferWork, InstanceReady
+from nursery.errors import Cancelled, NurseryError, Unavailable
+from nursery.messages import (
+    CancelWork,
+    CloseIntake,
+    ExecuteBatch,
+    InferWork,
+    InstanceReady,
+    StatsQuery,
+)
 from nursery.scheduling.decisions import Dispatch, Reject, SchedulingPolicy
+from nursery.stats import StatsAccumulator
 
 log = logging.getLogger("nursery.scheduler")
 
 RejectError = Callable[[str], NurseryError]
+
+
+class _Ordering:
+    """Releases answers in the order requests were dispatched (preserve_ordering)."""
+
+    def __init__(self) -> None:
+        self._next_seq = itertools.count()
+        self.seq: dict[int, int] = {}  # id(work) -> sequence number
+        self._release = 0
+        self._held: list[tuple[int, int, InferWork, Any]] = []
+
+    def number(self, work: InferWork) -> None:
+        self.seq[id(work)] = next(self._next_seq)
+
+    def finish(self, work: InferWork, answer: Any) -> None:
+        seq = self.seq.pop(id(work))
+        heapq.heappush(self._held, (seq, id(work), work, answer))
+        while self._held and self._held[0][0] == self._release:
+            _, _, w, a = heapq.heappop(self._held)
+            _answer(w, a)
+            self._release += 1
 
 
 async def run(
@@ -33,11 +68,15 @@ async def run(
     policy: SchedulingPolicy[InferWork],
     inbox: trio.MemoryReceiveChannel[Any],
     instances: Sequence[trio.MemorySendChannel[ExecuteBatch]],
+    preserve_ordering: bool = False,
     reject_error: RejectError = Unavailable,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     closing = False
     outstanding = [0] * len(instances)  # batches sent to each instance and not finished
+    stats = StatsAccumulator()
+    ordering = _Ordering() if preserve_ordering else None
+    cancel = getattr(policy, "cancel", None)
     task_status.started()
     async with inbox:
         try:
@@ -48,15 +87,22 @@ async def run(
                 for decision in poll.decisions:
                     if isinstance(decision, Dispatch):
                         live = tuple(w for w in decision.items if not w.abandoned())
+                        if len(live) != len(decision.items):
+                            stats.record_failure("CANCELED", len(decision.items) - len(live))
                         if not live:  # nobody waits for these: the place stays free
                             policy.instance_ready(decision.instance, now)
                             dropped = True
                             continue
-                        instances[decision.instance].send_nowait(ExecuteBatch(live))
+                        if ordering is not None:
+                            for w in live:
+                                ordering.number(w)
+                        instances[decision.instance].send_nowait(
+                            ExecuteBatch(live, ordering is not None))
                         outstanding[decision.instance] += 1
                     elif isinstance(decision, Reject):
                         for w in decision.items:
                             _answer(w, reject_error(decision.reason))
+                        stats.record_failure("REJECTED", len(decision.items))
                 if dropped:
                     continue  # the freed place may take the next request at once
                 if closing and instances and policy.pending() == 0 and not any(outstanding):
@@ -84,7 +130,18 @@ async def run(
                     elif isinstance(message, InstanceReady):
                         i = message.instance
                         outstanding[i] = max(0, outstanding[i] - message.slots)
+                        if message.report is not None:
+                            stats.record_batch(message.report)
+                        if ordering is not None:
+                            for work, answer in message.held:
+                                ordering.finish(work, answer)
                         policy.instance_ready(i, now, message.slots)
+                    elif isinstance(message, CancelWork):
+                        if cancel is not None and cancel(message.work):
+                            stats.record_failure("CANCELED")
+                            _answer(message.work, Cancelled(""))
+                    elif isinstance(message, StatsQuery):
+                        _answer(message, stats.snapshot(policy.pending()))  # type: ignore[arg-type]
                     elif isinstance(message, CloseIntake):
                         closing = True
                     try:
@@ -97,8 +154,9 @@ async def run(
                     await channel.aclose()
 
 
-def _answer(work: InferWork, answer: NurseryError) -> None:
+def _answer(work: Any, answer: Any) -> None:
     try:
         work.reply.send_nowait(answer)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
         pass
+

@@ -11,7 +11,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery.actors import default_scheduler
+from nursery.actors import scheduler
 from nursery.errors import Unavailable
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
 from nursery.scheduling.fifo import FifoPolicy
@@ -27,7 +27,7 @@ async def _start(nursery: trio.Nursery, instances: int, log: ExecutionLog,
         send, receive = trio.open_memory_channel[ExecuteBatch](1)
         channels.append(send)
         await nursery.start(partial(fake_worker, i, receive, intake.clone(), log, compute))
-    await nursery.start(partial(default_scheduler.run, name="m", policy=FifoPolicy[InferWork](),
+    await nursery.start(partial(scheduler.run, name="m", policy=FifoPolicy[InferWork](),
                                 inbox=inbox, instances=channels))
     return intake, intake.clone()
 

@@ -1,0 +1,137 @@
+"""Per-version statistics: what Triton's statistics extension and metrics report.
+
+Instance workers describe each batch they ran in a :class:`BatchReport` (sent with their
+``InstanceReady``); the scheduler, which also sees rejections and cancellations, folds reports
+into its :class:`StatsAccumulator` and answers ``StatsQuery`` with a frozen
+:class:`StatsSnapshot`. Nobody reads another actor's counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> Duration:
+        return Duration(self.count + count, self.ns + ns)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """One model execution, as its instance worker saw it."""
+
+    batch_size: int  # rows executed
+    requests: int
+    succeeded: bool
+    queue_ns: int  # summed over the batch's requests: accepted -> compute start
+    request_ns: int  # summed over the batch's requests: accepted -> answered
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+    finished_ms: int  # wall clock, ms since the epoch
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = Duration()
+    fail: Duration = Duration()
+    queue: Duration = Duration()
+    compute_input: Duration = Duration()
+    compute_infer: Duration = Duration()
+    compute_output: Duration = Duration()
+    # batch size -> (compute_input, compute_infer, compute_output)
+    batch_stats: Mapping[int, tuple[Duration, Duration, Duration]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    failures_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    pending: int = 0  # requests queued and not executing, at the time of the snapshot
+
+    def merged(self, other: StatsSnapshot) -> StatsSnapshot:
+        """Two snapshots of one model version added up (e.g. across schedulers)."""
+        batch = dict(self.batch_stats)
+        for size, (a, b, c) in other.batch_stats.items():
+            x, y, z = batch.get(size, (Duration(), Duration(), Duration()))
+            batch[size] = (x.add(a.ns, a.count), y.add(b.ns, b.count), z.add(c.ns, c.count))
+        reasons = dict(self.failures_by_reason)
+        for k, v in other.failures_by_reason.items():
+            reasons[k] = reasons.get(k, 0) + v
+        return StatsSnapshot(
+            last_inference_ms=max(self.last_inference_ms, other.last_inference_ms),
+            inference_count=self.inference_count + other.inference_count,
+            execution_count=self.execution_count + other.execution_count,
+            success=self.success.add(other.success.ns, other.success.count),
+            fail=self.fail.add(other.fail.ns, other.fail.count),
+            queue=self.queue.add(other.queue.ns, other.queue.count),
+            compute_input=self.compute_input.add(other.compute_input.ns, other.compute_input.count),
+            compute_infer=self.compute_infer.add(other.compute_infer.ns, other.compute_infer.count),
+            compute_output=self.compute_output.add(other.compute_output.ns,
+                                                   other.compute_output.count),
+            batch_stats=MappingProxyType(batch),
+            failures_by_reason=MappingProxyType(reasons),
+            pending=self.pending + other.pending,
+        )
+
+
+class StatsAccumulator:
+    """Mutable counters, owned by one scheduler actor."""
+
+    def __init__(self) -> None:
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.batch: dict[int, tuple[Duration, Duration, Duration]] = {}
+        self.failures: dict[str, int] = {}
+
+    def record_batch(self, report: BatchReport) -> None:
+        self.execution_count += 1
+        self.last_inference_ms = max(self.last_inference_ms, report.finished_ms)
+        n = report.requests
+        if not report.succeeded:
+            self.fail = self.fail.add(report.request_ns, n)
+            self.failures["BACKEND"] = self.failures.get("BACKEND", 0) + n
+            return
+        self.inference_count += report.batch_size
+        self.success = self.success.add(report.request_ns, n)
+        self.queue = self.queue.add(report.queue_ns, n)
+        self.compute_input = self.compute_input.add(report.compute_input_ns * n, n)
+        self.compute_infer = self.compute_infer.add(report.compute_infer_ns * n, n)
+        self.compute_output = self.compute_output.add(report.compute_output_ns * n, n)
+        a, b, c = self.batch.get(report.batch_size, (Duration(), Duration(), Duration()))
+        self.batch[report.batch_size] = (a.add(report.compute_input_ns),
+                                         b.add(report.compute_infer_ns),
+                                         c.add(report.compute_output_ns))
+
+    def record_failure(self, reason: str, requests: int = 1, ns: int = 0) -> None:
+        """Requests answered with an error before running: REJECTED, CANCELED, OTHER."""
+        self.fail = self.fail.add(ns, requests)
+        self.failures[reason] = self.failures.get(reason, 0) + requests
+
+    def snapshot(self, pending: int = 0) -> StatsSnapshot:
+        return StatsSnapshot(
+            last_inference_ms=self.last_inference_ms,
+            inference_count=self.inference_count,
+            execution_count=self.execution_count,
+            success=self.success,
+            fail=self.fail,
+            queue=self.queue,
+            compute_input=self.compute_input,
+            compute_infer=self.compute_infer,
+            compute_output=self.compute_output,
+            batch_stats=MappingProxyType(dict(self.batch)),
+            failures_by_reason=MappingProxyType(dict(self.failures)),
+            pending=pending,
+        )
