@@ -65,7 +65,7 @@ async def main(args: argparse.Namespace) -> None:
         await commands.aclose()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # noqa
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="add_sub")
     p.add_argument("--repo", default="model_repository")

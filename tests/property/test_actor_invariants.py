@@ -96,7 +96,7 @@ def test_dynamic_batcher_actor(config: BatchConfig, instances: int, compute: flo
             assert str(i) not in ran  # rejected requests never ran
         else:
             assert answer.id == str(i) and str(i) in ran
-    for inst, ids, start, end in log.batches:
+    for _, ids, _, _ in log.batches:
         assert sum(rows[r] for r in ids) <= max_batch, "batch over max_batch_size"
         assert len({meta[r][1] for r in ids}) == 1, "batch mixes shapes"
     for inst in range(instances):
