@@ -2,8 +2,11 @@
 # nursery beside real Triton 2.51 and MLServer, same models, same perf_analyzer, one run
 # (../shared/bench/run_anchors.sh). Results and a ratio table land in bench/results/<name>/.
 #
-#   bash bench/peer.sh http     # HTTP: JSON tensors and the binary extension
-#   bash bench/peer.sh grpc     # gRPC
+#   bash bench/peer.sh http       # HTTP: JSON tensors and the binary extension, no batching
+#   bash bench/peer.sh grpc       # gRPC, no batching
+#   bash bench/peer.sh batching   # the MLP with dynamic batching on (max_batch_size 32, 1 ms
+#                                 # queue delay) at concurrency 1 4 16 64 over HTTP binary
+#                                 # tensors and gRPC (MLServer: its JSON HTTP and gRPC)
 #
 # Knobs pass through: CONCURRENCY (default "1 16"), MODELS ("add_sub mlp"), REPEATS (2),
 # MEASURE_MS (3000), BATCHING ("off"). Set up the peers first (once per machine):
@@ -16,7 +19,11 @@ proto="${1:-http}"
 case "$proto" in
   http) np="http http-bin"; tp="http http-bin"; mp="http"; steps="models ort nursery triton mlserver summary" ;;
   grpc) np="grpc"; tp="grpc"; mp="grpc"; steps="models nursery triton mlserver summary" ;;
-  *) echo "usage: $0 http|grpc" >&2; exit 2 ;;
+  batching) np="http-bin grpc"; tp="http-bin grpc"; mp="http grpc"
+            steps="models nursery triton mlserver summary"
+            MODELS="${MODELS:-mlp}"; CONCURRENCY="${CONCURRENCY:-1 4 16 64}"
+            BATCHING="${BATCHING:-on}" ;;
+  *) echo "usage: $0 http|grpc|batching" >&2; exit 2 ;;
 esac
 export NURSERY_ROOT="$ROOT" NURSERY_PROTOCOLS="$np" TRITON_PROTOCOLS="$tp" PROTOCOLS="$mp"
 export CONCURRENCY="${CONCURRENCY:-1 16}" MODELS="${MODELS:-add_sub mlp}"
