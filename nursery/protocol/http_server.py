@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,17 +112,34 @@ class Lifespan:
 @dataclass(eq=False)
 class _Connection:
     scope: trio.CancelScope
+    stream: trio.SocketStream
     idle: bool = False  # waiting for the next request: shutdown may close it at once
+    request_scope: trio.CancelScope | None = None  # the request being handled, if any
+    busy_since: float = 0.0
+
+
+def _client_gone(stream: trio.SocketStream) -> bool:
+    """True when the peer closed the connection (EOF pending); never blocks, consumes nothing."""
+    try:
+        fd = stream.socket.fileno()
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as probe:
+            return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False  # nothing to read: still there
+    except OSError:
+        return True  # reset or closed
 
 
 class HttpServer:
     def __init__(self, core: Core, app: ASGIApp, *, max_input_size: int,
-                 keep_alive_timeout: float = 75.0, read_timeout: float = 60.0) -> None:
+                 keep_alive_timeout: float = 75.0, read_timeout: float = 60.0,
+                 disconnect_check: float = 0.1) -> None:
         self.core = core
         self.app = app
         self.max_input_size = max_input_size
         self.keep_alive_timeout = keep_alive_timeout
         self.read_timeout = read_timeout
+        self.disconnect_check = disconnect_check
         self.closing = False
         self._connections: set[_Connection] = set()
         self._accepting: trio.CancelScope | None = None
@@ -134,11 +152,29 @@ class HttpServer:
             address = listener.socket.getsockname()
             binds.append(f"{address[0]}:{address[1]}")
         async with trio.open_nursery() as connections:
+            sweeper = trio.CancelScope()
+            connections.start_soon(self._sweep_disconnects, sweeper)
             with trio.CancelScope() as self._accepting:
                 task_status.started(binds)
                 await trio.serve_listeners(self._connection, listeners,
                                            handler_nursery=connections)
+            sweeper.cancel()
         # leaving the nursery waited for every connection to finish its request
+
+    async def _sweep_disconnects(self, scope: trio.CancelScope) -> None:
+        """Cancel requests whose client went away while they waited (long queues, batching
+        delays): their requests leave the scheduler's queue without running. One task checks
+        the connections whose request is older than a sweep, so requests that finish quickly
+        cost nothing extra."""
+        with scope:
+            while True:
+                await trio.sleep(self.disconnect_check)
+                cutoff = trio.current_time() - self.disconnect_check
+                for conn in list(self._connections):
+                    request = conn.request_scope
+                    if (request is not None and conn.busy_since <= cutoff
+                            and _client_gone(conn.stream)):
+                        request.cancel()
 
     def close(self) -> None:
         """Stop accepting; idle connections close now, busy ones after their response."""
@@ -171,7 +207,7 @@ class HttpServer:
         except OSError:
             return
         buf = bytearray()
-        conn = _Connection(trio.CancelScope())
+        conn = _Connection(trio.CancelScope(), stream)
         self._connections.add(conn)
         try:
             with conn.scope:
@@ -191,7 +227,13 @@ class HttpServer:
                             await self._send(stream, head, error, keep_alive=False)
                         return
                     keep_alive = head.keep_alive and not self.closing
-                    response = await self._handle(head, body, client, server)
+                    with trio.CancelScope() as request_scope:
+                        conn.request_scope = request_scope
+                        conn.busy_since = trio.current_time()
+                        response = await self._handle(head, body, client, server)
+                    conn.request_scope = None
+                    if request_scope.cancelled_caught:
+                        return  # the client went away while its request waited
                     await self._send(stream, head, response, keep_alive)
                     if not keep_alive:
                         return

@@ -113,3 +113,31 @@ def test_full_queue_rejects(server: ServerProcess) -> None:
             full += 1
     assert full >= 1 and ok + full == 10 and ok >= 4
     client.close()
+
+
+def test_client_disconnect_removes_queued_request(server: ServerProcess) -> None:
+    """A client that hangs up while its request waits for a batch: the request leaves the
+    queue without running (counted as a failed, cancelled request)."""
+    import json
+    import socket
+    import time
+
+    client = httpclient.InferenceServerClient(server.url)
+    before = client.get_inference_statistics("identity_priority")["model_stats"][0]
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "INT32",
+                                   "data": [5]}]}).encode()
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v2/models/identity_priority/infer HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.05)  # queued: the batching delay is 0.3 s
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        after = client.get_inference_statistics("identity_priority")["model_stats"][0]
+        if after["inference_stats"]["fail"]["count"] > before["inference_stats"]["fail"]["count"]:
+            break
+        time.sleep(0.05)
+    assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"] + 1
+    assert after["execution_count"] == before["execution_count"]  # it never ran
+    assert after["inference_count"] == before["inference_count"]
+    client.close()

@@ -97,7 +97,9 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
 
     thread = threading.Thread(target=hammer)
     thread.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not results and time.monotonic() < deadline:  # traffic is flowing
+        time.sleep(0.01)
     assert server.stop() == 0
     thread.join()
     answered = [r for r in results if r == (64, 10)]
@@ -147,7 +149,9 @@ def test_sigterm_finishes_in_flight_grpc_requests(tmp_path: Path,
     inp.set_data_from_numpy(x)
     for _ in range(40):
         client.async_infer("mlp", [inp], callback)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while not results and time.monotonic() < deadline:  # traffic is flowing
+        time.sleep(0.01)
     assert server.stop() == 0
     done.wait(30)
     answered = [r for r in results if not isinstance(r, Exception)]
