@@ -82,3 +82,127 @@ def message_to_json(message: betterproto.Message) -> dict[str, Any]:
 
 def config_to_json(config: pb.ModelConfig) -> dict[str, Any]:
     return message_to_json(config)
+
+
+# -- JSON -> configuration (a load request's "config" override) -----------------------------
+
+_INTS = {"int32", "int64", "uint32", "uint64", "sint32", "sint64", "fixed32", "fixed64",
+         "sfixed32", "sfixed64"}
+
+
+class ConfigJsonError(ValueError):
+    pass
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _json_scalar(value: Any, proto_type: str, cls: Any, where: str) -> Any:
+    if proto_type == "string":
+        if not isinstance(value, str):
+            raise ConfigJsonError(f"{where}: expected a string, got {json_type(value)}")
+        return value
+    if proto_type == "bool":
+        if not isinstance(value, bool):
+            raise ConfigJsonError(f"{where}: expected true or false, got {json_type(value)}")
+        return value
+    if proto_type in _INTS:
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+        if type(value) is not int:
+            raise ConfigJsonError(f"{where}: expected an integer, got {json_type(value)}")
+        return value
+    if proto_type in ("float", "double"):
+        if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+            return float(value.replace("Infinity", "inf"))
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigJsonError(f"{where}: expected a number, got {json_type(value)}")
+        return float(value)
+    if proto_type == "enum":
+        if isinstance(value, str):
+            for member in cls:
+                if member.name.lower() == value.lower():
+                    return member
+            names = ", ".join(m.name for m in cls)
+            raise ConfigJsonError(f"{where}: unknown value '{value}' (one of: {names})")
+        if type(value) is int:
+            try:
+                return cls(value)
+            except ValueError:
+                raise ConfigJsonError(f"{where}: unknown enum value {value}") from None
+        raise ConfigJsonError(f"{where}: expected an enum name, got {json_type(value)}")
+    if proto_type == "bytes":
+        try:
+            return base64.b64decode(value, validate=True)
+        except Exception:
+            raise ConfigJsonError(f"{where}: expected base64 bytes") from None
+    raise ConfigJsonError(f"{where}: unsupported field type {proto_type}")
+
+
+def json_type(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def message_from_json(data: Any, cls: type[betterproto.Message], where: str) -> Any:
+    from nursery.pbtext import fields_of, mark_present
+
+    if not isinstance(data, dict):
+        raise ConfigJsonError(f"{where}: expected an object, got {json_type(data)}")
+    schema = fields_of(cls)
+    by_json = {_camel(name): info for name, info in schema.items()}
+    message = cls()
+    mark_present(message)
+    groups: dict[str, str] = {}
+    for key, value in data.items():
+        info = schema.get(key) or by_json.get(key)
+        if info is None:
+            raise ConfigJsonError(f"{where}: unknown field '{key}' in {cls.__name__}")
+        here = f"{where}.{info.proto_name}"
+        if value is None:
+            continue
+        if info.group is not None:
+            if info.group in groups:
+                raise ConfigJsonError(f"{here}: '{groups[info.group]}' of oneof '{info.group}' "
+                                      "is already set")
+            groups[info.group] = info.proto_name
+        if info.proto_type == "map":
+            assert info.map_types is not None
+            if not isinstance(value, dict):
+                raise ConfigJsonError(f"{here}: expected an object, got {json_type(value)}")
+            key_type, value_type = info.map_types
+            out = {}
+            for k, v in value.items():
+                mk = _json_scalar(k, key_type, None, f"{here}[{k}]") if key_type != "string" else k
+                out[mk] = (message_from_json(v, info.cls, f"{here}[{k}]") if value_type == "message"
+                           else _json_scalar(v, value_type, info.cls, f"{here}[{k}]"))
+            setattr(message, info.name, out)
+        elif info.repeated:
+            if not isinstance(value, list):
+                raise ConfigJsonError(f"{here}: expected an array, got {json_type(value)}")
+            if info.proto_type == "message":
+                setattr(message, info.name,
+                        [message_from_json(v, info.cls, f"{here}[{i}]") for i, v in enumerate(value)])
+            else:
+                setattr(message, info.name,
+                        [_json_scalar(v, info.proto_type, info.cls, f"{here}[{i}]")
+                         for i, v in enumerate(value)])
+        elif info.proto_type == "message":
+            setattr(message, info.name, message_from_json(value, info.cls, here))
+        else:
+            setattr(message, info.name, _json_scalar(value, info.proto_type, info.cls, here))
+    return message
+
+
+def config_from_json(text: str | bytes) -> pb.ModelConfig:
+    """A ModelConfig from protobuf JSON (snake_case or lowerCamelCase names, enums by name in
+    any case, 64-bit integers as numbers or strings, unknown fields rejected)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigJsonError(f"failed to parse the config JSON: {exc}") from None
+    return message_from_json(data, pb.ModelConfig, "config")  # type: ignore[no-any-return]

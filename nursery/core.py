@@ -14,7 +14,8 @@ from typing import Any
 import trio
 
 from nursery import __version__
-from nursery.errors import InvalidArgument, NotFound, NurseryError
+from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
+from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
 from nursery.messages import InferWork
 from nursery.model_config import ModelConfig
@@ -25,6 +26,8 @@ SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id 
 
 EXTENSIONS = (  # in Triton's order
     "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
@@ -123,12 +126,14 @@ class Core:
     """What the frontends may ask of the server."""
 
     def __init__(self, directory: Directory, *, server_name: str = SERVER_NAME,
-                 strict_readiness: bool = True) -> None:
+                 strict_readiness: bool = True, control_mode: str = "none") -> None:
         self.directory = directory
         self.server_name = server_name
         self.strict_readiness = strict_readiness
+        self.control_mode = control_mode
         self.live = True
         self.accepting = False  # ready for traffic: set once start-up loading is done
+        self.manager: trio.MemorySendChannel[Any] | None = None  # the ModelManager's inbox
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -204,6 +209,42 @@ class Core:
         if isinstance(answer, NurseryError):
             raise answer
         return answer  # type: ignore[no-any-return]
+
+    # -- model repository extension --------------------------------------------------------
+
+    async def _ask_manager(self, make: Any) -> Any:
+        if self.manager is None:
+            raise Unavailable("the model manager is not running")
+        send, receive = trio.open_memory_channel[Any](1)
+        try:
+            await self.manager.send(make(send))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise Unavailable("the server is shutting down") from None
+        with receive:
+            return await receive.receive()
+
+    def _check_explicit(self) -> None:
+        if self.control_mode != "explicit":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        entries: list[IndexEntry] = await self._ask_manager(
+            lambda reply: IndexRepository(ready_only, reply))
+        return entries
+
+    async def load_model(self, name: str, config: Any = None,
+                         files: dict[str, bytes] | None = None) -> None:
+        self._check_explicit()
+        error = await self._ask_manager(lambda reply: LoadModel(name, reply, config, files))
+        if error is not None:
+            raise error
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_explicit()
+        error = await self._ask_manager(
+            lambda reply: UnloadModel(name, reply, unload_dependents))
+        if error is not None:
+            raise error
 
     async def model_statistics(
         self, name: str = "", version: str = ""

@@ -76,3 +76,91 @@ def select_versions(policy: pb.ModelVersionPolicy, available: list[int]) -> list
         return sorted(v for v in available if v in wanted)
     num = value.num_versions if which == "latest" else 1
     return sorted(available)[-max(num, 1) :] if available else []
+
+
+# -- snapshots and changes (poll mode, and "reload only if changed") ------------------------
+
+MAX_FILES_PER_MODEL = 10_000  # a fingerprint never walks an unbounded tree
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFingerprint:
+    """What a model folder holds: every file's relative path, size and modification time."""
+
+    files: tuple[tuple[str, int, int], ...]
+
+
+def fingerprint(model_path: Path) -> ModelFingerprint:
+    entries: list[tuple[str, int, int]] = []
+    stack = [model_path]
+    while stack and len(entries) < MAX_FILES_PER_MODEL:
+        folder = stack.pop()
+        try:
+            items = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in items:
+            if entry.name.startswith("."):
+                continue
+            try:
+                if entry.is_dir():
+                    stack.append(Path(entry.path))
+                    continue
+                st = entry.stat()  # follows symlinks: a replaced target counts as a change
+            except OSError:
+                continue
+            rel = os.path.relpath(entry.path, model_path)
+            entries.append((rel, st.st_size, st.st_mtime_ns))
+    return ModelFingerprint(tuple(sorted(entries)))
+
+
+def snapshot(repositories: tuple[Path, ...] | list[Path]) -> dict[str, ModelFingerprint]:
+    """Every model of the repositories (duplicates included, under their name) and its files."""
+    found = scan(repositories)
+    out = {name: fingerprint(loc.path) for name, loc in found.models.items()}
+    for name in found.duplicates:
+        out[name] = ModelFingerprint((("<duplicate>", 0, 0),))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryChanges:
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+
+def diff(old: dict[str, ModelFingerprint], new: dict[str, ModelFingerprint]) -> RepositoryChanges:
+    return RepositoryChanges(
+        added=tuple(sorted(set(new) - set(old))),
+        changed=tuple(sorted(n for n in set(new) & set(old) if new[n] != old[n])),
+        removed=tuple(sorted(set(old) - set(new))),
+    )
+
+
+def check_model_name(name: str) -> str | None:
+    """Why ``name`` cannot be a model name (a single, plain path component), or None."""
+    if not name:
+        return "the model name is empty"
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return f"'{name}' is not a valid model name: it must be a single folder name"
+    if name.startswith("."):
+        return f"'{name}' is not a valid model name: it must not start with '.'"
+    return None
+
+
+def safe_relative_path(path: str) -> str | None:
+    """``path`` normalised if it stays inside the folder it is relative to, else None."""
+    if not path or "\0" in path or path.startswith(("/", "\\")) or ":" in path.split("/")[0]:
+        return None
+    parts = []
+    for part in path.replace("\\", "/").split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            return None
+        parts.append(part)
+    return "/".join(parts) if parts else None

@@ -18,7 +18,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from nursery.actors import model_manager
+from nursery.actors import model_manager, repository_poller
 from nursery.core import Core
 from nursery.handles import Directory
 from nursery.protocol.grpc_server import serve_grpc
@@ -113,14 +113,18 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
     return await nursery.start(run)  # type: ignore[no-any-return]
 
 
+async def _run_poller(scope: trio.CancelScope, settings: Settings,
+                      manager: trio.MemorySendChannel[Any],
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with scope:
+        await repository_poller.run(repositories=settings.model_repositories, manager=manager,
+                                    interval=float(settings.repository_poll_secs),
+                                    task_status=task_status)
+
+
 def _report_inactive(settings: Settings) -> None:
     for flag in settings.inactive:
         log.warning("%s is accepted but not active yet in this build; it is ignored", flag)
-    if settings.model_control_mode == "poll":
-        log.warning(
-            "--model-control-mode=poll: repository polling is not active yet in this build; "
-            "the models found at start-up are loaded once"
-        )
     if settings.allow_metrics:
         log.warning("the metrics frontend is not active yet in this build; --metrics-port %d is "
                     "unused", settings.metrics_port)
@@ -135,7 +139,8 @@ async def serve(
     _report_inactive(settings)
     directory = Directory()
     core = Core(directory, server_name=settings.server_id,
-                strict_readiness=settings.strict_readiness)
+                strict_readiness=settings.strict_readiness,
+                control_mode=settings.model_control_mode)
     shutdown = trio.Event()
     async with trio.open_nursery() as root:
         watcher: trio.CancelScope | None = None
@@ -155,7 +160,12 @@ async def serve(
                     unload_timeout=settings.exit_timeout_secs,
                 )
             )
+            core.manager = commands
             core.accepting = True
+            poller: trio.CancelScope | None = None
+            if settings.model_control_mode == "poll":
+                poller = trio.CancelScope()
+                await models.start(_run_poller, poller, settings, commands.clone())
             async with commands, trio.open_nursery() as frontends:
                 binds: list[str] = []
                 if settings.allow_grpc:
@@ -172,6 +182,8 @@ async def serve(
                 await shutdown.wait()
                 core.accepting = False
                 frontends.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
+            if poller is not None:
+                poller.cancel()
             # The frontends finished their in-flight requests. Closing `commands` makes the
             # manager drain and unload every model and return, which ends `models`.
             models.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs

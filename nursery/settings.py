@@ -191,7 +191,9 @@ def settings_from_args(argv: list[str]) -> Settings:
         else:
             parser.error("--model-repository is required (no ./model_repository folder here)")
     if "*" in args.load_model and len(args.load_model) > 1:
-        parser.error("--load-model=* must be the only --load-model argument")
+        parser.error("Wildcard model name '*' must be the ONLY startup model if specified at all.")
+    if args.load_model and args.model_control_mode != "explicit":
+        parser.error("--load-model only takes effect with --model-control-mode=explicit")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None

@@ -19,12 +19,13 @@ import trio
 
 from nursery import batching
 from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
-from nursery.errors import InternalError, NurseryError
+from nursery.errors import ConfigError, InternalError, NurseryError
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady
 from nursery.model_config import ModelConfig
 from nursery.stats import BatchReport
 from nursery.threads import DedicatedThread
 from nursery.types import InferenceResponse
+from nursery.warmup import WarmupSample
 
 log = logging.getLogger("nursery.instance")
 
@@ -65,6 +66,15 @@ def _run_batch(
     return responses, report
 
 
+def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:
+    try:
+        inputs = batching.gather_inputs([sample.request], config)
+        backend.execute(inputs, batching.output_names([sample.request], config))
+    except Exception as exc:
+        raise ConfigError(f"model '{config.name}': failed to run warmup sample "
+                          f"'{sample.name}': {getattr(exc, 'message', exc)}") from exc
+
+
 def _answers(work: tuple[InferWork, ...],
              result: list[InferenceResponse] | NurseryError) -> list[tuple[InferWork, Any]]:
     if isinstance(result, NurseryError):
@@ -90,6 +100,7 @@ async def run(
     inbox: trio.MemoryReceiveChannel[ExecuteBatch],
     scheduler: trio.MemorySendChannel[Any],
     slots: int = 1,
+    warmup: tuple[WarmupSample, ...] = (),
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve batches until the inbox closes; ``slots`` batches may be queued on the thread
@@ -127,6 +138,9 @@ async def run(
     try:
         async with inbox, scheduler:
             backend = await thread.call(factory.load, config, version_path, placement)
+            for sample in warmup:  # the instance is ready only once its warm-up ran
+                for _ in range(sample.count):
+                    await thread.call(_warm, backend, config, sample)
             log.info(
                 "model '%s' version %s: instance %s ready (%s %d)",
                 config.name, version, placement.name, placement.kind.upper(), placement.device_id,

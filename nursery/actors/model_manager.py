@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -26,13 +28,22 @@ import trio
 
 from nursery.actors import instance_worker, scheduler
 from nursery.backends.base import get_factory
-from nursery.errors import ErrorKind, NotFound, NurseryError
+from nursery.errors import ErrorKind, InternalError, InvalidArgument, NurseryError
 from nursery.handles import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
 from nursery.model_config import ModelConfig, read_model_config
-from nursery.repository import ModelLocation, scan
+from nursery.protocol._generated import inference as pb
+from nursery.repository import (
+    ModelFingerprint,
+    ModelLocation,
+    check_model_name,
+    fingerprint,
+    safe_relative_path,
+    scan,
+)
 from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
+from nursery.warmup import warmup_samples
 
 log = logging.getLogger("nursery.manager")
 
@@ -73,14 +84,33 @@ def first_error(exc: BaseException) -> BaseException:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LoadModel:
+    """Load or reload a model; ``config`` and ``files`` override what is on disk."""
+
     name: str
     reply: trio.MemorySendChannel[NurseryError | None]
+    config: pb.ModelConfig | None = None
+    files: Mapping[str, bytes] | None = None  # "<version>/<path>" -> content (needs config)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class UnloadModel:
     name: str
     reply: trio.MemorySendChannel[NurseryError | None]
+    unload_dependents: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    name: str
+    version: int | None = None
+    state: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IndexRepository:
+    ready_only: bool
+    reply: trio.MemorySendChannel[list[IndexEntry]]
 
 
 class StartupError(Exception):
@@ -115,6 +145,9 @@ class _Manager:
         self.entries: dict[str, ModelEntry] = {}
         self.live: dict[tuple[str, int], _Live] = {}
         self.config_limiter = trio.CapacityLimiter(4)
+        # what each model's folder held when it last loaded, to reload only on change
+        self.loaded_from: dict[str, ModelFingerprint | None] = {}
+        self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
 
     # -- state (the only writer) -----------------------------------------------------------
 
@@ -150,43 +183,122 @@ class _Manager:
                 nursery.start_soon(one, name)
         return sorted(failed)
 
-    async def load(self, name: str) -> NurseryError | None:
-        """Load (or reload) every version the policy selects. Returns the error, if any."""
+    async def load(self, name: str, override: pb.ModelConfig | None = None,
+                   files: Mapping[str, bytes] | None = None) -> NurseryError | None:
+        """Load (or reload) every version the policy selects; versions it no longer selects
+        are drained and unloaded. A model whose folder did not change since it loaded
+        successfully is left as it is (unless a config override is given). Returns the error,
+        if any; a failed reload leaves what was serving still serving."""
+        poll_error = f"failed to load '{name}', failed to poll from model repository"
+        invalid = check_model_name(name)
+        if invalid is not None:
+            return InternalError(f"{poll_error}: {invalid}")
+        if files and override is None:
+            return InternalError(f"{poll_error}: file overrides require a 'config' override")
         repo = scan(self.repositories)
-        if name in repo.duplicates:
+        if name in repo.duplicates and not files:
             where = ", ".join(str(p) for p in repo.duplicates[name])
             reason = f"model '{name}' appears in more than one repository ({where})"
             self._set_model_failure(name, f"Invalid argument: {reason}")
             log.error("failed to load '%s': %s", name, reason)
             return NurseryError(reason, ErrorKind.INVALID_ARG)
-        location = repo.models.get(name)
-        if location is None:
-            return NotFound(f"failed to load '{name}', failed to poll from model repository")
+        if files:
+            try:
+                location = self._write_override(name, files)
+            except NurseryError as exc:
+                return exc
+        else:
+            found = repo.models.get(name)
+            if found is None:
+                return InternalError(poll_error)
+            location = found
+        current = None
+        if override is None and not files:
+            current = await trio.to_thread.run_sync(fingerprint, location.path)
+            if current == self.loaded_from.get(name) and self._serving(name):
+                return None  # nothing changed since it loaded: nothing to do
         try:
             config, versions = await trio.to_thread.run_sync(
-                partial(read_model_config, location.path, name, auto_complete=self.auto_complete),
+                partial(read_model_config, location.path, name, auto_complete=self.auto_complete,
+                        proto=override),
                 limiter=self.config_limiter,
             )
         except NurseryError as exc:
             reason = failure_reason(exc)
             log.error("failed to load '%s': %s", name, reason)
-            self._set_model_failure(name, reason)
-            return exc
+            if not self._serving(name):
+                self._set_model_failure(name, reason)
+            return InternalError(f"{poll_error}: {exc.message}")
         entry = self.entries.get(name)
         self.entries[name] = ModelEntry(
             name, entry.versions if entry else MappingProxyType({}), "", config
         )
-        errors: list[NurseryError] = []
+        errors: dict[int, NurseryError] = {}
 
         async def one(version: int) -> None:
             error = await self._load_version(location, config, version)
             if error is not None:
-                errors.append(error)
+                errors[version] = error
 
         async with trio.open_nursery() as nursery:
             for version in versions:
                 nursery.start_soon(one, version)
-        return errors[0] if errors else None
+        if errors:  # Triton's aggregate: one line per version that failed
+            return InvalidArgument(f"load failed for model '{name}': " + "".join(
+                f"version {v} is at UNAVAILABLE state: {failure_reason(e)};\n"
+                for v, e in sorted(errors.items())))
+        dropped = sorted(v for (n, v) in self.live if n == name and v not in versions)
+        async with trio.open_nursery() as nursery:
+            for version in dropped:  # the new version policy no longer selects these
+                nursery.start_soon(self._unload_version, name, version)
+        self.loaded_from[name] = current
+        return None
+
+    def _serving(self, name: str) -> bool:
+        return any(n == name for (n, _) in self.live)
+
+    def _write_override(self, name: str, files: Mapping[str, bytes]) -> ModelLocation:
+        """Lay out ``file:`` overrides as a model folder of their own, never outside it."""
+        folder = self.override_root / name
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        for raw_path, content in files.items():
+            rel = safe_relative_path(raw_path)
+            target = (folder / rel).resolve() if rel else None
+            if target is None or folder.resolve() not in target.parents:
+                raise InternalError(
+                    f"failed to load '{name}', failed to poll from model repository: Invalid "
+                    f"file parameter 'file:{raw_path}' must stay within model directory "
+                    "(a relative path inside the model folder)")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        return ModelLocation(name, folder, self.override_root)
+
+    def index(self, ready_only: bool) -> list[IndexEntry]:
+        """Every model in the repositories or known to the manager, with each version's state."""
+        repo = scan(self.repositories)
+        out: list[IndexEntry] = []
+        for name in sorted({*repo.models, *repo.duplicates}):  # Triton lists repository folders
+            if name in repo.duplicates:
+                if not ready_only:
+                    out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value,
+                                          "model appears in two or more repositories"))
+                continue
+            entry = self.entries.get(name)
+            if entry is None or (not entry.versions and not entry.reason):
+                if not ready_only:
+                    out.append(IndexEntry(name))
+                continue
+            if not entry.versions:
+                if not ready_only:
+                    out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value, entry.reason))
+                continue
+            for version, status in sorted(entry.versions.items()):
+                if ready_only and status.state is not ModelState.READY:
+                    continue
+                out.append(IndexEntry(name, version, status.state.value, status.reason))
+        return out
 
     async def _load_version(
         self, location: ModelLocation, config: ModelConfig, version: int
@@ -233,6 +345,8 @@ class _Manager:
         version_path = location.path / str(version)
         factory = get_factory(config.backend, name)
         placements = config.placements()
+        warmup = tuple(await trio.to_thread.run_sync(warmup_samples, config,
+                                                     limiter=self.config_limiter))
         # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in. The
         # scheduler takes every message at once; its policy bounds the queue it keeps.
         intake, inbox = trio.open_memory_channel[Any](math.inf)
@@ -265,6 +379,7 @@ class _Manager:
                                     inbox=receive,
                                     scheduler=intake.clone(),
                                     slots=slots,
+                                    warmup=warmup,
                                 ),
                             )
                     await version_nursery.start(
@@ -299,9 +414,7 @@ class _Manager:
 
     async def unload(self, name: str) -> NurseryError | None:
         versions = sorted(v for (n, v) in self.live if n == name)
-        entry = self.entries.get(name)
-        if not versions and entry is None:
-            return NurseryError("Model to be unloaded has not been served", ErrorKind.INVALID_ARG)
+        self.loaded_from.pop(name, None)  # unloading what is not loaded succeeds, as in Triton
         async with trio.open_nursery() as nursery:
             for version in versions:
                 nursery.start_soon(self._unload_version, name, version)
@@ -354,13 +467,14 @@ async def run(
         async with inbox:
             async for command in inbox:
                 if isinstance(command, LoadModel):
-                    _reply(command.reply, await manager.load(command.name))
+                    _reply(command.reply, await manager.load(command.name, command.config,
+                                                             command.files))
                 elif isinstance(command, UnloadModel):
                     _reply(command.reply, await manager.unload(command.name))
+                elif isinstance(command, IndexRepository):
+                    _reply(command.reply, manager.index(command.ready_only))  # type: ignore[arg-type]
         await manager.unload_all()
-        nursery.cancel_scope.deadline = min(
-            nursery.cancel_scope.deadline, trio.current_time() + unload_timeout
-        )
+        shutil.rmtree(manager.override_root, ignore_errors=True)
 
 
 def _reply(channel: trio.MemorySendChannel[NurseryError | None], value: NurseryError | None) -> None:

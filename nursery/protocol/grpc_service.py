@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import betterproto
 import grpclib
 import grpclib.const
 import grpclib.server
 import trio
 import trio_asyncio
 
+from nursery.config_json import ConfigJsonError, config_from_json
 from nursery.core import Core
-from nursery.errors import ErrorKind, NurseryError, Unavailable, Unsupported
+from nursery.errors import ErrorKind, InvalidArgument, NurseryError, Unavailable, Unsupported
 from nursery.protocol import grpc_codec, stats_codec
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
@@ -162,15 +164,51 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         entries = await self._call(self.core.model_statistics, request.name, request.version)
         return stats_codec.to_proto(entries)
 
-    async def repository_index(self, request: Any) -> Any:
-        raise _status(Unsupported("the model repository extension is not supported by this "
-                                  "server yet"))
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest
+    ) -> pb.RepositoryIndexResponse:
+        entries = await self._call(self.core.repository_index, request.ready)
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponseModelIndex(
+                name=e.name, version="" if e.version is None else str(e.version),
+                state=e.state or "", reason=e.reason)
+            for e in entries
+        ])
 
-    async def repository_model_load(self, request: Any) -> Any:
-        return await self.repository_index(request)
+    async def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        if request.repository_name:
+            raise _status(Unsupported("'repository_name' specification is not supported"))
+        config = None
+        files: dict[str, bytes] = {}
+        for key, param in request.parameters.items():
+            which, value = betterproto.which_one_of(param, "parameter_choice")
+            if key == "config" and which == "string_param":
+                try:
+                    config = config_from_json(value)
+                except ConfigJsonError as exc:
+                    raise _status(InvalidArgument(
+                        f"failed to parse the 'config' override: {exc}")) from None
+            elif key.startswith("file:") and which == "bytes_param":
+                files[key[len("file:"):]] = value
+            else:
+                raise _status(InvalidArgument(f"unrecognized load parameter '{key}' ({which})"))
+        await self._call(self.core.load_model, request.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
 
-    async def repository_model_unload(self, request: Any) -> Any:
-        return await self.repository_index(request)
+    async def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        if request.repository_name:
+            raise _status(Unsupported("'repository_name' specification is not supported"))
+        dependents = False
+        param = request.parameters.get("unload_dependents")
+        if param is not None:
+            which, value = betterproto.which_one_of(param, "parameter_choice")
+            dependents = bool(value) if which == "bool_param" else False
+        await self._call(self.core.unload_model, request.model_name, dependents)
+        return pb.RepositoryModelUnloadResponse()
 
     async def system_shared_memory_status(self, request: Any) -> Any:
         raise _status(Unsupported("system shared memory is not supported by this server yet"))

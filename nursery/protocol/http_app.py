@@ -9,16 +9,20 @@ methods 405 ``{"error":"Method Not Allowed"}``, as Triton answers.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
+from nursery.actors.model_manager import IndexEntry
+from nursery.config_json import ConfigJsonError, config_from_json
 from nursery.core import Core
-from nursery.errors import NurseryError, Unsupported
+from nursery.errors import InvalidArgument, NurseryError, Unsupported
 from nursery.protocol import stats_codec
 from nursery.protocol.http_infer import handle_infer
 from nursery.protocol.json_codec import dumps
@@ -40,6 +44,54 @@ def _error(error: NurseryError) -> Response:
 
 def _empty(status: int) -> Response:
     return Response(b"", status=status)
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return data
+
+
+def _load_parameters(body: bytes) -> tuple[Any, dict[str, bytes] | None]:
+    """A load request's ``config`` override and ``file:`` contents (base64 over HTTP)."""
+    if not body:
+        return None, None
+    params = _json_body(body).get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidArgument("'parameters' must be a JSON object")
+    config = None
+    files: dict[str, bytes] = {}
+    for key, value in params.items():
+        if not isinstance(value, str):
+            raise InvalidArgument(f"parameter '{key}' must be a string")
+        if key == "config":
+            try:
+                config = config_from_json(value)
+            except ConfigJsonError as exc:
+                raise InvalidArgument(f"failed to parse the 'config' override: {exc}") from None
+        elif key.startswith("file:"):
+            try:
+                files[key[len("file:"):]] = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise InvalidArgument(f"parameter '{key}' is not valid base64") from None
+        else:
+            raise InvalidArgument(f"unrecognized load parameter '{key}'")
+    return config, files or None
+
+
+def _index_entry(entry: IndexEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": entry.name}
+    if entry.version is not None:
+        out["version"] = str(entry.version)
+    if entry.state is not None:
+        out["state"] = entry.state
+    if entry.reason:
+        out["reason"] = entry.reason
+    return out
 
 
 def build_quart_app(core: Core) -> QuartTrio:
@@ -102,11 +154,45 @@ def build_quart_app(core: Core) -> QuartTrio:
     async def model_stats(model: str = "", version: str = "") -> Response:
         return _json(stats_codec.to_json(await core.model_statistics(model, version)))
 
+    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/<repo>/index")
+    async def repository_index(repo: str = "") -> Response:
+        body = await request.get_data()
+        ready = False
+        if body:
+            data = _json_body(body)
+            ready = data.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidArgument("'ready' must be a boolean")
+        entries = await core.repository_index(ready)
+        return _json([_index_entry(e) for e in entries])
+
+    @app.post("/v2/repository/models/<model>/load")
+    @app.post("/v2/repository/<repo>/models/<model>/load")
+    async def repository_load(model: str, repo: str = "") -> Response:
+        if repo:
+            raise Unsupported("'repository_name' specification is not supported")
+        config, files = _load_parameters(await request.get_data())
+        await core.load_model(model, config, files)
+        return _empty(200)
+
+    @app.post("/v2/repository/models/<model>/unload")
+    @app.post("/v2/repository/<repo>/models/<model>/unload")
+    async def repository_unload(model: str, repo: str = "") -> Response:
+        if repo:
+            raise Unsupported("'repository_name' specification is not supported")
+        body = await request.get_data()
+        dependents = False
+        if body:
+            params = _json_body(body).get("parameters") or {}
+            dependents = params.get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise InvalidArgument("'unload_dependents' must be a boolean")
+        await core.unload_model(model, dependents)
+        return _empty(200)
+
     # Triton routes whose features land later: a clear 501, never a 404 or a hang.
     later = {
-        "/v2/repository/index": "the model repository extension",
-        "/v2/repository/models/<model>/load": "the model repository extension",
-        "/v2/repository/models/<model>/unload": "the model repository extension",
         "/v2/systemsharedmemory/status": "system shared memory",
         "/v2/systemsharedmemory/region/<region>/status": "system shared memory",
         "/v2/systemsharedmemory/region/<region>/register": "system shared memory",

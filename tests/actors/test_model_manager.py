@@ -154,9 +154,10 @@ async def test_unload_drains_accepted_requests(tmp_path: Path, factory: FakeFact
 
 
 async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFactory) -> None:
-    write_fake_model(tmp_path, "m")
+    folder = write_fake_model(tmp_path, "m")
     async with _manager(tmp_path, ["m"]) as h:
         factory.fail_load = "broken new weights"
+        (folder / "1" / "model.fake").write_text("new weights")  # changed: a reload is due
         error = await h.command(model_manager.LoadModel, "m")
         assert error is not None and "broken new weights" in error.message
         assert h.state("m") == (ModelState.READY, "")

@@ -1,0 +1,62 @@
+"""RepositoryPoller: in ``--model-control-mode=poll``, rescans the repositories on its own clock.
+
+Every ``--repository-poll-secs`` it takes a snapshot (each model folder's files, sizes and
+modification times; read off the trio thread), diffs it against the previous one (pure,
+``repository.diff``) and sends the ModelManager what changed: added and changed models are
+loaded (a failed reload leaves the old version serving; a model that failed to load is tried
+again every poll), removed models are unloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from nursery.actors.model_manager import LoadModel, UnloadModel
+from nursery.repository import ModelFingerprint, diff, snapshot
+
+log = logging.getLogger("nursery.poller")
+
+
+async def _ask(manager: trio.MemorySendChannel[Any], make: Any, name: str) -> Any:
+    send, receive = trio.open_memory_channel[Any](1)
+    await manager.send(make(name, send))
+    async with receive:
+        return await receive.receive()
+
+
+async def run(
+    *,
+    repositories: tuple[Path, ...],
+    manager: trio.MemorySendChannel[Any],
+    interval: float,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with manager:
+        last: dict[str, ModelFingerprint] = await trio.to_thread.run_sync(snapshot, repositories)
+        failed: set[str] = set()
+        task_status.started()
+        while True:
+            await trio.sleep(interval)
+            current = await trio.to_thread.run_sync(snapshot, repositories)
+            changes = diff(last, current)
+            last = current
+            retry = sorted(failed - set(changes.removed) - set(changes.added) - set(changes.changed))
+            if changes:
+                log.info("repository changed: added %s, changed %s, removed %s",
+                         list(changes.added), list(changes.changed), list(changes.removed))
+            for name in (*changes.added, *changes.changed, *retry):
+                error = await _ask(manager, LoadModel, name)
+                if error is None:
+                    failed.discard(name)
+                else:  # tried again every poll, as Triton does, until it loads
+                    failed.add(name)
+                    log.error("poll: failed to load '%s': %s", name, error.message)
+            for name in changes.removed:
+                failed.discard(name)
+                error = await _ask(manager, UnloadModel, name)
+                if error is not None:
+                    log.error("poll: failed to unload '%s': %s", name, error.message)

@@ -1,0 +1,269 @@
+"""Model management end to end: explicit load/unload/reload over HTTP and gRPC, config and
+file overrides, path traversal, poll mode, version policies, warm-up, reloads under load."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ServerProcess, make_models
+from tests.e2e.test_http_tritonclient import _raw
+
+pytestmark = pytest.mark.e2e
+
+
+def _add_sub_inputs(batch: int = 1) -> tuple[list[httpclient.InferInput], np.ndarray]:
+    a = np.full((batch, 16), 2.0, np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [batch, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [batch, 16], "FP32")]
+    for i in inputs:
+        i.set_data_from_numpy(a)
+    return inputs, a
+
+
+def _wait(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_explicit_load_unload_reload(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    make_models.write_mlp(repo)
+    server = start_server(repo, "--model-control-mode=explicit")
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    assert http.get_model_repository_index() == [{"name": "add_sub"}, {"name": "mlp"}]
+    assert not http.is_model_ready("add_sub")
+    http.load_model("add_sub")
+    assert http.is_model_ready("add_sub")
+    inputs, a = _add_sub_inputs()
+    np.testing.assert_array_equal(http.infer("add_sub", inputs).as_numpy("OUTPUT0"), 2 * a)
+    grpc.load_model("mlp")
+    index = grpc.get_model_repository_index(as_json=True)["models"]
+    assert {"name": "mlp", "version": "1", "state": "READY"} in index
+    status, body = _raw(server, "POST", "/v2/repository/index", b'{"ready": true}')
+    assert status == 200 and {m["name"] for m in json.loads(body)} == {"add_sub", "mlp"}
+    # config override: forces a reload with the given configuration
+    config = http.get_model_config("add_sub")
+    config["max_batch_size"] = 2
+    http.load_model("add_sub", config=json.dumps(config))
+    assert http.get_model_config("add_sub")["max_batch_size"] == 2
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 2"):
+        http.infer("add_sub", _add_sub_inputs(3)[0])
+    grpc.unload_model("add_sub")
+    assert not http.is_model_ready("add_sub")
+    assert {"name": "add_sub", "version": "1", "state": "UNAVAILABLE",
+            "reason": "unloaded"} in http.get_model_repository_index()
+    with pytest.raises(InferenceServerException, match="has no available versions"):
+        http.infer("add_sub", inputs)
+    http.load_model("add_sub")  # back from disk (max_batch_size 8 again)
+    assert http.get_model_config("add_sub")["max_batch_size"] == 8
+
+
+def test_load_errors(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
+        http.load_model("nope")
+    with pytest.raises(InferenceServerException) as err:
+        grpc.load_model("nope")
+    assert err.value.status() == "StatusCode.INTERNAL"  # as Triton answers
+    http.unload_model("never_loaded")  # unloading what is not loaded succeeds, as in Triton
+    with pytest.raises(InferenceServerException, match="unknown field 'bogus'"):
+        http.load_model("add_sub", config=json.dumps({"bogus": 1}))
+    with pytest.raises(InferenceServerException, match="failed to parse the 'config' override"):
+        http.load_model("add_sub", config="{not json")
+    # a broken reload leaves the old version serving
+    (repo / "add_sub" / "config.pbtxt").write_text("max_batch_size: [")
+    with pytest.raises(InferenceServerException, match="config.pbtxt:1:17"):
+        http.load_model("add_sub")
+    assert http.is_model_ready("add_sub")
+    inputs, a = _add_sub_inputs()
+    np.testing.assert_array_equal(http.infer("add_sub", inputs).as_numpy("OUTPUT0"), 2 * a)
+
+
+@pytest.mark.parametrize("path", ["../escape/model.onnx", "1/../../escape.onnx", "/etc/evil",
+                                  "1/../../../tmp/x"])
+def test_file_override_path_traversal(tmp_path: Path, start_server: type[ServerProcess],
+                                      path: str) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    http = httpclient.InferenceServerClient(server.url)
+    config = http.get_model_config("add_sub")
+    with pytest.raises(InferenceServerException, match="must stay within model directory"):
+        http.load_model("add_sub", config=json.dumps(config), files={f"file:{path}": b"x"})
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "escape.onnx").exists()
+    assert http.is_model_ready("add_sub")
+
+
+def test_file_override_serves_the_given_model(tmp_path: Path,
+                                              start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=explicit")
+    http = httpclient.InferenceServerClient(server.url)
+    onnx_bytes = (repo / "add_sub" / "1" / "model.onnx").read_bytes()
+    config = {"name": "fresh", "platform": "onnxruntime_onnx", "max_batch_size": 4,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+                        {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [16]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+                         {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": [16]}]}
+    http.load_model("fresh", config=json.dumps(config),
+                    files={"file:1/model.onnx": onnx_bytes})
+    inputs, a = _add_sub_inputs()
+    np.testing.assert_array_equal(http.infer("fresh", inputs).as_numpy("OUTPUT1"), 0 * a)
+    # over gRPC the files travel as bytes
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    config["name"] = "fresh2"
+    grpc.load_model("fresh2", config=json.dumps(config),
+                    files={"file:1/model.onnx": onnx_bytes})
+    assert http.is_model_ready("fresh2")
+    assert base64.b64encode(b"ok")  # the HTTP client base64-encodes files itself
+
+
+def test_none_mode_refuses_changes(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo)
+    http = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as err:
+        http.load_model("add_sub")
+    assert err.value.status() == "503"
+    assert "explicit model load / unload is not allowed" in err.value.message()
+    assert http.get_model_repository_index() == [{"name": "add_sub", "version": "1",
+                                                 "state": "READY"}]
+
+
+def test_poll_mode_follows_the_repository(tmp_path: Path,
+                                          start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=poll", "--repository-poll-secs=1")
+    http = httpclient.InferenceServerClient(server.url)
+    # an added model
+    make_models.write_mlp(repo)
+    _wait(lambda: http.is_model_ready("mlp"))
+    # a changed config
+    config_path = repo / "add_sub" / "config.pbtxt"
+    config_path.write_text(config_path.read_text().replace("max_batch_size: 8",
+                                                           "max_batch_size: 3"))
+    _wait(lambda: http.get_model_config("add_sub")["max_batch_size"] == 3)
+    # a new version (latest policy: it replaces version 1)
+    shutil.copytree(repo / "add_sub" / "1", repo / "add_sub" / "2")
+    _wait(lambda: http.is_model_ready("add_sub", "2") and not http.is_model_ready("add_sub", "1"))
+    inputs, a = _add_sub_inputs()
+    assert http.infer("add_sub", inputs).get_response()["model_version"] == "2"
+    # a removed model
+    shutil.rmtree(repo / "mlp")
+    _wait(lambda: not http.is_model_ready("mlp"))
+    # load/unload API refused in poll mode
+    with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
+        http.unload_model("add_sub")
+
+
+def test_warmup_runs_before_ready(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    folder = make_models.write_add_sub(repo)
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / "in0").write_bytes(np.ones(16, np.float32).tobytes())
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text() + (
+        'model_warmup [{ name: "w" batch_size: 4 count: 3 inputs { key: "INPUT0" value: { '
+        'data_type: TYPE_FP32 dims: [16] input_data_file: "in0" } } inputs { key: "INPUT1" '
+        'value: { data_type: TYPE_FP32 dims: [16] random_data: true } } }]\n'))
+    server = start_server(repo)
+    assert httpclient.InferenceServerClient(server.url).is_model_ready("add_sub")
+    broken = make_models.write_add_sub(tmp_path / "repo2")
+    cfg = broken / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + (
+        'model_warmup [{ name: "bad" batch_size: 1 inputs { key: "INPUT0" value: { '
+        'data_type: TYPE_FP32 dims: [16] input_data_file: "../../etc/passwd" } } }]\n'))
+    bad = start_server(tmp_path / "repo2", wait=False)
+    assert bad.wait_exit(60) == 1
+    assert "model_warmup 'bad'" in bad.log() and "must be a file inside" in bad.log()
+
+
+def test_reload_and_unload_under_load(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """While a client sends requests continuously, the model is reloaded and unloaded: every
+    request gets a correct answer or a clear UNAVAILABLE/NOT_FOUND error; none is lost."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    admin = httpclient.InferenceServerClient(server.url)
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        c = httpclient.InferenceServerClient(server.url)
+        inputs, a = _add_sub_inputs()
+        while not stop.is_set():
+            try:
+                out = c.infer("add_sub", inputs).as_numpy("OUTPUT0")
+                outcomes.append("ok" if np.array_equal(out, 2 * a) else "WRONG")
+            except InferenceServerException as exc:
+                outcomes.append("unavailable" if exc.status() in ("503", "404") else
+                                f"ERROR {exc.status()} {exc.message()}")
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    config = admin.get_model_config("add_sub")
+    for i in range(4):
+        time.sleep(0.2)
+        config["max_batch_size"] = 4 + i
+        admin.load_model("add_sub", config=json.dumps(config))
+    time.sleep(0.2)
+    admin.unload_model("add_sub")
+    time.sleep(0.2)
+    admin.load_model("add_sub")
+    time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert outcomes.count("ok") > 10
+    assert all(o in ("ok", "unavailable") for o in outcomes), set(outcomes)
+
+
+def test_backend_failure_message_and_cli_checks(tmp_path: Path,
+                                                start_server: type[ServerProcess]) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    repo = tmp_path / "repo"
+    folder = make_models.write_add_sub(repo)
+    (folder / "1" / "model.onnx").write_bytes(b"not onnx")
+    server = start_server(repo, "--model-control-mode=explicit")
+    http = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as err:
+        http.load_model("add_sub")
+    assert err.value.status() == "400"
+    assert err.value.message().startswith(
+        "load failed for model 'add_sub': version 1 is at UNAVAILABLE state: ")
+    index = http.get_model_repository_index()
+    assert index[0]["state"] == "UNAVAILABLE" and "onnx runtime failed" in index[0]["reason"]
+    proc = subprocess.run([sys.executable, "-m", "nursery", "serve", "--model-repository",
+                           str(repo), "--load-model=add_sub"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--load-model only takes effect with --model-control-mode=explicit" in proc.stderr
