@@ -122,6 +122,14 @@ async def _run_poller(scope: trio.CancelScope, settings: Settings,
                                     task_status=task_status)
 
 
+async def _cancel_on(event: trio.Event, target: trio.CancelScope,
+                     guard: trio.CancelScope) -> None:
+    """Cancel ``target`` when ``event`` is set, unless ``guard`` ends first."""
+    with guard:
+        await event.wait()
+        target.cancel()
+
+
 def _report_inactive(settings: Settings) -> None:
     for flag in settings.inactive:
         log.warning("%s is accepted but not active yet in this build; it is ignored", flag)
@@ -148,18 +156,32 @@ async def serve(
             watcher = await root.start(_watch_signals, shutdown, settings.exit_timeout_secs)
         async with trio.open_nursery() as models:
             commands, inbox = trio.open_memory_channel[Any](16)
-            failed = await models.start(
-                partial(
-                    model_manager.run,
-                    repositories=settings.model_repositories,
-                    directory=directory,
-                    inbox=inbox,
-                    startup_models=startup_models(settings),
-                    exit_on_error=settings.exit_on_error,
-                    auto_complete=settings.auto_complete,
-                    unload_timeout=settings.exit_timeout_secs,
-                )
-            )
+            # A shutdown signal during start-up cancels the loading: instances already loaded
+            # are finalized on their threads, nothing half-loaded stays behind.
+            startup = trio.CancelScope()
+            guard = trio.CancelScope()  # entered by _cancel_on; cancelled once start-up is over
+            root.start_soon(_cancel_on, shutdown, startup, guard)
+            try:
+                with startup:
+                    failed = await models.start(
+                        partial(
+                            model_manager.run,
+                            repositories=settings.model_repositories,
+                            directory=directory,
+                            inbox=inbox,
+                            startup_models=startup_models(settings),
+                            exit_on_error=settings.exit_on_error,
+                            auto_complete=settings.auto_complete,
+                            unload_timeout=settings.exit_timeout_secs,
+                        )
+                    )
+            finally:
+                guard.cancel()
+            if startup.cancelled_caught:
+                log.info("shutdown during start-up: loading stopped")
+                if watcher is not None:
+                    watcher.cancel()
+                return
             core.manager = commands
             core.accepting = True
             poller: trio.CancelScope | None = None

@@ -156,3 +156,20 @@ def test_sigterm_finishes_in_flight_grpc_requests(tmp_path: Path,
     answered = [r for r in results if not isinstance(r, Exception)]
     assert answered  # requests accepted before the signal were answered
     assert all(r.as_numpy("OUTPUT0").shape == (64, 10) for r in answered)  # type: ignore[attr-defined]
+
+
+def test_sigterm_during_startup_exits_cleanly(tmp_path: Path,
+                                              start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    folder = make_models.write_mlp(repo, max_batch_size=64)
+    config = folder / "config.pbtxt"
+    config.write_text(config.read_text() + (  # a long warm-up keeps the model LOADING
+        'model_warmup [{ name: "slow" batch_size: 64 count: 100000 inputs { key: "INPUT0" '
+        'value: { data_type: TYPE_FP32 dims: [784] random_data: true } } }]\n'))
+    server = start_server(repo, wait=False)
+    deadline = time.monotonic() + 30
+    while "loading: mlp:1" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert server.stop(timeout=60) == 0
+    assert "shutdown during start-up" in server.log()
