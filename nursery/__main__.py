@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import sys
+from functools import partial
 
 import trio
 
 from nursery.actors.model_manager import StartupError, first_error
+from nursery.logsettings import LogManager, LogSettings
 from nursery.server import serve
-from nursery.settings import settings_from_args
+from nursery.settings import Settings, settings_from_args
 
 USAGE = """usage: python -m nursery serve [flags]
 
@@ -18,16 +19,12 @@ commands:
 """
 
 
-def setup_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s",
-        datefmt="%m%d %H:%M:%S",
-        stream=sys.stderr,
-    )
-    if verbose <= 1:  # third-party chatter only at --log-verbose 2 and up
-        for name in ("hypercorn", "quart", "nursery.http"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+def setup_logging(settings: Settings) -> LogManager:
+    """Triton's logging flags; the manager also serves the logging extension."""
+    return LogManager(LogSettings(
+        log_file=settings.log_file, log_info=settings.log_info,
+        log_warning=settings.log_warning, log_error=settings.log_error,
+        log_verbose_level=settings.log_verbose, log_format=settings.log_format))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown command '{command}'\n\n{USAGE}", end="", file=sys.stderr)
         return 2
     settings = settings_from_args(rest)
-    setup_logging(settings.log_verbose)
     try:
-        trio.run(serve, settings)
+        log_manager = setup_logging(settings)
+    except OSError as exc:
+        print(f"error: cannot open log file '{settings.log_file}': {exc}", file=sys.stderr)
+        return 1
+    try:
+        trio.run(partial(serve, settings, log_manager=log_manager))
     except BaseException as exc:  # trio wraps failures in exception groups
         error = first_error(exc)
         if isinstance(error, KeyboardInterrupt):

@@ -20,6 +20,7 @@ from nursery.handles import Directory, ModelHandle
 from nursery.messages import InferWork
 from nursery.model_config import ModelConfig
 from nursery.stats import StatsSnapshot
+from nursery.tracing import TraceManager, TraceSettings
 from nursery.types import InferenceRequest, InferenceResponse
 
 SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id changes it
@@ -33,6 +34,8 @@ EXTENSIONS = (  # in Triton's order
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 )
 
 
@@ -134,6 +137,8 @@ class Core:
         self.live = True
         self.accepting = False  # ready for traffic: set once start-up loading is done
         self.manager: trio.MemorySendChannel[Any] | None = None  # the ModelManager's inbox
+        self.tracer = TraceManager(TraceSettings())  # the server replaces it from its flags
+        self.log_manager: Any = None  # nursery.logsettings.LogManager, set by the server
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -188,6 +193,33 @@ class Core:
         """Validate and run one request. ``handle`` saves a lookup when the caller has it."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
+        trace = request.trace
+        own_trace = False
+        if trace is None and self.tracer.active:
+            trace = request.trace = self.tracer.start(handle.name)
+            own_trace = trace is not None
+        if trace is not None:
+            return await self._traced_infer(request, handle, trace, own_trace)
+        return await self._infer(request, handle)
+
+    async def _traced_infer(self, request: InferenceRequest, handle: ModelHandle, trace: Any,
+                            own_trace: bool) -> InferenceResponse:
+        trace.model_version = handle.version
+        trace.request_id = request.id
+        trace.stamp("REQUEST_START")
+        for name, tensor in request.inputs.items():
+            trace.tensor("TENSOR_QUEUE_INPUT", name, tensor.datatype.value, tensor.data)
+        try:
+            response = await self._infer(request, handle)
+            for out in response.outputs:
+                trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype.value, out.data)
+            return response
+        finally:
+            trace.stamp("REQUEST_END")
+            if own_trace:
+                trace.finish()
+
+    async def _infer(self, request: InferenceRequest, handle: ModelHandle) -> InferenceResponse:
         config = handle.config
         batch_size = validate_request(request, config)
         signature = None
@@ -199,6 +231,8 @@ class Core:
         send, receive = trio.open_memory_channel[Any](1)
         work = InferWork(request, send, batch_size, time.monotonic_ns(), signature,
                          request.priority, request.timeout_us)
+        if request.trace is not None:
+            request.trace.stamp("QUEUE_START", work.enqueued_ns)
         handle.submit(work)
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits

@@ -18,14 +18,19 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from nursery import stats
 from nursery.actors import model_manager, repository_poller
 from nursery.core import Core
 from nursery.handles import Directory
+from nursery.metrics import MetricsOptions
 from nursery.protocol.grpc_server import serve_grpc
 from nursery.protocol.http_app import build_http_app, build_quart_app
 from nursery.protocol.http_server import HttpServer, Lifespan
+from nursery.protocol.metrics_server import build_metrics_app
 from nursery.repository import scan
 from nursery.settings import Settings
+from nursery.sysmetrics import SystemSampler
+from nursery.tracing import TraceManager
 
 log = logging.getLogger("nursery.server")
 
@@ -133,15 +138,37 @@ async def _cancel_on(event: trio.Event, target: trio.CancelScope,
 def _report_inactive(settings: Settings) -> None:
     for flag in settings.inactive:
         log.warning("%s is accepted but not active yet in this build; it is ignored", flag)
-    if settings.allow_metrics:
-        log.warning("the metrics frontend is not active yet in this build; --metrics-port %d is "
-                    "unused", settings.metrics_port)
+
+
+async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
+                         sampler: SystemSampler, options: MetricsOptions,
+                         shutdown: trio.Event) -> list[str]:
+    """The metrics endpoint on its own port; it stops accepting once ``shutdown`` is set."""
+    server = HttpServer(core, build_metrics_app(core, sampler, options),
+                        max_input_size=64 * 1024, serve_infer=False)
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        async with trio.open_nursery() as inner:
+            binds = await inner.start(server.serve, settings.metrics_address,
+                                      settings.metrics_port)
+            task_status.started(binds)
+            await shutdown.wait()
+            server.close()
+
+    return await nursery.start(run)  # type: ignore[no-any-return]
+
+
+async def _run_sampler(scope: trio.CancelScope, sampler: SystemSampler, interval: float,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with scope:
+        await sampler.run(interval, task_status=task_status)
 
 
 async def serve(
     settings: Settings,
     *,
     handle_signals: bool = True,
+    log_manager: Any = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     _report_inactive(settings)
@@ -149,11 +176,33 @@ async def serve(
     core = Core(directory, server_name=settings.server_id,
                 strict_readiness=settings.strict_readiness,
                 control_mode=settings.model_control_mode)
+    core.tracer = TraceManager(settings.trace)
+    core.log_manager = log_manager
+    options = MetricsOptions.from_config(settings.metrics_config,
+                                         cpu=settings.allow_cpu_metrics,
+                                         gpu=settings.allow_gpu_metrics)
+    # before any model loads: schedulers read this when they start
+    stats.configure(summaries=settings.allow_metrics and options.summary_latencies)
     shutdown = trio.Event()
+    try:
+        await _serve(settings, core, options, shutdown, handle_signals, task_status)
+    finally:
+        core.tracer.close()  # traces buffered for log_frequency 0 are written now
+    log.info("server stopped")
+
+
+async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdown: trio.Event,
+                 handle_signals: bool, task_status: trio.TaskStatus[Running]) -> None:
+    directory = core.directory
     async with trio.open_nursery() as root:
         watcher: trio.CancelScope | None = None
         if handle_signals:
             watcher = await root.start(_watch_signals, shutdown, settings.exit_timeout_secs)
+        sampling = trio.CancelScope()
+        sampler = SystemSampler(cpu=options.cpu, gpu=options.gpu)
+        if settings.allow_metrics:
+            await root.start(_run_sampler, sampling, sampler,
+                             settings.metrics_interval_ms / 1000.0)
         async with trio.open_nursery() as models:
             commands, inbox = trio.open_memory_channel[Any](16)
             # A shutdown signal during start-up cancels the loading: instances already loaded
@@ -181,6 +230,7 @@ async def serve(
                 log.info("shutdown during start-up: loading stopped")
                 if watcher is not None:
                     watcher.cancel()
+                sampling.cancel()
                 return
             core.manager = commands
             core.accepting = True
@@ -200,6 +250,10 @@ async def serve(
                     binds = await _start_http(frontends, core, settings, shutdown)
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
+                if settings.allow_metrics:
+                    for bind in await _start_metrics(frontends, core, settings, sampler,
+                                                     options, shutdown):
+                        log.info("Started Metrics Service at %s", bind)
                 task_status.started(Running(core, tuple(binds), tuple(failed), shutdown))
                 await shutdown.wait()
                 core.accepting = False
@@ -211,4 +265,4 @@ async def serve(
             models.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
         if watcher is not None:
             watcher.cancel()
-    log.info("server stopped")
+        sampling.cancel()

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nursery.tracing import TraceSettings, settings_from_config
+
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 
 
@@ -35,6 +37,16 @@ class Settings:
     exit_timeout_secs: float = 30.0
     strict_readiness: bool = True
     log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_file: str = ""
+    log_format: str = "default"
+    allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
+    metrics_config: tuple[tuple[str, str], ...] = ()  # --metrics-config key=value, in order
+    trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
     server_id: str = "triton"
     http_server: str = "nursery"
@@ -60,18 +72,11 @@ _LATER_FLAGS = {
     "--cache-config": "the response cache",
     "--rate-limit": "the rate limiter",
     "--rate-limit-resource": "the rate limiter",
-    "--allow-gpu-metrics": "GPU metrics",
-    "--allow-cpu-metrics": "CPU metrics",
-    "--metrics-interval-ms": "metrics",
-    "--metrics-config": "metrics",
-    "--trace-config": "tracing",
     "--backend-config": "backend settings",
     "--backend-directory": "backend directories",
     "--model-load-thread-count": "parallel model loading settings",
     "--pinned-memory-pool-byte-size": "pinned memory pools",
     "--cuda-memory-pool-byte-size": "CUDA memory pools",
-    "--log-file": "log files",
-    "--log-format": "log formats",
     "--allow-sagemaker": "the SageMaker frontend",
     "--allow-vertex-ai": "the Vertex AI frontend",
 }
@@ -108,6 +113,31 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(parser, "--allow-http", True, "Allow the server to listen for HTTP requests.")
     _bool_flag(parser, "--allow-grpc", True, "Allow the server to listen for GRPC requests.")
     _bool_flag(parser, "--allow-metrics", True, "Allow the server to provide prometheus metrics.")
+    _bool_flag(parser, "--allow-gpu-metrics", True,
+               "Allow the server to provide GPU metrics. Ignored unless --allow-metrics is true.")
+    _bool_flag(parser, "--allow-cpu-metrics", True,
+               "Allow the server to provide CPU metrics. Ignored unless --allow-metrics is true.")
+    parser.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="<int>",
+                        help="Metrics will be collected once every <metrics-interval-ms> "
+                        "milliseconds. Default is 2000 milliseconds.")
+    parser.add_argument(
+        "--metrics-config", action="append", default=[], metavar="<string>",
+        help="Specify a metrics-specific configuration setting. The format of this flag is "
+        "--metrics-config=<setting>=<value>: counter_latencies, summary_latencies, "
+        "histogram_latencies (true/false) and summary_quantiles "
+        "(<quantile>:<error>,...).",
+    )
+    parser.add_argument(
+        "--trace-config", action="append", default=[], metavar="<string>",
+        help="Specify global or trace mode specific configuration setting. The format of this "
+        "flag is --trace-config=<mode>,<setting>=<value> (mode: triton) or "
+        "--trace-config=<setting>=<value> for rate, level, count and mode.",
+    )
+    for flag, key in (("--trace-file", "file"), ("--trace-level", "level"),
+                      ("--trace-rate", "rate"), ("--trace-count", "count"),
+                      ("--trace-log-frequency", "log-frequency")):
+        parser.add_argument(flag, action="append", default=[], metavar="<value>",
+                            help=f"DEPRECATED: use --trace-config {key}=<value>.")
     parser.add_argument(
         "--model-control-mode", choices=["none", "poll", "explicit"], default="none",
         help='Specify the mode for model management. Options are "none", "poll" and '
@@ -163,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(parser, "--log-info", True, "Enable/disable info-level logging.")
     _bool_flag(parser, "--log-warning", True, "Enable/disable warning-level logging.")
     _bool_flag(parser, "--log-error", True, "Enable/disable error-level logging.")
+    parser.add_argument("--log-format", choices=["default", "ISO8601"], default="default",
+                        help='Set the logging format. Options are "default" and "ISO8601". '
+                        'The default is "default".')
+    parser.add_argument("--log-file", default="", metavar="<string>",
+                        help="Set the name of the log output file. If specified, log outputs "
+                        "will be saved to this file. If not specified, log outputs will stream "
+                        "to the console.")
     parser.add_argument(
         "--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE, metavar="<int>",
         help="Maximum allowed HTTP request input size in bytes. Default is 64 MiB.",
@@ -194,6 +231,29 @@ def settings_from_args(argv: list[str]) -> Settings:
         parser.error("Wildcard model name '*' must be the ONLY startup model if specified at all.")
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model only takes effect with --model-control-mode=explicit")
+    metrics_config = []
+    for entry in args.metrics_config:
+        key, sep, value = entry.partition("=")
+        if not sep or key not in ("counter_latencies", "summary_latencies",
+                                  "histogram_latencies", "summary_quantiles"):
+            parser.error(f"--metrics-config: unknown or malformed setting '{entry}'")
+        if key != "summary_quantiles" and value not in ("true", "false"):
+            parser.error(f"--metrics-config {key} expects true or false, got '{value}'")
+        metrics_config.append((key, value))
+    trace_entries = list(args.trace_config)
+    if args.trace_file:
+        trace_entries.append(f"triton,file={args.trace_file[-1]}")
+    if args.trace_log_frequency:
+        trace_entries.append(f"triton,log-frequency={args.trace_log_frequency[-1]}")
+    trace_entries += [f"level={v}" for v in args.trace_level]
+    trace_entries += [f"rate={v}" for v in args.trace_rate[-1:]]
+    trace_entries += [f"count={v}" for v in args.trace_count[-1:]]
+    try:
+        trace = settings_from_config(tuple(trace_entries))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.metrics_interval_ms <= 0:
+        parser.error("--metrics-interval-ms must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
@@ -217,6 +277,16 @@ def settings_from_args(argv: list[str]) -> Settings:
         exit_timeout_secs=float(args.exit_timeout_secs),
         strict_readiness=args.strict_readiness,
         log_verbose=args.log_verbose,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        log_file=args.log_file,
+        log_format=args.log_format,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
+        metrics_config=tuple(metrics_config),
+        trace=trace,
         http_max_input_size=args.http_max_input_size,
         server_id=args.id,
         http_server=args.http_server,

@@ -8,9 +8,67 @@ into its :class:`StatsAccumulator` and answers ``StatsQuery`` with a frozen
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+# The latency families a summary can follow (Triton's ``--metrics-config
+# summary_latencies=true``), each sampled per request, in microseconds.
+SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+SUMMARY_MAX_AGE_S = 60.0  # prometheus-cpp's default sliding window
+SUMMARY_MAX_SAMPLES = 8192  # per family and version: a bound on memory under heavy load
+
+
+class _Options:
+    """Process-wide choices made once at start-up from ``--metrics-config`` (before any model
+    loads): whether schedulers keep per-request latency samples for summaries."""
+
+    summaries = False
+
+
+OPTIONS = _Options()
+
+
+def configure(*, summaries: bool) -> None:
+    OPTIONS.summaries = summaries
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """One summary family of one version: the samples of the last minute (µs), and the
+    cumulative sum (µs) and count since the version loaded."""
+
+    window: tuple[float, ...] = ()
+    sum_us: float = 0.0
+    count: int = 0
+
+    def quantile(self, q: float) -> float:
+        if not self.window:
+            return float("nan")  # as prometheus-cpp reports a summary with no samples
+        ordered = sorted(self.window)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _Window:
+    __slots__ = ("samples", "sum_us", "count")
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, float]] = deque(maxlen=SUMMARY_MAX_SAMPLES)
+        self.sum_us = 0.0
+        self.count = 0
+
+    def add(self, now: float, us: float) -> None:
+        self.samples.append((now, us))
+        self.sum_us += us
+        self.count += 1
+
+    def summary(self, now: float) -> LatencySummary:
+        cutoff = now - SUMMARY_MAX_AGE_S
+        while self.samples and self.samples[0][0] < cutoff:
+            self.samples.popleft()
+        return LatencySummary(tuple(us for _, us in self.samples), self.sum_us, self.count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +93,11 @@ class BatchReport:
     compute_infer_ns: int
     compute_output_ns: int
     finished_ms: int  # wall clock, ms since the epoch
+    # per request, for latency summaries: when each was accepted, and when the batch started
+    # and ended computing (time.monotonic_ns)
+    enqueued_ns: tuple[int, ...] = ()
+    started_ns: int = 0
+    ended_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +116,9 @@ class StatsSnapshot:
         default_factory=lambda: MappingProxyType({}))
     failures_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     pending: int = 0  # requests queued and not executing, at the time of the snapshot
+    # family (SUMMARY_FAMILIES) -> samples, when summaries are on
+    summaries: Mapping[str, LatencySummary] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def merged(self, other: StatsSnapshot) -> StatsSnapshot:
         """Two snapshots of one model version added up (e.g. across schedulers)."""
@@ -77,6 +143,16 @@ class StatsSnapshot:
             batch_stats=MappingProxyType(batch),
             failures_by_reason=MappingProxyType(reasons),
             pending=self.pending + other.pending,
+            summaries=MappingProxyType({
+                k: LatencySummary(
+                    self.summaries.get(k, LatencySummary()).window
+                    + other.summaries.get(k, LatencySummary()).window,
+                    self.summaries.get(k, LatencySummary()).sum_us
+                    + other.summaries.get(k, LatencySummary()).sum_us,
+                    self.summaries.get(k, LatencySummary()).count
+                    + other.summaries.get(k, LatencySummary()).count)
+                for k in {*self.summaries, *other.summaries}
+            }),
         )
 
 
@@ -95,6 +171,20 @@ class StatsAccumulator:
         self.compute_output = Duration()
         self.batch: dict[int, tuple[Duration, Duration, Duration]] = {}
         self.failures: dict[str, int] = {}
+        self.windows: dict[str, _Window] | None = (
+            {k: _Window() for k in SUMMARY_FAMILIES} if OPTIONS.summaries else None)
+
+    def _sample(self, report: BatchReport) -> None:
+        assert self.windows is not None
+        now = time.monotonic()
+        w = self.windows
+        started, ended = report.started_ns, report.ended_ns
+        for e in report.enqueued_ns:
+            w["request"].add(now, (ended - e) / 1000)
+            w["queue"].add(now, (started - e) / 1000)
+            w["compute_input"].add(now, report.compute_input_ns / 1000)
+            w["compute_infer"].add(now, report.compute_infer_ns / 1000)
+            w["compute_output"].add(now, report.compute_output_ns / 1000)
 
     def record_batch(self, report: BatchReport) -> None:
         self.execution_count += 1
@@ -105,6 +195,8 @@ class StatsAccumulator:
             self.failures["BACKEND"] = self.failures.get("BACKEND", 0) + n
             return
         self.inference_count += report.batch_size
+        if self.windows is not None and report.enqueued_ns:
+            self._sample(report)
         self.success = self.success.add(report.request_ns, n)
         self.queue = self.queue.add(report.queue_ns, n)
         self.compute_input = self.compute_input.add(report.compute_input_ns * n, n)
@@ -134,4 +226,7 @@ class StatsAccumulator:
             batch_stats=MappingProxyType(dict(self.batch)),
             failures_by_reason=MappingProxyType(dict(self.failures)),
             pending=pending,
+            summaries=MappingProxyType(
+                {k: w.summary(time.monotonic()) for k, w in self.windows.items()}
+                if self.windows is not None else {}),
         )

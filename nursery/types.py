@@ -235,6 +235,7 @@ class InferenceRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     timeout_us: int = 0
+    trace: Any = None  # a nursery.tracing.Trace when this request is sampled for tracing
 
 
 @dataclass(slots=True, eq=False)

@@ -52,6 +52,13 @@ def _run_batch(
         log.exception("model '%s' version %s: batch failed", config.name, version)
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
     t3 = time.monotonic_ns()
+    for w in batch.work:
+        trace = w.request.trace
+        if trace is not None:
+            trace.stamp("COMPUTE_START", t0)
+            trace.stamp("COMPUTE_INPUT_END", t1)
+            trace.stamp("COMPUTE_OUTPUT_START", t2)
+            trace.stamp("COMPUTE_END", t3)
     report = BatchReport(
         batch_size=sum(w.batch_size for w in batch.work),
         requests=len(batch.work),
@@ -62,6 +69,9 @@ def _run_batch(
         compute_infer_ns=t2 - t1,
         compute_output_ns=t3 - t2,
         finished_ms=time.time_ns() // 1_000_000,
+        enqueued_ns=tuple(w.enqueued_ns for w in batch.work),
+        started_ns=t0,
+        ended_ns=t3,
     )
     return responses, report
 

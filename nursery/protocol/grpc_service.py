@@ -104,6 +104,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _infer(self, message: Any) -> bytes:
         """The ModelInferResponse in wire form (the codec passes bytes through)."""
         self.draining.enter()
+        tracer = self.core.tracer
+        trace = tracer.start(message.model_name) if tracer.active else None
+        if trace is not None:  # grpclib has read and parsed the message by now
+            trace.stamp("GRPC_WAITREAD_START")
+            trace.stamp("GRPC_WAITREAD_END")
         try:
             handle = self.core.resolve(message.model_name, message.model_version)
             if handle.config.decoupled:
@@ -112,10 +117,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     f"use ModelStreamInfer for model '{message.model_name}'"
                 )
             request = grpc_codec.decode_request(message)
+            request.trace = trace
             response = await self.core.infer(request, handle)
             return grpc_codec.encode_response(response)
         finally:
             self.draining.leave()
+            if trace is not None:
+                trace.stamp("GRPC_SEND_START")
+                trace.finish()
 
     async def _stream_rpc(
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
@@ -222,11 +231,48 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     cuda_shared_memory_register = cuda_shared_memory_status
     cuda_shared_memory_unregister = cuda_shared_memory_status
 
-    async def trace_setting(self, request: Any) -> Any:
-        raise _status(Unsupported("trace settings are not supported by this server yet"))
+    async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        model = request.model_name
+        if model:
+            self._sync(self.core.resolve, model)
+        tracer = self.core.tracer
+        if request.settings:
+            changes: dict[str, Any] = {}
+            for key, value in request.settings.items():
+                values = list(value.value)
+                # an empty list clears the setting; one string is a value; trace_level a list
+                changes[key] = None if not values else (
+                    values if key == "trace_level" else values[0] if len(values) == 1
+                    else values)
+            settings = self._sync(tracer.update, model, changes)
+        else:  # no settings: a read (tritonclient's get_trace_settings)
+            settings = tracer.settings(model)
+        out = {}
+        for key, value in settings.to_json().items():
+            out[key] = pb.TraceSettingResponseSettingValue(
+                value=value if isinstance(value, list) else [value])
+        return pb.TraceSettingResponse(settings=out)
 
-    async def log_settings(self, request: Any) -> Any:
-        raise _status(Unsupported("log settings are not supported by this server yet"))
+    async def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        manager = self.core.log_manager
+        if manager is None:
+            raise _status(Unavailable("the server does not support dynamic logging"))
+        if request.settings:
+            changes: dict[str, Any] = {}
+            for key, param in request.settings.items():
+                which, value = betterproto.which_one_of(param, "parameter_choice")
+                changes[key] = value if which else None
+            self._sync(manager.update, changes)
+        s = manager.settings
+        return pb.LogSettingsResponse(settings={
+            "log_file": pb.LogSettingsResponseSettingValue(string_param=s.log_file),
+            "log_info": pb.LogSettingsResponseSettingValue(bool_param=s.log_info),
+            "log_warning": pb.LogSettingsResponseSettingValue(bool_param=s.log_warning),
+            "log_error": pb.LogSettingsResponseSettingValue(bool_param=s.log_error),
+            "log_verbose_level": pb.LogSettingsResponseSettingValue(
+                uint32_param=s.log_verbose_level),
+            "log_format": pb.LogSettingsResponseSettingValue(string_param=s.log_format),
+        })
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping = super().__mapping__()

@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from nursery.actors.model_manager import IndexEntry
 from nursery.config_json import ConfigJsonError, config_from_json
 from nursery.core import Core
-from nursery.errors import InvalidArgument, NurseryError, Unsupported
+from nursery.errors import InvalidArgument, NurseryError, Unavailable, Unsupported
 from nursery.protocol import stats_codec
 from nursery.protocol.http_infer import handle_infer
 from nursery.protocol.json_codec import dumps
@@ -191,6 +191,27 @@ def build_quart_app(core: Core) -> QuartTrio:
         await core.unload_model(model, dependents)
         return _empty(200)
 
+    @app.route("/v2/trace/setting", methods=["GET", "POST"])
+    @app.route("/v2/models/<model>/trace/setting", methods=["GET", "POST"])
+    async def trace_setting(model: str = "") -> Response:
+        if model:
+            core.resolve(model)  # unknown models: Triton's NOT_FOUND
+        if request.method == "GET":
+            return _json(core.tracer.settings(model).to_json())
+        body = await request.get_data()
+        changes = _json_body(body) if body else {}
+        return _json(core.tracer.update(model, changes).to_json())
+
+    @app.route("/v2/logging", methods=["GET", "POST"])
+    async def log_settings() -> Response:
+        if core.log_manager is None:
+            raise Unavailable("the server does not support dynamic logging")
+        if request.method == "GET":
+            return _json(core.log_manager.settings.to_json())
+        body = await request.get_data()
+        changes = _json_body(body) if body else {}
+        return _json(core.log_manager.update(changes).to_json())
+
     # Triton routes whose features land later: a clear 501, never a 404 or a hang.
     later = {
         "/v2/systemsharedmemory/status": "system shared memory",
@@ -203,9 +224,6 @@ def build_quart_app(core: Core) -> QuartTrio:
         "/v2/cudasharedmemory/region/<region>/register": "CUDA shared memory",
         "/v2/cudasharedmemory/unregister": "CUDA shared memory",
         "/v2/cudasharedmemory/region/<region>/unregister": "CUDA shared memory",
-        "/v2/trace/setting": "trace settings",
-        "/v2/models/<model>/trace/setting": "trace settings",
-        "/v2/logging": "log settings",
     }
     for i, (rule, feature) in enumerate(later.items()):
 

@@ -181,6 +181,10 @@ async def infer_response(
             encoding = value
         elif key == b"accept-encoding":
             accept = value
+    trace = core.tracer.start(model) if core.tracer.active else None
+    if trace is not None:  # the server has read the whole request by now
+        trace.stamp("HTTP_RECV_START")
+        trace.stamp("HTTP_RECV_END")
     try:
         handle = core.resolve(model, version)
         if handle.config.decoupled:
@@ -198,12 +202,17 @@ async def infer_response(
             request, fmt = json_codec.decode_request(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size
             )
+        request.trace = trace
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
     except NurseryError as error:
         unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
         extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
         return error_response(error, extra)
+    finally:
+        if trace is not None:  # the response is encoded; the server sends it next
+            trace.stamp("HTTP_SEND_START")
+            trace.finish()
     out_headers: list[tuple[bytes, bytes]]
     if blocks:
         payload = b"".join([head, *blocks])

@@ -133,8 +133,9 @@ def _client_gone(stream: trio.SocketStream) -> bool:
 class HttpServer:
     def __init__(self, core: Core, app: ASGIApp, *, max_input_size: int,
                  keep_alive_timeout: float = 75.0, read_timeout: float = 60.0,
-                 disconnect_check: float = 0.1) -> None:
+                 disconnect_check: float = 0.1, serve_infer: bool = True) -> None:
         self.core = core
+        self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
         self.app = app
         self.max_input_size = max_input_size
         self.keep_alive_timeout = keep_alive_timeout
@@ -284,7 +285,7 @@ class HttpServer:
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
                       server: Any) -> Response:
-        if head.method == b"POST":
+        if head.method == b"POST" and self.serve_infer:
             match = _INFER.match(head.path)
             if match is not None:
                 model = unquote(match.group(1).decode("latin-1"))

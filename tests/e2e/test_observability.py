@@ -1,0 +1,336 @@
+"""Observability end to end: after a known mix of requests (some batched, some failing in the
+backend, some rejected by the queue policy) the statistics extension (HTTP and gRPC) and the
+Prometheus text on the metrics port show exactly those counts; summaries, CPU metrics, the
+logging extension and the trace extension (with a trace file) as Triton serves them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import PERF_ANALYZER, ServerProcess, make_models
+
+pytestmark = pytest.mark.e2e
+
+
+def _build_repo(repo: Path) -> Path:
+    make_models.write_add_sub(repo, max_batch_size=8)
+    make_models.write_model(
+        repo, "mlp_batched", make_models.build_mlp(),
+        make_models.config_text("mlp_batched", [("INPUT0", "FP32", [784])],
+                                [("OUTPUT0", "FP32", [10])], 32,
+                                "dynamic_batching { max_queue_delay_microseconds: 50000 }\n"))
+    # OUTPUT0 = reshape(INPUT0, [-1, 4]): fails in the backend when the length is not a
+    # multiple of 4
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 4])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["INPUT0", "shape"], ["OUTPUT0"])], "fragile",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["m", 4])],
+        initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    make_models.write_model(
+        repo, "fragile", model,
+        make_models.config_text("fragile", [("INPUT0", "FP32", [-1])],
+                                [("OUTPUT0", "FP32", [-1, 4])], 0))
+    # a lone request waits for the 10 s batching delay but times out after 20 ms
+    make_models.write_model(
+        repo, "impatient", make_models.build_identity("INT32", ["batch", 1]),
+        make_models.config_text(
+            "impatient", [("INPUT0", "INT32", [1])], [("OUTPUT0", "INT32", [1])], 8,
+            "dynamic_batching { max_queue_delay_microseconds: 10000000 default_queue_policy "
+            "{ timeout_action: REJECT default_timeout_microseconds: 20000 } }\n"))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def obs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = _build_repo(tmp_path_factory.mktemp("repo"))
+    traces = tmp_path_factory.mktemp("traces")
+    proc = ServerProcess(
+        repo, "--metrics-config", "summary_latencies=true",
+        "--metrics-interval-ms", "200",
+        "--trace-config", f"triton,file={traces / 'trace.json'}",
+        "--trace-config", "triton,log-frequency=1",
+        log_path=tmp_path_factory.mktemp("log") / "server.log")
+    proc.trace_dir = traces  # type: ignore[attr-defined]
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"server exit code {code}:\n{proc.log()}"
+
+
+def _scrape(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name.removesuffix("_total"), tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _mv(model: str, **extra: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"model": model, "version": "1", **extra}.items()))
+
+
+def _add_sub_inputs(module: Any) -> list[Any]:
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"),
+              module.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    return inputs
+
+
+def _vector(module: Any, name: str, values: np.ndarray, dtype: str) -> list[Any]:
+    inp = module.InferInput(name, list(values.shape), dtype)
+    inp.set_data_from_numpy(values)
+    return [inp]
+
+
+def test_statistics_and_metrics_count_exactly(obs_server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(obs_server.url, concurrency=16)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{obs_server.grpc_port}")
+    for _ in range(4):
+        http.infer("add_sub", _add_sub_inputs(httpclient))
+    for _ in range(3):
+        grpc.infer("add_sub", _add_sub_inputs(grpcclient))
+    # the backend fails twice (length 3 cannot become [-1, 4]) and succeeds once
+    for client, module in ((http, httpclient), (grpc, grpcclient)):
+        with pytest.raises(InferenceServerException):
+            client.infer("fragile", _vector(module, "INPUT0", np.ones(3, np.float32), "FP32"))
+    http.infer("fragile", _vector(httpclient, "INPUT0", np.ones(8, np.float32), "FP32"))
+    # the queue policy rejects two requests
+    for client, module in ((http, httpclient), (grpc, grpcclient)):
+        with pytest.raises(InferenceServerException, match="Request timeout expired"):
+            client.infer("impatient", _vector(module, "INPUT0", np.ones((1, 1), np.int32),
+                                              "INT32"))
+    # 12 concurrent requests share executions
+    x = np.ones((1, 784), np.float32)
+    handles = [http.async_infer("mlp_batched", _vector(httpclient, "INPUT0", x, "FP32"))
+               for _ in range(12)]
+    for h in handles:
+        h.get_result()
+
+    def stat(model: str) -> dict[str, Any]:
+        entry: dict[str, Any] = http.get_inference_statistics(model)["model_stats"][0]
+        g = grpc.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        for key in ("inference_count", "execution_count"):
+            assert int(g.get(key, 0)) == entry[key], (model, key)
+        return entry
+
+    add_sub, fragile, impatient, batched = (stat(m) for m in (
+        "add_sub", "fragile", "impatient", "mlp_batched"))
+    assert (add_sub["inference_count"], add_sub["execution_count"]) == (7, 7)
+    assert add_sub["inference_stats"]["success"]["count"] == 7
+    assert fragile["inference_stats"]["success"]["count"] == 1
+    assert fragile["inference_stats"]["fail"]["count"] == 2
+    assert fragile["execution_count"] == 3 and fragile["inference_count"] == 1
+    assert impatient["inference_stats"]["fail"]["count"] == 2
+    assert impatient["execution_count"] == 0
+    assert batched["inference_count"] == 12 and batched["execution_count"] < 12
+
+    m = _scrape(obs_server)
+    assert m[("nv_inference_request_success", _mv("add_sub"))] == 7
+    assert m[("nv_inference_count", _mv("add_sub"))] == 7
+    assert m[("nv_inference_exec_count", _mv("add_sub"))] == 7
+    assert m[("nv_inference_request_failure", _mv("fragile", reason="BACKEND"))] == 2
+    assert m[("nv_inference_request_failure", _mv("impatient", reason="REJECTED"))] == 2
+    assert m[("nv_inference_request_failure", _mv("add_sub", reason="OTHER"))] == 0
+    assert m[("nv_inference_request_success", _mv("mlp_batched"))] == 12
+    assert m[("nv_inference_count", _mv("mlp_batched"))] == 12
+    assert m[("nv_inference_exec_count", _mv("mlp_batched"))] == batched["execution_count"]
+    assert m[("nv_inference_pending_request_count", _mv("mlp_batched"))] == 0
+    # durations: positive, each no more than the whole request's, and matching the
+    # statistics extension (which counts nanoseconds; the metrics microseconds)
+    request_us = m[("nv_inference_request_duration_us", _mv("add_sub"))]
+    parts = [m[(f"nv_inference_{p}_duration_us", _mv("add_sub"))]
+             for p in ("queue", "compute_input", "compute_infer", "compute_output")]
+    assert all(p > 0 for p in parts) and sum(parts) <= request_us
+    assert m[("nv_inference_compute_infer_duration_us", _mv("add_sub"))] == (
+        add_sub["inference_stats"]["compute_infer"]["ns"] // 1000)
+    # summaries (--metrics-config summary_latencies=true): count and sum agree with counters
+    assert m[("nv_inference_request_summary_us_count", _mv("add_sub"))] == 7
+    assert m[("nv_inference_queue_summary_us_count", _mv("mlp_batched"))] == 12
+    assert m[("nv_inference_request_summary_us_sum", _mv("add_sub"))] == pytest.approx(
+        request_us, rel=0.01, abs=2)
+    assert 0 < m[("nv_inference_request_summary_us", _mv("add_sub", quantile="0.5"))] <= (
+        m[("nv_inference_request_summary_us", _mv("add_sub", quantile="0.99"))])
+    # CPU metrics (sampled every 200 ms here)
+    assert 0.0 <= m[("nv_cpu_utilization", ())] <= 1.0
+    assert m[("nv_cpu_memory_total_bytes", ())] >= m[("nv_cpu_memory_used_bytes", ())] > 0
+    http.close()
+    grpc.close()
+
+
+def test_metrics_port_serves_only_metrics(obs_server: ServerProcess) -> None:
+    base = f"http://127.0.0.1:{obs_server.metrics_port}"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{base}/v2/health/ready", timeout=5)
+    assert err.value.code == 404
+    err.value.close()
+    req = urllib.request.Request(f"{base}/v2/models/add_sub/infer", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=5)
+    assert err.value.code == 404
+    err.value.close()
+
+
+def test_log_settings_change_at_run_time(obs_server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(obs_server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{obs_server.grpc_port}")
+    initial = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+               "log_verbose_level": 0, "log_format": "default"}
+    assert http.get_log_settings() == initial
+    changed = http.update_log_settings({"log_verbose_level": 1, "log_format": "ISO8601"})
+    assert changed == {**initial, "log_verbose_level": 1, "log_format": "ISO8601"}
+    g = grpc.get_log_settings(as_json=True)["settings"]
+    assert g["log_verbose_level"] == {"uint32_param": 1}
+    assert g["log_format"] == {"string_param": "ISO8601"}
+    grpc.update_log_settings({"log_format": "default", "log_verbose_level": 0})
+    assert http.get_log_settings() == initial
+    with pytest.raises(InferenceServerException, match="log file location can not be updated"):
+        http.update_log_settings({"log_file": "/tmp/elsewhere.log"})
+    with pytest.raises(InferenceServerException, match="expect boolean for 'log_info'"):
+        http.update_log_settings({"log_info": "yes"})
+    with pytest.raises(InferenceServerException, match="invalid argument for log_format"):
+        grpc.update_log_settings({"log_format": "fancy"})
+    assert http.get_log_settings() == initial
+    http.close()
+    grpc.close()
+
+
+def test_log_info_off_silences_info_lines(tmp_path: Path, start_server: Any) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    make_models.write_model(repo, "other", make_models.build_identity("INT32", ["batch", 1]),
+                            make_models.config_text("other", [("INPUT0", "INT32", [1])],
+                                                    [("OUTPUT0", "INT32", [1])], 4))
+    server = start_server(repo, "--model-control-mode", "explicit", "--load-model", "add_sub",
+                          "--log-format", "ISO8601")
+    http = httpclient.InferenceServerClient(server.url)
+    assert http.get_log_settings()["log_format"] == "ISO8601"
+    http.update_log_settings({"log_info": False})
+    http.load_model("other")
+    assert "successfully loaded 'other'" not in server.log()
+    http.update_log_settings({"log_info": True})
+    http.unload_model("other")
+    http.load_model("other")
+    log = server.log()
+    assert "successfully loaded 'other'" in log
+    line = next(x for x in log.splitlines() if "successfully loaded 'other'" in x)
+    assert line[:4].isdigit() and line[10] == "T" and " I " in line  # ISO8601 form
+    http.close()
+
+
+def _trace_files(server: ServerProcess) -> list[Path]:
+    return sorted(server.trace_dir.glob("trace.json*"))  # type: ignore[attr-defined]
+
+
+def test_trace_settings_and_trace_file(obs_server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(obs_server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{obs_server.grpc_port}")
+    trace_file = str(obs_server.trace_dir / "trace.json")  # type: ignore[attr-defined]
+    initial = {"trace_file": trace_file, "trace_level": ["OFF"], "trace_rate": "1000",
+               "trace_count": "-1", "log_frequency": "1", "trace_mode": "triton"}
+    assert http.get_trace_settings() == initial
+    assert http.get_trace_settings(model_name="add_sub") == initial
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        http.get_trace_settings(model_name="does-not-exist")
+    with pytest.raises(InferenceServerException, match="trace file location can not be updated"):
+        http.update_trace_settings(model_name="add_sub", settings={"trace_file": "x.json"})
+    with pytest.raises(InferenceServerException, match="trace level"):
+        http.update_trace_settings(settings={"trace_level": ["LOUD"]})
+
+    # trace every add_sub request; the rest stay untraced
+    updated = http.update_trace_settings(model_name="add_sub", settings={
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"})
+    assert updated == {**initial, "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+                       "trace_count": "2"}
+    assert http.get_trace_settings() == initial
+    before = set(_trace_files(obs_server))
+    http.infer("add_sub", _add_sub_inputs(httpclient))
+    grpc.infer("add_sub", _add_sub_inputs(grpcclient))
+    http.infer("add_sub", _add_sub_inputs(httpclient))  # past trace_count: not traced
+    x = np.ones((1, 784), np.float32)
+    http.infer("mlp_batched", _vector(httpclient, "INPUT0", x, "FP32"))
+    assert http.get_trace_settings(model_name="add_sub")["trace_count"] == "0"
+    new = sorted(set(_trace_files(obs_server)) - before)
+    assert len(new) == 2  # log_frequency 1: one file per trace
+    records = [r for f in new for r in json.loads(f.read_text())]
+    heads = [r for r in records if "model_name" in r]
+    assert [(h["model_name"], h["model_version"]) for h in heads] == [("add_sub", 1)] * 2
+    stamps = [[t["name"] for t in r["timestamps"]] for r in records if "timestamps" in r]
+    core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+            "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+    assert stamps[0] == ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START"]
+    assert stamps[1] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core, "GRPC_SEND_START"]
+    for r in records:
+        if "timestamps" in r:
+            ns = [t["ns"] for t in r["timestamps"]]
+            assert ns == sorted(ns) and ns[0] > 0  # stages in order
+
+    # gRPC reads and clears per-model settings the same way
+    g = grpc.get_trace_settings(model_name="add_sub", as_json=True)["settings"]
+    assert g["trace_level"] == {"value": ["TIMESTAMPS"]}
+    grpc.update_trace_settings(model_name="add_sub", settings={
+        "trace_level": None, "trace_rate": None, "trace_count": None})
+    assert http.get_trace_settings(model_name="add_sub") == initial
+    http.close()
+    grpc.close()
+
+
+def test_metrics_flags(tmp_path: Path, start_server: Any) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--allow-cpu-metrics=false", "--metrics-config",
+                          "counter_latencies=false")
+    m = _scrape(server)
+    assert ("nv_inference_count", _mv("add_sub")) in m
+    assert not any(k[0].startswith("nv_cpu") for k in m)
+    assert not any(k[0] == "nv_inference_request_duration_us" for k in m)
+    off = start_server(repo, "--allow-metrics=false")
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{off.metrics_port}/metrics", timeout=2)
+    with urllib.request.urlopen(f"http://{off.url}/v2", timeout=5) as r:
+        assert r.status == 200
+
+
+def test_perf_analyzer_reads_server_side_stats(obs_server: ServerProcess) -> None:
+    """perf_analyzer asks the statistics extension (and the metrics port with
+    --collect-metrics) while it measures; both must satisfy it."""
+    if not PERF_ANALYZER.exists():
+        pytest.fail("perf_analyzer missing: run scripts/install_perf_analyzer.sh")
+    started = time.monotonic()
+    out = subprocess.run(
+        [str(PERF_ANALYZER), "-m", "add_sub", "-u", obs_server.url, "--measurement-interval",
+         "500", "--collect-metrics", "--metrics-url",
+         f"127.0.0.1:{obs_server.metrics_port}/metrics", "--metrics-interval", "200",
+         "--verbose-csv", "-f", "/dev/null"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Server:" in out.stdout and "Inference count" in out.stdout
+    assert time.monotonic() - started < 120

@@ -1,0 +1,232 @@
+"""Pure parts of observability: metric text, trace settings and sampling, log settings,
+/proc readings, latency summaries."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nursery import metrics, stats
+from nursery.errors import InvalidArgument, Unsupported
+from nursery.logsettings import LogManager, LogSettings
+from nursery.stats import BatchReport, StatsAccumulator
+from nursery.sysmetrics import GpuSample, SystemSample, cpu_utilization, read_cpu_times, read_memory
+from nursery.tracing import TraceManager, TraceSettings, settings_from_config
+
+
+def _families(text: str) -> dict[str, object]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _report(n: int, *, ok: bool = True, size: int | None = None) -> BatchReport:
+    return BatchReport(batch_size=size or n, requests=n, succeeded=ok, queue_ns=1000 * n,
+                       request_ns=5000 * n, compute_input_ns=100, compute_infer_ns=2000,
+                       compute_output_ns=300, finished_ms=1, enqueued_ns=tuple([0] * n),
+                       started_ns=1000, ended_ns=5000)
+
+
+# -- metrics text ------------------------------------------------------------------------------
+
+
+def test_render_parses_with_triton_names_and_labels() -> None:
+    acc = StatsAccumulator()
+    acc.record_batch(_report(3))
+    acc.record_batch(_report(1, ok=False))
+    acc.record_failure("REJECTED", 2)
+    text = metrics.render([("m", "1", acc.snapshot(pending=4))],
+                          SystemSample(0.25, 1000, 400, (GpuSample("GPU-1", 0.5, 10, 5, 70.0,
+                                                                   300.0, 12.5),)),
+                          metrics.MetricsOptions())
+    fams = _families(text)
+    assert fams["nv_inference_request_success"].type == "counter"
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in fams.values() for s in f.samples}
+    mv = (("model", "m"), ("version", "1"))
+    assert values[("nv_inference_request_success_total", mv)] == 3
+    assert values[("nv_inference_count_total", mv)] == 3
+    assert values[("nv_inference_exec_count_total", mv)] == 2
+    assert values[("nv_inference_request_failure_total",
+                   (("model", "m"), ("reason", "BACKEND"), ("version", "1")))] == 1
+    assert values[("nv_inference_request_failure_total",
+                   (("model", "m"), ("reason", "REJECTED"), ("version", "1")))] == 2
+    assert values[("nv_inference_request_failure_total",
+                   (("model", "m"), ("reason", "CANCELED"), ("version", "1")))] == 0
+    assert values[("nv_inference_pending_request_count", mv)] == 4
+    assert values[("nv_inference_queue_duration_us_total", mv)] == 3  # 3 x 1000 ns
+    assert values[("nv_cpu_utilization", ())] == 0.25
+    assert values[("nv_gpu_power_usage", (("gpu_uuid", "GPU-1"),))] == 70.0
+    assert values[("nv_energy_consumption_total", (("gpu_uuid", "GPU-1"),))] == 12.5
+    # Triton's counters carry no _total suffix on the wire
+    assert "nv_inference_count{" in text and "_total{" not in text
+
+
+def test_counter_latencies_off_and_cpu_off() -> None:
+    options = metrics.MetricsOptions.from_config([("counter_latencies", "false")], cpu=False)
+    text = metrics.render([("m", "1", stats.StatsSnapshot())], SystemSample(0.5, 10, 5), options)
+    assert "nv_inference_request_duration_us" not in text
+    assert "nv_inference_count" in text and "nv_cpu" not in text
+
+
+def test_summaries_follow_samples_and_quantile_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stats.OPTIONS, "summaries", True)
+    acc = StatsAccumulator()
+    for _ in range(4):
+        acc.record_batch(_report(2))
+    options = metrics.MetricsOptions.from_config(
+        [("summary_latencies", "true"), ("summary_quantiles", "0.5:0.05,0.99:0.001")])
+    assert options.summary_quantiles == (0.5, 0.99)
+    text = metrics.render([("m", "1", acc.snapshot())], SystemSample(), options)
+    fams = _families(text)
+    queue = fams["nv_inference_queue_summary_us"]
+    assert queue.type == "summary"
+    by_name = {(s.name, s.labels.get("quantile")): s.value for s in queue.samples}
+    assert by_name[("nv_inference_queue_summary_us_count", None)] == 8
+    assert by_name[("nv_inference_queue_summary_us_sum", None)] == pytest.approx(8.0)
+    assert by_name[("nv_inference_queue_summary_us", "0.5")] == pytest.approx(1.0)
+    request = {(s.name, s.labels.get("quantile")): s.value
+               for s in fams["nv_inference_request_summary_us"].samples}
+    assert request[("nv_inference_request_summary_us", "0.99")] == pytest.approx(5.0)
+
+
+def test_empty_summary_is_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stats.OPTIONS, "summaries", True)
+    text = metrics.render([("m", "1", StatsAccumulator().snapshot())], SystemSample(),
+                          metrics.MetricsOptions(summary_latencies=True))
+    values = [s.value for s in _families(text)["nv_inference_compute_infer_summary_us"].samples
+              if "quantile" in s.labels]
+    assert values and all(math.isnan(v) for v in values)
+
+
+# -- /proc readings ----------------------------------------------------------------------------
+
+
+def test_proc_readings() -> None:
+    before = read_cpu_times("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    after = read_cpu_times("cpu  200 0 200 1400 0 0 0 0 0 0\n")
+    assert before == (200, 1000) and after == (400, 1800)
+    assert cpu_utilization(before, after) == pytest.approx(0.25)
+    assert read_memory("MemTotal: 1000 kB\nMemFree: 10 kB\nMemAvailable: 600 kB\n") == (
+        1024000, 409600)
+    assert read_memory("MemTotal: 1000 kB\n") is None
+    real = read_cpu_times()
+    assert real is not None and real[1] >= real[0] >= 0
+
+
+# -- trace settings ----------------------------------------------------------------------------
+
+
+def _startup() -> TraceSettings:
+    return settings_from_config(("triton,file=global.log", "level=TIMESTAMPS", "rate=1"))
+
+
+def test_trace_config_flags() -> None:
+    s = _startup()
+    assert s.to_json() == {"trace_file": "global.log", "trace_level": ["TIMESTAMPS"],
+                           "trace_rate": "1", "trace_count": "-1", "log_frequency": "0",
+                           "trace_mode": "triton"}
+    with pytest.raises(ValueError, match="unknown trace setting"):
+        settings_from_config(("bogus=1",))
+    with pytest.raises(ValueError, match="Unsupported trace level"):
+        settings_from_config(("level=LOUD",))
+
+
+def test_model_settings_follow_global_until_set_and_clear_as_triton() -> None:
+    """Triton's qa/L0_trace trace_endpoint_test sequences, adapted to 2.51 (the trace file
+    cannot change over the network)."""
+    tm = TraceManager(_startup())
+    assert tm.settings("simple") == tm.settings()
+    tm.update("simple", {"trace_rate": "12", "log_frequency": "34"})
+    tm.update("", {"trace_rate": "56", "trace_count": "78", "trace_level": ["OFF"]})
+    # clearing global settings goes back to the command line's
+    assert tm.update("", {"trace_rate": None, "trace_count": None}).to_json()["trace_rate"] == "1"
+    model = tm.settings("simple").to_json()
+    assert (model["trace_rate"], model["log_frequency"], model["trace_level"]) == (
+        "12", "34", ["OFF"])
+    # clearing a model setting goes back to the global one
+    cleared = tm.update("simple", {"trace_rate": None, "trace_level": None}).to_json()
+    assert (cleared["trace_rate"], cleared["log_frequency"], cleared["trace_level"]) == (
+        "1", "34", ["OFF"])
+    with pytest.raises(Unsupported, match="trace file location can not be updated"):
+        tm.update("simple", {"trace_file": "other.log"})
+    with pytest.raises(InvalidArgument):
+        tm.update("", {"trace_rate": "zero"})
+    with pytest.raises(InvalidArgument):
+        tm.update("", {"trace_level": ["LOUD"]})
+    with pytest.raises(InvalidArgument):
+        tm.update("", {"trace_rate": "0"})
+
+
+def test_sampling_rate_count_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    tm = TraceManager(TraceSettings(trace_file=str(path), trace_level=("TIMESTAMPS",),
+                                    trace_rate=2, trace_count=3, log_frequency=2))
+    traces = [tm.start("m") for _ in range(10)]
+    taken = [t for t in traces if t is not None]
+    assert [traces.index(t) for t in taken] == [1, 3, 5]  # every 2nd, 3 in all
+    assert tm.settings().trace_count == 0
+    for t in taken:
+        t.stamp("REQUEST_START", 1)
+        t.stamp("REQUEST_END", 2)
+        t.finish()
+    first = json.loads((tmp_path / "trace.json.0").read_text())
+    assert [r["id"] for r in first] == [taken[0].id] * 2 + [taken[1].id] * 2
+    assert first[1]["timestamps"] == [{"name": "REQUEST_START", "ns": 1},
+                                      {"name": "REQUEST_END", "ns": 2}]
+    tm.close()  # the third trace is written at shutdown
+    assert json.loads((tmp_path / "trace.json.1").read_text())[0]["id"] == taken[2].id
+
+
+def test_tensor_level_records_tensors(tmp_path: Path) -> None:
+    import numpy as np
+
+    tm = TraceManager(TraceSettings(trace_file=str(tmp_path / "t.json"),
+                                    trace_level=("TIMESTAMPS", "TENSORS"), trace_rate=1))
+    t = tm.start("m")
+    assert t is not None
+    t.tensor("TENSOR_QUEUE_INPUT", "INPUT0", "INT32", np.array([[1, 2]], np.int32))
+    t.finish()
+    tm.close()
+    records = json.loads((tmp_path / "t.json").read_text())
+    assert records[-1]["tensor"] == {"name": "INPUT0", "data": "1,2", "shape": "1,2",
+                                     "dtype": "INT32"}
+
+
+def test_tracing_off_costs_nothing() -> None:
+    tm = TraceManager(TraceSettings())
+    assert not tm.active and tm.start("m") is None
+    tm.update("m", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    assert tm.active and tm.start("m") is not None and tm.start("other") is None
+
+
+# -- log settings ------------------------------------------------------------------------------
+
+
+def test_log_settings_update_and_triton_errors() -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        manager = LogManager(LogSettings())
+        assert manager.update({"log_info": False, "log_verbose_level": 2}).log_info is False
+        assert manager.settings.to_json()["log_verbose_level"] == 2
+        assert root.level == logging.DEBUG
+        with pytest.raises(Unsupported, match="log file location can not be updated"):
+            manager.update({"log_file": ""})
+        with pytest.raises(InvalidArgument, match="expect boolean for 'log_error'"):
+            manager.update({"log_error": "yes"})
+        with pytest.raises(InvalidArgument, match="invalid argument for log_format, got: x"):
+            manager.update({"log_format": "x"})
+        with pytest.raises(InvalidArgument, match="log_verbose_level"):
+            manager.update({"log_verbose_level": -1})
+        assert manager.settings.log_error is True  # nothing changed on an error
+        manager.update({"log_format": "ISO8601"})
+        record = logging.LogRecord("nursery.x", logging.WARNING, "f", 1, "hello", None, None)
+        line = manager.handler.format(record)
+        assert line.split(" ")[1] == "W" and line.endswith("nursery.x] hello")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
