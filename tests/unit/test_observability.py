@@ -230,3 +230,21 @@ def test_log_settings_update_and_triton_errors() -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_grafana_dashboard_uses_only_metrics_we_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    monkeypatch.setattr(stats.OPTIONS, "summaries", True)
+    acc = StatsAccumulator()
+    acc.record_batch(_report(1))
+    text = metrics.render(
+        [("m", "1", acc.snapshot())],
+        SystemSample(0.1, 10, 5, (GpuSample("GPU-1", 0.5, 10, 5, 70.0, 300.0, 1.0),)),
+        metrics.MetricsOptions(summary_latencies=True))
+    served = {f.name for f in text_string_to_metric_families(text)}
+    dashboard = json.loads((Path(__file__).parents[2] / "docs" / "grafana" /
+                            "nursery-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"\bnv_[a-z_]+", target["expr"])}
+    assert used and used <= served, used - served
