@@ -15,9 +15,10 @@ import trio
 
 from nursery import __version__
 from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
+from nursery.cache_store import frozen_copy, request_key
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
-from nursery.messages import InferWork
+from nursery.messages import CacheInsert, CacheLookup, CacheOutcome, CacheStatsQuery, InferWork
 from nursery.model_config import ModelConfig
 from nursery.stats import StatsSnapshot
 from nursery.tracing import TraceManager, TraceSettings
@@ -139,6 +140,7 @@ class Core:
         self.manager: trio.MemorySendChannel[Any] | None = None  # the ModelManager's inbox
         self.tracer = TraceManager(TraceSettings())  # the server replaces it from its flags
         self.log_manager: Any = None  # nursery.logsettings.LogManager, set by the server
+        self.cache: trio.MemorySendChannel[Any] | None = None  # the ResponseCache's inbox
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -193,6 +195,39 @@ class Core:
         """Validate and run one request. ``handle`` saves a lookup when the caller has it."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
+        if self.cache is not None and handle.config.uses_response_cache:
+            return await self._cached_infer(request, handle, self.cache)
+        return await self._infer_traced(request, handle)
+
+    async def _cached_infer(self, request: InferenceRequest, handle: ModelHandle,
+                            cache: trio.MemorySendChannel[Any]) -> InferenceResponse:
+        """Ask the ResponseCache first; on a miss run the model and give it the answer."""
+        validate_request(request, handle.config)  # an invalid request never reaches the cache
+        t0 = time.monotonic_ns()
+        key = request_key(handle.name, handle.version, request)
+        send, receive = trio.open_memory_channel[Any](1)
+        try:
+            cache.send_nowait(CacheLookup(key, send))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return await self._infer_traced(request, handle)  # shutting down: no cache
+        with receive:
+            found = await receive.receive()
+        t1 = time.monotonic_ns()
+        if found is not None:
+            handle.report(CacheOutcome(True, t1 - t0, t1 - t0))
+            return InferenceResponse(found.model_name, found.model_version, found.outputs,
+                                     request.id, dict(found.parameters))
+        response = await self._infer_traced(request, handle)
+        t2 = time.monotonic_ns()
+        try:
+            cache.send_nowait(CacheInsert(key, frozen_copy(response)))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        handle.report(CacheOutcome(False, (t1 - t0) + (time.monotonic_ns() - t2)))
+        return response
+
+    async def _infer_traced(self, request: InferenceRequest,
+                            handle: ModelHandle) -> InferenceResponse:
         trace = request.trace
         own_trace = False
         if trace is None and self.tracer.active:
@@ -243,6 +278,18 @@ class Core:
         if isinstance(answer, NurseryError):
             raise answer
         return answer  # type: ignore[no-any-return]
+
+    async def cache_totals(self) -> Any:
+        """The ResponseCache's figures (None without a cache)."""
+        if self.cache is None:
+            return None
+        send, receive = trio.open_memory_channel[Any](1)
+        try:
+            self.cache.send_nowait(CacheStatsQuery(send))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return None
+        with receive:
+            return await receive.receive()
 
     # -- model repository extension --------------------------------------------------------
 

@@ -61,6 +61,13 @@ class ModelHandle:
         except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
             pass
 
+    def report(self, message: object) -> None:
+        """A fact for the scheduler's statistics (e.g. a response-cache outcome)."""
+        try:
+            self.intake.send_nowait(message)  # type: ignore[arg-type]
+        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
+            pass
+
     async def query_stats(self) -> StatsSnapshot:
         send, receive = trio.open_memory_channel[StatsSnapshot](1)
         try:

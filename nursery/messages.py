@@ -78,3 +78,70 @@ class ExecuteBatch:
 
     work: tuple[InferWork, ...]
     ordered: bool = False  # answers go back to the scheduler (preserve_ordering)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CacheLookup:
+    """Is there an answer for this key? (core -> ResponseCache; reply: response or None)"""
+
+    key: bytes
+    reply: trio.MemorySendChannel[Any]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CacheInsert:
+    """Keep this answer for this key (core -> ResponseCache, no reply). The sender gives the
+    cache its own read-only copy (``cache_store.frozen_copy``)."""
+
+    key: bytes
+    response: InferenceResponse
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CacheStatsQuery:
+    """Ask the ResponseCache for its totals (metrics -> ResponseCache)."""
+
+    reply: trio.MemorySendChannel[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheOutcome:
+    """A request of this version was answered from the cache (hit) or looked up and then
+    inserted (miss): for the version's statistics (core -> scheduler)."""
+
+    hit: bool
+    cache_ns: int  # lookup (hit), or lookup + insert (miss)
+    request_ns: int = 0  # the whole request, for hits (they never reach a worker)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RegisterInstance:
+    """An instance that lists rate-limiter resources is starting (worker -> RateLimiter;
+    reply: None, or the error that must fail the load)."""
+
+    key: Hashable
+    device: int
+    needs: tuple[Any, ...]  # nursery.scheduling.rate_limit_policy.ResourceNeed
+    priority: int
+    reply: trio.MemorySendChannel[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterInstance:
+    key: Hashable
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AcquireResources:
+    """The instance has a batch to run (worker -> RateLimiter; reply: a grant, once its
+    resources are free and its turn has come)."""
+
+    key: Hashable
+    reply: trio.MemorySendChannel[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResources:
+    """The instance's batch ended (worker -> RateLimiter)."""
+
+    key: Hashable

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nursery.cache_store import CacheTotals
 from nursery.stats import StatsSnapshot
 from nursery.sysmetrics import SystemSample
 
@@ -132,7 +133,41 @@ def _family(lines: list[str], name: str, kind: str, help_text: str,
         lines.append(f"{name}{labels} {_number(value)}")
 
 
-def render(entries: list[Entry], system: SystemSample, options: MetricsOptions) -> str:
+_CACHE_MODEL_FAMILIES = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model",
+     lambda s: s.cache_hit.count),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model",
+     lambda s: s.cache_miss.count),
+    ("nv_cache_hit_duration_per_model",
+     "Total cache hit duration per model, in microseconds", lambda s: s.cache_hit.ns // 1000),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.cache_miss.ns // 1000),
+)
+
+_CACHE_FAMILIES = (
+    ("nv_cache_num_entries", "Number of responses stored in response cache",
+     lambda t: t.entries),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", lambda t: t.lookups),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", lambda t: t.hits),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", lambda t: t.misses),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache",
+     lambda t: t.evictions),
+    ("nv_cache_lookup_duration",
+     "Total cache lookup duration (hit and miss), in microseconds",
+     lambda t: t.lookup_ns // 1000),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+     lambda t: t.insert_ns // 1000),
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda t: round(t.utilization, 6)),
+)
+
+
+def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
+           cached: frozenset[tuple[str, str]] = frozenset(),
+           cache_totals: CacheTotals | None = None) -> str:
+    """The exposition text. ``cached``: (model, version) pairs that use the response cache
+    (they get the per-model cache families, and no request summary, as in Triton);
+    ``cache_totals``: the cache actor's figures when a cache is configured."""
     lines: list[str] = []
     for name, kind, help_text, value in _MODEL_FAMILIES:
         if name in _DURATION_FAMILIES and not options.counter_latencies:
@@ -144,13 +179,17 @@ def render(entries: list[Entry], system: SystemSample, options: MetricsOptions) 
                     "Number of failed inference requests, all batch sizes",
                     ((_labels(model=m, reason=r, version=v), s.failures_by_reason.get(r, 0))
                      for m, v, s in entries for r in FAILURE_REASONS))
+    cached_entries = [(m, v, s) for m, v, s in entries if (m, v) in cached]
+    for name, help_text, value in _CACHE_MODEL_FAMILIES:
+        _family(lines, name, "counter", help_text,
+                ((_labels(model=m, version=v), value(s)) for m, v, s in cached_entries))
     if options.summary_latencies:
         for family, help_text, key in _SUMMARY_FAMILIES:
             rows: list[tuple[str, float]] = []
             totals: list[str] = []
             for m, v, s in entries:
                 summary = s.summaries.get(key)
-                if summary is None:
+                if summary is None or (key == "request" and (m, v) in cached):
                     continue
                 for q in options.summary_quantiles:
                     value = summary.quantile(q)
@@ -162,6 +201,9 @@ def render(entries: list[Entry], system: SystemSample, options: MetricsOptions) 
             if rows:
                 _family(lines, family, "summary", help_text, rows)
                 lines.extend(totals)
+    if cache_totals is not None:
+        for name, help_text, value in _CACHE_FAMILIES:
+            _family(lines, name, "gauge", help_text, [("", value(cache_totals))])
     if options.cpu and system.cpu_utilization is not None:
         _family(lines, "nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
                 [("", round(system.cpu_utilization, 6))])

@@ -16,6 +16,7 @@ Nothing downstream reads the text or the message's raw fields again: actors get 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,6 +103,13 @@ class ModelConfig:
         object.__setattr__(self, "input_map", MappingProxyType({t.name: t for t in self.inputs}))
         object.__setattr__(self, "output_map", MappingProxyType({t.name: t for t in self.outputs}))
         object.__setattr__(self, "json", config_to_json(self.proto))
+
+    @functools.cached_property
+    def uses_response_cache(self) -> bool:
+        """``response_cache { enable: true }`` on a model the cache may serve (never decoupled
+        or sequence models, as in Triton)."""
+        return bool(self.proto.response_cache.enable) and not self.decoupled and (
+            self.scheduler != "sequence")
 
     @property
     def platform_name(self) -> str:
@@ -400,6 +408,9 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
             f"{where}: {CONFIG_FILENAME}: version_policy latest must have num_versions >= 1"
         )
     parameters = {k: v.string_value for k, v in proto.parameters.items()}
+    if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
+        raise ConfigError(f"{where}: Response Cache does not currently support model "
+                          f"'{proto.name}' with 'decoupled' transaction policy.")
     return ModelConfig(
         name=proto.name,
         platform=proto.platform,

@@ -9,6 +9,7 @@ manager drains and unloads every model; ``--exit-timeout-secs`` bounds the whole
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from dataclasses import dataclass
 from functools import partial
@@ -19,7 +20,8 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from nursery import stats
-from nursery.actors import model_manager, repository_poller
+from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
+from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.core import Core
 from nursery.handles import Directory
 from nursery.metrics import MetricsOptions
@@ -28,6 +30,7 @@ from nursery.protocol.http_app import build_http_app, build_quart_app
 from nursery.protocol.http_server import HttpServer, Lifespan
 from nursery.protocol.metrics_server import build_metrics_app
 from nursery.repository import scan
+from nursery.scheduling.rate_limit_policy import RateLimitPolicy
 from nursery.settings import Settings
 from nursery.sysmetrics import SystemSampler
 from nursery.tracing import TraceManager
@@ -198,6 +201,18 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
         watcher: trio.CancelScope | None = None
         if handle_signals:
             watcher = await root.start(_watch_signals, shutdown, settings.exit_timeout_secs)
+        if settings.cache_size:
+            cache_send, cache_inbox = trio.open_memory_channel[Any](math.inf)
+            await root.start(partial(response_cache.run, budget=settings.cache_size,
+                                     inbox=cache_inbox))
+            core.cache = cache_send
+        limiter: RateLimiterClient | None = None
+        if settings.rate_limit == "execution_count":
+            limits_send, limits_inbox = trio.open_memory_channel[Any](math.inf)
+            await root.start(partial(rate_limiter.run,
+                                     policy=RateLimitPolicy(dict(settings.rate_limit_resources)),
+                                     inbox=limits_inbox))
+            limiter = RateLimiterClient(limits_send)
         sampling = trio.CancelScope()
         sampler = SystemSampler(cpu=options.cpu, gpu=options.gpu)
         if settings.allow_metrics:
@@ -222,6 +237,7 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                             exit_on_error=settings.exit_on_error,
                             auto_complete=settings.auto_complete,
                             unload_timeout=settings.exit_timeout_secs,
+                            rate_limiter=limiter,
                         )
                     )
             finally:
@@ -231,6 +247,10 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                 if watcher is not None:
                     watcher.cancel()
                 sampling.cancel()
+                if core.cache is not None:
+                    core.cache.close()
+                if limiter is not None:
+                    limiter.inbox.close()
                 return
             core.manager = commands
             core.accepting = True
@@ -266,3 +286,7 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
         if watcher is not None:
             watcher.cancel()
         sampling.cancel()
+        if core.cache is not None:
+            core.cache.close()  # the cache actor ends
+        if limiter is not None:
+            limiter.inbox.close()

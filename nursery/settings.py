@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nursery.cache_store import parse_cache_config
+from nursery.scheduling.rate_limit_policy import parse_resource_flag
 from nursery.tracing import TraceSettings, settings_from_config
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
@@ -47,6 +49,9 @@ class Settings:
     metrics_interval_ms: int = 2000
     metrics_config: tuple[tuple[str, str], ...] = ()  # --metrics-config key=value, in order
     trace: TraceSettings = field(default_factory=TraceSettings)
+    rate_limit: str = "off"  # --rate-limit off|execution_count
+    rate_limit_resources: tuple[tuple[tuple[str, int | None], int], ...] = ()
+    cache_size: int | None = None  # --cache-config local,size=N: the response cache's bytes
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
     server_id: str = "triton"
     http_server: str = "nursery"
@@ -69,9 +74,6 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: 
 
 # Flags tritonserver has whose features are not in this build yet: accepted, then reported.
 _LATER_FLAGS = {
-    "--cache-config": "the response cache",
-    "--rate-limit": "the rate limiter",
-    "--rate-limit-resource": "the rate limiter",
     "--backend-config": "backend settings",
     "--backend-directory": "backend directories",
     "--model-load-thread-count": "parallel model loading settings",
@@ -127,6 +129,31 @@ def build_parser() -> argparse.ArgumentParser:
         "histogram_latencies (true/false) and summary_quantiles "
         "(<quantile>:<error>,...).",
     )
+    parser.add_argument(
+        "--cache-config", action="append", default=[], metavar="<string>",
+        help="Specify a cache-specific configuration setting. The format of this flag is "
+        "--cache-config=<cache_name>,<setting>=<value>. This server has the 'local' cache: "
+        "--cache-config local,size=<bytes> enables a response cache of that many bytes.",
+    )
+    parser.add_argument(
+        "--rate-limit", choices=["off", "execution_count"], default="off",
+        help="Specify the mode for rate limiting. Options are \"execution_count\" and "
+        "\"off\". The default is \"off\". For \"execution_count\", the server will "
+        "determine the instance using configured priority and the number of time the "
+        "instance has been used to run inference. The inference will finally be executed once "
+        "the required resources are available. For \"off\", the server will ignore any rate "
+        "limiter config and run inference as soon as an instance is ready.",
+    )
+    parser.add_argument(
+        "--rate-limit-resource", action="append", default=[], metavar="<string>",
+        help="The number of resources available to the server. The format of this flag is "
+        "--rate-limit-resource=<resource_name>:<count>:<device>. The <device> is optional and "
+        "if not listed will be applied to every device. If the resource is specified as "
+        "\"GLOBAL\" in the model configuration the resource is considered shared among all "
+        "the devices in the system. The <device> property is ignored for such resources.",
+    )
+    parser.add_argument("--response-cache-byte-size", type=int, default=None, metavar="<int>",
+                        help="DEPRECATED: use --cache-config local,size=<bytes>.")
     parser.add_argument(
         "--trace-config", action="append", default=[], metavar="<string>",
         help="Specify global or trace mode specific configuration setting. The format of this "
@@ -252,6 +279,19 @@ def settings_from_args(argv: list[str]) -> Settings:
         trace = settings_from_config(tuple(trace_entries))
     except ValueError as exc:
         parser.error(str(exc))
+    cache_entries = list(args.cache_config)
+    if args.response_cache_byte_size is not None:
+        cache_entries.append(f"local,size={args.response_cache_byte_size}")
+    try:
+        cache_size = parse_cache_config(cache_entries)
+    except ValueError as exc:
+        parser.error(str(exc))
+    resources = []
+    for entry in args.rate_limit_resource:
+        try:
+            resources.append(parse_resource_flag(entry))
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.metrics_interval_ms <= 0:
         parser.error("--metrics-interval-ms must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
@@ -287,6 +327,9 @@ def settings_from_args(argv: list[str]) -> Settings:
         metrics_interval_ms=args.metrics_interval_ms,
         metrics_config=tuple(metrics_config),
         trace=trace,
+        cache_size=cache_size or None,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=tuple(resources),
         http_max_input_size=args.http_max_input_size,
         server_id=args.id,
         http_server=args.http_server,

@@ -116,6 +116,8 @@ class StatsSnapshot:
         default_factory=lambda: MappingProxyType({}))
     failures_by_reason: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     pending: int = 0  # requests queued and not executing, at the time of the snapshot
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()
     # family (SUMMARY_FAMILIES) -> samples, when summaries are on
     summaries: Mapping[str, LatencySummary] = field(
         default_factory=lambda: MappingProxyType({}))
@@ -143,6 +145,8 @@ class StatsSnapshot:
             batch_stats=MappingProxyType(batch),
             failures_by_reason=MappingProxyType(reasons),
             pending=self.pending + other.pending,
+            cache_hit=self.cache_hit.add(other.cache_hit.ns, other.cache_hit.count),
+            cache_miss=self.cache_miss.add(other.cache_miss.ns, other.cache_miss.count),
             summaries=MappingProxyType({
                 k: LatencySummary(
                     self.summaries.get(k, LatencySummary()).window
@@ -171,6 +175,8 @@ class StatsAccumulator:
         self.compute_output = Duration()
         self.batch: dict[int, tuple[Duration, Duration, Duration]] = {}
         self.failures: dict[str, int] = {}
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
         self.windows: dict[str, _Window] | None = (
             {k: _Window() for k in SUMMARY_FAMILIES} if OPTIONS.summaries else None)
 
@@ -207,6 +213,22 @@ class StatsAccumulator:
                                          b.add(report.compute_infer_ns),
                                          c.add(report.compute_output_ns))
 
+    def record_cache(self, hit: bool, cache_ns: int, request_ns: int) -> None:
+        """A response-cache outcome. A hit is a successful request that never reached a worker
+        (success and queue count it, the compute stages do not); a miss adds its lookup and
+        insert time, the request itself is counted by its batch."""
+        if hit:
+            self.cache_hit = self.cache_hit.add(cache_ns)
+            self.success = self.success.add(request_ns)
+            self.queue = self.queue.add(0)
+            self.last_inference_ms = max(self.last_inference_ms, time.time_ns() // 1_000_000)
+            if self.windows is not None:
+                now = time.monotonic()
+                self.windows["request"].add(now, request_ns / 1000)
+                self.windows["queue"].add(now, 0.0)
+        else:
+            self.cache_miss = self.cache_miss.add(cache_ns)
+
     def record_failure(self, reason: str, requests: int = 1, ns: int = 0) -> None:
         """Requests answered with an error before running: REJECTED, CANCELED, OTHER."""
         self.fail = self.fail.add(ns, requests)
@@ -226,6 +248,8 @@ class StatsAccumulator:
             batch_stats=MappingProxyType(dict(self.batch)),
             failures_by_reason=MappingProxyType(dict(self.failures)),
             pending=pending,
+            cache_hit=self.cache_hit,
+            cache_miss=self.cache_miss,
             summaries=MappingProxyType(
                 {k: w.summary(time.monotonic()) for k, w in self.windows.items()}
                 if self.windows is not None else {}),

@@ -18,10 +18,12 @@ import outcome
 import trio
 
 from nursery import batching
+from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
 from nursery.errors import ConfigError, InternalError, NurseryError
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady
 from nursery.model_config import ModelConfig
+from nursery.scheduling.rate_limit_policy import ResourceNeed
 from nursery.stats import BatchReport
 from nursery.threads import DedicatedThread
 from nursery.types import InferenceResponse
@@ -76,6 +78,17 @@ def _run_batch(
     return responses, report
 
 
+def resource_needs(config: ModelConfig,
+                   placement: InstancePlacement) -> tuple[tuple[ResourceNeed, ...], int]:
+    """The rate-limiter resources and priority of the instance's group."""
+    for group in config.proto.instance_group:
+        if group.name == placement.group_name:
+            limits = group.rate_limiter
+            needs = tuple(ResourceNeed(r.name, r.count, r.global_) for r in limits.resources)
+            return needs, limits.priority
+    return (), 0
+
+
 def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:
     try:
         inputs = batching.gather_inputs([sample.request], config)
@@ -111,11 +124,19 @@ async def run(
     scheduler: trio.MemorySendChannel[Any],
     slots: int = 1,
     warmup: tuple[WarmupSample, ...] = (),
+    rate_limiter: RateLimiterClient | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve batches until the inbox closes; ``slots`` batches may be queued on the thread
     at once (the scheduler never sends more), so the thread can go from one to the next
-    without waiting for the trio thread."""
+    without waiting for the trio thread. With a rate limiter and resources listed for this
+    instance, each batch first waits for a grant and runs alone, holding its resources."""
+    needs, priority = resource_needs(config, placement)
+    limit_key = (config.name, version, placement.index)
+    limiter = rate_limiter if needs else None
+    if limiter is not None:
+        await limiter.register(limit_key, placement.device_id, needs, priority)
+    batch_done = trio.Event()
     thread = DedicatedThread(f"{config.name}:{version}:{placement.name}")
     backend: BackendInstance | None = None
     in_flight = 0
@@ -126,6 +147,9 @@ async def run(
         # runs on the trio thread (DedicatedThread.submit), no task switch
         nonlocal in_flight
         in_flight -= 1
+        if limiter is not None:
+            limiter.release(limit_key)
+            batch_done.set()
         report: BatchReport | None
         try:
             responses, report = result.unwrap()
@@ -158,10 +182,15 @@ async def run(
             task_status.started()
             await scheduler.send(InstanceReady(placement.index, slots))
             async for batch in inbox:
+                if limiter is not None:
+                    await limiter.acquire(limit_key)
+                    batch_done = trio.Event()
                 in_flight += 1
                 all_done = trio.Event() if in_flight == 1 else all_done
                 thread.submit(_run_batch, (backend, config, version, batch),
                               partial(finished, batch))
+                if limiter is not None:
+                    await batch_done.wait()  # one batch at a time while holding resources
             with trio.CancelScope(shield=True):
                 await all_done.wait()  # answered requests are never dropped
     finally:
@@ -175,3 +204,5 @@ async def run(
                     log.exception("model '%s': instance %s failed to close", config.name,
                                   placement.name)
             thread.stop()
+            if limiter is not None:
+                limiter.unregister(limit_key)

@@ -136,7 +136,9 @@ class _Manager:
         *,
         auto_complete: bool,
         unload_timeout: float,
+        rate_limiter: Any = None,
     ) -> None:
+        self.rate_limiter = rate_limiter  # a RateLimiterClient with --rate-limit execution_count
         self.repositories = repositories
         self.directory = directory
         self.nursery = nursery
@@ -380,6 +382,7 @@ class _Manager:
                                     scheduler=intake.clone(),
                                     slots=slots,
                                     warmup=warmup,
+                                    rate_limiter=self.rate_limiter,
                                 ),
                             )
                     await version_nursery.start(
@@ -447,6 +450,7 @@ async def run(
     exit_on_error: bool,
     auto_complete: bool = True,
     unload_timeout: float = 30.0,
+    rate_limiter: Any = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
@@ -458,6 +462,7 @@ async def run(
         manager = _Manager(
             repositories, directory, nursery,
             auto_complete=auto_complete, unload_timeout=unload_timeout,
+            rate_limiter=rate_limiter,
         )
         failed = await manager.load_many(startup_models)
         if failed and exit_on_error:

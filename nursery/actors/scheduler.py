@@ -26,6 +26,7 @@ import trio
 
 from nursery.errors import Cancelled, NurseryError, Unavailable
 from nursery.messages import (
+    CacheOutcome,
     CancelWork,
     CloseIntake,
     ExecuteBatch,
@@ -144,6 +145,8 @@ async def run(
                         _answer(message, stats.snapshot(policy.pending()))  # type: ignore[arg-type]
                     elif isinstance(message, CloseIntake):
                         closing = True
+                    elif isinstance(message, CacheOutcome):
+                        stats.record_cache(message.hit, message.cache_ns, message.request_ns)
                     try:
                         message = inbox.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):

@@ -31,7 +31,13 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
             status, body, ctype = 405, b"Method Not Allowed", b"text/plain"
         else:
             entries = await core.model_statistics()
-            body = metrics.render(entries, sampler.latest, options).encode()
+            cached: frozenset[tuple[str, str]] = frozenset()
+            totals = None
+            if core.cache is not None:
+                cached = frozenset((m, v) for m, v, _ in entries
+                                   if core.resolve(m, v).config.uses_response_cache)
+                totals = await core.cache_totals()
+            body = metrics.render(entries, sampler.latest, options, cached, totals).encode()
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})

@@ -9,9 +9,6 @@ from nursery.stats import Duration, StatsSnapshot
 
 Entry = tuple[str, str, StatsSnapshot]  # model, version, snapshot
 
-_ZERO = Duration()
-
-
 def _d(d: Duration) -> dict[str, int]:
     return {"count": d.count, "ns": d.ns}
 
@@ -28,8 +25,8 @@ def to_json(entries: list[Entry]) -> dict[str, Any]:
             "inference_stats": {
                 "success": _d(s.success), "fail": _d(s.fail), "queue": _d(s.queue),
                 "compute_input": _d(s.compute_input), "compute_infer": _d(s.compute_infer),
-                "compute_output": _d(s.compute_output), "cache_hit": _d(_ZERO),
-                "cache_miss": _d(_ZERO),
+                "compute_output": _d(s.compute_output), "cache_hit": _d(s.cache_hit),
+                "cache_miss": _d(s.cache_miss),
             },
             "response_stats": {},
             "batch_stats": [
@@ -55,7 +52,8 @@ def to_proto(entries: list[Entry]) -> pb.ModelStatisticsResponse:
             inference_stats=pb.InferStatistics(
                 success=_p(s.success), fail=_p(s.fail), queue=_p(s.queue),
                 compute_input=_p(s.compute_input), compute_infer=_p(s.compute_infer),
-                compute_output=_p(s.compute_output), cache_hit=_p(_ZERO), cache_miss=_p(_ZERO)),
+                compute_output=_p(s.compute_output), cache_hit=_p(s.cache_hit),
+                cache_miss=_p(s.cache_miss)),
             batch_stats=[pb.InferBatchStatistics(batch_size=size, compute_input=_p(a),
                                                  compute_infer=_p(b), compute_output=_p(c))
                          for size, (a, b, c) in sorted(s.batch_stats.items())],

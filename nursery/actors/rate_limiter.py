@@ -1,0 +1,109 @@
+"""RateLimiter: one server-wide actor owning the rate limiter's resource pools
+(``--rate-limit execution_count``).
+
+Instance workers that list resources register when they start (a request for more copies
+than exist fails the load), ask for a grant before each batch and release after it. The
+decisions are ``RateLimitPolicy``'s (pure); the actor only moves messages. A grant whose
+requester stopped waiting is given back at once, so nothing leaks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from typing import Any
+
+import trio
+
+from nursery.errors import ConfigError
+from nursery.messages import (
+    AcquireResources,
+    RegisterInstance,
+    ReleaseResources,
+    UnregisterInstance,
+)
+from nursery.scheduling.rate_limit_policy import RateLimitError, RateLimitPolicy
+
+log = logging.getLogger("nursery.ratelimit")
+
+
+async def run(
+    *,
+    policy: RateLimitPolicy,
+    inbox: trio.MemoryReceiveChannel[Any],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    waiting: dict[Hashable, trio.MemorySendChannel[Any]] = {}
+    task_status.started()
+    async with inbox:
+        async for message in inbox:
+            if isinstance(message, AcquireResources):
+                if message.key not in policy.instances:
+                    _send(message.reply, True)  # not registered: nothing to limit
+                    continue
+                waiting[message.key] = message.reply
+                policy.request(message.key)
+            elif isinstance(message, ReleaseResources):
+                policy.release(message.key)
+            elif isinstance(message, RegisterInstance):
+                try:
+                    policy.register(message.key, message.device, message.needs,
+                                    message.priority)
+                except RateLimitError as exc:
+                    _send(message.reply, ConfigError(str(exc)))
+                    continue
+                _send(message.reply, None)
+            elif isinstance(message, UnregisterInstance):
+                policy.unregister(message.key)
+                waiting.pop(message.key, None)
+            while True:  # a grant nobody waits for is released at once, which may grant more
+                lost = False
+                for key in policy.grants():
+                    reply = waiting.pop(key, None)
+                    if reply is None or not _send(reply, True):
+                        policy.release(key)
+                        lost = True
+                if not lost:
+                    break
+
+
+def _send(reply: trio.MemorySendChannel[Any], value: Any) -> bool:
+    try:
+        reply.send_nowait(value)
+        return True
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        return False
+
+
+class RateLimiterClient:
+    """What an instance worker holds: its key and the limiter's inbox."""
+
+    def __init__(self, inbox: trio.MemorySendChannel[Any]) -> None:
+        self.inbox = inbox
+
+    async def register(self, key: Hashable, device: int, needs: tuple[Any, ...],
+                       priority: int) -> None:
+        send, receive = trio.open_memory_channel[Any](1)
+        self.inbox.send_nowait(RegisterInstance(key, device, needs, priority, send))
+        with receive:
+            error = await receive.receive()
+        if error is not None:
+            raise error
+
+    def unregister(self, key: Hashable) -> None:
+        try:
+            self.inbox.send_nowait(UnregisterInstance(key))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    async def acquire(self, key: Hashable) -> None:
+        send, receive = trio.open_memory_channel[Any](1)
+        self.inbox.send_nowait(AcquireResources(key, send))
+        with receive:  # cancelled while waiting: the closed channel gives the grant back
+            await receive.receive()
+
+    def release(self, key: Hashable) -> None:
+        try:
+            self.inbox.send_nowait(ReleaseResources(key))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass

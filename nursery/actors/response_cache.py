@@ -1,0 +1,63 @@
+"""ResponseCache: the server-wide response cache as an actor (``--cache-config local,size=N``).
+
+Lookups, inserts and statistics queries are messages on its inbox; it owns the byte-budgeted
+LRU store (``cache_store.LruStore``) and its counters, and nobody else touches them. A hit
+answers the stored response (read-only arrays, shared by every hit); a miss answers None and
+the core inserts the answer once the model produced it. Models opt in with
+``response_cache { enable: true }``; decoupled and sequence models never use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from nursery.cache_store import CacheTotals, LruStore, entry_size
+from nursery.messages import CacheInsert, CacheLookup, CacheStatsQuery
+
+log = logging.getLogger("nursery.cache")
+
+
+async def run(
+    *,
+    budget: int,
+    inbox: trio.MemoryReceiveChannel[Any],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    store = LruStore(budget)
+    lookups = hits = misses = inserts = lookup_ns = insert_ns = 0
+    log.info("response cache: local, %d bytes", budget)
+    task_status.started()
+    async with inbox:
+        async for message in inbox:
+            if isinstance(message, CacheLookup):
+                t0 = time.monotonic_ns()
+                found = store.get(message.key)
+                lookups += 1
+                if found is None:
+                    misses += 1
+                else:
+                    hits += 1
+                lookup_ns += time.monotonic_ns() - t0
+                _answer(message.reply, found)
+            elif isinstance(message, CacheInsert):
+                t0 = time.monotonic_ns()
+                response = message.response  # already the cache's own read-only copy
+                if store.put(message.key, response, entry_size(message.key, response)):
+                    inserts += 1
+                insert_ns += time.monotonic_ns() - t0
+            elif isinstance(message, CacheStatsQuery):
+                _answer(message.reply, CacheTotals(
+                    entries=len(store), bytes_used=store.used, budget=store.budget,
+                    lookups=lookups, hits=hits, misses=misses, evictions=store.evictions,
+                    inserts=inserts, lookup_ns=lookup_ns, insert_ns=insert_ns))
+
+
+def _answer(reply: trio.MemorySendChannel[Any], value: Any) -> None:
+    try:
+        reply.send_nowait(value)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        pass  # the requester stopped waiting

@@ -1,0 +1,167 @@
+"""The rate limiter's decisions (``--rate-limit execution_count``), pure: no trio, no clock.
+
+Each model instance may list resources in ``instance_group { rate_limiter { resources [...]
+priority } }``. An instance runs a batch only once every resource it lists is free, in the
+listed count, on its device (or across the server for a ``global`` resource); the resources
+are held until the batch ends. How many copies exist: ``--rate-limit-resource NAME:COUNT``
+(every device, or the global pool) or ``NAME:COUNT:DEVICE``; otherwise the largest count any
+registered instance asks for, as Triton does. An instance that asks for more than an explicit
+count can never run: registering it fails with Triton's message, so the model fails to load
+instead of deadlocking.
+
+Who goes next: stride scheduling over the waiting instances. Each instance's *pass* grows by
+its ``priority`` (0 counts as 1) every time it is granted, and the waiting instance with the
+lowest pass goes first (ties: the earlier request), so an instance with priority 2 gets half
+the chances of one with priority 1. An instance that cannot run yet reserves its resources:
+no later request may take them, so large requests are never starved by small ones; requests
+that touch none of the reserved resources still run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+
+GLOBAL = -1  # the device of global resources
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceNeed:
+    name: str
+    count: int
+    is_global: bool = False
+
+
+@dataclass(slots=True)
+class _Instance:
+    device: int
+    needs: tuple[ResourceNeed, ...]
+    priority: int
+    pass_value: float = 0.0
+    waiting: int | None = None  # arrival number of its pending request
+    running: bool = False
+
+
+class RateLimitError(ValueError):
+    pass
+
+
+class RateLimitPolicy:
+    """Resource pools, registered instances and their requests."""
+
+    def __init__(self, explicit: Mapping[tuple[str, int | None], int] | None = None) -> None:
+        # (name, device) -> count; device None = every device (or the global pool)
+        self.explicit = dict(explicit or {})
+        self.instances: dict[Hashable, _Instance] = {}
+        self.in_use: dict[tuple[str, int], int] = {}
+        self._arrivals = 0
+
+    # -- pools -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _slot(need: ResourceNeed, device: int) -> tuple[str, int]:
+        return (need.name, GLOBAL if need.is_global else device)
+
+    def capacity(self, name: str, device: int) -> int:
+        explicit = self.explicit.get((name, device))
+        if explicit is None and device != GLOBAL:
+            explicit = self.explicit.get((name, None))
+        if explicit is None and device == GLOBAL:
+            explicit = self.explicit.get((name, None))
+        if explicit is not None:
+            return explicit
+        return max((n.count for i in self.instances.values() for n in i.needs
+                    if self._slot(n, i.device) == (name, device)), default=0)
+
+    def _fits(self, inst: _Instance) -> bool:
+        return all(self.in_use.get(self._slot(n, inst.device), 0) + n.count
+                   <= self.capacity(*self._slot(n, inst.device)) for n in inst.needs)
+
+    # -- instances -------------------------------------------------------------------------
+
+    def register(self, key: Hashable, device: int, needs: tuple[ResourceNeed, ...],
+                 priority: int) -> None:
+        for need in needs:
+            if need.count < 0:
+                raise RateLimitError(f"resource '{need.name}' asks for a negative count")
+            name, dev = self._slot(need, device)
+            explicit = self.explicit.get((name, dev), self.explicit.get((name, None)))
+            if explicit is not None and explicit < need.count:
+                raise RateLimitError(
+                    f"Resource count for '{name}' is limited to {explicit} which will prevent "
+                    f"scheduling of one or more model instances, the minimum required count is "
+                    f"{need.count}")
+        waiting_passes = [i.pass_value for i in self.instances.values()]
+        start = min(waiting_passes, default=0.0)  # newcomers do not jump the queue
+        self.instances[key] = _Instance(device, needs, max(1, priority), start)
+
+    def unregister(self, key: Hashable) -> None:
+        inst = self.instances.pop(key, None)
+        if inst is not None and inst.running:
+            self._free(inst)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def request(self, key: Hashable) -> None:
+        """``key`` has a batch to run: it waits for a grant."""
+        inst = self.instances[key]
+        if inst.waiting is None and not inst.running:
+            inst.waiting = self._arrivals
+            self._arrivals += 1
+
+    def withdraw(self, key: Hashable) -> None:
+        """The instance no longer wants to run (its request was abandoned)."""
+        inst = self.instances.get(key)
+        if inst is not None:
+            inst.waiting = None
+
+    def release(self, key: Hashable) -> None:
+        """The instance's batch ended: its resources are free."""
+        inst = self.instances.get(key)
+        if inst is not None and inst.running:
+            self._free(inst)
+            inst.running = False
+
+    def _free(self, inst: _Instance) -> None:
+        for need in inst.needs:
+            slot = self._slot(need, inst.device)
+            self.in_use[slot] = self.in_use.get(slot, 0) - need.count
+
+    def grants(self) -> list[Hashable]:
+        """The waiting instances that may run now, each now holding its resources."""
+        waiting = sorted((i.pass_value, i.waiting, k) for k, i in self.instances.items()
+                         if i.waiting is not None)
+        reserved: set[tuple[str, int]] = set()
+        out: list[Hashable] = []
+        for _, _, key in waiting:
+            inst = self.instances[key]
+            slots = {self._slot(n, inst.device) for n in inst.needs}
+            if slots & reserved or not self._fits(inst):
+                reserved |= slots
+                continue
+            for need in inst.needs:
+                slot = self._slot(need, inst.device)
+                self.in_use[slot] = self.in_use.get(slot, 0) + need.count
+            inst.running = True
+            inst.waiting = None
+            inst.pass_value += inst.priority
+            out.append(key)
+        return out
+
+    def holding(self) -> dict[tuple[str, int], int]:
+        return {k: v for k, v in self.in_use.items() if v}
+
+
+def parse_resource_flag(text: str) -> tuple[tuple[str, int | None], int]:
+    """``--rate-limit-resource NAME:COUNT[:DEVICE]``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ValueError(f"--rate-limit-resource expects <name>:<count>[:<device>], got '{text}'")
+    try:
+        count = int(parts[1])
+        device = int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise ValueError(f"--rate-limit-resource expects numbers in '{text}'") from None
+    if count < 0 or (device is not None and device < 0):
+        raise ValueError(f"--rate-limit-resource counts and devices must be >= 0: '{text}'")
+    return (parts[0], device), count

@@ -1,0 +1,100 @@
+"""The ResponseCache and RateLimiter actors on trio's virtual clock."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from nursery.actors import rate_limiter, response_cache
+from nursery.actors.rate_limiter import RateLimiterClient
+from nursery.cache_store import CacheTotals, frozen_copy
+from nursery.errors import ConfigError
+from nursery.messages import CacheInsert, CacheLookup, CacheStatsQuery
+from nursery.scheduling.rate_limit_policy import RateLimitPolicy, ResourceNeed
+from nursery.types import DataType, InferenceResponse, Tensor
+
+
+async def _ask(inbox: trio.MemorySendChannel[Any], make: Any) -> Any:
+    send, receive = trio.open_memory_channel[Any](1)
+    inbox.send_nowait(make(send))
+    with receive:
+        return await receive.receive()
+
+
+async def test_cache_actor_hits_misses_and_budget() -> None:
+    send, inbox = trio.open_memory_channel[Any](math.inf)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(response_cache.run, budget=1000, inbox=inbox))
+        out = np.arange(10, dtype=np.float32)
+        response = InferenceResponse("m", "1", [Tensor("Y", DataType.FP32, (10,), out)])
+        assert await _ask(send, lambda r: CacheLookup(b"k1", r)) is None
+        send.send_nowait(CacheInsert(b"k1", frozen_copy(response)))
+        out[0] = 99  # the cache keeps its own copy
+        hit = await _ask(send, lambda r: CacheLookup(b"k1", r))
+        assert hit.outputs[0].data[0] == 0 and not hit.outputs[0].data.flags.writeable
+        big = InferenceResponse("m", "1", [Tensor("Y", DataType.UINT8, (2000,),
+                                                  np.zeros(2000, np.uint8))])
+        send.send_nowait(CacheInsert(b"big", big))  # larger than the budget: never stored
+        for i in range(20):  # a flood of distinct entries: the budget holds
+            send.send_nowait(CacheInsert(bytes([i]), response))
+        totals: CacheTotals = await _ask(send, CacheStatsQuery)
+        assert totals.bytes_used <= totals.budget == 1000
+        assert totals.hits == 1 and totals.misses == 1 and totals.evictions > 0
+        assert await _ask(send, lambda r: CacheLookup(b"big", r)) is None
+        send.close()
+
+
+async def test_rate_limiter_serialises_a_shared_resource(
+        autojump_clock: trio.testing.MockClock) -> None:
+    send, inbox = trio.open_memory_channel[Any](math.inf)
+    running: list[str] = []
+    overlaps = []
+    done = {"a": 0, "b": 0}
+
+    async def instance(client: RateLimiterClient, key: str) -> None:
+        await client.register(key, 0, (ResourceNeed("R1", 1),), 1)
+        for _ in range(5):
+            await client.acquire(key)
+            running.append(key)
+            if len(running) > 1:
+                overlaps.append(tuple(running))
+            await trio.sleep(0.01)  # "compute"
+            running.remove(key)
+            done[key] += 1
+            client.release(key)
+        client.unregister(key)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(rate_limiter.run,
+                                    policy=RateLimitPolicy({("R1", None): 1}), inbox=inbox))
+        client = RateLimiterClient(send)
+        async with trio.open_nursery() as workers:
+            workers.start_soon(instance, client, "a")
+            workers.start_soon(instance, client, "b")
+        assert overlaps == [] and done == {"a": 5, "b": 5}
+        with pytest.raises(ConfigError, match="limited to 1"):
+            await client.register("c", 0, (ResourceNeed("R1", 2),), 1)
+        send.close()
+
+
+async def test_abandoned_grant_is_given_back(autojump_clock: trio.testing.MockClock) -> None:
+    send, inbox = trio.open_memory_channel[Any](math.inf)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(rate_limiter.run, policy=RateLimitPolicy(), inbox=inbox))
+        client = RateLimiterClient(send)
+        await client.register("a", 0, (ResourceNeed("R", 1),), 1)
+        await client.register("b", 0, (ResourceNeed("R", 1),), 1)
+        await client.acquire("a")
+        with trio.move_on_after(1):
+            await client.acquire("b")  # waits for "a", then gives up
+        client.release("a")  # "b"'s grant finds nobody waiting and is released at once
+        with trio.fail_after(1):
+            await client.acquire("a")
+        client.release("a")
+        send.close()
