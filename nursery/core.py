@@ -228,12 +228,12 @@ class Core:
 
     async def _infer_traced(self, request: InferenceRequest,
                             handle: ModelHandle) -> InferenceResponse:
-        trace = request.trace
+        trace = request.trace  # None: not sampled yet; False: sampled, not traced
         own_trace = False
         if trace is None and self.tracer.active:
             trace = request.trace = self.tracer.start(handle.name)
             own_trace = trace is not None
-        if trace is not None:
+        if trace:
             return await self._traced_infer(request, handle, trace, own_trace)
         return await self._infer(request, handle)
 
@@ -266,7 +266,7 @@ class Core:
         send, receive = trio.open_memory_channel[Any](1)
         work = InferWork(request, send, batch_size, time.monotonic_ns(), signature,
                          request.priority, request.timeout_us)
-        if request.trace is not None:
+        if request.trace:
             request.trace.stamp("QUEUE_START", work.enqueued_ns)
         handle.submit(work)
         try:

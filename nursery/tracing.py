@@ -45,6 +45,8 @@ class TraceSettings:
     trace_count: int = -1
     log_frequency: int = 0
     trace_mode: str = "triton"
+    # --trace-config opentelemetry,<key>=<value> entries (start-up only, not in the extension)
+    otel: tuple[tuple[str, str], ...] = ()
 
     @property
     def on(self) -> bool:
@@ -55,6 +57,9 @@ class TraceSettings:
         return "TENSORS" in self.trace_level
 
     def to_json(self) -> dict[str, Any]:
+        if self.trace_mode == "opentelemetry":  # Triton shows no file settings in this mode
+            return {"trace_level": list(self.trace_level), "trace_rate": str(self.trace_rate),
+                    "trace_count": str(self.trace_count), "trace_mode": self.trace_mode}
         return {"trace_file": self.trace_file, "trace_level": list(self.trace_level),
                 "trace_rate": str(self.trace_rate), "trace_count": str(self.trace_count),
                 "log_frequency": str(self.log_frequency), "trace_mode": self.trace_mode}
@@ -103,9 +108,9 @@ def parse_setting(key: str, value: Any) -> Any:
         return _one(key, value)
     if key == "trace_mode":
         mode = _one(key, value)
-        if mode != "triton":
-            raise Unsupported(f"trace mode '{mode}' is not supported by this server; use "
-                              "'triton'")
+        if mode not in ("triton", "opentelemetry"):
+            raise InvalidArgument(f"unknown trace mode '{mode}' (expected triton or "
+                                  "opentelemetry)")
         return mode
     raise InvalidArgument(f"unknown trace setting '{key}'")
 
@@ -115,6 +120,7 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
     Triton reads them."""
     values: dict[str, Any] = {}
     levels: list[str] = []
+    otel: list[tuple[str, str]] = []
     for entry in entries:
         mode, _, rest = entry.partition(",") if "," in entry else ("", "", entry)
         if mode and mode not in ("triton", "opentelemetry"):
@@ -124,7 +130,8 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
             raise ValueError(f"--trace-config expects <setting>=<value>, got '{entry}'")
         key = key.strip().replace("-", "_")
         if mode == "opentelemetry":
-            raise ValueError("opentelemetry trace mode is not supported by this server")
+            otel.append((key, value))
+            continue
         mapped = {"rate": "trace_rate", "level": "trace_level", "count": "trace_count",
                   "mode": "trace_mode", "file": "trace_file", "log_frequency": "log_frequency"}
         if key not in mapped:
@@ -141,6 +148,11 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
             values["trace_level"] = parse_setting("trace_level", levels)
         except InvalidArgument as exc:
             raise ValueError(f"--trace-config: {exc.message}") from None
+    if otel:
+        from nursery.tracing_otel import OtelSettings
+
+        OtelSettings.from_entries(otel)  # report bad settings at the command line
+        values["otel"] = tuple(otel)
     return replace(TraceSettings(), **values)
 
 
@@ -149,15 +161,16 @@ class Trace:
     thread, never at the same time: the request moves from one to the other)."""
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "tensors",
-                 "_sink", "_tensor_level")
+                 "traceparent", "_sink", "_tensor_level")
 
-    def __init__(self, trace_id: int, model_name: str, sink: _Sink, tensors: bool) -> None:
+    def __init__(self, trace_id: int, model_name: str, sink: Any, tensors: bool) -> None:
         self.id = trace_id
         self.model_name = model_name
         self.model_version = -1
         self.request_id = ""
         self.stamps: list[tuple[str, int]] = []
         self.tensors: list[dict[str, Any]] = []
+        self.traceparent = ""  # W3C trace context from the client (OpenTelemetry mode)
         self._sink = sink
         self._tensor_level = tensors
 
@@ -228,6 +241,22 @@ class _Sink:
             log.error("failed to write trace file '%s': %s", name, exc)
 
 
+class _OtelSink:
+    """Finished traces go to OpenTelemetry (``trace_mode`` opentelemetry)."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.exporter = exporter
+
+    def add(self, trace: Trace) -> None:
+        try:
+            self.exporter.export(trace)
+        except Exception:
+            log.exception("failed to export a trace to OpenTelemetry")
+
+    def flush(self) -> None:
+        self.exporter.close()
+
+
 class _Sampler:
     """The counters of one settings holder (global, or a model with its own settings)."""
 
@@ -249,6 +278,11 @@ class TraceManager:
         self._sinks: dict[tuple[str, int], _Sink] = {}
         self._next_id = 1
         self.active = False
+        self._otel: _OtelSink | None = None
+        if startup.trace_mode == "opentelemetry":
+            from nursery.tracing_otel import OtelExporter, OtelSettings
+
+            self._otel = _OtelSink(OtelExporter(OtelSettings.from_entries(list(startup.otel))))
         self._refresh()
 
     # -- settings ----------------------------------------------------------------------------
@@ -272,6 +306,9 @@ class TraceManager:
 
     def update(self, model: str, changes: dict[str, Any]) -> TraceSettings:
         """Apply the extension's update (``None`` clears a setting); all or nothing."""
+        if self._otel is not None:
+            raise Unsupported("trace settings can not be updated through network protocol in "
+                              "opentelemetry trace mode")
         parsed: dict[str, Any] = {}
         for key, value in changes.items():
             if key not in KEYS:
@@ -279,6 +316,8 @@ class TraceManager:
             if key == "trace_file" and value is not None:
                 raise Unsupported("trace file location can not be updated through network "
                                   "protocol")
+            if key == "trace_mode" and value is not None:
+                raise Unsupported("trace mode can not be updated through network protocol")
             parsed[key] = None if value is None else parse_setting(key, value)
         target = self.global_overrides if not model else self.model_overrides.setdefault(model, {})
         if model and not changes:
@@ -302,27 +341,33 @@ class TraceManager:
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def start(self, model: str) -> Trace | None:
-        """A new trace for this request of ``model`` when the settings sample it."""
+    def start(self, model: str, traceparent: str = "") -> Trace | None:
+        """A new trace for this request of ``model`` when the settings sample it. In
+        OpenTelemetry mode a request that carries a ``traceparent`` is always traced."""
         if not self.active:
             return None
         owner = model if model in self.model_overrides else ""
         settings = self.settings(owner)
         if not settings.on:
             return None
+        forced = bool(traceparent) and self._otel is not None
         sampler = self._samplers.get(owner)
         if sampler is None:
             sampler = self._samplers[owner] = _Sampler(settings.trace_count)
-        sampler.seen += 1
-        if sampler.remaining == 0 or sampler.seen % settings.trace_rate:
-            return None
-        if sampler.remaining > 0:
-            sampler.remaining -= 1
-        key = (settings.trace_file, settings.log_frequency)
-        sink = self._sinks.get(key)
+        if not forced:
+            sampler.seen += 1
+            if sampler.remaining == 0 or sampler.seen % settings.trace_rate:
+                return None
+            if sampler.remaining > 0:
+                sampler.remaining -= 1
+        sink: Any = self._otel
         if sink is None:
-            sink = self._sinks[key] = _Sink(*key)
+            key = (settings.trace_file, settings.log_frequency)
+            sink = self._sinks.get(key)
+            if sink is None:
+                sink = self._sinks[key] = _Sink(*key)
         trace = Trace(self._next_id, model, sink, settings.tensors)
+        trace.traceparent = traceparent if forced else ""
         self._next_id += 1
         return trace
 
@@ -330,6 +375,8 @@ class TraceManager:
         """Write what is buffered (at shutdown)."""
         for sink in self._sinks.values():
             sink.flush()
+        if self._otel is not None:
+            self._otel.flush()
 
 
 __all__ = ["TraceManager", "TraceSettings", "Trace", "settings_from_config", "KEYS"]

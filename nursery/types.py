@@ -235,7 +235,9 @@ class InferenceRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     timeout_us: int = 0
-    trace: Any = None  # a nursery.tracing.Trace when this request is sampled for tracing
+    # a nursery.tracing.Trace when sampled for tracing; None: not sampled yet; False: sampled
+    # by the frontend and not traced
+    trace: Any = None
 
 
 @dataclass(slots=True, eq=False)

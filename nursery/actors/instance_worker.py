@@ -56,7 +56,7 @@ def _run_batch(
     t3 = time.monotonic_ns()
     for w in batch.work:
         trace = w.request.trace
-        if trace is not None:
+        if trace:
             trace.stamp("COMPUTE_START", t0)
             trace.stamp("COMPUTE_INPUT_END", t1)
             trace.stamp("COMPUTE_OUTPUT_START", t2)

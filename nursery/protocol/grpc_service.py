@@ -117,7 +117,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     f"use ModelStreamInfer for model '{message.model_name}'"
                 )
             request = grpc_codec.decode_request(message)
-            request.trace = trace
+            request.trace = trace or False  # False: sampled here, not traced
             response = await self.core.infer(request, handle)
             return grpc_codec.encode_response(response)
         finally:

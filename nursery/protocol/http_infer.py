@@ -174,6 +174,7 @@ async def infer_response(
     header_len: bytes | None = None
     encoding: bytes | None = None
     accept: bytes | None = None
+    traceparent = ""
     for key, value in headers:
         if key == binary_tensor.HEADER_LOWER:
             header_len = value
@@ -181,7 +182,9 @@ async def infer_response(
             encoding = value
         elif key == b"accept-encoding":
             accept = value
-    trace = core.tracer.start(model) if core.tracer.active else None
+        elif key == b"traceparent":
+            traceparent = value.decode("latin-1")
+    trace = core.tracer.start(model, traceparent) if core.tracer.active else None
     if trace is not None:  # the server has read the whole request by now
         trace.stamp("HTTP_RECV_START")
         trace.stamp("HTTP_RECV_END")
@@ -202,7 +205,7 @@ async def infer_response(
             request, fmt = json_codec.decode_request(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size
             )
-        request.trace = trace
+        request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
     except NurseryError as error:

@@ -327,10 +327,103 @@ def test_perf_analyzer_reads_server_side_stats(obs_server: ServerProcess) -> Non
     started = time.monotonic()
     out = subprocess.run(
         [str(PERF_ANALYZER), "-m", "add_sub", "-u", obs_server.url, "--measurement-interval",
-         "500", "--collect-metrics", "--metrics-url",
+         "500", "--max-trials", "4", "--stability-percentage", "100", "--collect-metrics", "--metrics-url",
          f"127.0.0.1:{obs_server.metrics_port}/metrics", "--metrics-interval", "200",
          "--verbose-csv", "-f", "/dev/null"],
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Server:" in out.stdout and "Inference count" in out.stdout
     assert time.monotonic() - started < 120
+
+
+class _Collector:
+    """A minimal OTLP/HTTP receiver on loopback: keeps every exported span."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        spans: list[Any] = []
+        self.spans = spans
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                message = ExportTraceServiceRequest()
+                message.ParseFromString(body)
+                for rs in message.resource_spans:
+                    resource = {a.key: a.value.string_value for a in rs.resource.attributes}
+                    for ss in rs.scope_spans:
+                        spans.extend((resource, s) for s in ss.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any) -> None:
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    collector = _Collector()
+    try:
+        server = start_server(
+            repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=2", "--trace-config", f"opentelemetry,url={collector.url}",
+            "--trace-config", "opentelemetry,resource=service.name=nursery-test",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=100")
+        http = httpclient.InferenceServerClient(server.url)
+        assert http.get_trace_settings()["trace_mode"] == "opentelemetry"
+        with pytest.raises(InferenceServerException, match="opentelemetry trace mode"):
+            http.update_trace_settings(settings={"trace_rate": "1"})
+        http.infer("add_sub", _add_sub_inputs(httpclient))  # rate 2: not sampled
+        http.infer("add_sub", _add_sub_inputs(httpclient), request_id="sampled")
+        # a propagated context is always traced, as a child of the caller's span
+        parent_trace, parent_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        http.infer("add_sub", _add_sub_inputs(httpclient), request_id="propagated",
+                   headers={"traceparent": f"00-{parent_trace}-{parent_span}-01"})
+        http.close()
+        deadline = time.monotonic() + 20
+        while len(collector.spans) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spans = [s for _, s in collector.spans]
+        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 2)
+        assert {r["service.name"] for r, _ in collector.spans} == {"nursery-test"}
+        by_id = {s.span_id: s for s in spans}
+        for s in spans:
+            attrs = {a.key: a.value for a in s.attributes}
+            assert attrs["triton.model_name"].string_value == "add_sub"
+            assert s.end_time_unix_nano >= s.start_time_unix_nano > 0
+            if s.name == "compute":
+                assert by_id[s.parent_span_id].name == "add_sub"
+                assert [e.name for e in s.events] == ["COMPUTE_START", "COMPUTE_INPUT_END",
+                                                      "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+            elif s.name == "add_sub":
+                assert by_id[s.parent_span_id].name == "InferRequest"
+                assert [e.name for e in s.events] == ["REQUEST_START", "QUEUE_START",
+                                                      "REQUEST_END"]
+        tops = {next(a.value.string_value for a in s.attributes
+                     if a.key == "triton.request_id"): s
+                for s in spans if s.name == "InferRequest"}
+        assert tops["propagated"].trace_id.hex() == parent_trace
+        assert tops["propagated"].parent_span_id.hex() == parent_span
+        assert tops["sampled"].parent_span_id == b""
+        assert [e.name for e in tops["sampled"].events] == ["HTTP_RECV_START", "HTTP_RECV_END",
+                                                             "HTTP_SEND_START"]
+    finally:
+        collector.close()
