@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from nursery import __version__
+from nursery import __version__, sequence_batching
 from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
@@ -186,10 +186,19 @@ class Core:
     async def infer(self, request: InferenceRequest,
                     handle: ModelHandle | None = None) -> InferenceResponse:
         """Validate and run one request. ``handle`` saves a lookup when the caller has it."""
+        work, receive = self.submit(request, handle)
+        return await self.wait(work, receive, handle)
+
+    def submit(self, request: InferenceRequest, handle: ModelHandle | None = None
+               ) -> tuple[InferWork, trio.MemoryReceiveChannel[Any]]:
+        """Validate and queue a request without waiting (a stream queues its requests in the
+        order they came, which a sequence needs); :meth:`wait` gets the answer."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
         config = handle.config
         batch_size = validate_request(request, config)
+        if config.sequence is not None:
+            sequence_batching.check_request(request, config, batch_size)
         signature = None
         if config.batching is not None:
             signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
@@ -200,10 +209,17 @@ class Core:
         work = InferWork(request, send, batch_size, time.monotonic_ns(), signature,
                          request.priority, request.timeout_us)
         handle.submit(work)
+        return work, receive
+
+    async def wait(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                   handle: ModelHandle | None = None) -> InferenceResponse:
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
                 answer = await receive.receive()
         except trio.Cancelled:
+            if handle is None:
+                handle = self.directory.resolve(work.request.model_name,
+                                                work.request.model_version)
             handle.cancel(work)  # drop it from the queue now rather than at dispatch
             raise
         if isinstance(answer, NurseryError):

@@ -235,6 +235,9 @@ class InferenceRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     timeout_us: int = 0
+    sequence_id: int | str = 0  # correlation ID: uint64 or string; 0 / "" = none
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 @dataclass(slots=True, eq=False)
