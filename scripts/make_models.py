@@ -173,13 +173,14 @@ def write_bundled(repo: Path) -> None:
 # -- sequence models (the sequence batcher) ---------------------------------------------------
 
 
-def build_sequence_accumulator(datatype: str = "INT32", width: int = 1) -> onnx.ModelProto:
+def build_sequence_accumulator(datatype: str = "INT32", width: int = 1,
+                               batching: bool = True) -> onnx.ModelProto:
     """OUTPUT = INPUT + INPUT_STATE and OUTPUT_STATE = the same: a running sum per sequence,
     kept by the server as implicit state (INPUT_STATE in, OUTPUT_STATE out)."""
     t = ONNX_TYPES[datatype]
 
     def vi(name: str) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, t, ["batch", width])
+        return helper.make_tensor_value_info(name, t, ["batch", width] if batching else [width])
 
     nodes = [helper.make_node("Add", ["INPUT", "INPUT_STATE"], ["OUTPUT"], name="add"),
              helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"], name="keep")]
@@ -206,8 +207,9 @@ def sequence_accumulator_config(name: str, max_batch_size: int = 8, strategy: st
 
 def write_sequence_accumulator(repo: Path, name: str = "sequence_accumulator",
                                **options: Any) -> Path:
-    return write_model(repo, name, build_sequence_accumulator(options.get("datatype", "INT32")),
-                       sequence_accumulator_config(name, **options))
+    model = build_sequence_accumulator(options.get("datatype", "INT32"),
+                                       batching=options.get("max_batch_size", 8) > 0)
+    return write_model(repo, name, model, sequence_accumulator_config(name, **options))
 
 
 def build_sequence_controls(corrid: str = "UINT64") -> onnx.ModelProto:

@@ -30,6 +30,8 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     make_models.write_sequence_accumulator(repo, "acc_direct", instance_count=2)
     make_models.write_sequence_accumulator(repo, "acc_oldest", strategy=OLDEST)
     make_models.write_sequence_accumulator(repo, "acc_idle", idle_us=300_000)
+    make_models.write_sequence_accumulator(repo, "acc_nobatch", max_batch_size=0,
+                                           datatype="FP32", instance_count=2)
     folder = make_models.write_sequence_accumulator(repo, "acc_init",
                                                     initial='data_file: "hundred"')
     (folder / "initial_state").mkdir()
@@ -136,6 +138,24 @@ def test_grpc_unary_and_stream(seq_server: ServerProcess) -> None:
     client.stop_stream()
     for n in range(1, len(sids) + 1):
         assert [answers[f"{n}:{k}"] for k in range(steps)] == [n * (k + 1) for k in range(steps)]
+    client.close()
+
+
+def test_non_batching_model_and_config(seq_server: ServerProcess) -> None:
+    """max_batch_size 0: no batch dimension on inputs, controls or state; two instances."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{seq_server.grpc_port}")
+    for k in range(3):
+        for sid, value in ((1, 0.5), (2, 2.0)):
+            i = grpcclient.InferInput("INPUT", [1], "FP32")
+            i.set_data_from_numpy(np.array([value], dtype=np.float32))
+            r = client.infer("acc_nobatch", [i], sequence_id=sid, sequence_start=k == 0,
+                             sequence_end=k == 2)
+            assert r.as_numpy("OUTPUT").tolist() == [value * (k + 1)]
+    config = client.get_model_config("acc_nobatch", as_json=True)["config"]
+    seq = config["sequence_batching"]
+    assert seq["max_sequence_idle_microseconds"] == "5000000"
+    assert seq["state"][0]["input_name"] == "INPUT_STATE"
+    assert seq["state"][0]["initial_state"][0]["zero_data"] is True
     client.close()
 
 
