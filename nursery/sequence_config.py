@@ -16,7 +16,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
-from nursery.errors import ConfigError
+from nursery.errors import ConfigError, ErrorKind
 from nursery.protocol._generated import inference as pb
 from nursery.scheduling.sequence_policy import SequenceSchedule
 from nursery.types import DataType
@@ -74,6 +74,9 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
     sb = proto.sequence_batching
     name = proto.name
     label = f"{where}: config.pbtxt"
+    if sb.iterative_sequence:
+        raise ConfigError(f"{label}: sequence batching 'iterative_sequence' is not supported by "
+                          "this server yet", ErrorKind.UNSUPPORTED)
     controls: list[ControlSpec] = []
     corrid: tuple[str, DataType] | None = None
     seen_tensors: set[str] = set()
