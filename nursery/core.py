@@ -186,6 +186,8 @@ class Core:
     async def infer(self, request: InferenceRequest,
                     handle: ModelHandle | None = None) -> InferenceResponse:
         """Validate and run one request. ``handle`` saves a lookup when the caller has it."""
+        if handle is None:
+            handle = self.directory.resolve(request.model_name, request.model_version)
         work, receive = self.submit(request, handle)
         return await self.wait(work, receive, handle)
 
@@ -212,14 +214,11 @@ class Core:
         return work, receive
 
     async def wait(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
-                   handle: ModelHandle | None = None) -> InferenceResponse:
+                   handle: ModelHandle) -> InferenceResponse:
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
                 answer = await receive.receive()
         except trio.Cancelled:
-            if handle is None:
-                handle = self.directory.resolve(work.request.model_name,
-                                                work.request.model_version)
             handle.cancel(work)  # drop it from the queue now rather than at dispatch
             raise
         if isinstance(answer, NurseryError):
