@@ -32,6 +32,15 @@ def factory() -> AccumulatorFactory:
     return fake
 
 
+@pytest.fixture
+def clock(autojump_clock: trio.testing.MockClock) -> trio.testing.MockClock:
+    """The virtual clock, jumping only once every task has waited 0.2 real seconds: the
+    instance workers compute on real threads, and a clock that jumped while a thread computes
+    would leap to the next idle deadline and release a sequence nobody left idle."""
+    autojump_clock.autojump_threshold = 0.2
+    return autojump_clock
+
+
 @asynccontextmanager
 async def _serving(repo: Path, mbs: int = 1, idle_us: int = 100_000,
                    strategy: str = "direct { }") -> AsyncIterator[tuple[Core, Any]]:
@@ -56,7 +65,7 @@ async def _value(core: Core, value: float, sid: int, start: bool = False,
 
 
 async def test_backlog_is_served_in_arrival_order(tmp_path: Path, factory: AccumulatorFactory,
-                                                  autojump_clock: trio.testing.MockClock) -> None:
+                                                  clock: trio.testing.MockClock) -> None:
     """One slot: A holds it; B, C and D start while it is taken and wait in the backlog; each
     takes the slot when the previous sequence ends, in the order they arrived."""
     async with _serving(tmp_path) as (core, _):
@@ -81,7 +90,7 @@ async def test_backlog_is_served_in_arrival_order(tmp_path: Path, factory: Accum
 
 
 async def test_idle_timeout_to_the_microsecond(tmp_path: Path, factory: AccumulatorFactory,
-                                               autojump_clock: trio.testing.MockClock) -> None:
+                                               clock: trio.testing.MockClock) -> None:
     async with _serving(tmp_path, idle_us=100_000) as (core, _):
         assert await _value(core, 1, 7, start=True) == 1
         await trio.sleep(0.0999)  # just inside the idle time: still live
@@ -94,7 +103,7 @@ async def test_idle_timeout_to_the_microsecond(tmp_path: Path, factory: Accumula
 
 
 async def test_unload_releases_sequences(tmp_path: Path, factory: AccumulatorFactory,
-                                         autojump_clock: trio.testing.MockClock) -> None:
+                                         clock: trio.testing.MockClock) -> None:
     async with _serving(tmp_path, mbs=2, idle_us=60_000_000) as (core, commands):
         assert await _value(core, 3, 1, start=True) == 3
         assert await _value(core, 4, 2, start=True) == 4
@@ -112,7 +121,7 @@ async def test_unload_releases_sequences(tmp_path: Path, factory: AccumulatorFac
 
 
 async def test_direct_pads_empty_slots(tmp_path: Path, factory: AccumulatorFactory,
-                                       autojump_clock: trio.testing.MockClock) -> None:
+                                       clock: trio.testing.MockClock) -> None:
     """Three slots; the sequence in slot 0 ends, the one in slot 2 goes on alone: its batch
     has a padding row for slots 0 and 1 with READY false."""
     async with _serving(tmp_path, mbs=3) as (core, _):
