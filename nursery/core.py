@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from nursery import __version__
+from nursery import __version__, sequence_batching
 from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
 from nursery.cache_store import frozen_copy, request_key
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
@@ -255,8 +255,19 @@ class Core:
                 trace.finish()
 
     async def _infer(self, request: InferenceRequest, handle: ModelHandle) -> InferenceResponse:
+        work, receive = self.submit(request, handle)
+        return await self.wait(work, receive, handle)
+
+    def submit(self, request: InferenceRequest, handle: ModelHandle | None = None
+               ) -> tuple[InferWork, trio.MemoryReceiveChannel[Any]]:
+        """Validate and queue a request without waiting (a stream queues its requests in the
+        order they came, which a sequence needs); :meth:`wait` gets the answer."""
+        if handle is None:
+            handle = self.directory.resolve(request.model_name, request.model_version)
         config = handle.config
         batch_size = validate_request(request, config)
+        if config.sequence is not None:
+            sequence_batching.check_request(request, config, batch_size)
         signature = None
         if config.batching is not None:
             signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
@@ -269,6 +280,10 @@ class Core:
         if request.trace:
             request.trace.stamp("QUEUE_START", work.enqueued_ns)
         handle.submit(work)
+        return work, receive
+
+    async def wait(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                   handle: ModelHandle) -> InferenceResponse:
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
                 answer = await receive.receive()

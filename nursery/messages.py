@@ -78,6 +78,15 @@ class ExecuteBatch:
 
     work: tuple[InferWork, ...]
     ordered: bool = False  # answers go back to the scheduler (preserve_ordering)
+    rows: tuple[Any, ...] | None = None  # sequence batcher: one SlotRow per batch row
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSlots:
+    """These sequence slots' sequences are over: drop their state (scheduler -> instance
+    worker, in order with the batches)."""
+
+    slots: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -41,6 +41,7 @@ from nursery.errors import ConfigError, ErrorKind, InvalidArgument
 from nursery.protocol._generated import inference as pb
 from nursery.repository import available_versions, select_versions
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
+from nursery.sequence_config import SequenceConfig, sequence_config
 from nursery.types import DataType
 
 log = logging.getLogger("nursery.config")
@@ -88,6 +89,7 @@ class ModelConfig:
     path: Path
     proto: pb.ModelConfig = field(repr=False, compare=False)
     batching: BatchConfig | None = None  # the dynamic batcher's settings, when configured
+    sequence: SequenceConfig | None = None  # the sequence batcher's settings, when configured
     input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
@@ -397,7 +399,9 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         "ensemble_scheduling": "ensemble",
     }.get(scheduling, "default")
     batching = _batch_config(proto, where) if scheduling == "dynamic_batching" else None
-    if scheduling in ("sequence_batching", "ensemble_scheduling"):
+    sequence = (sequence_config(proto, model_path, where)
+                if scheduling == "sequence_batching" else None)
+    if scheduling == "ensemble_scheduling":
         raise ConfigError(
             f"{where}: {CONFIG_FILENAME}: {scheduling} is not supported by this server yet",
             ErrorKind.UNSUPPORTED,
@@ -426,6 +430,7 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         path=model_path,
         proto=proto,
         batching=batching,
+        sequence=sequence,
     )
 
 

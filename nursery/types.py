@@ -238,6 +238,9 @@ class InferenceRequest:
     # a nursery.tracing.Trace when sampled for tracing; None: not sampled yet; False: sampled
     # by the frontend and not traced
     trace: Any = None
+    sequence_id: int | str = 0  # correlation ID: uint64 or string; 0 / "" = none
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -167,6 +168,85 @@ def write_bundled(repo: Path) -> None:
     write_add_sub(repo)
     write_mlp(repo)
     write_string_identity(repo)
+
+
+# -- sequence models (the sequence batcher) ---------------------------------------------------
+
+
+def build_sequence_accumulator(datatype: str = "INT32", width: int = 1,
+                               batching: bool = True) -> onnx.ModelProto:
+    """OUTPUT = INPUT + INPUT_STATE and OUTPUT_STATE = the same: a running sum per sequence,
+    kept by the server as implicit state (INPUT_STATE in, OUTPUT_STATE out)."""
+    t = ONNX_TYPES[datatype]
+
+    def vi(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, t, ["batch", width] if batching else [width])
+
+    nodes = [helper.make_node("Add", ["INPUT", "INPUT_STATE"], ["OUTPUT"], name="add"),
+             helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"], name="keep")]
+    graph = helper.make_graph(nodes, "sequence_accumulator", [vi("INPUT"), vi("INPUT_STATE")],
+                              [vi("OUTPUT"), vi("OUTPUT_STATE")])
+    return _model(graph)
+
+
+def sequence_accumulator_config(name: str, max_batch_size: int = 8, strategy: str = "direct { }",
+                                idle_us: int = 5_000_000, instance_count: int = 1,
+                                datatype: str = "INT32", initial: str = "zero_data: true") -> str:
+    """``strategy``: "direct { }" or "oldest { max_candidate_sequences: N ... }";
+    ``initial``: the initial_state's data ("zero_data: true" or 'data_file: "name"')."""
+    cfg = CONFIG_TYPES[datatype]
+    return config_text(
+        name, [("INPUT", datatype, [1])], [("OUTPUT", datatype, [1])], max_batch_size,
+        f"sequence_batching {{\n  max_sequence_idle_microseconds: {idle_us}\n  {strategy}\n"
+        f'  state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" '
+        f"data_type: {cfg} dims: [ 1 ] initial_state: {{ data_type: {cfg} dims: [ 1 ] "
+        f'name: "init" {initial} }} }} ]\n}}\n',
+        instance_count,
+    )
+
+
+def write_sequence_accumulator(repo: Path, name: str = "sequence_accumulator",
+                               **options: Any) -> Path:
+    model = build_sequence_accumulator(options.get("datatype", "INT32"),
+                                       batching=options.get("max_batch_size", 8) > 0)
+    return write_model(repo, name, model, sequence_accumulator_config(name, **options))
+
+
+def build_sequence_controls(corrid: str = "UINT64") -> onnx.ModelProto:
+    """Echoes its control inputs so a test can see them: OUTPUT = INPUT, START_OUT = START,
+    END_OUT = END, READY_OUT = READY (INT32 [batch,1]), CORRID_OUT = CORRID."""
+    i32 = TensorProto.INT32
+
+    def vi(name: str, t: int = i32) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, t, ["batch", 1])
+
+    names = ["INPUT", "START", "END", "READY", "CORRID"]
+    outs = ["OUTPUT", "START_OUT", "END_OUT", "READY_OUT", "CORRID_OUT"]
+    types = [i32, i32, i32, i32, ONNX_TYPES[corrid]]
+    nodes = [helper.make_node("Identity", [n], [o], name=f"echo_{n.lower()}")
+             for n, o in zip(names, outs, strict=True)]
+    graph = helper.make_graph(nodes, "sequence_controls",
+                              [vi(n, t) for n, t in zip(names, types, strict=True)],
+                              [vi(o, t) for o, t in zip(outs, types, strict=True)])
+    return _model(graph)
+
+
+def write_sequence_controls(repo: Path, name: str = "sequence_controls", corrid: str = "UINT64",
+                            max_batch_size: int = 4, strategy: str = "direct { }",
+                            idle_us: int = 5_000_000) -> Path:
+    outs = [("OUTPUT", "INT32", [1]), ("START_OUT", "INT32", [1]), ("END_OUT", "INT32", [1]),
+            ("READY_OUT", "INT32", [1]), ("CORRID_OUT", corrid, [1])]
+    controls = "".join(
+        f'    {{ name: "{n}" control [ {{ kind: CONTROL_SEQUENCE_{n} int32_false_true: [ 0, 1 ] '
+        "} ] },\n" for n in ("START", "END", "READY"))
+    config = config_text(
+        name, [("INPUT", "INT32", [1])], outs, max_batch_size,
+        f"sequence_batching {{\n  max_sequence_idle_microseconds: {idle_us}\n  {strategy}\n"
+        f"  control_input [\n{controls}"
+        f'    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: '
+        f"{CONFIG_TYPES[corrid]} }} ] }}\n  ]\n}}\n",
+    )
+    return write_model(repo, name, build_sequence_controls(corrid), config)
 
 
 def main() -> None:

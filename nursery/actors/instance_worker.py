@@ -21,9 +21,10 @@ from nursery import batching
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
 from nursery.errors import ConfigError, InternalError, NurseryError
-from nursery.messages import ExecuteBatch, InferWork, InstanceReady
+from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots
 from nursery.model_config import ModelConfig
 from nursery.scheduling.rate_limit_policy import ResourceNeed
+from nursery.sequence_batching import SlotStates
 from nursery.stats import BatchReport
 from nursery.threads import DedicatedThread
 from nursery.types import InferenceResponse
@@ -33,21 +34,31 @@ log = logging.getLogger("nursery.instance")
 
 
 def _run_batch(
-    backend: BackendInstance, config: ModelConfig, version: str, batch: ExecuteBatch
+    backend: BackendInstance, config: ModelConfig, version: str, batch: ExecuteBatch,
+    states: SlotStates | None = None,
 ) -> tuple[list[InferenceResponse] | NurseryError, BatchReport]:
     """Everything a batch needs, on the instance thread. Errors become the batch's answer."""
     t0 = time.monotonic_ns()
     t1 = t2 = t0
     try:
         requests = [w.request for w in batch.work]
-        inputs = batching.gather_inputs(requests, config)
-        names = batching.output_names(requests, config)
-        t1 = time.monotonic_ns()
-        results = backend.execute(inputs, names)
-        t2 = time.monotonic_ns()
-        responses: list[InferenceResponse] | NurseryError = batching.split_outputs(
-            requests, [w.batch_size for w in batch.work], results, config, version
-        )
+        responses: list[InferenceResponse] | NurseryError
+        if batch.rows is not None and states is not None:  # the sequence batcher's batch
+            inputs = states.gather(requests, batch.rows)
+            names = states.output_names(requests)
+            t1 = time.monotonic_ns()
+            results = backend.execute(inputs, names)
+            t2 = time.monotonic_ns()
+            responses = states.scatter(requests, batch.rows, dict(results), version)
+        else:
+            inputs = batching.gather_inputs(requests, config)
+            names = batching.output_names(requests, config)
+            t1 = time.monotonic_ns()
+            results = backend.execute(inputs, names)
+            t2 = time.monotonic_ns()
+            responses = batching.split_outputs(
+                requests, [w.batch_size for w in batch.work], results, config, version
+            )
     except NurseryError as exc:
         responses = exc
     except Exception as exc:  # a backend bug must not take the instance down
@@ -105,6 +116,11 @@ def _answers(work: tuple[InferWork, ...],
     return list(zip(work, result, strict=True))
 
 
+def _ignore(result: outcome.Outcome[Any]) -> None:
+    if isinstance(result, outcome.Error):  # runs on the trio thread: never raise here
+        log.error("releasing sequence slots failed: %r", result.error)
+
+
 def _deliver(pairs: list[tuple[InferWork, Any]]) -> None:
     for item, answer in pairs:
         try:
@@ -120,7 +136,7 @@ async def run(
     version_path: Path,
     placement: InstancePlacement,
     factory: BackendFactory,
-    inbox: trio.MemoryReceiveChannel[ExecuteBatch],
+    inbox: trio.MemoryReceiveChannel[ExecuteBatch | ReleaseSlots],
     scheduler: trio.MemorySendChannel[Any],
     slots: int = 1,
     warmup: tuple[WarmupSample, ...] = (),
@@ -139,6 +155,8 @@ async def run(
     batch_done = trio.Event()
     thread = DedicatedThread(f"{config.name}:{version}:{placement.name}")
     backend: BackendInstance | None = None
+    # the sequence slots' state lives with the instance and is touched only on its thread
+    states = SlotStates(config) if config.sequence is not None else None
     in_flight = 0
     all_done = trio.Event()
     all_done.set()
@@ -182,12 +200,16 @@ async def run(
             task_status.started()
             await scheduler.send(InstanceReady(placement.index, slots))
             async for batch in inbox:
+                if isinstance(batch, ReleaseSlots):  # in order with the batches, on the thread
+                    if states is not None:
+                        thread.submit(states.release, (batch.slots,), _ignore)
+                    continue
                 if limiter is not None:
                     await limiter.acquire(limit_key)
                     batch_done = trio.Event()
                 in_flight += 1
                 all_done = trio.Event() if in_flight == 1 else all_done
-                thread.submit(_run_batch, (backend, config, version, batch),
+                thread.submit(_run_batch, (backend, config, version, batch, states),
                               partial(finished, batch))
                 if limiter is not None:
                     await batch_done.wait()  # one batch at a time while holding resources

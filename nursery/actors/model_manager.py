@@ -43,6 +43,7 @@ from nursery.repository import (
 )
 from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
+from nursery.scheduling.sequence_policy import SequencePolicy
 from nursery.warmup import warmup_samples
 
 log = logging.getLogger("nursery.manager")
@@ -353,7 +354,16 @@ class _Manager:
         # scheduler takes every message at once; its policy bounds the queue it keeps.
         intake, inbox = trio.open_memory_channel[Any](math.inf)
         policy: Any
-        if config.batching is not None:
+        capacity: float = 0  # the workers' inboxes: their slots (below)
+        if config.sequence is not None:
+            # the SequenceBatcher: one batch at a time per instance; its inbox also carries
+            # ReleaseSlots notices, so it is unbounded (the policy bounds the batches)
+            slots = 1
+            capacity = math.inf
+            policy = SequencePolicy[InferWork](
+                config.sequence.schedule, len(placements), model=name,
+                describe=lambda work: work.request)
+        elif config.batching is not None:
             # the DynamicBatcher: batches form while instances are busy, so an instance takes
             # one batch at a time
             slots = 1
@@ -367,7 +377,8 @@ class _Manager:
                     worker_channels: list[trio.MemorySendChannel[ExecuteBatch]] = []
                     async with trio.open_nursery() as starting:
                         for placement in placements:
-                            send, receive = trio.open_memory_channel[ExecuteBatch](slots)
+                            send, receive = trio.open_memory_channel[ExecuteBatch](
+                                capacity or slots)
                             worker_channels.append(send)
                             starting.start_soon(
                                 version_nursery.start,

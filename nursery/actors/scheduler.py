@@ -32,9 +32,10 @@ from nursery.messages import (
     ExecuteBatch,
     InferWork,
     InstanceReady,
+    ReleaseSlots,
     StatsQuery,
 )
-from nursery.scheduling.decisions import Dispatch, Reject, SchedulingPolicy
+from nursery.scheduling.decisions import Dispatch, Reject, Release, SchedulingPolicy
 from nursery.stats import StatsAccumulator
 
 log = logging.getLogger("nursery.scheduler")
@@ -86,7 +87,15 @@ async def run(
                 poll = policy.poll(now)
                 dropped = False
                 for decision in poll.decisions:
-                    if isinstance(decision, Dispatch):
+                    if isinstance(decision, Dispatch) and decision.rows is not None:
+                        # a sequence's requests always run: its state depends on each
+                        instances[decision.instance].send_nowait(
+                            ExecuteBatch(decision.items, rows=decision.rows))
+                        outstanding[decision.instance] += 1
+                    elif isinstance(decision, Release):
+                        if instances:
+                            instances[decision.instance].send_nowait(ReleaseSlots(decision.slots))
+                    elif isinstance(decision, Dispatch):
                         live = tuple(w for w in decision.items if not w.abandoned())
                         if len(live) != len(decision.items):
                             stats.record_failure("CANCELED", len(decision.items) - len(live))
@@ -101,8 +110,10 @@ async def run(
                             ExecuteBatch(live, ordering is not None))
                         outstanding[decision.instance] += 1
                     elif isinstance(decision, Reject):
+                        error = (reject_error(decision.reason) if decision.kind is None
+                                 else NurseryError(decision.reason, decision.kind))
                         for w in decision.items:
-                            _answer(w, reject_error(decision.reason))
+                            _answer(w, error)
                         stats.record_failure("REJECTED", len(decision.items))
                 if dropped:
                     continue  # the freed place may take the next request at once

@@ -318,7 +318,8 @@ def _check_io(config: ModelConfig, session: Any) -> None:
                     f"model '{config.name}': {what} '{spec.name}' has data type "
                     f"{spec.datatype.config_name} in config.pbtxt but {arg.type} in the model"
                 )
-    required = [n for n in model_inputs if n not in config.input_map]
+    provided = config.sequence.extra_inputs if config.sequence is not None else ()
+    required = [n for n in model_inputs if n not in config.input_map and n not in provided]
     if required:
         raise ConfigError(
             f"model '{config.name}': unable to load model, configuration expects "

@@ -70,6 +70,29 @@ def _uint_param(params: dict[str, tuple[str, Any]], key: str) -> int:
     return int(value)
 
 
+def _sequence_params(params: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+    """Triton's ``sequence_id`` (int64_param, uint64_param or string_param),
+    ``sequence_start`` and ``sequence_end`` (bool_param) request parameters."""
+    out: dict[str, Any] = {}
+    if "sequence_id" in params:
+        which, value = params["sequence_id"]
+        if which in ("int64_param", "uint64_param"):
+            out["sequence_id"] = int(value) & 0xFFFF_FFFF_FFFF_FFFF  # Triton reads a uint64
+        elif which == "string_param":
+            out["sequence_id"] = value
+        else:
+            raise InvalidArgument("invalid value type for 'sequence_id' parameter, expected "
+                                  "int64_param or string_param.")
+    for key in ("sequence_start", "sequence_end"):
+        if key in params:
+            which, value = params[key]
+            if which != "bool_param":
+                raise InvalidArgument(
+                    f"invalid value type for '{key}' parameter, expected bool_param.")
+            out[key] = bool(value)
+    return out
+
+
 def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceRequest:
     """A ModelInferRequest (betterproto's, or the hot path's :class:`InferRequest`) as the
     core's request."""
@@ -158,6 +181,8 @@ def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceReq
         parameters=custom,
         priority=_uint_param(params, "priority"),
         timeout_us=_uint_param(params, "timeout"),
+        **(_sequence_params(params) if "sequence_id" in params or "sequence_start" in params
+           or "sequence_end" in params else {}),
     )
 
 

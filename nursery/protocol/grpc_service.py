@@ -139,31 +139,57 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         send = trio_asyncio.aio_as_trio(stream.send_message)
         lock = trio.Lock()
 
-        async def answer(message: pb.ModelInferRequest) -> None:
-            try:
-                self.draining.enter()
-            except NurseryError as error:
-                reply = encode_stream_response(None, error.message)
-            else:
-                try:
-                    handle = self.core.resolve(message.model_name, message.model_version)
-                    request = grpc_codec.decode_request(message)
-                    response = await self.core.infer(request, handle)
-                    reply = encode_stream_response(
-                        grpc_codec.encode_response(response, FINAL_RESPONSE))
-                except NurseryError as error:
-                    reply = encode_stream_response(None, error.message)
-                finally:
-                    self.draining.leave()
+        async def reply(message: bytes) -> None:
             async with lock:
-                await send(reply)
+                await send(message)
+
+        async def finish(work: Any, answer: Any, handle: Any) -> None:
+            try:
+                response = await self.core.wait(work, answer, handle)
+                message = encode_stream_response(
+                    grpc_codec.encode_response(response, FINAL_RESPONSE))
+            except NurseryError as error:
+                message = encode_stream_response(None, error.message)
+            finally:
+                self.draining.leave()
+            await reply(message)
+
+        async def infer(request: Any, handle: Any) -> None:
+            try:
+                response = await self.core.infer(request, handle)
+                message = encode_stream_response(
+                    grpc_codec.encode_response(response, FINAL_RESPONSE))
+            except NurseryError as error:
+                message = encode_stream_response(None, error.message)
+            finally:
+                self.draining.leave()
+            await reply(message)
 
         async with trio.open_nursery() as nursery:
             while True:
                 message = await receive()
                 if message is None:
                     break
-                nursery.start_soon(answer, message)
+                # validated and queued here, in the order the stream carries them (the
+                # requests of a sequence must reach the scheduler in order); answered as
+                # they finish
+                try:
+                    self.draining.enter()
+                except NurseryError as error:
+                    nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    continue
+                try:
+                    handle = self.core.resolve(message.model_name, message.model_version)
+                    request = grpc_codec.decode_request(message)
+                    if handle.config.sequence is None:  # no order to keep: the full path
+                        nursery.start_soon(infer, request, handle)  # (cache, tracing)
+                        continue
+                    work, answer = self.core.submit(request, handle)
+                except NurseryError as error:
+                    self.draining.leave()
+                    nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    continue
+                nursery.start_soon(finish, work, answer, handle)
 
     # -- extensions that land later --------------------------------------------------------
 

@@ -215,6 +215,7 @@ def decode_request(
         custom[key] = value
     priority = _uint_param(params, "priority")
     timeout = _uint_param(params, "timeout")
+    sequence_id, sequence_start, sequence_end = _sequence_params(params)
     default_binary = params.get("binary_data_output", False)
     if not isinstance(default_binary, bool):
         raise InternalError(
@@ -335,8 +336,31 @@ def decode_request(
         parameters=custom,
         priority=priority,
         timeout_us=timeout,
+        sequence_id=sequence_id,
+        sequence_start=sequence_start,
+        sequence_end=sequence_end,
     )
     return request, OutputFormat(listed, default_binary)
+
+
+def _sequence_params(params: dict[str, Any]) -> tuple[int | str, bool, bool]:
+    """Triton's ``sequence_id`` (unsigned integer, else string), ``sequence_start`` and
+    ``sequence_end`` (booleans) request parameters."""
+    if not params:
+        return 0, False, False
+    sequence_id = params.get("sequence_id", 0)
+    if not (type(sequence_id) is int and 0 <= sequence_id < 2**64) and not isinstance(
+            sequence_id, str):
+        raise InternalError(
+            "Unable to parse 'sequence_id': attempt to access JSON non-string as string")
+    flags = []
+    for key in ("sequence_start", "sequence_end"):
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise InternalError(
+                f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+        flags.append(value)
+    return sequence_id, flags[0], flags[1]
 
 
 def _uint_param(params: dict[str, Any], key: str) -> int:

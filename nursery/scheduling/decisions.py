@@ -8,7 +8,9 @@ the decisions and sleeps until that time or the next message, whichever comes fi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+from nursery.errors import ErrorKind
 
 W = TypeVar("W")
 
@@ -19,6 +21,7 @@ class Dispatch(Generic[W]):
 
     instance: int
     items: tuple[W, ...]
+    rows: tuple[Any, ...] | None = None  # sequence batcher: one SlotRow per batch row
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,9 +30,18 @@ class Reject(Generic[W]):
 
     items: tuple[W, ...]
     reason: str
+    kind: ErrorKind | None = None  # None: the scheduler's default (UNAVAILABLE)
 
 
-Decision = Dispatch[W] | Reject[W]
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The sequences in these slots of ``instance`` are over: drop their state."""
+
+    instance: int
+    slots: tuple[int, ...]
+
+
+Decision = Dispatch[W] | Reject[W] | Release
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,43 @@ def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
         ("max_batch_size: 4\ndynamic_batching { preserve_ordering: true default_queue_policy { "
          "timeout_action: DELAY default_timeout_microseconds: 10 } }",
          "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true"),
-        ("max_batch_size: 4\nsequence_batching { }", "sequence_batching is not supported"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'S' control [{kind: "
+         "CONTROL_SEQUENCE_START}]}] }",
+         "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
+         "'bool_false_true' for CONTROL_SEQUENCE_START for m"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'S' control [{kind: "
+         "CONTROL_SEQUENCE_END int32_false_true: [0, 1] fp32_false_true: [0, 1]}]}] }",
+         "sequence batching specifies more than one from 'int32_false_true', 'fp32_false_true' "
+         "and 'bool_false_true' for CONTROL_SEQUENCE_END for m"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'S' control [{kind: "
+         "CONTROL_SEQUENCE_READY int32_false_true: [1]}]}] }",
+         "sequence batching control 'int32_false_true' must have exactly 2 entries for "
+         "CONTROL_SEQUENCE_READY for m"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'S' control [{kind: "
+         "CONTROL_SEQUENCE_START int32_false_true: [0, 1]}]}, {name: 'T' control [{kind: "
+         "CONTROL_SEQUENCE_START int32_false_true: [0, 1]}]}] }",
+         "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for m"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'S' control [{kind: "
+         "CONTROL_SEQUENCE_START int32_false_true: [0, 1]}]}, {name: 'S' control [{kind: "
+         "CONTROL_SEQUENCE_END int32_false_true: [0, 1]}]}] }",
+         "sequence batching control tensor 'S' is specified for multiple control kinds for m"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'C' control [{kind: "
+         "CONTROL_SEQUENCE_CORRID int32_false_true: [0, 1]}]}] }",
+         "sequence batching must not specify either 'int32_false_true', 'fp32_false_true' or "
+         "'bool_false_true' for CONTROL_SEQUENCE_CORRID for m"),
+        ("max_batch_size: 4\nsequence_batching { control_input [{name: 'C' control [{kind: "
+         "CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32}]}] }",
+         "unexpected control data type, expected TYPE_UINT64, TYPE_INT64, TYPE_UINT32, "
+         "TYPE_INT32, or TYPE_STRING for CONTROL_SEQUENCE_CORRID for m"),
+        ("max_batch_size: 4\nsequence_batching { oldest { } }",
+         "sequence batching oldest strategy must specify 'max_candidate_sequences' > 0 for m"),
+        ("max_batch_size: 4\nsequence_batching { state [{input_name: 'IS' output_name: 'OS' "
+         "data_type: TYPE_FP32}] }",
+         "sequence batching state 'IS' must specify 'dims'"),
+        ("max_batch_size: 4\nsequence_batching { state [{input_name: 'IS' output_name: 'OS' "
+         "data_type: TYPE_FP32 dims: [2] initial_state [{data_type: TYPE_FP32 dims: [2] "
+         "data_file: 'missing'}]}] }",
+         "failed to read initial state data file"),
         ("input [{name: 'X' data_type: TYPE_FP32 dims: [16]}, {name: 'X' data_type: "
          "TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 dims: [16]}]",
          "input 'X' is specified more than once"),

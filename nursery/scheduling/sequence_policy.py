@@ -1,0 +1,269 @@
+"""The sequence batcher's policy: which slot a sequence takes, and which rows each batch holds.
+
+Pure and synchronous, like the dynamic batcher's policy. Every instance owns a fixed number of
+sequence slots (``direct``: ``max_batch_size``, one batch row per slot; ``oldest``:
+``max_candidate_sequences``). A sequence keeps its (instance, slot) from its START until its
+END request is dispatched or it stays idle for ``max_sequence_idle_microseconds``; then the
+slot goes to the oldest sequence waiting in the backlog (sequences that started while every
+slot was taken), or back to the free slots. Free slots are handed out lowest slot number
+first, across instances, so sequences spread over instances before they share one.
+
+Each dispatched request carries a :class:`SlotRow` (slot, START/END flags, correlation ID),
+from which the instance worker builds the control tensors and finds the slot's state:
+
+- ``direct``: a batch has one row per slot up to the highest slot with a request; slots with
+  nothing queued are padding rows (READY false), so a row always maps to its slot;
+- ``oldest``: a batch takes the head request of the candidates whose head waited longest, up
+  to ``max_batch_size`` rows, growing towards the largest preferred size for at most
+  ``max_queue_delay_microseconds``.
+
+Requests of one sequence run in the order they arrived and never two at once: a sequence has
+at most one request in each batch and an instance runs one batch at a time. Triton's errors:
+a request that does not start a sequence and whose correlation ID is neither live nor in the
+backlog is rejected (INVALID_ARG).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol
+
+from nursery.errors import ErrorKind
+from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, Release, W
+
+
+class SequenceItem(Protocol):
+    sequence_id: Hashable  # int (uint64) or str correlation ID; never 0 / ""
+    sequence_start: bool
+    sequence_end: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRow:
+    """One row of a sequence batch: which slot it feeds and the flags the controls carry."""
+
+    slot: int
+    item: int  # index into the Dispatch's items; -1 = padding (the slot is not ready)
+    start: bool = False
+    end: bool = False
+    corrid: Hashable = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.item >= 0
+
+
+@dataclass(frozen=True)
+class SequenceSchedule:
+    """What the policy needs from ``sequence_batching`` (see ``nursery/sequence_config``)."""
+
+    strategy: str = "direct"  # "direct" or "oldest"
+    slots_per_instance: int = 1
+    max_batch_size: int = 1  # rows in one batch (1 when the model does not batch)
+    idle_us: int = 1_000_000
+    preferred_batch_sizes: tuple[int, ...] = ()  # oldest only
+    max_queue_delay_us: int = 0
+
+
+def not_started_message(corrid: Hashable, model: str) -> str:
+    return (f"inference request for sequence {corrid} to model '{model}' must specify the "
+            "START flag on the first request of the sequence")
+
+
+@dataclass(slots=True, eq=False)
+class _Request(Generic[W]):
+    item: W
+    start: bool
+    end: bool
+    arrived: float
+
+
+@dataclass(slots=True, eq=False)
+class _Sequence(Generic[W]):
+    corrid: Hashable
+    queue: deque[_Request[W]] = field(default_factory=deque)
+    place: tuple[int, int] | None = None  # (instance, slot) once it has one
+    last: float = 0.0  # last arrival or completion: the idle clock starts here
+    running: bool = False  # a request of it is in a batch that has not finished
+
+
+class SequencePolicy(Generic[W]):
+    """Slots, backlog, idle reaping and batch forming for one model version."""
+
+    def __init__(self, schedule: SequenceSchedule, instances: int, *, model: str = "",
+                 describe: Callable[[W], SequenceItem] | None = None) -> None:
+        self.schedule = schedule
+        self.model = model
+        self.instances = instances
+        self._describe = describe or (lambda item: item)  # type: ignore[assignment, return-value]
+        self._rows = max(1, schedule.max_batch_size)
+        preferred = schedule.preferred_batch_sizes or (self._rows,)
+        self._preferred = frozenset(preferred)
+        self._max_preferred = min(max(preferred), self._rows)
+        self._delay = schedule.max_queue_delay_us / 1e6
+        self._idle = schedule.idle_us / 1e6
+        self._free_slots: list[tuple[int, int]] = [  # heap of (slot, instance)
+            (s, i) for s in range(schedule.slots_per_instance) for i in range(instances)]
+        heapq.heapify(self._free_slots)
+        self._slots: dict[tuple[int, int], _Sequence[W]] = {}  # (instance, slot) -> holder
+        self._by_id: dict[Hashable, _Sequence[W]] = {}  # live IDs whose END has not arrived
+        self._backlog: deque[_Sequence[W]] = deque()
+        self._free: dict[int, None] = {}  # instances that can take a batch, in order
+        self._running: dict[int, list[_Sequence[W]]] = {}  # instance -> sequences in its batch
+        self._rejected: list[tuple[W, str]] = []
+        self._released: dict[int, list[int]] = {}  # instance -> slots whose state to drop
+        self._count = 0  # queued requests
+
+    # -- events ------------------------------------------------------------------------------
+
+    def arrive(self, item: W, now: float) -> None:
+        d = self._describe(item)
+        corrid = d.sequence_id
+        seq = self._by_id.get(corrid)
+        if seq is None:
+            if not d.sequence_start:
+                self._rejected.append((item, not_started_message(corrid, self.model)))
+                return
+            seq = _Sequence(corrid)
+            if self._free_slots:
+                slot, instance = heapq.heappop(self._free_slots)
+                self._take(seq, (instance, slot))
+            else:
+                self._backlog.append(seq)
+        # a START for a live ID continues in its slot (Triton: the previous sequence is ended
+        # early); the START row resets the slot's state
+        if d.sequence_end:
+            self._by_id.pop(corrid, None)  # a later request with this ID is a new sequence
+        elif corrid not in self._by_id:
+            self._by_id[corrid] = seq
+        seq.queue.append(_Request(item, d.sequence_start, d.sequence_end, now))
+        seq.last = now
+        self._count += 1
+
+    def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
+        for seq in self._running.pop(instance, ()):
+            seq.running = False
+            seq.last = now
+        self._free[instance] = None
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def poll(self, now: float) -> Poll[W]:
+        decisions: list[Decision[W]] = []
+        if self._rejected:
+            by_reason: dict[str, list[W]] = {}
+            for item, reason in self._rejected:
+                by_reason.setdefault(reason, []).append(item)
+            decisions.extend(Reject(tuple(items), reason, ErrorKind.INVALID_ARG)
+                             for reason, items in by_reason.items())
+            self._rejected = []
+        wake_at = self._reap(now)
+        batches: list[Dispatch[W]] = []
+        for instance in list(self._free):
+            batch, wait_until = self._form(instance, now)
+            if batch is not None:
+                del self._free[instance]
+                batches.append(batch)
+            elif wait_until is not None:
+                wake_at = wait_until if wake_at is None else min(wake_at, wait_until)
+        if self._released:  # before the batches: a worker drops state, then reuses the slot
+            decisions.extend(Release(i, tuple(s)) for i, s in self._released.items())
+            self._released = {}
+        decisions.extend(batches)
+        return Poll(decisions, wake_at)
+
+    def _reap(self, now: float) -> float | None:
+        """Free the slots of sequences idle for too long; the nearest idle deadline."""
+        nearest = math.inf
+        for place, seq in list(self._slots.items()):
+            if seq.queue or seq.running:
+                continue
+            deadline = seq.last + self._idle
+            if now >= deadline:
+                if self._by_id.get(seq.corrid) is seq:
+                    del self._by_id[seq.corrid]
+                self._vacate(place)
+            else:
+                nearest = min(nearest, deadline)
+        return None if nearest == math.inf else nearest
+
+    def _form(self, instance: int, now: float) -> tuple[Dispatch[W] | None, float | None]:
+        waiting = sorted((slot, seq) for (i, slot), seq in self._slots.items()
+                         if i == instance and seq.queue)
+        if not waiting:
+            return None, None
+        oldest = min(seq.queue[0].arrived for _, seq in waiting)
+        if self.schedule.strategy == "oldest":
+            waiting.sort(key=lambda pair: pair[1].queue[0].arrived)
+            chosen = waiting[: self._rows]
+            n = len(chosen)
+            expired = self._delay == 0 or now >= oldest + self._delay
+            if not (expired or n in self._preferred or n >= self._max_preferred):
+                return None, oldest + self._delay
+        else:
+            occupied = sum(1 for (i, _) in self._slots if i == instance)
+            if (self._delay > 0 and len(waiting) < occupied and now < oldest + self._delay):
+                return None, oldest + self._delay
+            chosen = waiting
+        items: list[W] = []
+        rows: list[SlotRow] = []
+        by_slot = dict(chosen)
+        order = (range(max(by_slot) + 1) if self.schedule.strategy == "direct"
+                 else [slot for slot, _ in chosen])
+        ran: list[_Sequence[W]] = []
+        for slot in order:
+            seq = by_slot.get(slot)
+            if seq is None:
+                rows.append(SlotRow(slot, -1))  # padding: READY false
+                continue
+            request = seq.queue.popleft()
+            self._count -= 1
+            rows.append(SlotRow(slot, len(items), request.start, request.end, seq.corrid))
+            items.append(request.item)
+            seq.running = True
+            ran.append(seq)
+            if request.end:  # the worker drops the state after this batch
+                self._vacate((instance, slot), release=False)
+        self._running[instance] = ran
+        return Dispatch(instance, tuple(items), tuple(rows)), None
+
+    # -- slots -------------------------------------------------------------------------------
+
+    def _take(self, seq: _Sequence[W], place: tuple[int, int]) -> None:
+        seq.place = place
+        self._slots[place] = seq
+
+    def _vacate(self, place: tuple[int, int], release: bool = True) -> None:
+        """The slot's sequence is over: its state goes, and the backlog's oldest takes it."""
+        seq = self._slots.pop(place)
+        seq.place = None
+        instance, slot = place
+        if release:
+            self._released.setdefault(instance, []).append(slot)
+        if self._backlog:
+            self._take(self._backlog.popleft(), place)
+        else:
+            heapq.heappush(self._free_slots, (slot, instance))
+
+    # -- introspection -----------------------------------------------------------------------
+
+    def pending(self) -> int:
+        return self._count + len(self._rejected)
+
+    def idle_instances(self) -> int:
+        return len(self._free)
+
+    def place_of(self, corrid: Hashable) -> tuple[int, int] | None:
+        """The (instance, slot) of the live sequence with this ID (None: none, or backlog)."""
+        seq = self._by_id.get(corrid)
+        return None if seq is None else seq.place
+
+    def occupied(self) -> dict[tuple[int, int], Hashable]:
+        return {place: seq.corrid for place, seq in self._slots.items()}
+
+    def backlog(self) -> list[Hashable]:
+        return [seq.corrid for seq in self._backlog]

@@ -1,0 +1,306 @@
+"""The sequence batcher's policy, proven by a hypothesis state machine.
+
+Rules: requests arrive for a small pool of correlation IDs (uint64 and string) with any mix
+of START/END flags (so sequences start, continue, end, restart, and requests come for IDs
+that are not live), instances finish their batches, and the clock moves (sometimes past the
+idle timeout). After every poll a reference model checks:
+
+- a live sequence never changes instance or slot, and two live sequences never share a slot
+  (a slot gets a new sequence only after its END ran or it was released);
+- the requests of one sequence run in the order sent, each exactly once, one per batch;
+- START always sees fresh state: a simulated worker keeps each slot's running sum exactly as
+  the instance worker keeps state (reset on START, dropped on END and on release), and every
+  row sees the sum of its own sequence's values only;
+- END or the idle timeout frees the slot: a release happens only for a sequence that has had
+  nothing queued or running for the idle time, and no such sequence keeps its slot;
+- a request for an ID that is not live and does not START is rejected with Triton's message,
+  every other request runs; every request gets exactly one outcome (checked at teardown after
+  draining everything);
+- new sequences wait in a backlog when every slot is taken and take freed slots in arrival
+  order;
+- batches go only to free instances, hold at most max_batch_size rows, and (direct) each row
+  is its slot, padding rows marking the empty ones; with no queue delay, a free instance never
+  leaves a queued request of its slots waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from nursery.errors import ErrorKind
+from nursery.scheduling.decisions import Dispatch, Reject, Release
+from nursery.scheduling.sequence_policy import (
+    SequencePolicy,
+    SequenceSchedule,
+    SlotRow,
+    not_started_message,
+)
+
+IDS: list[Hashable] = [1, 2, 3, 2**64 - 1, "a", "b", "c"]
+
+
+@dataclass(eq=False)
+class Gen:
+    """One sequence: an ID from its START to its END (or its release)."""
+
+    cid: Hashable
+    sent: list[int] = field(default_factory=list)  # values sent, in order
+    ran: int = 0  # requests dispatched so far
+    place: tuple[int, int] | None = None  # learned from its first dispatched row
+    ended: bool = False  # its END arrived
+    over: bool = False  # its END ran or it was released
+    last: float = 0.0  # last arrival or completion
+    running: bool = False
+
+
+@dataclass(eq=False)
+class Req:
+    sequence_id: Hashable
+    sequence_start: bool
+    sequence_end: bool
+    value: int
+    gen: Gen | None
+    index: int = -1
+    outcome: str = ""
+
+
+@st.composite
+def schedules(draw: st.DrawFn) -> SequenceSchedule:
+    strategy = draw(st.sampled_from(["direct", "oldest"]))
+    max_batch = draw(st.integers(1, 4))
+    slots = max_batch if strategy == "direct" else draw(st.integers(1, 4))
+    preferred = tuple(sorted(draw(st.sets(st.integers(1, max_batch), max_size=2))))
+    return SequenceSchedule(
+        strategy=strategy, slots_per_instance=slots, max_batch_size=max_batch,
+        idle_us=draw(st.sampled_from([5_000, 50_000])),
+        preferred_batch_sizes=preferred if strategy == "oldest" else (),
+        max_queue_delay_us=draw(st.sampled_from([0, 0, 1_000])),
+    )
+
+
+class SequenceMachine(RuleBasedStateMachine):
+    @initialize(schedule=schedules(), instances=st.integers(1, 3))
+    def setup(self, schedule: SequenceSchedule, instances: int) -> None:
+        self.schedule = schedule
+        self.instances = instances
+        self.policy = SequencePolicy[Req](schedule, instances, model="m")
+        self.now = 0.0
+        self.idle = schedule.idle_us / 1e6
+        self.live: dict[Hashable, Gen] = {}  # IDs whose END has not arrived and not released
+        self.requests: list[Req] = []
+        self.free: set[int] = set(range(instances))
+        self.busy: dict[int, list[Gen]] = {}
+        self.holder: dict[tuple[int, int], Gen] = {}  # place -> sequence (from dispatches)
+        self.state: dict[tuple[int, int], int] = {}  # the simulated worker's slot state
+        self.holding: list[Gen] = []  # sequences with a slot (the policy's view, predicted)
+        self.backlog: list[Gen] = []
+        self.capacity = instances * schedule.slots_per_instance
+        for i in range(instances):
+            self.policy.instance_ready(i, self.now)
+        self._poll()
+
+    # -- rules -------------------------------------------------------------------------------
+
+    @rule(cid=st.sampled_from(IDS), start=st.booleans(), end=st.booleans(),
+          value=st.integers(1, 1000))
+    def send(self, cid: Hashable, start: bool, end: bool, value: int) -> None:
+        gen = self.live.get(cid)
+        if gen is None and start:
+            gen = Gen(cid)
+            if len(self.holding) < self.capacity:
+                self.holding.append(gen)
+            else:
+                self.backlog.append(gen)
+                event("a sequence waited in the backlog")
+        if gen is not None:
+            gen.sent.append(value)
+            gen.last = self.now
+            if end:
+                gen.ended = True
+                self.live.pop(cid, None)
+            else:
+                self.live[cid] = gen
+        req = Req(cid, start, end, value, gen, len(gen.sent) - 1 if gen else -1)
+        self.requests.append(req)
+        self.policy.arrive(req, self.now)
+        self._poll()
+
+    @precondition(lambda self: bool(self.busy))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        instance = data.draw(st.sampled_from(sorted(self.busy)))
+        for gen in self.busy.pop(instance):
+            gen.running = False
+            gen.last = self.now
+        self.free.add(instance)
+        self.policy.instance_ready(instance, self.now)
+        self._poll()
+
+    @rule(dt=st.sampled_from([0.0002, 0.001, 0.004, 0.06]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self._poll()
+
+    # -- the reference model -----------------------------------------------------------------
+
+    def _poll(self) -> None:
+        poll = self.policy.poll(self.now)
+        if poll.wake_at is not None:
+            assert poll.wake_at > self.now, "asked to be woken in the past"
+        for decision in poll.decisions:
+            if isinstance(decision, Reject):
+                assert decision.kind is ErrorKind.INVALID_ARG
+                for req in decision.items:
+                    assert req.gen is None, "a request of a live sequence was rejected"
+                    assert decision.reason == not_started_message(req.sequence_id, "m")
+                    assert not req.outcome
+                    req.outcome = "rejected"
+            elif isinstance(decision, Release):
+                for slot in decision.slots:
+                    place = (decision.instance, slot)
+                    gen = self.holder.get(place)
+                    assert gen is not None, "released a slot nobody held"
+                    assert self._idle_expired(gen), "released a sequence that was not idle"
+                    event("idle sequence released")
+                    assert not gen.over
+                    self._over(gen, place)
+                    if self.live.get(gen.cid) is gen:
+                        del self.live[gen.cid]
+            else:
+                assert isinstance(decision, Dispatch)
+                self._dispatch(decision)
+        if self.schedule.max_queue_delay_us == 0:
+            for instance in self.free:
+                assert not self._queued_on(instance), "a free instance left requests waiting"
+
+    def _queued_on(self, instance: int) -> bool:
+        return any(g.ran < len(g.sent) for g in self.holding
+                   if g.place is not None and g.place[0] == instance)
+
+    def _idle_expired(self, gen: Gen) -> bool:
+        return (gen.ran == len(gen.sent) and not gen.running
+                and self.now >= gen.last + self.idle)
+
+    def _over(self, gen: Gen, place: tuple[int, int]) -> None:
+        gen.over = True
+        self.holder.pop(place, None)
+        self.state.pop(place, None)
+        self.holding.remove(gen)
+        if self.backlog:
+            self.holding.append(self.backlog.pop(0))
+
+    def _dispatch(self, decision: Dispatch[Req]) -> None:
+        instance = decision.instance
+        assert instance in self.free, "a batch went to a busy instance"
+        self.free.discard(instance)
+        rows = decision.rows
+        assert rows is not None and all(isinstance(r, SlotRow) for r in rows)
+        assert 1 <= len(rows) <= max(1, self.schedule.max_batch_size)
+        assert sorted(r.item for r in rows if r.ready) == list(range(len(decision.items)))
+        if self.schedule.strategy == "direct":
+            assert [r.slot for r in rows] == list(range(len(rows))), "direct rows are slots"
+            assert rows[-1].ready
+        else:
+            assert all(r.ready for r in rows)
+        event(f"batch of {len(decision.items)}")
+        ran: list[Gen] = []
+        for row in rows:
+            place = (instance, row.slot)
+            assert 0 <= row.slot < self.schedule.slots_per_instance
+            if not row.ready:
+                event("padding row")
+                continue
+            req = decision.items[row.item]
+            gen = req.gen
+            assert gen is not None and not req.outcome
+            req.outcome = "ran"
+            assert gen not in ran, "two requests of one sequence in one batch"
+            ran.append(gen)
+            assert req.index == gen.ran, "requests of a sequence ran out of order"
+            assert (row.start, row.end, row.corrid) == (req.sequence_start, req.sequence_end,
+                                                        req.sequence_id)
+            gen.ran += 1
+            if gen.place is None:
+                assert place not in self.holder, "two live sequences share a slot"
+                assert req.sequence_start, "a sequence's first request had no START"
+                gen.place = place
+                self.holder[place] = gen
+            assert gen.place == place, "a live sequence changed slot"
+            # the simulated worker: state reset on START, kept per slot
+            total = (0 if row.start or place not in self.state else self.state[place])
+            total += req.value
+            self.state[place] = total
+            sent = gen.sent[: req.index + 1]
+            restart = max(i for i in range(req.index + 1)
+                          if i == 0 or self._was_start(gen, i))
+            assert total == sum(sent[restart:]), "a row saw state that is not its own"
+            if row.end:
+                self._over(gen, place)
+        for gen in ran:
+            gen.running = True
+        self.busy[instance] = ran
+
+    def _was_start(self, gen: Gen, index: int) -> bool:
+        return any(r.gen is gen and r.index == index and r.sequence_start for r in self.requests)
+
+    # -- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def backlog_in_arrival_order(self) -> None:
+        if not hasattr(self, "policy"):
+            return
+        assert self.policy.backlog() == [g.cid for g in self.backlog]
+        assert len(self.policy.occupied()) == len(self.holding)
+
+    @invariant()
+    def idle_sequences_do_not_keep_slots(self) -> None:
+        if not hasattr(self, "policy"):
+            return
+        for gen in self.holding:
+            assert not self._idle_expired(gen), "an idle sequence kept its slot"
+
+    def teardown(self) -> None:
+        if not hasattr(self, "policy"):
+            return
+        # drain: finish every batch and move the clock until nothing is left
+        for _ in range(10_000):
+            if not self.busy and self.policy.pending() == 0:
+                break
+            for instance in sorted(self.busy):
+                for gen in self.busy.pop(instance):
+                    gen.running = False
+                    gen.last = self.now
+                self.free.add(instance)
+                self.policy.instance_ready(instance, self.now)
+            poll = self.policy.poll(self.now)
+            self._replay(poll)
+            self.now = max(self.now + 1e-4, poll.wake_at or 0.0)
+        assert self.policy.pending() == 0
+        for req in self.requests:
+            assert req.outcome in ("ran", "rejected"), "a request got no outcome"
+            assert (req.outcome == "rejected") == (req.gen is None)
+
+    def _replay(self, poll: object) -> None:
+        for decision in poll.decisions:  # type: ignore[attr-defined]
+            if isinstance(decision, Dispatch):
+                self._dispatch(decision)
+            elif isinstance(decision, Release):
+                for slot in decision.slots:
+                    place = (decision.instance, slot)
+                    gen = self.holder.get(place)
+                    if gen is not None:
+                        self._over(gen, place)
+            elif isinstance(decision, Reject):
+                for req in decision.items:
+                    req.outcome = "rejected"
+
+
+SequenceMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestSequencePolicy = SequenceMachine.TestCase
