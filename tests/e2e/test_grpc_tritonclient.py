@@ -234,7 +234,7 @@ def test_malformed_protobuf_gets_clean_status(grpc_url: str,
 def test_perf_analyzer_grpc(server: ServerProcess, streaming: bool) -> None:
     args = [str(PERF_ANALYZER), "-m", "add_sub", "-i", "grpc", "-u",
             f"127.0.0.1:{server.grpc_port}", "--concurrency-range", "1:4:3", "-p", "500",
-            "--max-trials", "4", "--stability-percentage", "100"]
+            "--max-trials", "10", "--stability-percentage", "100"]
     if streaming:
         args += ["--streaming", "--async"]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=240)

@@ -327,7 +327,7 @@ def test_perf_analyzer_reads_server_side_stats(obs_server: ServerProcess) -> Non
     started = time.monotonic()
     out = subprocess.run(
         [str(PERF_ANALYZER), "-m", "add_sub", "-u", obs_server.url, "--measurement-interval",
-         "500", "--max-trials", "4", "--stability-percentage", "100", "--collect-metrics", "--metrics-url",
+         "500", "--max-trials", "10", "--stability-percentage", "100", "--collect-metrics", "--metrics-url",
          f"127.0.0.1:{obs_server.metrics_port}/metrics", "--metrics-interval", "200",
          "--verbose-csv", "-f", "/dev/null"],
         capture_output=True, text=True, timeout=120)

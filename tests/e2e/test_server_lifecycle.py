@@ -121,10 +121,10 @@ def test_later_flags_are_accepted_and_reported(tmp_path: Path,
                                                start_server: type[ServerProcess]) -> None:
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
-    server = start_server(repo, "--cache-config=local,size=1048576",
+    server = start_server(repo, "--pinned-memory-pool-byte-size=1048576",
                           "--model-control-mode=poll", "--repository-poll-secs=5")
     log = server.log()
-    assert "--cache-config is accepted but not active yet" in log
+    assert "--pinned-memory-pool-byte-size is accepted but not active yet" in log
 
 
 def test_sigterm_finishes_in_flight_grpc_requests(tmp_path: Path,
