@@ -139,6 +139,7 @@ class Core:
         self.manager: trio.MemorySendChannel[Any] | None = None  # the ModelManager's inbox
         self.tracer = TraceManager(TraceSettings())  # the server replaces it from its flags
         self.log_manager: Any = None  # nursery.logsettings.LogManager, set by the server
+        self.arrival_log: Any = None  # nursery.arrival_log.ArrivalLog with --arrival-log
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -233,6 +234,8 @@ class Core:
                          request.priority, request.timeout_us)
         if request.trace is not None:
             request.trace.stamp("QUEUE_START", work.enqueued_ns)
+        if self.arrival_log is not None:
+            self.arrival_log.record(handle.name, handle.version, work)
         handle.submit(work)
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits

@@ -20,6 +20,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from nursery import stats
 from nursery.actors import model_manager, repository_poller
+from nursery.arrival_log import ArrivalLog
 from nursery.core import Core
 from nursery.handles import Directory
 from nursery.metrics import MetricsOptions
@@ -178,6 +179,12 @@ async def serve(
                 control_mode=settings.model_control_mode)
     core.tracer = TraceManager(settings.trace)
     core.log_manager = log_manager
+    if settings.arrival_log:
+        try:
+            core.arrival_log = ArrivalLog(settings.arrival_log)
+        except OSError as exc:
+            raise model_manager.StartupError(
+                f"cannot open the arrival log '{settings.arrival_log}': {exc}") from None
     options = MetricsOptions.from_config(settings.metrics_config,
                                          cpu=settings.allow_cpu_metrics,
                                          gpu=settings.allow_gpu_metrics)
@@ -188,6 +195,8 @@ async def serve(
         await _serve(settings, core, options, shutdown, handle_signals, task_status)
     finally:
         core.tracer.close()  # traces buffered for log_frequency 0 are written now
+        if core.arrival_log is not None:
+            core.arrival_log.close()
     log.info("server stopped")
 
 
