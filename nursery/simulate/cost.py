@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import bisect
 import json
+import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,40 @@ class CostTable:
             i = len(pts) - 1
         (r0, s0), (r1, s1) = pts[i - 1], pts[i]
         return max(0.0, s0 + (s1 - s0) * (rows - r0) / (r1 - r0))
+
+
+def parse_overhead(text: str, seed: int = 0) -> float | Callable[[object], float]:
+    """The time a request spends outside the instance (frontend, network, client): one
+    duration (``0.3ms``), or its distribution as percentiles ``50:1.6ms,90:1.9ms,99:2.5ms``,
+    sampled per request (linear between percentiles, clamped outside) with ``seed``."""
+    if ":" not in text:
+        return parse_duration(text)
+    points = []
+    for part in text.split(","):
+        pct, _, value = part.partition(":")
+        try:
+            points.append((float(pct) / 100, parse_duration(value)))
+        except ValueError:
+            raise ValueError(f"cannot read the overhead percentile '{part}' (expected "
+                             "PERCENT:TIME such as 99:2.5ms)") from None
+    points.sort()
+    if any(not 0 < q < 1 for q, _ in points) or any(v < 0 for _, v in points):
+        raise ValueError("overhead percentiles must lie strictly between 0 and 100 and the "
+                         "times must not be negative")
+    qs = [q for q, _ in points]
+    rng = random.Random(seed)
+
+    def draw(_request: object) -> float:
+        u = rng.random()
+        i = bisect.bisect_left(qs, u)
+        if i == 0:
+            return points[0][1]
+        if i == len(points):
+            return points[-1][1]
+        (q0, v0), (q1, v1) = points[i - 1], points[i]
+        return v0 + (v1 - v0) * (u - q0) / (q1 - q0)
+
+    return draw
 
 
 def default_sizes(max_batch_size: int) -> list[int]:

@@ -20,7 +20,8 @@ without a free slot: the engine stops with :class:`SimulationError`, as it does 
 keeps asking to be polled in the past.
 
 What it leaves out: the requester abandoning a request (simulated clients always wait), the
-frontends' own cost (add it with ``overhead``, a constant per request outside the instance),
+frontends' own cost (add it with ``overhead``: a constant per request outside the instance,
+or a function of the request, e.g. drawn from a measured distribution),
 and ``preserve_ordering`` (answers are not held back).
 """
 
@@ -84,11 +85,13 @@ def simulate(
     *,
     instances: int = 1,
     slots: int = 1,
-    overhead: float = 0.0,
+    overhead: float | Callable[[SimRequest], float] = 0.0,
 ) -> SimResult:
     """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
+    extra: Callable[[SimRequest], float] = (
+        overhead if callable(overhead) else (lambda _request, c=float(overhead): c))
     outcomes = {id(r): Outcome(r) for r in requests}
     batches: list[BatchRecord] = []
     events: list[tuple[float, int, int, Any]] = []
@@ -130,7 +133,8 @@ def simulate(
                 for w in decision.items:
                     out = _outcome(outcomes, w, now)
                     out.status, out.dispatched, out.started = "completed", now, start
-                    out.finished, out.instance, out.batch = end + overhead, i, len(batches) - 1
+                    out.finished = end + extra(out.request)
+                    out.instance, out.batch = i, len(batches) - 1
                 heapq.heappush(events, (end, _READY, order, i))
                 order += 1
             elif isinstance(decision, Reject):
@@ -138,7 +142,7 @@ def simulate(
                 for w in decision.items:
                     out = _outcome(outcomes, w, now)
                     out.status = "timed_out" if decision.reason == TIMEOUT_EXPIRED else "rejected"
-                    out.reason, out.finished = decision.reason, now + overhead
+                    out.reason, out.finished = decision.reason, now + extra(out.request)
         wake_at = poll.wake_at
         if not events and (wake_at is None or wake_at == math.inf):
             break

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy, QueuePolicy
 from nursery.scheduling.decisions import Dispatch, Poll
 from nursery.scheduling.fifo import FifoPolicy
-from nursery.simulate import arrivals, cli, policies, report
+from nursery.simulate import arrivals, cli, cost, policies, report
 from nursery.simulate.arrivals import SimRequest
 from nursery.simulate.cost import CostTable, parse_duration
 from nursery.simulate.engine import SimulationError, simulate
@@ -170,6 +170,24 @@ def test_cost_table_interpolates_and_extrapolates() -> None:
     for bad in ("1:1ms,x", "0:1ms", "1:-1ms"):
         with pytest.raises(ValueError, match="cost table"):
             CostTable.parse(bad)
+
+
+def test_overhead_percentiles_are_sampled_per_request() -> None:
+    assert cost.parse_overhead("0.5ms") == pytest.approx(0.0005)
+    draw = cost.parse_overhead("50:1ms,90:2ms,99:4ms", seed=1)
+    assert callable(draw)
+    values = sorted(draw(None) for _ in range(20_000))
+    assert values[0] == pytest.approx(0.001) and values[-1] == pytest.approx(0.004)
+    assert report.percentile(values, 70) == pytest.approx(0.0015, rel=0.05)
+    again = cost.parse_overhead("50:1ms,90:2ms,99:4ms", seed=1)
+    assert sorted(again(None) for _ in range(20_000)) == values
+    with pytest.raises(ValueError, match="percentile"):
+        cost.parse_overhead("50:1ms,x")
+    with pytest.raises(ValueError, match="strictly between"):
+        cost.parse_overhead("100:1ms")
+    result = simulate(FifoPolicy(1), _at(0.0, 1.0), CostTable.constant(0.01),
+                      overhead=lambda r: 0.001 * (r.id + 1))
+    assert [o.finished for o in result.outcomes] == [0.011, 1.012]
 
 
 def test_arrival_processes() -> None:
