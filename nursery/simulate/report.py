@@ -105,14 +105,15 @@ def write_csv(path: Path, summaries: list[dict[str, Any]]) -> None:
 
 
 def format_table(summaries: list[dict[str, Any]]) -> str:
-    head = (f"{'policy':<14}{'rate':>9}{'thru/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+    width = max([len(str(s.get("policy", ""))) for s in summaries] + [8]) + 2
+    head = (f"{'policy':<{width}}{'rate':>9}{'thru/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
             f"{'max ms':>9}{'queue':>8}{'batch':>7}{'rej':>6}{'t/o':>6}")
     lines = [head]
     for s in summaries:
         lat = s["latency_ms"]
         rate = s.get("rate")
         lines.append(
-            f"{str(s.get('policy', ''))[:13]:<14}"
+            f"{str(s.get('policy', '')):<{width}}"
             f"{(f'{rate:.0f}' if isinstance(rate, (int, float)) else '-'):>9}"
             f"{s['throughput']:>10.1f}{lat['p50']:>9.3f}{lat['p90']:>9.3f}{lat['p99']:>9.3f}"
             f"{lat['max']:>9.3f}{s['queue_ms']['p50']:>8.3f}{s['mean_batch_rows']:>7.2f}"

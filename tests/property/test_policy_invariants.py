@@ -11,8 +11,11 @@ To prove your own policy (see docs/research.md)::
 from __future__ import annotations
 
 import os
+import re
+import types
 
 from nursery.simulate import policies
+from tests.conftest import ROOT
 from tests.property.policy_invariants import default_settings, policy_machine
 
 HONOURS_TIMEOUTS = {"fifo": False, "dynamic": True, "adaptive": True, "edf": True}
@@ -23,6 +26,20 @@ for _name, _factory in policies.BUILTIN.items():
     _test.settings = default_settings(60)
     globals()[f"Test{_name.title()}Contract"] = _test
 del _test  # unittest classes are collected under any name
+
+
+def _docs_example() -> type:
+    """The policy docs/research.md teaches with, so that the example stays correct."""
+    text = (ROOT / "docs" / "research.md").read_text()
+    match = re.search(r"```python\n(# mypkg/lifo.py.*?)```", text, re.S)
+    assert match, "docs/research.md lost its example policy"
+    module = types.ModuleType("docs_lifo")
+    exec(compile(match.group(1), "docs/research.md", "exec"), module.__dict__)  # noqa: S102
+    return module.LifoPolicy  # type: ignore[no-any-return]
+
+
+TestDocsExampleContract = policy_machine(_docs_example().from_config, name="Docs").TestCase
+TestDocsExampleContract.settings = default_settings(30)
 
 _extra = os.environ.get("NURSERY_POLICY")
 if _extra:
