@@ -121,7 +121,7 @@ def perf_analyzer(url: str, protocol: str, mode: list[str], measure_ms: int,
 
 def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: str,
               requests: list[arrivals.SimRequest], rate: float | None) -> dict[str, Any]:
-    policy, slots = policies.build(spec, batch, 1, has_dynamic_batching=spec == "dynamic")
+    policy, slots = policies.build(spec, batch, 1)
     s = report.summarize(simulate(policy, requests, table, slots=slots,
                                   overhead=cost.parse_overhead(overhead)), rate=rate)
     return {"throughput": s["throughput"], "p50_ms": s["latency_ms"]["p50"],

@@ -4,6 +4,8 @@
   poisson`` sends);
 - :func:`constant`: evenly spaced arrivals (``--request-distribution constant``);
 - :func:`bursts`: groups of requests arriving together, every period;
+- :func:`sequences`: sequences (START ... END, one correlation ID each) for the sequence
+  batcher;
 - :func:`read_trace`: a recorded trace, one arrival a line: the JSON lines the server writes
   with ``--arrival-log`` (``nursery/arrival_log.py``), or CSV with a header naming the same
   fields. Times are seconds; the first arrival becomes time 0.
@@ -115,6 +117,37 @@ def bursts(size: int, period: float, *, duration: float | None = None,
             times.append(start)
         k += 1
     return _make(sorted(times), shape)
+
+
+def sequences(rate: float, *, length: int, gap: float, duration: float | None = None,
+              count: int | None = None, seed: int = 0,
+              shape: RequestShape = RequestShape()) -> list[SimRequest]:
+    """Sequences of ``length`` requests (the first flagged START, the last END; correlation
+    IDs 1, 2, ...), starting as a Poisson process at ``rate / length`` so that requests arrive
+    at ``rate`` overall; within a sequence, requests follow each other after exponential gaps
+    of mean ``gap`` seconds. ``duration`` bounds the sequences' starts; ``count`` the number
+    of requests (whole sequences, so the last one may pass it)."""
+    _check(rate, duration, count)
+    if length < 1 or gap < 0:
+        raise ValueError("a sequence needs a length of at least 1 and a gap of 0 or more")
+    rng = random.Random(seed)
+    timed: list[tuple[float, int, int]] = []  # (time, sequence, step)
+    start, n = 0.0, 0
+    while True:
+        if count is not None and n * length >= count:
+            break
+        if duration is not None and start >= duration:
+            break
+        n += 1
+        t = start
+        for step in range(length):
+            timed.append((t, n, step))
+            t += rng.expovariate(1 / gap) if gap > 0 else 0.0
+        start += rng.expovariate(rate / length)
+    timed.sort()
+    return [SimRequest(i, t, shape.batch_size, shape.priority, shape.timeout_us, None,
+                       shape.model, seq, step == 0, step == length - 1)
+            for i, (t, seq, step) in enumerate(timed)]
 
 
 def _bool(value: object) -> bool:

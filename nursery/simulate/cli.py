@@ -50,10 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set default_queue_policy.allow_timeout_override")
     g = p.add_argument_group("policy")
     g.add_argument("--policy", action="append", metavar="NAME",
-                   help="server (default), fifo, dynamic, adaptive, edf, or an import path "
+                   help="server (default), fifo, dynamic, adaptive, edf, sequence, or an "
+                   "import path "
                    "package.module:Name; repeat to compare policies on the same arrivals")
     g = p.add_argument_group("arrivals")
-    g.add_argument("--arrivals", choices=["poisson", "constant", "burst", "trace"],
+    g.add_argument("--arrivals", choices=["poisson", "constant", "burst", "sequences", "trace"],
                    default="poisson", help="arrival process (default poisson)")
     g.add_argument("--rate", default="100", metavar="R[,R...]",
                    help="requests per second; several (comma-separated) make a sweep")
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--burst-size", type=int, default=8, metavar="N",
                    help="requests per burst (--arrivals burst; the burst period is "
                    "burst-size / rate)")
+    g.add_argument("--sequence-length", type=int, default=4, metavar="N",
+                   help="requests per sequence (--arrivals sequences; START first, END last)")
+    g.add_argument("--sequence-gap", default="10ms", metavar="TIME",
+                   help="mean time between a sequence's requests (--arrivals sequences)")
     g.add_argument("--trace", metavar="FILE", help="recorded arrivals (--arrivals trace): "
                    "the server's --arrival-log file, or CSV with the same fields")
     g.add_argument("--trace-model", metavar="NAME",
@@ -101,9 +106,8 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
-def _batch_config(args: argparse.Namespace, model: Any) -> tuple[BatchConfig, bool]:
-    has_dynamic = model is not None and model.batching is not None
-    if has_dynamic:
+def _batch_config(args: argparse.Namespace, model: Any) -> BatchConfig:
+    if model is not None and model.batching is not None:
         batch = model.batching
     else:
         max_batch = model.max_batch_size if model is not None else (args.max_batch_size or 0)
@@ -128,7 +132,7 @@ def _batch_config(args: argparse.Namespace, model: Any) -> tuple[BatchConfig, bo
     if bad:
         raise ValueError(f"preferred batch sizes {bad} must be between 1 and the max batch "
                          f"size {max_batch}")
-    return batch, has_dynamic
+    return batch
 
 
 def _requests(args: argparse.Namespace, rate: float) -> list[arrivals.SimRequest]:
@@ -143,6 +147,10 @@ def _requests(args: argparse.Namespace, rate: float) -> list[arrivals.SimRequest
     if args.arrivals == "burst":
         return arrivals.bursts(args.burst_size, args.burst_size / rate, seed=args.seed,
                                shape=shape, **amount)
+    if args.arrivals == "sequences":
+        return arrivals.sequences(rate, length=args.sequence_length,
+                                  gap=cost.parse_duration(args.sequence_gap), seed=args.seed,
+                                  shape=shape, **amount)
     if not args.trace:
         raise ValueError("--arrivals trace needs --trace FILE")
     return arrivals.read_trace(args.trace, model=args.trace_model)
@@ -156,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         model, _ = read_model_config(Path(args.model_repository) / args.model, args.model)
     elif args.max_batch_size is None:
         raise ValueError("give --model NAME (its config.pbtxt) or --max-batch-size N")
-    batch, has_dynamic = _batch_config(args, model)
+    batch = _batch_config(args, model)
     instances = args.instances or (len(model.placements()) if model is not None else 1)
     if instances < 1:
         raise ValueError("--instances must be at least 1")
@@ -185,8 +193,7 @@ def run(args: argparse.Namespace) -> int:
     for rate in rates:
         requests = _requests(args, rate)
         for spec in specs:
-            policy, slots = policies.build(spec, batch, instances,
-                                           has_dynamic_batching=has_dynamic)
+            policy, slots = policies.build(spec, batch, instances, model=model)
             overhead = cost.parse_overhead(args.overhead, args.seed)  # same draws every run
             result = simulate(policy, requests, table, instances=instances, slots=slots,
                               overhead=overhead)

@@ -94,7 +94,10 @@ def test_timeouts_and_full_queues_are_counted_apart() -> None:
 
 # -- determinism and conservation --------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", sorted(policies.BUILTIN))
+BATCH_POLICIES = ["adaptive", "dynamic", "edf", "fifo"]  # built only from a BatchConfig
+
+
+@pytest.mark.parametrize("spec", BATCH_POLICIES)
 def test_same_seed_same_figures(spec: str) -> None:
     batch = BatchConfig(max_batch_size=8, max_queue_delay_us=500,
                         default_queue_policy=QueuePolicy(default_timeout_us=20_000))
@@ -111,7 +114,7 @@ def test_same_seed_same_figures(spec: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(spec=st.sampled_from(sorted(policies.BUILTIN)), rate=st.sampled_from([200, 2000, 20000]),
+@given(spec=st.sampled_from(BATCH_POLICIES), rate=st.sampled_from([200, 2000, 20000]),
        instances=st.integers(1, 3), seed=st.integers(0, 1000),
        delay=st.sampled_from([0, 300, 3000]), timeout=st.sampled_from([0, 1000, 10_000]),
        queue=st.sampled_from([0, 4]), reject=st.booleans(),
@@ -197,6 +200,13 @@ def test_arrival_processes() -> None:
     assert [r.arrival for r in arrivals.constant(4, count=3)] == [0.0, 0.25, 0.5]
     b = arrivals.bursts(3, 0.1, count=7)
     assert [r.arrival for r in b] == [0.0] * 3 + [0.1] * 3 + [0.2]
+    seqs = arrivals.sequences(200, length=3, gap=0.01, count=30, seed=2)
+    assert len(seqs) == 30 and len({r.sequence_id for r in seqs}) == 10
+    for sid in range(1, 11):
+        steps = [r for r in seqs if r.sequence_id == sid]
+        assert [(r.sequence_start, r.sequence_end) for r in steps] == [
+            (True, False), (False, False), (False, True)]
+        assert [r.arrival for r in steps] == sorted(r.arrival for r in steps)
     with pytest.raises(ValueError, match="rate must be positive"):
         arrivals.poisson(0, count=3)
 
@@ -226,16 +236,15 @@ def test_trace_files_json_lines_and_csv(tmp_path: Path) -> None:
 
 def test_policies_by_name_and_import_path() -> None:
     batch = BatchConfig(max_batch_size=4)
-    assert isinstance(policies.build("server", batch, 1, has_dynamic_batching=False)[0],
-                      FifoPolicy)
-    assert policies.build("server", batch, 1)[0].__class__ is DynamicBatchPolicy
+    assert isinstance(policies.build("server", batch, 1)[0], FifoPolicy)  # no model config
     assert policies.build("fifo", batch, 1)[1] == 2  # the server's default-scheduler slots
     policy, slots = policies.build("nursery.scheduling.edf:EarliestDeadlinePolicy", batch, 1)
     assert type(policy).__name__ == "EarliestDeadlinePolicy" and slots == 1
     for bad, message in (("nope", "unknown policy"), ("no.such.module:X", "cannot import"),
                          ("nursery.scheduling.edf:Nope", "has no"),
                          ("nursery.scheduling.decisions:W", "not a class"),
-                         ("nursery.scheduling.decisions:Poll", "no arrive")):
+                         ("nursery.scheduling.decisions:Poll", "no arrive"),
+                         ("sequence", "sequence")):
         with pytest.raises((ValueError, TypeError), match=message):
             policies.build(bad, batch, 1)
 
