@@ -19,6 +19,7 @@ queue size"). Select it with ``python -m nursery simulate --policy edf``.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class _Entry(Generic[W]):
     expires: float  # the queue policy's timeout (math.inf = never)
     seq: int
     key: tuple[int, float, int] = field(init=False)
+    queued: bool = True
 
     def __post_init__(self) -> None:
         self.key = (self.level, self.deadline, self.seq)
@@ -62,6 +64,7 @@ class EarliestDeadlinePolicy(Generic[W]):
         self._queue: list[_Entry[W]] = []  # sorted by key
         self._keys: list[tuple[int, float, int]] = []
         self._per_level: dict[int, int] = {}
+        self._expiries: list[tuple[float, int, _Entry[W]]] = []  # heap; stale ones skipped
         self._free: dict[int, None] = {}
         self._rejected: list[tuple[W, str]] = []
         self._seq = 0
@@ -119,8 +122,8 @@ class EarliestDeadlinePolicy(Generic[W]):
             instance = next(iter(self._free))
             del self._free[instance]
             decisions.append(Dispatch(instance, batch))
-        expiry = min((e.expires for e in self._queue), default=math.inf)
-        if expiry != math.inf:
+        expiry = self._next_expiry()
+        if expiry is not None:
             wake_at = expiry if wake_at is None else min(wake_at, expiry)
         return Poll(decisions, wake_at)
 
@@ -150,10 +153,16 @@ class EarliestDeadlinePolicy(Generic[W]):
             return items, None
         return None, send_at
 
+    def _next_expiry(self) -> float | None:
+        heap = self._expiries
+        while heap and (not heap[0][2].queued or heap[0][2].expires != heap[0][0]):
+            heapq.heappop(heap)  # dispatched, cancelled or moved since
+        return heap[0][0] if heap else None
+
     def _expire(self, now: float) -> None:
-        expired = [e for e in self._queue if e.expires <= now]
-        for entry in expired:
-            self._pop(self._queue.index(entry))
+        while (expiry := self._next_expiry()) is not None and expiry <= now:
+            _, _, entry = heapq.heappop(self._expiries)
+            self._pop(bisect.bisect_left(self._keys, entry.key))
             if self.config.policy_for(entry.level).reject_on_timeout:
                 self._rejected.append((entry.item, TIMEOUT_EXPIRED))
             else:  # DELAY: after the level's other requests, never expires again
@@ -169,11 +178,15 @@ class EarliestDeadlinePolicy(Generic[W]):
         i = bisect.bisect(self._keys, entry.key)
         self._keys.insert(i, entry.key)
         self._queue.insert(i, entry)
+        entry.queued = True
         self._per_level[entry.level] = self._per_level.get(entry.level, 0) + 1
+        if entry.expires != math.inf:
+            heapq.heappush(self._expiries, (entry.expires, entry.seq, entry))
 
     def _pop(self, i: int) -> _Entry[W]:
         entry = self._queue.pop(i)
         del self._keys[i]
+        entry.queued = False
         self._per_level[entry.level] -= 1
         return entry
 

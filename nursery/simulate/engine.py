@@ -75,6 +75,7 @@ class SimResult:
     batches: list[BatchRecord]
     end_time: float
     polls: int = 0
+    instances: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,7 +168,7 @@ def simulate(
                 free[payload] += 1
                 policy.instance_ready(payload, now, 1)
     end = max([now] + [o.finished for o in outcomes.values() if not math.isnan(o.finished)])
-    return SimResult(list(outcomes.values()), batches, end, polls)
+    return SimResult(list(outcomes.values()), batches, end, polls, instances)
 
 
 def _outcome(outcomes: dict[int, Outcome], item: Any, now: float) -> Outcome:

@@ -44,7 +44,7 @@ def summarize(result: SimResult, **labels: Any) -> dict[str, Any]:
     last = max((o.finished for o in done), default=first)
     span = last - first
     busy = sum(b.finished - b.started for b in result.batches)
-    instances = max((b.instance for b in result.batches), default=-1) + 1
+    instances = result.instances
     histogram = Counter(b.rows for b in result.batches)
     return {
         **labels,
@@ -106,8 +106,8 @@ def write_csv(path: Path, summaries: list[dict[str, Any]]) -> None:
 
 def format_table(summaries: list[dict[str, Any]]) -> str:
     width = max([len(str(s.get("policy", ""))) for s in summaries] + [8]) + 2
-    head = (f"{'policy':<{width}}{'rate':>9}{'thru/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
-            f"{'max ms':>9}{'queue':>8}{'batch':>7}{'rej':>6}{'t/o':>6}")
+    head = (f"{'policy':<{width}}{'rate':>9}{'thru/s':>10}{'p50 ms':>10}{'p90 ms':>10}"
+            f"{'p99 ms':>10}{'max ms':>10}{'queue ms':>10}{'batch':>7}{'rej':>7}{'t/o':>7}")
     lines = [head]
     for s in summaries:
         lat = s["latency_ms"]
@@ -115,9 +115,9 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
         lines.append(
             f"{str(s.get('policy', '')):<{width}}"
             f"{(f'{rate:.0f}' if isinstance(rate, (int, float)) else '-'):>9}"
-            f"{s['throughput']:>10.1f}{lat['p50']:>9.3f}{lat['p90']:>9.3f}{lat['p99']:>9.3f}"
-            f"{lat['max']:>9.3f}{s['queue_ms']['p50']:>8.3f}{s['mean_batch_rows']:>7.2f}"
-            f"{s['rejected']:>6}{s['timed_out']:>6}")
+            f"{s['throughput']:>10.1f}{lat['p50']:>10.3f}{lat['p90']:>10.3f}{lat['p99']:>10.3f}"
+            f"{lat['max']:>10.3f}{s['queue_ms']['p50']:>10.3f}{s['mean_batch_rows']:>7.2f}"
+            f"{s['rejected']:>7}{s['timed_out']:>7}")
     return "\n".join(lines)
 
 
