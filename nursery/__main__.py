@@ -16,6 +16,7 @@ USAGE = """usage: python -m nursery serve [flags]
 
 commands:
   serve    serve a Triton-style model repository (see `python -m nursery serve --help`)
+  simulate replay scheduling policies on a virtual clock (`python -m nursery simulate --help`)
 """
 
 
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command == "simulate":  # the scheduling-policy research kit (nursery/simulate)
+        from nursery.simulate.cli import main as simulate_main
+
+        return simulate_main(rest)
     if command != "serve":
         print(f"unknown command '{command}'\n\n{USAGE}", end="", file=sys.stderr)
         return 2

@@ -141,6 +141,7 @@ class Core:
         self.tracer = TraceManager(TraceSettings())  # the server replaces it from its flags
         self.log_manager: Any = None  # nursery.logsettings.LogManager, set by the server
         self.cache: trio.MemorySendChannel[Any] | None = None  # the ResponseCache's inbox
+        self.arrival_log: Any = None  # nursery.arrival_log.ArrivalLog with --arrival-log
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -279,6 +280,8 @@ class Core:
                          request.priority, request.timeout_us)
         if request.trace:
             request.trace.stamp("QUEUE_START", work.enqueued_ns)
+        if self.arrival_log is not None:
+            self.arrival_log.record(handle.name, handle.version, work)
         handle.submit(work)
         return work, receive
 

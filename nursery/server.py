@@ -22,6 +22,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from nursery import stats
 from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
 from nursery.actors.rate_limiter import RateLimiterClient
+from nursery.arrival_log import ArrivalLog
 from nursery.core import Core
 from nursery.handles import Directory
 from nursery.metrics import MetricsOptions
@@ -179,8 +180,17 @@ async def serve(
     core = Core(directory, server_name=settings.server_id,
                 strict_readiness=settings.strict_readiness,
                 control_mode=settings.model_control_mode)
-    core.tracer = TraceManager(settings.trace)
+    try:
+        core.tracer = TraceManager(settings.trace)
+    except ValueError as exc:  # e.g. OpenTelemetry mode without its packages
+        raise model_manager.StartupError(str(exc)) from None
     core.log_manager = log_manager
+    if settings.arrival_log:
+        try:
+            core.arrival_log = ArrivalLog(settings.arrival_log)
+        except OSError as exc:
+            raise model_manager.StartupError(
+                f"cannot open the arrival log '{settings.arrival_log}': {exc}") from None
     options = MetricsOptions.from_config(settings.metrics_config,
                                          cpu=settings.allow_cpu_metrics,
                                          gpu=settings.allow_gpu_metrics)
@@ -191,6 +201,8 @@ async def serve(
         await _serve(settings, core, options, shutdown, handle_signals, task_status)
     finally:
         core.tracer.close()  # traces buffered for log_frequency 0 are written now
+        if core.arrival_log is not None:
+            core.arrival_log.close()
     log.info("server stopped")
 
 

@@ -55,6 +55,7 @@ class Settings:
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
     server_id: str = "triton"
     http_server: str = "nursery"
+    arrival_log: str = ""  # nursery only: record every accepted request (nursery/arrival_log)
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
 
 
@@ -236,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="(nursery only) Which HTTP/1.1 implementation serves the HTTP port: nursery's own "
         "lean server (default) or hypercorn. Both serve the same routes and answers.",
     )
+    parser.add_argument(
+        "--arrival-log", default="", metavar="<string>",
+        help="(nursery only) Write one JSON line per accepted inference request (time, model, "
+        "batch size, priority, timeout, sequence id) to this file, for replay with "
+        "`python -m nursery simulate --arrivals trace`.",
+    )
     parser.add_argument("--id", default="triton", metavar="<string>",
                         help='Identifier for this server (the "name" in server metadata). '
                         'Default is "triton", which Triton clients expect.')
@@ -333,5 +340,6 @@ def settings_from_args(argv: list[str]) -> Settings:
         http_max_input_size=args.http_max_input_size,
         server_id=args.id,
         http_server=args.http_server,
+        arrival_log=args.arrival_log,
         inactive=inactive,
     )

@@ -147,6 +147,11 @@ class DynamicBatchPolicy(Generic[W]):
                         return True
         return False
 
+    def set_queue_delay(self, seconds: float) -> None:
+        """Change the queue delay from now on (research policies adapt it; see
+        ``nursery/scheduling/adaptive_delay.py``). Triton's batcher never calls it."""
+        self._delay = max(0.0, seconds)
+
     # -- decisions ---------------------------------------------------------------------------
 
     def poll(self, now: float) -> Poll[W]:

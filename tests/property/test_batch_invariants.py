@@ -14,6 +14,10 @@ asked for). After every poll the machine checks the house plan's batching invari
 - timeouts reject exactly the expired requests of REJECT levels, never earlier, and DELAY
   moves them behind their level; a full level rejects new requests instead of growing;
 - every request ends in exactly one of: dispatched, rejected, cancelled, or still queued.
+
+The same rules hold for ``AdaptiveDelayPolicy`` (Triton's batch forming with a shorter delay),
+so the machine runs against it too. The contract every policy meets, whatever its order, is
+in ``tests/property/policy_invariants.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from nursery.scheduling.adaptive_delay import AdaptiveDelayPolicy
 from nursery.scheduling.batch_policy import (
     QUEUE_FULL,
     TIMEOUT_EXPIRED,
@@ -87,10 +92,12 @@ def configs(draw: st.DrawFn) -> BatchConfig:
 
 
 class BatchMachine(RuleBasedStateMachine):
+    make_policy = DynamicBatchPolicy
+
     @initialize(config=configs())
     def setup(self, config: BatchConfig) -> None:
         self.config = config
-        self.policy: DynamicBatchPolicy[Item] = DynamicBatchPolicy(config)
+        self.policy: DynamicBatchPolicy[Item] = self.make_policy(config)
         self.now = 0.0
         self.wake_at: float | None = None
         self.next_id = 0
@@ -250,3 +257,17 @@ class BatchMachine(RuleBasedStateMachine):
 TestBatchPolicy = BatchMachine.TestCase
 TestBatchPolicy.settings = settings(max_examples=300, stateful_step_count=50, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
+
+
+class AdaptiveBatchMachine(BatchMachine):
+    make_policy = AdaptiveDelayPolicy
+
+    def _poll(self) -> None:
+        super()._poll()
+        assert 0 <= self.policy.delay <= self.delay  # type: ignore[attr-defined]
+
+
+TestAdaptiveDelayPolicy = AdaptiveBatchMachine.TestCase
+TestAdaptiveDelayPolicy.settings = settings(max_examples=150, stateful_step_count=50,
+                                            deadline=None,
+                                            suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,186 @@
+"""The backend's cost: seconds to execute a batch, as a function of its rows.
+
+A :class:`CostTable` holds measured points (rows -> seconds) and interpolates linearly between
+them; below the first point it takes the first point's cost, above the last it continues the
+line through the last two points. It is written as ``"1:0.4ms,8:1.1ms,64:6ms"`` (units s, ms
+or us; a bare number is seconds) or as a JSON file ``{"1": 0.0004, "8": 0.0011}``.
+
+:func:`profile` measures one: it loads a model of the repository through its real backend (the
+same ``BackendFactory`` the instance worker uses), builds batches of random inputs, and times
+what an instance thread does for a batch (``nursery.batching.gather_inputs``, the backend's
+``execute`` and ``split_outputs``), taking the median of several runs per size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
+
+
+def parse_duration(text: str) -> float:
+    text = text.strip()
+    for suffix, scale in _UNITS:
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * scale
+    return float(text)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    points: tuple[tuple[int, float], ...]  # (rows, seconds), rows ascending
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("a cost table needs at least one point")
+        rows = [r for r, _ in self.points]
+        if rows != sorted(set(rows)) or rows[0] < 1:
+            raise ValueError("cost table rows must be distinct positive integers")
+        if any(s < 0 for _, s in self.points):
+            raise ValueError("cost table times must not be negative")
+
+    @classmethod
+    def constant(cls, seconds: float) -> CostTable:
+        return cls(((1, seconds),))
+
+    @classmethod
+    def parse(cls, text: str) -> CostTable:
+        """``"1:0.4ms,8:1.1ms"``, a JSON file's path, or one duration (constant cost)."""
+        if Path(text).is_file():
+            return cls.load(Path(text))
+        points = []
+        for part in text.split(","):
+            rows, sep, cost = part.partition(":")
+            try:
+                if not sep:
+                    return cls.constant(parse_duration(rows))
+                points.append((int(rows), parse_duration(cost)))
+            except ValueError:
+                raise ValueError(f"cannot read the cost table entry '{part}' (expected "
+                                 "ROWS:SECONDS such as 8:1.2ms)") from None
+        return cls(tuple(sorted(points)))
+
+    @classmethod
+    def load(cls, path: Path) -> CostTable:
+        data = json.loads(path.read_text())
+        table = data.get("cost", data) if isinstance(data, dict) else data
+        return cls(tuple(sorted((int(k), float(v)) for k, v in table.items())))
+
+    def to_json(self) -> dict[str, float]:
+        return {str(r): s for r, s in self.points}
+
+    def __call__(self, rows: int) -> float:
+        pts = self.points
+        if len(pts) == 1 or rows <= pts[0][0]:
+            return pts[0][1]
+        i = bisect.bisect_left([r for r, _ in pts], rows)
+        if i < len(pts) and pts[i][0] == rows:
+            return pts[i][1]
+        if i >= len(pts):
+            i = len(pts) - 1
+        (r0, s0), (r1, s1) = pts[i - 1], pts[i]
+        return max(0.0, s0 + (s1 - s0) * (rows - r0) / (r1 - r0))
+
+
+def parse_overhead(text: str, seed: int = 0) -> float | Callable[[object], float]:
+    """The time a request spends outside the instance (frontend, network, client): one
+    duration (``0.3ms``), or its distribution as percentiles ``50:1.6ms,90:1.9ms,99:2.5ms``,
+    sampled per request (linear between percentiles, clamped outside) with ``seed``."""
+    if ":" not in text:
+        return parse_duration(text)
+    points = []
+    for part in text.split(","):
+        pct, _, value = part.partition(":")
+        try:
+            points.append((float(pct) / 100, parse_duration(value)))
+        except ValueError:
+            raise ValueError(f"cannot read the overhead percentile '{part}' (expected "
+                             "PERCENT:TIME such as 99:2.5ms)") from None
+    points.sort()
+    if any(not 0 < q < 1 for q, _ in points) or any(v < 0 for _, v in points):
+        raise ValueError("overhead percentiles must lie strictly between 0 and 100 and the "
+                         "times must not be negative")
+    qs = [q for q, _ in points]
+    rng = random.Random(seed)
+
+    def draw(_request: object) -> float:
+        u = rng.random()
+        i = bisect.bisect_left(qs, u)
+        if i == 0:
+            return points[0][1]
+        if i == len(points):
+            return points[-1][1]
+        (q0, v0), (q1, v1) = points[i - 1], points[i]
+        return v0 + (v1 - v0) * (u - q0) / (q1 - q0)
+
+    return draw
+
+
+def default_sizes(max_batch_size: int) -> list[int]:
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch_size:
+        sizes.append(sizes[-1] * 2)
+    if max_batch_size > 1:
+        sizes.append(max_batch_size)
+    return sizes
+
+
+def profile(model_path: Path, model_name: str, *, sizes: Sequence[int] | None = None,
+            runs: int = 20, seed: int = 0) -> CostTable:
+    """Measure a real model of the repository at a few batch sizes (in this process)."""
+    from nursery.backends.base import InstancePlacement, get_factory
+    from nursery.batching import gather_inputs, output_names, split_outputs
+    from nursery.model_config import read_model_config
+    from nursery.types import DataType, InferenceRequest, Tensor
+
+    config, versions = read_model_config(model_path, model_name)
+    version = versions[-1]
+    sizes = list(sizes or default_sizes(max(1, config.max_batch_size)))
+    if config.max_batch_size == 0 and sizes != [1]:
+        raise ValueError(f"model '{model_name}' does not batch: profile it at size 1 only")
+    factory = get_factory(config.backend, model_name)
+    backend = factory.load(config, model_path / str(version),
+                           InstancePlacement("profile", 0, "cpu", 0))
+    rng = np.random.default_rng(seed)
+
+    def request() -> InferenceRequest:
+        inputs = {}
+        for spec in config.inputs:
+            if spec.optional:
+                continue
+            dims = tuple(1 if d < 0 else d for d in spec.dims)
+            shape = (1, *dims) if config.max_batch_size > 0 else dims
+            if spec.datatype == DataType.BYTES:
+                data = np.array([b"x"] * int(np.prod(shape)), dtype=object).reshape(shape)
+            elif spec.datatype == DataType.BOOL:
+                data = rng.integers(0, 2, shape).astype(bool)
+            else:
+                data = rng.random(shape).astype(spec.datatype.numpy_dtype)
+            inputs[spec.name] = Tensor(spec.name, spec.datatype, shape, data)
+        return InferenceRequest(model_name, str(version), inputs)
+
+    points = []
+    try:
+        for rows in sizes:
+            requests = [request() for _ in range(rows)]
+            names = output_names(requests, config)
+            times = []
+            for _ in range(runs + 2):
+                t0 = time.perf_counter()
+                inputs = gather_inputs(requests, config)
+                results = backend.execute(inputs, names)
+                split_outputs(requests, [1] * rows, results, config, str(version))
+                times.append(time.perf_counter() - t0)
+            points.append((rows, statistics.median(times[2:])))  # the first runs warm up
+    finally:
+        backend.close()
+    return CostTable(tuple(points))

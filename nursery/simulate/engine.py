@@ -1,0 +1,181 @@
+"""The discrete-event loop: a real policy, simulated instances, a virtual clock.
+
+It calls the policy exactly as the scheduler actor (``nursery/actors/scheduler.py``) does:
+
+1. each instance announces itself at time 0 with ``instance_ready(i, 0, slots)`` (the
+   instance worker sends ``InstanceReady(index, slots)`` once loaded);
+2. the loop polls the policy, performs its decisions (``Dispatch``: the batch goes to that
+   instance; ``Reject``: its requests end rejected, "Request timeout expired" counting as
+   timed out; other decisions, such as the sequence batcher's slot releases, need nothing
+   here), then sleeps until the next event or the policy's ``wake_at``, whichever is first;
+3. on waking it takes every event of that instant before polling again (the actor drains its
+   inbox before deciding): arrivals become ``arrive(request, now)``, finished batches become
+   ``instance_ready(i, now, 1)``; a ``wake_at`` with no event just polls.
+
+An instance runs the batches it is given one after another, each for ``cost(rows)`` seconds,
+where rows are the dispatched requests' batch sizes summed (or the ``rows`` a sequence
+batcher's ``Dispatch`` carries, padding included); with ``slots`` above 1 the next batch waits
+on the instance as it does on the instance thread. A policy may not dispatch to an instance
+without a free slot: the engine stops with :class:`SimulationError`, as it does when a policy
+keeps asking to be polled in the past.
+
+What it leaves out: the requester abandoning a request (simulated clients always wait), the
+frontends' own cost (add it with ``overhead``: a constant per request outside the instance,
+or a function of the request, e.g. drawn from a measured distribution),
+and ``preserve_ordering`` (answers are not held back).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nursery.scheduling.batch_policy import TIMEOUT_EXPIRED
+from nursery.scheduling.decisions import Dispatch, Reject
+from nursery.simulate.arrivals import SimRequest
+
+_READY, _ARRIVE = 0, 1  # at one instant, finished batches are taken before arrivals
+MAX_STALLS = 10_000  # polls in a row at one instant with no progress before giving up
+
+
+class SimulationError(Exception):
+    """The policy broke the scheduling contract (see ``SchedulingPolicy``)."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one request ended."""
+
+    request: SimRequest
+    status: str = "queued"  # completed | rejected | timed_out | queued (never answered)
+    reason: str = ""
+    dispatched: float = math.nan
+    started: float = math.nan  # compute start on its instance
+    finished: float = math.nan  # answer time, overhead included
+    instance: int = -1
+    batch: int = -1  # index into SimResult.batches
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    instance: int
+    rows: int
+    requests: int
+    dispatched: float
+    started: float
+    finished: float
+
+
+@dataclass
+class SimResult:
+    outcomes: list[Outcome]
+    batches: list[BatchRecord]
+    end_time: float
+    polls: int = 0
+    instances: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def simulate(
+    policy: Any,
+    requests: Sequence[SimRequest],
+    cost: Callable[[int], float],
+    *,
+    instances: int = 1,
+    slots: int = 1,
+    overhead: float | Callable[[SimRequest], float] = 0.0,
+) -> SimResult:
+    """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances."""
+    if instances < 1 or slots < 1:
+        raise ValueError("a simulation needs at least one instance with one slot")
+    extra: Callable[[SimRequest], float] = (
+        overhead if callable(overhead) else (lambda _request, c=float(overhead): c))
+    outcomes = {id(r): Outcome(r) for r in requests}
+    batches: list[BatchRecord] = []
+    events: list[tuple[float, int, int, Any]] = []
+    order = 0
+    for r in sorted(requests, key=lambda r: (r.arrival, r.id)):
+        events.append((r.arrival, _ARRIVE, order, r))
+        order += 1
+    heapq.heapify(events)
+    free = [0] * instances  # slots the policy was told about and has not used
+    busy_until = [0.0] * instances  # when each instance finishes the work it holds
+    now = 0.0
+    for i in range(instances):
+        free[i] = slots
+        policy.instance_ready(i, now, slots)
+    wake_at: float | None = None
+    polls = stalls = done = 0
+    last_progress = (-1, -1)
+    while True:
+        poll = policy.poll(now)
+        polls += 1
+        for decision in poll.decisions:
+            if isinstance(decision, Dispatch):
+                i = decision.instance
+                if not 0 <= i < instances or free[i] <= 0:
+                    raise SimulationError(
+                        f"at t={now:.6f}s the policy dispatched to instance {i}, which has no "
+                        "free slot")
+                if not decision.items:
+                    raise SimulationError(f"at t={now:.6f}s the policy dispatched an empty batch")
+                free[i] -= 1
+                rows_field = getattr(decision, "rows", None)
+                rows = (len(rows_field) if rows_field is not None
+                        else sum(max(1, getattr(w, "batch_size", 1)) for w in decision.items))
+                start = max(now, busy_until[i])
+                end = start + cost(rows)
+                busy_until[i] = end
+                batches.append(BatchRecord(i, rows, len(decision.items), now, start, end))
+                done += len(decision.items)
+                for w in decision.items:
+                    out = _outcome(outcomes, w, now)
+                    out.status, out.dispatched, out.started = "completed", now, start
+                    out.finished = end + extra(out.request)
+                    out.instance, out.batch = i, len(batches) - 1
+                heapq.heappush(events, (end, _READY, order, i))
+                order += 1
+            elif isinstance(decision, Reject):
+                done += len(decision.items)
+                for w in decision.items:
+                    out = _outcome(outcomes, w, now)
+                    out.status = "timed_out" if decision.reason == TIMEOUT_EXPIRED else "rejected"
+                    out.reason, out.finished = decision.reason, now + extra(out.request)
+        wake_at = poll.wake_at
+        if not events and (wake_at is None or wake_at == math.inf):
+            break
+        next_time = events[0][0] if events else math.inf
+        if wake_at is not None and wake_at < next_time:  # the policy's timer, no message
+            progress = (len(batches), done)
+            stalls = stalls + 1 if progress == last_progress else 0
+            last_progress = progress
+            if stalls > MAX_STALLS:
+                raise SimulationError(
+                    f"at t={now:.6f}s the policy has asked to be polled {MAX_STALLS} times "
+                    f"(last at {wake_at:.6f}s) without deciding anything")
+            now = max(now, wake_at)  # a time in the past: the actor's move_on_at fires at once
+            continue
+        stalls = 0
+        now = next_time
+        while events and events[0][0] == now:  # every message of this instant, then decide
+            _, kind, _, payload = heapq.heappop(events)
+            if kind == _ARRIVE:
+                policy.arrive(payload, now)
+            else:
+                free[payload] += 1
+                policy.instance_ready(payload, now, 1)
+    end = max([now] + [o.finished for o in outcomes.values() if not math.isnan(o.finished)])
+    return SimResult(list(outcomes.values()), batches, end, polls, instances)
+
+
+def _outcome(outcomes: dict[int, Outcome], item: Any, now: float) -> Outcome:
+    out = outcomes.get(id(item))
+    if out is None:
+        raise SimulationError(f"at t={now:.6f}s the policy answered a request it was never given")
+    if out.status != "queued":
+        raise SimulationError(f"at t={now:.6f}s the policy answered request {out.request.id} "
+                              f"twice (it was already {out.status})")
+    return out
