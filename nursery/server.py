@@ -18,6 +18,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from nursery import gateway
 from nursery.actors import model_manager, repository_poller
 from nursery.core import Core
 from nursery.handles import Directory
@@ -149,6 +150,7 @@ async def serve(
     core = Core(directory, server_name=settings.server_id,
                 strict_readiness=settings.strict_readiness,
                 control_mode=settings.model_control_mode)
+    gateway.install(core)  # BLS calls and ensemble steps go through this core
     shutdown = trio.Event()
     async with trio.open_nursery() as root:
         watcher: trio.CancelScope | None = None

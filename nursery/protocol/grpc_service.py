@@ -20,11 +20,15 @@ import trio_asyncio
 from nursery.config_json import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import ErrorKind, InvalidArgument, NurseryError, Unavailable, Unsupported
+from nursery.gateway import Part, stream_decoupled
 from nursery.protocol import grpc_codec, stats_codec
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
 from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
 from nursery.protocol.status_map import GRPC_STATUS
+from nursery.types import InferenceResponse
+
+NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
 
 
 def _status(error: NurseryError) -> grpclib.GRPCError:
@@ -139,6 +143,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message)
+                    if handle.config.decoupled:
+                        await self._stream_decoupled(request, handle, lock, send)
+                        return
                     response = await self.core.infer(request, handle)
                     reply = encode_stream_response(
                         grpc_codec.encode_response(response, FINAL_RESPONSE))
@@ -155,6 +162,29 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 if message is None:
                     break
                 nursery.start_soon(answer, message)
+
+    async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
+                                send: Any) -> None:
+        """A decoupled model's responses, each written as it comes, flagged
+        ``triton_final_response``; a bare final flag becomes an empty final response only
+        when the request asked for it (``triton_enable_empty_final_response``), as in Triton."""
+        empty_final = bool(request.parameters.get("triton_enable_empty_final_response"))
+
+        async def emit(part: Part) -> None:
+            if part.error is not None:
+                reply = encode_stream_response(None, part.error.message)
+            elif part.response is not None:
+                reply = encode_stream_response(grpc_codec.encode_response(
+                    part.response, FINAL_RESPONSE if part.final else NOT_FINAL_RESPONSE))
+            elif empty_final:
+                empty = InferenceResponse(handle.name, handle.version_str, [], id=request.id)
+                reply = encode_stream_response(grpc_codec.encode_response(empty, FINAL_RESPONSE))
+            else:
+                return
+            async with lock:
+                await send(reply)
+
+        await stream_decoupled(request, handle, emit)
 
     # -- extensions that land later --------------------------------------------------------
 
