@@ -40,6 +40,7 @@ from nursery.errors import ConfigError, ErrorKind, InvalidArgument
 from nursery.protocol._generated import inference as pb
 from nursery.repository import available_versions, select_versions
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
+from nursery.scheduling.ensemble_plan import EnsemblePlan
 from nursery.types import DataType
 
 log = logging.getLogger("nursery.config")
@@ -87,6 +88,7 @@ class ModelConfig:
     path: Path
     proto: pb.ModelConfig = field(repr=False, compare=False)
     batching: BatchConfig | None = None  # the dynamic batcher's settings, when configured
+    ensemble: EnsemblePlan | None = None  # an ensemble's validated step graph
     input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
@@ -205,7 +207,10 @@ def read_model_config(
             f"'{model_path}', and the version policy selects none of them (a version is a "
             "numbered folder holding the model file)"
         )
-    factory = get_factory(proto.backend, model_name)
+    if proto.platform == "ensemble":
+        auto_complete = False  # nothing to complete from: an ensemble has no model file
+    else:
+        factory = get_factory(proto.backend, model_name)
     if auto_complete:
         version_path = model_path / str(versions[-1])
         try:
@@ -227,7 +232,9 @@ def _fill_backend(
     proto: pb.ModelConfig, model_path: Path, versions: list[int], where: str
 ) -> None:
     if proto.platform == "ensemble":
-        raise ConfigError(f"{where}: ensembles are not supported yet")
+        if proto.backend:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: an ensemble names no 'backend'")
+        return  # no backend and no model file: its steps are other models
     if not proto.backend and proto.platform:
         backend = PLATFORM_TO_BACKEND.get(proto.platform)
         if backend is None:
@@ -389,7 +396,21 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         "ensemble_scheduling": "ensemble",
     }.get(scheduling, "default")
     batching = _batch_config(proto, where) if scheduling == "dynamic_batching" else None
-    if scheduling in ("sequence_batching", "ensemble_scheduling"):
+    ensemble = None
+    if (scheduling == "ensemble_scheduling") != (proto.platform == "ensemble"):
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'ensemble_scheduling' goes with platform 'ensemble' "
+            "(and an ensemble needs 'ensemble_scheduling')")
+    if scheduling == "ensemble_scheduling":
+        from nursery.scheduling.ensemble_plan import EnsembleStep
+
+        ensemble = EnsemblePlan.build(
+            proto.name, [t.name for t in inputs], [t.name for t in outputs],
+            [EnsembleStep(s.model_name, int(s.model_version), MappingProxyType(dict(s.input_map)),
+                          MappingProxyType(dict(s.output_map)))
+             for s in proto.ensemble_scheduling.step])
+        groups = []
+    if scheduling == "sequence_batching":
         raise ConfigError(
             f"{where}: {CONFIG_FILENAME}: {scheduling} is not supported by this server yet",
             ErrorKind.UNSUPPORTED,
@@ -415,6 +436,7 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         path=model_path,
         proto=proto,
         batching=batching,
+        ensemble=ensemble,
     )
 
 
