@@ -406,7 +406,9 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
 
         ensemble = EnsemblePlan.build(
             proto.name, [t.name for t in inputs], [t.name for t in outputs],
-            [EnsembleStep(s.model_name, int(s.model_version), MappingProxyType(dict(s.input_map)),
+            [EnsembleStep(s.model_name,
+                          int(s.model_version) if s.model_version > 0 else -1,  # unset: the latest
+                          MappingProxyType(dict(s.input_map)),
                           MappingProxyType(dict(s.output_map)))
              for s in proto.ensemble_scheduling.step])
         groups = []

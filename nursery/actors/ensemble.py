@@ -22,7 +22,6 @@ import trio
 
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
-from nursery.model_config import ModelConfig
 from nursery.scheduling.ensemble_plan import EnsemblePlan
 from nursery.stats import BatchReport, StatsAccumulator
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
@@ -38,8 +37,8 @@ def _step_error(plan: EnsemblePlan, index: int, error: NurseryError) -> NurseryE
     return NurseryError(f"in ensemble '{plan.name}', {message}", error.kind)
 
 
-async def run_flow(plan: EnsemblePlan, config: ModelConfig, version: str,
-                   request: InferenceRequest, infer: Infer) -> InferenceResponse:
+async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
+                   infer: Infer) -> InferenceResponse:
     """One request through the graph; raises the failing step's error."""
     tensors: dict[str, Tensor] = dict(request.inputs)
     flow = plan.start()
@@ -61,34 +60,38 @@ async def run_flow(plan: EnsemblePlan, config: ModelConfig, version: str,
             answer = error
         send.send_nowait((index, answer))
 
+    failure: NurseryError | None = None
     async with trio.open_nursery() as steps:
         for index in flow.take_ready():
             steps.start_soon(run_step, index)
         while not flow.complete():
             index, answer = await receive.receive()
-            if isinstance(answer, NurseryError):
-                steps.cancel_scope.cancel()
-                raise _step_error(plan, index, answer)
             step = plan.steps[index]
-            for out in answer.outputs:
-                name = step.output_map.get(out.name)
-                if name is not None:
-                    tensors[name] = Tensor(name, out.datatype, out.shape, out.data)
-            missing = [o for o, name in step.output_map.items() if name not in tensors]
-            if missing:
-                steps.cancel_scope.cancel()
-                raise _step_error(plan, index, InternalError(
-                    f"model '{step.model_name}' did not produce output '{missing[0]}'"))
+            if not isinstance(answer, NurseryError):
+                for out in answer.outputs:
+                    name = step.output_map.get(out.name)
+                    if name is not None:
+                        tensors[name] = Tensor(name, out.datatype, out.shape, out.data)
+                missing = [o for o, name in step.output_map.items() if name not in tensors]
+                if missing:
+                    answer = InternalError(
+                        f"model '{step.model_name}' did not produce output '{missing[0]}'")
+            if isinstance(answer, NurseryError):
+                failure = _step_error(plan, index, answer)
+                steps.cancel_scope.cancel()  # the request failed: its other steps stop
+                break
             flow.finished(index)
             for ready in flow.take_ready():
                 steps.start_soon(run_step, ready)
+    if failure is not None:
+        raise failure
     wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
-    return InferenceResponse(config.name, version, [tensors[n] for n in wanted], id=request.id)
+    return InferenceResponse(plan.name, version, [tensors[n] for n in wanted], id=request.id)
 
 
 async def run(
     *,
-    config: ModelConfig,
+    plan: EnsemblePlan,
     version: str,
     infer: Infer,
     inbox: trio.MemoryReceiveChannel[Any],
@@ -96,8 +99,6 @@ async def run(
 ) -> None:
     """Serve requests until every sender of the inbox is gone, then let the requests in
     flight finish."""
-    plan = config.ensemble
-    assert plan is not None
     stats = StatsAccumulator()
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
     closing = False
@@ -107,7 +108,7 @@ async def run(
         with trio.CancelScope() as scope:
             scopes[id(work)] = scope
             try:
-                answer = await run_flow(plan, config, version, work.request, infer)
+                answer = await run_flow(plan, version, work.request, infer)
             except NurseryError as error:
                 answer = error
             finally:
@@ -130,7 +131,7 @@ async def run(
         async for message in inbox:
             if isinstance(message, InferWork):
                 if closing:
-                    _answer(message, Unavailable(f"model '{config.name}' is unloading"))
+                    _answer(message, Unavailable(f"model '{plan.name}' is unloading"))
                 elif not message.abandoned():
                     requests.start_soon(serve, message)
             elif isinstance(message, CancelWork):

@@ -431,7 +431,7 @@ class _Manager:
             with scope:
                 async with trio.open_nursery() as version_nursery:
                     await version_nursery.start(partial(
-                        ensemble.run, config=config, version=str(version), infer=infer,
+                        ensemble.run, plan=config.ensemble, version=str(version), infer=infer,
                         inbox=inbox))
                     handle = ModelHandle(config.name, version, config, intake)
                     task_status.started((handle, intake.clone()))

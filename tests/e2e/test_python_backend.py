@@ -31,10 +31,24 @@ def copy_model(repo: Path, name: str) -> None:
     (repo / name / "1").mkdir(exist_ok=True)
 
 
+def write_ensemble(repo: Path, name: str, io: str, steps: str, max_batch_size: int = 0) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n{io}\n'
+        f"ensemble_scheduling {{ step [ {steps} ] }}\n")
+
+
+ERROR_IO = ('input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]')
+
+
 def build_python_repo(repo: Path) -> Path:
     make_models.write_add_sub(repo, max_batch_size=64)
     for name in PY_MODELS:
         copy_model(repo, name)
+    write_ensemble(repo, "ens_error", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
     return repo
 
 
@@ -282,3 +296,69 @@ def test_initialize_failure_fails_the_load(start_server: Any, tmp_path: Path) ->
     assert index["py_init_fail"]["state"] == "UNAVAILABLE"
     assert "Failed to initialize Python stub" in reason and "model.py(3): initialize" in reason
     assert client.is_model_ready("py_error")
+
+
+def test_ensemble_over_grpc_and_step_errors(server: ServerProcess) -> None:
+    a, b = pair(3, seed=4)
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    result = g.infer("ens_add_sub_py", [grpc_input("A", a, "FP32"), grpc_input("B", b, "FP32")],
+                     outputs=[grpcclient.InferRequestedOutput("TWICE_B")])
+    np.testing.assert_allclose(result.as_numpy("TWICE_B"), 2 * b, rtol=1e-5, atol=1e-6)
+    assert result.as_numpy("TWICE_A") is None
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_model_metadata("ens_add_sub_py")["platform"] == "ensemble"
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_error", [http_input("X", np.array([0], dtype=np.int32), "INT32")])
+    assert raised.value.message().startswith(
+        "in ensemble 'ens_error', Failed to process the request(s) for model instance "
+        "'py_error', message: TritonModelException: zero is not allowed")
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_error", [http_input("X", np.array([1], dtype=np.int32), "INT32")])
+    assert raised.value.message() == "in ensemble 'ens_error', step 0 (model 'py_error'): one is refused"
+    assert raised.value.status() == "400"
+    ok = client.infer("ens_error", [http_input("X", np.array([9], dtype=np.int32), "INT32")])
+    assert ok.as_numpy("Y").tolist() == [9]
+    stats = client.get_inference_statistics("ens_error")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] >= 1
+    assert stats["inference_stats"]["fail"]["count"] >= 2
+
+
+def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    make_models.write_add_sub(repo, max_batch_size=64)
+    for name in ("py_add_sub", "ens_add_sub_py", "py_error"):
+        copy_model(repo, name)
+    write_ensemble(repo, "ens_unknown", ERROR_IO,
+                   '{ model_name: "nope" input_map { key: "INPUT0" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_unmapped", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "Z" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_wrong_io", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "IN" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_cycle", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "T" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }, '
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "Y" } '
+                   'output_map { key: "OUTPUT0" value: "T" } }')
+    server = start_server(repo, "--model-control-mode", "explicit")
+    client = httpclient.InferenceServerClient(server.url)
+    # loading an ensemble loads the models it is made of
+    client.load_model("ens_add_sub_py")
+    assert client.is_model_ready("add_sub") and client.is_model_ready("py_add_sub")
+    a, b = pair(1)
+    result = client.infer("ens_add_sub_py", [http_input("A", a, "FP32"), http_input("B", b, "FP32")])
+    np.testing.assert_allclose(result.as_numpy("TWICE_A"), 2 * a, rtol=1e-5, atol=1e-6)
+    for name, message in [
+        ("ens_unknown", "ensemble 'ens_unknown' depends on 'nope' which has no loaded version"),
+        ("ens_unmapped", "reads ensemble tensor 'Z', which is neither an ensemble input nor "
+                         "written by any step"),
+        ("ens_wrong_io", "model 'py_error' has no input 'IN'"),
+        ("ens_cycle", "has a cycle"),
+    ]:
+        with pytest.raises(InferenceServerException) as raised:
+            client.load_model(name)
+        assert message in raised.value.message(), raised.value.message()
+    assert client.is_server_live()
