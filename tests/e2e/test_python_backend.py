@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 MODELS = ROOT / "tests" / "models"
 PY_MODELS = ["py_add_sub", "py_string_identity", "py_identity_fp32", "py_bls", "py_bls_async",
-             "py_repeat", "py_error", "ens_add_sub_py"]
+             "py_repeat", "py_bls_decoupled", "py_error", "ens_add_sub_py"]
 
 
 def copy_model(repo: Path, name: str) -> None:
@@ -253,6 +253,16 @@ def test_decoupled_errors_and_no_empty_final(server: ServerProcess) -> None:
     got = _stream(server, [("d", np.array([], dtype=np.int32))], empty_final=True)
     assert len(got) == 1 and got[0][0].get_response().parameters[
         "triton_final_response"].bool_param
+
+
+def test_bls_to_a_decoupled_model(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    values = np.array([3, 4, 5, 6], dtype=np.int32)
+    result = client.infer("py_bls_decoupled", [http_input("IN", values, "INT32")])
+    assert result.as_numpy("SUM").tolist() == [18] and result.as_numpy("COUNT").tolist() == [4]
+    with pytest.raises(InferenceServerException) as raised:  # py_repeat sends an error
+        client.infer("py_bls_decoupled", [http_input("IN", np.array([2, -1], np.int32), "INT32")])
+    assert "negative value at 1" in raised.value.message()
 
 
 def test_decoupled_model_refused_by_unary_endpoints(server: ServerProcess) -> None:
