@@ -182,6 +182,7 @@ class PythonInstance:
         self._token = current_token()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._all_outputs = [o.name for o in config.outputs]
+        self._output_set = frozenset(self._all_outputs)
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -194,11 +195,11 @@ class PythonInstance:
         if response.has_error():
             return pb_utils.error_to_nursery(response.error())
         wanted = request.requested_outputs
-        names = {o.name for o in wanted} if wanted else None
+        names = {o.name for o in wanted} if wanted else self._output_set
         outputs = []
         for tensor in response.output_tensors():
-            if names is not None and tensor.name() not in names:
-                continue  # Triton returns only what was asked for
+            if tensor.name() not in names:
+                continue  # Triton returns only what was asked for (default: the config's)
             try:
                 outputs.append(tensor._unwrap())
             except NurseryError as exc:
