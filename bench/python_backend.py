@@ -81,7 +81,8 @@ def measure(server: ServerProcess, model: str, concurrency: int, args: argparse.
              "Server Compute Infer", "Server Compute Output", "Client Recv")
     avg_us = sum(float(row[p]) for p in parts if p in row)
     return {"throughput": float(row["Inferences/Second"]),
-            "p50_ms": float(row["p50 latency"]) / 1000, "avg_ms": avg_us / 1000}
+            "p50_ms": float(row["p50 latency"]) / 1000, "p99_ms": float(row["p99 latency"]) / 1000,
+            "avg_ms": avg_us / 1000}
 
 
 def main() -> None:
@@ -107,13 +108,14 @@ def main() -> None:
             server.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"| model | concurrency | infer/s | p50 ms | avg ms | avg over onnx_identity ms |  "
+    print(f"| model | concurrency | infer/s | p50 ms | p99 ms | avg ms | avg over onnx_identity ms |  "
           f"({args.protocol}, {args.measure_ms} ms windows)")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for (model, c), r in results.items():
         base = results.get(("onnx_identity", c))
         extra = f"{r['avg_ms'] - base['avg_ms']:+.3f}" if base else ""
-        print(f"| {model} | {c} | {r['throughput']:.0f} | {r['p50_ms']:.3f} | {r['avg_ms']:.3f} "
+        print(f"| {model} | {c} | {r['throughput']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
+              f"| {r['avg_ms']:.3f} "
               f"| {extra} |")
 
 
