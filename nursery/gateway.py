@@ -10,8 +10,9 @@ from the trio thread.
 from __future__ import annotations
 
 import math
+import queue
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,20 +73,58 @@ class Gateway:
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
         return trio.from_thread.run(self.infer, request, trio_token=self.token)
 
-    def stream_from_thread(self, request: InferenceRequest) -> list[Part]:
-        parts: list[Part] = []
+    def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
+        """The answers of one request, yielded on the calling thread as the target model
+        sends them (a decoupled model's stream arrives while it is still running)."""
+        reply = ThreadReply()
 
-        async def collect(part: Part) -> None:
-            parts.append(part)
+        def submit() -> InferWork | None:
+            handle = self.core.resolve(request.model_name, request.model_version)
+            if not handle.config.decoupled:
+                return None
+            work = make_work(request, handle, reply)  # type: ignore[arg-type]
+            handle.submit(work)
+            return work
 
-        trio.from_thread.run(self.stream, request, collect, trio_token=self.token)
-        return parts
+        try:
+            work = trio.from_thread.run_sync(submit, trio_token=self.token)
+            if work is None:  # not decoupled: its one response is the final part
+                yield Part(self.infer_from_thread(request), None, True)
+                return
+        except NurseryError as error:
+            yield Part(None, error, True)
+            return
+        try:
+            while True:
+                item = reply.queue.get()
+                if isinstance(item, NurseryError):
+                    yield Part(None, item, True)
+                    return
+                yield item
+                if item.final:
+                    return
+        finally:
+            reply.open_receive_channels = 0  # the caller stopped listening
 
 
-async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
-                           on_part: OnPart) -> None:
-    """Run one request on a decoupled model: its reply channel is unbounded and carries
-    :class:`Part` messages (or a bare error, which is final) until the final one."""
+class ThreadReply:
+    """A reply channel whose receiver is a plain thread (a BLS call from a model's thread):
+    what the scheduler and workers call on a reply channel, over a thread-safe queue."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.open_receive_channels = 1
+
+    def send_nowait(self, item: Any) -> None:
+        self.queue.put(item)
+
+    def statistics(self) -> ThreadReply:
+        return self
+
+
+def make_work(request: InferenceRequest, handle: ModelHandle,
+              reply: trio.MemorySendChannel[Any]) -> InferWork:
+    """Validate ``request`` for ``handle``'s model and wrap it for its scheduler."""
     from nursery.core import validate_request
 
     config = handle.config
@@ -96,9 +135,16 @@ async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
                           for n in config.shape_checked_inputs)
         if config.has_optional_inputs:
             signature = (signature, frozenset(request.inputs))
-    send, receive = trio.open_memory_channel[Any](math.inf)
-    work = InferWork(request, send, batch_size, time.monotonic_ns(), signature,
+    return InferWork(request, reply, batch_size, time.monotonic_ns(), signature,
                      request.priority, request.timeout_us)
+
+
+async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
+                           on_part: OnPart) -> None:
+    """Run one request on a decoupled model: its reply channel is unbounded and carries
+    :class:`Part` messages (or a bare error, which is final) until the final one."""
+    send, receive = trio.open_memory_channel[Any](math.inf)
+    work = make_work(request, handle, send)
     handle.submit(work)
     try:
         with receive:

@@ -452,7 +452,7 @@ class InferenceRequest:
         return loop.run_in_executor(None, self.exec, decoupled)
 
 
-def _responses(parts: list[Any]) -> Iterator[InferenceResponse]:
+def _responses(parts: Iterator[Any]) -> Iterator[InferenceResponse]:
     for part in parts:
         if part.error is not None:
             yield InferenceResponse([], error_from_nursery(part.error))

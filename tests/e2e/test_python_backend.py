@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 MODELS = ROOT / "tests" / "models"
 PY_MODELS = ["py_add_sub", "py_string_identity", "py_identity_fp32", "py_bls", "py_bls_async",
-             "py_repeat", "py_bls_decoupled", "py_error", "ens_add_sub_py"]
+             "py_repeat", "py_bls_decoupled", "py_bls_stream", "py_error", "ens_add_sub_py"]
 
 
 def copy_model(repo: Path, name: str) -> None:
@@ -210,13 +210,13 @@ def test_bls_and_ensemble_under_concurrent_load(server: ServerProcess) -> None:
 
 
 def _stream(server: ServerProcess, requests: list[tuple[str, np.ndarray]],
-            empty_final: bool) -> list[tuple[Any, Any]]:
+            empty_final: bool, model: str = "py_repeat") -> list[tuple[Any, Any]]:
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         for request_id, values in requests:
-            client.async_stream_infer("py_repeat", [grpc_input("IN", values, "INT32")],
+            client.async_stream_infer(model, [grpc_input("IN", values, "INT32")],
                                       request_id=request_id,
                                       enable_empty_final_response=empty_final)
         expected = sum(len(v) + (1 if empty_final else 0) for _, v in requests)
@@ -263,6 +263,14 @@ def test_bls_to_a_decoupled_model(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException) as raised:  # py_repeat sends an error
         client.infer("py_bls_decoupled", [http_input("IN", np.array([2, -1], np.int32), "INT32")])
     assert "negative value at 1" in raised.value.message()
+
+
+def test_decoupled_pipeline_forwards_a_bls_stream(server: ServerProcess) -> None:
+    got = _stream(server, [("p", np.array([1, 2, -3, 4], dtype=np.int32))], empty_final=False,
+                  model="py_bls_stream")
+    assert [None if r is None else r.as_numpy("DOUBLED").tolist() for r, _ in got] == [
+        [2], [4], None, [8]]
+    assert "negative value at 2" in str(got[2][1])
 
 
 def test_decoupled_model_refused_by_unary_endpoints(server: ServerProcess) -> None:
