@@ -247,8 +247,8 @@ class PythonInstance:
         try:
             result = self._call_execute(requests)
         except Exception as exc:
-            log.info("model '%s': %s", self.model_name, self._failure(exc).message)
             error = self._failure(exc)
+            log.info("%s", error.message)  # Triton logs it too (an error path, not the hot one)
             return self._close_open(senders, error)
         if self.decoupled:
             if result is not None:
