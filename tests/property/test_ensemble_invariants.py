@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nursery.actors import ensemble
-from nursery.errors import ConfigError, InternalError, NurseryError
-from nursery.messages import CloseIntake, InferWork
+from nursery.errors import ConfigError, ErrorKind, InternalError, NurseryError
+from nursery.messages import CancelWork, CloseIntake, InferWork
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -182,3 +182,39 @@ def test_invalid_graphs_are_refused(steps: list[EnsembleStep], outputs: list[str
                                     message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         EnsemblePlan.build("e", ["x"], outputs, steps)
+
+
+def test_cancel_stops_running_steps_and_close_refuses_new_requests() -> None:
+    plan = EnsemblePlan.build("e", ["x"], ["a"], [EnsembleStep("slow", -1, {"IN": "x"}, {"OUT": "a"})])
+    cancelled: list[bool] = []
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled.append(True)
+            raise
+        raise AssertionError("not reached")
+
+    async def main() -> None:
+        intake, inbox = trio.open_memory_channel[Any](100)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(ensemble.run, plan=plan, version="1", infer=infer,
+                                        inbox=inbox))
+            x = Tensor("x", DataType.FP32, (1,), np.zeros(1, np.float32))
+            send, receive = trio.open_memory_channel[Any](1)
+            work = InferWork(InferenceRequest("e", "", {"x": x}), send, 1, time.monotonic_ns())
+            await intake.send(work)
+            await trio.sleep(1)
+            await intake.send(CancelWork(work))
+            answer = await receive.receive()
+            assert isinstance(answer, NurseryError) and answer.kind is ErrorKind.CANCELLED
+            await intake.send(CloseIntake())
+            send2, receive2 = trio.open_memory_channel[Any](1)
+            await intake.send(InferWork(InferenceRequest("e", "", {"x": x}), send2, 1, 0))
+            late = await receive2.receive()
+            assert isinstance(late, NurseryError) and "unloading" in late.message
+            await intake.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert cancelled == [True]
