@@ -108,12 +108,12 @@ def import_model(path: Path, model_name: str) -> ModuleType:
 
 
 def instance_name(config: ModelConfig, placement: InstancePlacement) -> str:
-    """Triton's instance name: the group name, plus ``_<i>`` when the group has several."""
+    """Triton's instance name: ``<group name>_<index within the group>``."""
     start = 0
     for group in config.instance_groups:
         size = group.count * max(len(group.gpus), 1) if group.kind == "gpu" else group.count
         if placement.index < start + size:
-            return group.name if size == 1 else f"{group.name}_{placement.index - start}"
+            return f"{group.name}_{placement.index - start}"
         start += size
     return placement.name
 
@@ -209,8 +209,8 @@ class PythonInstance:
                                  parameters=dict(response._parameters))
 
     def _failure(self, exc: BaseException) -> NurseryError:
-        return InternalError(
-            f"Failed to process the request(s) for model instance '{self.instance_name}', "
+        return InternalError(  # Triton 2.51's words (it names the instance "model")
+            f"Failed to process the request(s) for model '{self.instance_name}', "
             f"message: {describe(exc)}")
 
     # -- execution ---------------------------------------------------------------------------
@@ -248,7 +248,7 @@ class PythonInstance:
             result = self._call_execute(requests)
         except Exception as exc:
             error = self._failure(exc)
-            log.info("%s", error.message)  # Triton logs it too (an error path, not the hot one)
+            log.error("%s", error.message)  # Triton logs it too (an error path, not the hot one)
             return self._close_open(senders, error)
         if self.decoupled:
             if result is not None:
@@ -384,8 +384,8 @@ class PythonFactory:
                     finally:
                         loop.close()
         except Exception as exc:
-            raise InternalError(f"Failed to initialize Python stub for model instance "
-                                f"'{name}': {describe(exc)}") from exc
+            log.error("Failed to initialize Python stub: %s", describe(exc))
+            raise InternalError(describe(exc)) from exc  # the load failure reason, as Triton
         return PythonInstance(model, config, version_path.name, name)
 
 

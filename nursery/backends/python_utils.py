@@ -454,10 +454,10 @@ class InferenceRequest:
             request = self._to_nursery()
             gw = gateway.current()
             if decoupled:
-                return _responses(gw.stream_from_thread(request))
+                return _responses(gw.stream_from_thread(request), self._model_name)
             return InferenceResponse._from_nursery(gw.infer_from_thread(request))
         except NurseryError as exc:
-            failed = InferenceResponse([], error_from_nursery(exc))
+            failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
             return iter([failed]) if decoupled else failed
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
@@ -466,10 +466,20 @@ class InferenceRequest:
         return loop.run_in_executor(None, self.exec, decoupled)
 
 
-def _responses(parts: Iterator[Any]) -> Iterator[InferenceResponse]:
+def _bls_error(model: str, error: NurseryError) -> NurseryError:
+    """Triton's words when the target model is not there (unknown, or no ready version)."""
+    if error.kind in (ErrorKind.NOT_FOUND, ErrorKind.UNAVAILABLE) and "unknown model" in (
+            error.message):
+        return NurseryError(
+            f"Model {model} - Error when running inference: Failed for execute the inference "
+            f"request. Model '{model}' is not ready.", error.kind)
+    return error
+
+
+def _responses(parts: Iterator[Any], model: str) -> Iterator[InferenceResponse]:
     for part in parts:
         if part.error is not None:
-            yield InferenceResponse([], error_from_nursery(part.error))
+            yield InferenceResponse([], error_from_nursery(_bls_error(model, part.error)))
         elif part.response is not None:
             yield InferenceResponse._from_nursery(part.response)
         else:

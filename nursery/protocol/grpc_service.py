@@ -112,9 +112,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             handle = self.core.resolve(message.model_name, message.model_version)
             if handle.config.decoupled:
                 raise Unsupported(
-                    f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
-                    f"use ModelStreamInfer for model '{message.model_name}'"
-                )
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy")
             request = grpc_codec.decode_request(message)
             response = await self.core.infer(request, handle)
             return grpc_codec.encode_response(response)

@@ -144,13 +144,13 @@ async def test_execute_answers_become_responses_or_errors(tmp_path: Path) -> Non
     config, _ = read_model_config(path, "b")
     placement = InstancePlacement("b_0", 0, "cpu", 0)
     instance = python_backend.FACTORY.load(config, path / "1", placement)
-    assert instance._model.args["model_instance_name"] == "b"  # the default group
+    assert instance._model.args["model_instance_name"] == "b_0"  # the default group "b"
     assert instance._model.args["model_repository"] == str(path)
 
     answers, _ = await run_one(instance, 0)
     assert isinstance(answers[0], InternalError)
-    assert answers[0].message.startswith("Failed to process the request(s) for model instance "
-                                         "'b', message: KeyError: 'boom'\n\nAt:\n")
+    assert answers[0].message.startswith("Failed to process the request(s) for model "
+                                         "'b_0', message: KeyError: 'boom'\n\nAt:\n")
     answers, _ = await run_one(instance, 1)
     assert answers[0].message == ("Number of InferenceResponse objects do not match the number "
                                   "of InferenceRequest objects. InferenceRequest(s) size is:1, "
@@ -191,5 +191,5 @@ def test_initialize_failure_is_a_load_failure(tmp_path: Path) -> None:
     with pytest.raises(NurseryError) as raised:
         python_backend.FACTORY.load(config, path / "1", InstancePlacement("f_0", 0, "cpu", 0))
     assert raised.value.kind is ErrorKind.INTERNAL
-    assert "RuntimeError: cannot start" in raised.value.message
+    assert raised.value.message.startswith("RuntimeError: cannot start\n\nAt:\n")
     assert "model.py(4): initialize" in raised.value.message
