@@ -175,7 +175,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 reply = encode_stream_response(grpc_codec.encode_response(
                     part.response, FINAL_RESPONSE if part.final else NOT_FINAL_RESPONSE))
             elif empty_final:
-                empty = InferenceResponse(handle.name, handle.version_str, [], id=request.id)
+                empty = InferenceResponse(handle.name, "", [], id=request.id)  # as Triton: no version
                 reply = encode_stream_response(grpc_codec.encode_response(empty, FINAL_RESPONSE))
             else:
                 return
