@@ -44,28 +44,40 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
     flow = plan.start()
     send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
 
-    async def run_step(index: int) -> None:
+    def step_request(index: int) -> InferenceRequest:
         step = plan.steps[index]
         inputs = {}
         for model_input, name in step.input_map.items():
             t = tensors[name]
             inputs[model_input] = Tensor(model_input, t.datatype, t.shape, t.data)
-        step_request = InferenceRequest(
+        return InferenceRequest(
             step.model_name, step.version_str, inputs,
             tuple(RequestedOutput(o) for o in step.output_map), request.id,
             request.parameters, request.priority, request.timeout_us)
+
+    async def call(index: int) -> Any:
         try:
-            answer: Any = await infer(step_request)
+            return await infer(step_request(index))
         except NurseryError as error:
-            answer = error
-        send.send_nowait((index, answer))
+            return error
+
+    async def run_step(index: int) -> None:
+        send.send_nowait((index, await call(index)))
 
     failure: NurseryError | None = None
+    running = 0
     async with trio.open_nursery() as steps:
-        for index in flow.take_ready():
-            steps.start_soon(run_step, index)
+        ready = flow.take_ready()
         while not flow.complete():
-            index, answer = await receive.receive()
+            if len(ready) == 1 and running == 0:
+                index = ready[0]  # a chain: the step runs right here, no task, no hop
+                answer = await call(index)
+            else:
+                for i in ready:
+                    steps.start_soon(run_step, i)
+                running += len(ready)
+                index, answer = await receive.receive()
+                running -= 1
             step = plan.steps[index]
             if not isinstance(answer, NurseryError):
                 for out in answer.outputs:
@@ -81,8 +93,7 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                 steps.cancel_scope.cancel()  # the request failed: its other steps stop
                 break
             flow.finished(index)
-            for ready in flow.take_ready():
-                steps.start_soon(run_step, ready)
+            ready = flow.take_ready()
     if failure is not None:
         raise failure
     wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
