@@ -217,7 +217,8 @@ class PythonInstance:
 
     def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         result = self._model.execute(requests)
-        if inspect.isawaitable(result):  # async def execute: run on this thread's own loop
+        if type(result) is not list and inspect.isawaitable(result):  # async def execute:
+            # run it on this thread's own loop
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
             result = self._loop.run_until_complete(result)
