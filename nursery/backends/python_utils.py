@@ -207,7 +207,7 @@ class _Capsule:
 class Tensor:
     """A named tensor over a numpy array (the array itself, not a copy)."""
 
-    __slots__ = ("_name", "_array", "_datatype")
+    __slots__ = ("_name", "_array", "_datatype", "_wire")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
@@ -224,6 +224,7 @@ class Tensor:
         self._name = name
         self._array = array
         self._datatype: DataType | None = None
+        self._wire = False
 
     @classmethod
     def _wrap(cls, tensor: _Tensor) -> Tensor:
@@ -231,6 +232,7 @@ class Tensor:
         obj._name = tensor.name
         obj._array = tensor.data
         obj._datatype = tensor.datatype
+        obj._wire = True
         return obj
 
     def _unwrap(self) -> _Tensor:
@@ -243,7 +245,13 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        return self._array
+        array = self._array
+        if self._wire and not array.flags.writeable:
+            # a view over the request's wire bytes; Triton's models may write into their
+            # inputs (its arrays live in writable shared memory): copy once, on first use
+            array = self._array = array.copy()
+            self._wire = False
+        return array
 
     def triton_dtype(self) -> int | None:
         if self._datatype is not None:

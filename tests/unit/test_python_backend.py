@@ -54,6 +54,10 @@ def test_tensors_share_memory_and_know_their_types() -> None:
     assert pb_utils.Tensor("S", np.array([b"ab", b"c"])).as_numpy().dtype == object
     with pytest.raises(pb_utils.TritonModelException, match="Please use np.object_"):
         pb_utils.Tensor("U", np.array(["text"]))
+    wire = np.frombuffer(b"\x01\x00\x00\x00", dtype=np.int32)  # a read-only request view
+    served = pb_utils.Tensor._wrap(Tensor("IN", DataType.INT32, (1,), wire))
+    served.as_numpy()[0] += 1  # models may write into their inputs, as on Triton
+    assert served.as_numpy().tolist() == [2] and wire.tolist() == [1]
     assert pb_utils.triton_string_to_numpy("TYPE_INT64") is np.int64
     data = pb_utils.serialize_byte_tensor(np.array([b"x", b"yz"], dtype=object))
     assert pb_utils.deserialize_bytes_tensor(data.tobytes()).tolist() == [b"x", b"yz"]
