@@ -387,3 +387,18 @@ def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
             client.load_model(name)
         assert message in raised.value.message(), raised.value.message()
     assert client.is_server_live()
+
+
+def test_answers_match_triton_2_51(server: ServerProcess) -> None:
+    """Every Python-backend conformance case answers what Triton 2.51's Python backend did."""
+    import json
+
+    from tests.conformance import python_cases
+
+    repo = server.args[server.args.index("--model-repository") + 1]
+    recorded = json.loads((Path(python_cases.__file__).parent / "triton_2_51_python.json")
+                          .read_text())
+    got = python_cases.run("127.0.0.1", server.http_port, server.grpc_port, repo)
+    assert sorted(got) == sorted(recorded)
+    for case, answer in recorded.items():
+        assert got[case] == answer, case
