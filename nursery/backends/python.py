@@ -33,6 +33,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -215,13 +216,20 @@ class PythonInstance:
 
     # -- execution ---------------------------------------------------------------------------
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """This instance's asyncio loop (for ``async def`` models), created on first use. Its
+        executor runs ``async_exec`` BLS calls, each waiting on its target: allow many."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.set_default_executor(ThreadPoolExecutor(
+                max_workers=64, thread_name_prefix=f"{self.instance_name}-bls"))
+        return self._loop
+
     def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         result = self._model.execute(requests)
         if type(result) is not list and inspect.isawaitable(result):  # async def execute:
             # run it on this thread's own loop
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            result = self._loop.run_until_complete(result)
+            result = self._event_loop().run_until_complete(result)
         return result
 
     def execute_requests(self, work: Sequence[InferWork]) -> list[Any]:
@@ -314,9 +322,7 @@ class PythonInstance:
             if finalize is not None:
                 result = finalize()
                 if inspect.isawaitable(result):
-                    if self._loop is None:
-                        self._loop = asyncio.new_event_loop()
-                    self._loop.run_until_complete(result)
+                    self._event_loop().run_until_complete(result)
         finally:
             if self._loop is not None:
                 self._loop.close()
