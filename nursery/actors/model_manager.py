@@ -527,9 +527,13 @@ class _Manager:
         log.info("successfully unloaded '%s' version %d", name, version)
 
     async def unload_all(self) -> None:
-        async with trio.open_nursery() as nursery:
-            for name in sorted({n for (n, _) in self.live}):
-                nursery.start_soon(self.unload, name)
+        # ensembles first: their requests in flight still need the models they are made of
+        ensembles = {n for (n, _), live in self.live.items()
+                     if live.handle.config.ensemble is not None}
+        for group in (ensembles, {n for (n, _) in self.live} - ensembles):
+            async with trio.open_nursery() as nursery:
+                for name in sorted(group):
+                    nursery.start_soon(self.unload, name)
 
 
 async def run(
