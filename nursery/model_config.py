@@ -42,6 +42,7 @@ from nursery.protocol._generated import inference as pb
 from nursery.repository import available_versions, select_versions
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
 from nursery.sequence_config import SequenceConfig, sequence_config
+from nursery.scheduling.ensemble_plan import EnsemblePlan
 from nursery.types import DataType
 
 log = logging.getLogger("nursery.config")
@@ -90,6 +91,7 @@ class ModelConfig:
     proto: pb.ModelConfig = field(repr=False, compare=False)
     batching: BatchConfig | None = None  # the dynamic batcher's settings, when configured
     sequence: SequenceConfig | None = None  # the sequence batcher's settings, when configured
+    ensemble: EnsemblePlan | None = None  # an ensemble's validated step graph
     input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
@@ -215,7 +217,10 @@ def read_model_config(
             f"'{model_path}', and the version policy selects none of them (a version is a "
             "numbered folder holding the model file)"
         )
-    factory = get_factory(proto.backend, model_name)
+    if proto.platform == "ensemble":
+        auto_complete = False  # nothing to complete from: an ensemble has no model file
+    else:
+        factory = get_factory(proto.backend, model_name)
     if auto_complete:
         version_path = model_path / str(versions[-1])
         try:
@@ -237,7 +242,9 @@ def _fill_backend(
     proto: pb.ModelConfig, model_path: Path, versions: list[int], where: str
 ) -> None:
     if proto.platform == "ensemble":
-        raise ConfigError(f"{where}: ensembles are not supported yet")
+        if proto.backend:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: an ensemble names no 'backend'")
+        return  # no backend and no model file: its steps are other models
     if not proto.backend and proto.platform:
         backend = PLATFORM_TO_BACKEND.get(proto.platform)
         if backend is None:
@@ -401,11 +408,22 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
     batching = _batch_config(proto, where) if scheduling == "dynamic_batching" else None
     sequence = (sequence_config(proto, model_path, where)
                 if scheduling == "sequence_batching" else None)
-    if scheduling == "ensemble_scheduling":
+    ensemble = None
+    if (scheduling == "ensemble_scheduling") != (proto.platform == "ensemble"):
         raise ConfigError(
-            f"{where}: {CONFIG_FILENAME}: {scheduling} is not supported by this server yet",
-            ErrorKind.UNSUPPORTED,
-        )
+            f"{where}: {CONFIG_FILENAME}: 'ensemble_scheduling' goes with platform 'ensemble' "
+            "(and an ensemble needs 'ensemble_scheduling')")
+    if scheduling == "ensemble_scheduling":
+        from nursery.scheduling.ensemble_plan import EnsembleStep
+
+        ensemble = EnsemblePlan.build(
+            proto.name, [t.name for t in inputs], [t.name for t in outputs],
+            [EnsembleStep(s.model_name,
+                          int(s.model_version) if s.model_version > 0 else -1,  # unset: the latest
+                          MappingProxyType(dict(s.input_map)),
+                          MappingProxyType(dict(s.output_map)))
+             for s in proto.ensemble_scheduling.step])
+        groups = []
     which, latest = betterproto.which_one_of(proto.version_policy, "policy_choice")
     if which == "latest" and latest.num_versions < 1:
         raise ConfigError(
@@ -431,6 +449,7 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         proto=proto,
         batching=batching,
         sequence=sequence,
+        ensemble=ensemble,
     )
 
 

@@ -19,7 +19,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from nursery import stats
+from nursery import gateway, stats
 from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.arrival_log import ArrivalLog
@@ -196,6 +196,7 @@ async def serve(
                                          gpu=settings.allow_gpu_metrics)
     # before any model loads: schedulers read this when they start
     stats.configure(summaries=settings.allow_metrics and options.summary_latencies)
+    gateway.install(core)  # BLS calls and ensemble steps go through this core
     shutdown = trio.Event()
     try:
         await _serve(settings, core, options, shutdown, handle_signals, task_status)

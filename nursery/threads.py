@@ -21,6 +21,16 @@ import trio
 T = TypeVar("T")
 
 _STOP = object()
+_local = threading.local()
+
+
+def current_token() -> trio.lowlevel.TrioToken:
+    """The trio token of the run that owns the calling thread (a :class:`DedicatedThread`
+    or the trio thread itself), for code that must call back into trio."""
+    token = getattr(_local, "token", None)
+    if token is None:
+        token = trio.lowlevel.current_trio_token()  # RuntimeError outside trio
+    return token  # type: ignore[no-any-return]
 
 
 class DedicatedThread:
@@ -36,6 +46,7 @@ class DedicatedThread:
 
     def _main(self) -> None:
         run_sync_soon = self._token.run_sync_soon
+        _local.token = self._token
         while True:
             job = self._jobs.get()
             if job is _STOP:

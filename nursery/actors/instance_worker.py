@@ -98,6 +98,44 @@ def resource_needs(config: ModelConfig,
             needs = tuple(ResourceNeed(r.name, r.count, r.global_) for r in limits.resources)
             return needs, limits.priority
     return (), 0
+def _run_requests(
+    backend: Any, config: ModelConfig, version: str, batch: ExecuteBatch,
+    states: SlotStates | None = None,
+) -> tuple[list[Any] | NurseryError, BatchReport]:
+    """A batch for a backend that takes whole requests (``execute_requests``): it answers
+    each request itself; ``None`` answers are already on their way (decoupled models)."""
+    t0 = time.monotonic_ns()
+    responses: list[Any] | NurseryError
+    try:
+        responses = backend.execute_requests(batch.work)
+    except NurseryError as exc:
+        responses = exc
+    except Exception as exc:
+        log.exception("model '%s' version %s: batch failed", config.name, version)
+        responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
+    t1 = time.monotonic_ns()
+    for w in batch.work:
+        trace = w.request.trace
+        if trace:
+            trace.stamp("COMPUTE_START", t0)
+            trace.stamp("COMPUTE_END", t1)
+    failed = isinstance(responses, NurseryError) or any(
+        isinstance(r, NurseryError) for r in responses)
+    report = BatchReport(
+        batch_size=sum(w.batch_size for w in batch.work),
+        requests=len(batch.work),
+        succeeded=not failed,
+        queue_ns=sum(t0 - w.enqueued_ns for w in batch.work),
+        request_ns=sum(t1 - w.enqueued_ns for w in batch.work),
+        compute_input_ns=0,
+        compute_infer_ns=t1 - t0,
+        compute_output_ns=0,
+        finished_ms=time.time_ns() // 1_000_000,
+        enqueued_ns=tuple(w.enqueued_ns for w in batch.work),
+        started_ns=t0,
+        ended_ns=t1,
+    )
+    return responses, report
 
 
 def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:
@@ -123,6 +161,8 @@ def _ignore(result: outcome.Outcome[Any]) -> None:
 
 def _deliver(pairs: list[tuple[InferWork, Any]]) -> None:
     for item, answer in pairs:
+        if answer is None:
+            continue  # the backend answers this request itself (decoupled)
         try:
             item.reply.send_nowait(answer)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -190,6 +230,7 @@ async def run(
     try:
         async with inbox, scheduler:
             backend = await thread.call(factory.load, config, version_path, placement)
+            runner = _run_requests if hasattr(backend, "execute_requests") else _run_batch
             for sample in warmup:  # the instance is ready only once its warm-up ran
                 for _ in range(sample.count):
                     await thread.call(_warm, backend, config, sample)
@@ -209,7 +250,7 @@ async def run(
                     batch_done = trio.Event()
                 in_flight += 1
                 all_done = trio.Event() if in_flight == 1 else all_done
-                thread.submit(_run_batch, (backend, config, version, batch, states),
+                thread.submit(runner, (backend, config, version, batch, states),
                               partial(finished, batch))
                 if limiter is not None:
                     await batch_done.wait()  # one batch at a time while holding resources

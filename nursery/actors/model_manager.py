@@ -26,9 +26,10 @@ from typing import Any
 
 import trio
 
-from nursery.actors import instance_worker, scheduler
+from nursery import gateway
+from nursery.actors import ensemble, instance_worker, scheduler
 from nursery.backends.base import get_factory
-from nursery.errors import ErrorKind, InternalError, InvalidArgument, NurseryError
+from nursery.errors import ConfigError, ErrorKind, InternalError, InvalidArgument, NurseryError
 from nursery.handles import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
 from nursery.model_config import ModelConfig, read_model_config
@@ -151,6 +152,8 @@ class _Manager:
         # what each model's folder held when it last loaded, to reload only on change
         self.loaded_from: dict[str, ModelFingerprint | None] = {}
         self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
+        self.loading: dict[str, trio.Event] = {}  # models being loaded by load_many
+        self.ensembles_waiting: set[str] = set()
 
     # -- state (the only writer) -----------------------------------------------------------
 
@@ -175,9 +178,17 @@ class _Manager:
     async def load_many(self, names: Iterable[str]) -> list[str]:
         """Load models concurrently; returns the names that failed."""
         failed: list[str] = []
+        names = list(names)
+        for name in names:  # ensembles wait for the composing models loading beside them
+            self.loading.setdefault(name, trio.Event())
 
         async def one(name: str) -> None:
-            error = await self.load(name)
+            try:
+                error = await self.load(name)
+            finally:
+                event = self.loading.pop(name, None)
+                if event is not None:
+                    event.set()
             if error is not None:
                 failed.append(name)
 
@@ -345,6 +356,9 @@ class _Manager:
     ) -> None:
         """The life of one version: its own nursery holding its workers and scheduler."""
         name = location.name
+        if config.ensemble is not None:
+            await self._serve_ensemble(config, version, scope, done, task_status)
+            return
         version_path = location.path / str(version)
         factory = get_factory(config.backend, name)
         placements = config.placements()
@@ -413,6 +427,86 @@ class _Manager:
             intake.close()
             done.set()
 
+    # -- ensembles -------------------------------------------------------------------------
+
+    async def _serve_ensemble(
+        self,
+        config: ModelConfig,
+        version: int,
+        scope: trio.CancelScope,
+        done: trio.Event,
+        task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
+    ) -> None:
+        """An ensemble version: its composing models checked, then its EnsembleScheduler."""
+        intake, inbox = trio.open_memory_channel[Any](math.inf)
+        try:
+            await self._check_ensemble(config)
+            infer = gateway.current_or_new(self.directory).infer
+            with scope:
+                async with trio.open_nursery() as version_nursery:
+                    await version_nursery.start(partial(
+                        ensemble.run, plan=config.ensemble, version=str(version), infer=infer,
+                        inbox=inbox))
+                    handle = ModelHandle(config.name, version, config, intake)
+                    task_status.started((handle, intake.clone()))
+        finally:
+            intake.close()
+            done.set()
+
+    async def _check_ensemble(self, config: ModelConfig) -> None:
+        """Every step's model is loaded (loading it first when it never was), its inputs and
+        outputs exist, and each ensemble tensor has one datatype along the graph."""
+        plan = config.ensemble
+        assert plan is not None
+        where = f"ensemble '{config.name}'"
+        self.ensembles_waiting.add(config.name)
+        try:
+            for model in sorted(plan.models()):
+                if model == config.name or model in self.ensembles_waiting:
+                    raise ConfigError(f"circular dependency between ensembles: {where} and "
+                                      f"'{model}' use each other")
+                event = self.loading.get(model)
+                if event is not None:
+                    await event.wait()
+                elif self.directory.entry(model) is None:
+                    await self.load(model)  # Triton loads an ensemble's models with it
+        finally:
+            self.ensembles_waiting.discard(config.name)
+        types = {t.name: t.datatype for t in config.inputs}
+        types.update((t.name, t.datatype) for t in config.outputs)
+        for i, step in enumerate(plan.steps):
+            label = f"{where} step {i}"
+            try:
+                handle = self.directory.resolve(step.model_name, step.version_str)
+            except NurseryError as exc:
+                entry = self.directory.entry(step.model_name)
+                failure = ""
+                if entry is not None:
+                    reasons = [s.reason for s in entry.versions.values() if s.reason]
+                    failure = (entry.reason or (reasons[0] if reasons else ""))
+                raise ConfigError(
+                    f"{where} depends on '{step.model_name}' which has no loaded version"
+                    + (f". Model '{step.model_name}' loading failed with error: {failure}"
+                       if failure else f": {exc.message}")) from None
+            model = handle.config
+            if model.decoupled:
+                raise ConfigError(f"{label}: model '{model.name}' is decoupled; ensembles of "
+                                  "decoupled models are not supported by this server yet")
+            for what, mapping, specs in (("input", step.input_map, model.input_map),
+                                         ("output", step.output_map, model.output_map)):
+                for tensor_name, ensemble_tensor in mapping.items():
+                    spec = specs.get(tensor_name)
+                    if spec is None:
+                        raise ConfigError(
+                            f"{label}: model '{model.name}' has no {what} '{tensor_name}' "
+                            f"(it has: {', '.join(sorted(specs))})")
+                    seen = types.setdefault(ensemble_tensor, spec.datatype)
+                    if seen is not spec.datatype:
+                        raise ConfigError(
+                            f"{label}: ensemble tensor '{ensemble_tensor}' is {seen.value} "
+                            f"elsewhere but {what} '{tensor_name}' of model '{model.name}' is "
+                            f"{spec.datatype.value}")
+
     # -- unloading -------------------------------------------------------------------------
 
     async def _drain(self, live: _Live) -> None:
@@ -447,9 +541,13 @@ class _Manager:
         log.info("successfully unloaded '%s' version %d", name, version)
 
     async def unload_all(self) -> None:
-        async with trio.open_nursery() as nursery:
-            for name in sorted({n for (n, _) in self.live}):
-                nursery.start_soon(self.unload, name)
+        # ensembles first: their requests in flight still need the models they are made of
+        ensembles = {n for (n, _), live in self.live.items()
+                     if live.handle.config.ensemble is not None}
+        for group in (ensembles, {n for (n, _) in self.live} - ensembles):
+            async with trio.open_nursery() as nursery:
+                for name in sorted(group):
+                    nursery.start_soon(self.unload, name)
 
 
 async def run(

@@ -169,6 +169,8 @@ async def run(
 
 
 def _answer(work: Any, answer: Any) -> None:
+    if answer is None:
+        return  # the backend answered this request itself (decoupled)
     try:
         work.reply.send_nowait(answer)
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):

@@ -20,6 +20,9 @@ import numpy as np
 from nursery.errors import ConfigError
 
 if TYPE_CHECKING:
+    from typing import Any
+
+    from nursery.messages import InferWork
     from nursery.model_config import ModelConfig
     from nursery.protocol._generated import inference as pb
 
@@ -50,6 +53,14 @@ class BackendInstance(Protocol):
     def close(self) -> None: ...
 
 
+class RequestBackendInstance(BackendInstance, Protocol):
+    """A backend that takes whole requests rather than one batched tensor per input (the
+    Python backend): one answer per request (an ``InferenceResponse`` or a ``NurseryError``),
+    or ``None`` where the backend answers the requester itself (decoupled models)."""
+
+    def execute_requests(self, work: Sequence[InferWork]) -> list[Any]: ...
+
+
 class BackendFactory(Protocol):
     name: str  # the config's ``backend`` value, e.g. "onnxruntime"
     platform: str  # the matching ``platform`` value, e.g. "onnxruntime_onnx" ("" if none)
@@ -70,6 +81,7 @@ class BackendFactory(Protocol):
 # package (torch, tensorrt) only matters to the models that use it.
 _MODULES = {
     "onnxruntime": "nursery.backends.onnxruntime",
+    "python": "nursery.backends.python",
 }
 # platform -> backend name, and the default model file of each, as Triton fills them in.
 PLATFORM_TO_BACKEND = {

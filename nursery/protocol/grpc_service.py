@@ -20,11 +20,15 @@ import trio_asyncio
 from nursery.config_json import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import ErrorKind, InvalidArgument, NurseryError, Unavailable, Unsupported
+from nursery.gateway import Part, stream_decoupled
 from nursery.protocol import grpc_codec, stats_codec
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
 from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
 from nursery.protocol.status_map import GRPC_STATUS
+from nursery.types import InferenceResponse
+
+NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
 
 
 def _status(error: NurseryError) -> grpclib.GRPCError:
@@ -113,9 +117,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             handle = self.core.resolve(message.model_name, message.model_version)
             if handle.config.decoupled:
                 raise Unsupported(
-                    f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
-                    f"use ModelStreamInfer for model '{message.model_name}'"
-                )
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy")
             request = grpc_codec.decode_request(message)
             request.trace = trace or False  # False: sampled here, not traced
             response = await self.core.infer(request, handle)
@@ -165,6 +167,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 self.draining.leave()
             await reply(message)
 
+        async def decoupled(request: Any, handle: Any) -> None:
+            try:
+                await self._stream_decoupled(request, handle, lock, send)
+            except NurseryError as error:
+                await reply(encode_stream_response(None, error.message))
+            finally:
+                self.draining.leave()
+
         async with trio.open_nursery() as nursery:
             while True:
                 message = await receive()
@@ -181,6 +191,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message)
+                    if handle.config.decoupled:  # responses as they come
+                        nursery.start_soon(decoupled, request, handle)
+                        continue
                     if handle.config.sequence is None:  # no order to keep: the full path
                         nursery.start_soon(infer, request, handle)  # (cache, tracing)
                         continue
@@ -190,6 +203,29 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     nursery.start_soon(reply, encode_stream_response(None, error.message))
                     continue
                 nursery.start_soon(finish, work, answer, handle)
+
+    async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
+                                send: Any) -> None:
+        """A decoupled model's responses, each written as it comes, flagged
+        ``triton_final_response``; a bare final flag becomes an empty final response only
+        when the request asked for it (``triton_enable_empty_final_response``), as in Triton."""
+        empty_final = bool(request.parameters.get("triton_enable_empty_final_response"))
+
+        async def emit(part: Part) -> None:
+            if part.error is not None:
+                reply = encode_stream_response(None, part.error.message)
+            elif part.response is not None:
+                reply = encode_stream_response(grpc_codec.encode_response(
+                    part.response, FINAL_RESPONSE if part.final else NOT_FINAL_RESPONSE))
+            elif empty_final:
+                empty = InferenceResponse(handle.name, "", [], id=request.id)  # as Triton: no version
+                reply = encode_stream_response(grpc_codec.encode_response(empty, FINAL_RESPONSE))
+            else:
+                return
+            async with lock:
+                await send(reply)
+
+        await stream_decoupled(request, handle, emit)
 
     # -- extensions that land later --------------------------------------------------------
 

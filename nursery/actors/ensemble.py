@@ -1,0 +1,162 @@
+"""EnsembleScheduler: runs an ensemble's step graph for each request.
+
+The ensemble's version nursery holds this one actor (an ensemble has no instances). Its inbox
+takes what any scheduler's does (``InferWork``, ``CancelWork``, ``StatsQuery``,
+``CloseIntake``). Each request flows through the graph in a task of its own: every step whose
+input tensors exist starts at once (independent steps run concurrently), as a request to the
+step's model through ``infer`` (the server's core: that model's own scheduler, so its
+batching applies). Tensors pass between steps as the same numpy arrays, renamed, never
+copied. The first failing step fails the request ("in ensemble '<name>', ..."), the other
+steps of that request are cancelled; when every step has run, the requested ensemble outputs
+are the answer. The graph bookkeeping is the pure :class:`~nursery.scheduling.ensemble_plan.Flow`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
+from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
+from nursery.scheduling.ensemble_plan import EnsemblePlan
+from nursery.stats import BatchReport, StatsAccumulator
+from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+Infer = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
+
+
+def _step_error(plan: EnsemblePlan, index: int, error: NurseryError) -> NurseryError:
+    model = plan.steps[index].model_name
+    message = error.message
+    if f"'{model}" not in message:  # name the step when the model's message does not
+        message = f"step {index} (model '{model}'): {message}"
+    return NurseryError(f"in ensemble '{plan.name}', {message}", error.kind)
+
+
+async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
+                   infer: Infer) -> InferenceResponse:
+    """One request through the graph; raises the failing step's error."""
+    tensors: dict[str, Tensor] = dict(request.inputs)
+    flow = plan.start()
+    send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
+
+    def step_request(index: int) -> InferenceRequest:
+        step = plan.steps[index]
+        inputs = {}
+        for model_input, name in step.input_map.items():
+            t = tensors[name]
+            inputs[model_input] = Tensor(model_input, t.datatype, t.shape, t.data)
+        return InferenceRequest(
+            step.model_name, step.version_str, inputs,
+            tuple(RequestedOutput(o) for o in step.output_map), request.id,
+            request.parameters, request.priority, request.timeout_us)
+
+    async def call(index: int) -> Any:
+        try:
+            return await infer(step_request(index))
+        except NurseryError as error:
+            return error
+
+    async def run_step(index: int) -> None:
+        send.send_nowait((index, await call(index)))
+
+    failure: NurseryError | None = None
+    running = 0
+    async with trio.open_nursery() as steps:
+        ready = flow.take_ready()
+        while not flow.complete():
+            if len(ready) == 1 and running == 0:
+                index = ready[0]  # a chain: the step runs right here, no task, no hop
+                answer = await call(index)
+            else:
+                for i in ready:
+                    steps.start_soon(run_step, i)
+                running += len(ready)
+                index, answer = await receive.receive()
+                running -= 1
+            step = plan.steps[index]
+            if not isinstance(answer, NurseryError):
+                for out in answer.outputs:
+                    name = step.output_map.get(out.name)
+                    if name is not None:
+                        tensors[name] = Tensor(name, out.datatype, out.shape, out.data)
+                missing = [o for o, name in step.output_map.items() if name not in tensors]
+                if missing:
+                    answer = InternalError(
+                        f"model '{step.model_name}' did not produce output '{missing[0]}'")
+            if isinstance(answer, NurseryError):
+                failure = _step_error(plan, index, answer)
+                steps.cancel_scope.cancel()  # the request failed: its other steps stop
+                break
+            flow.finished(index)
+            ready = flow.take_ready()
+    if failure is not None:
+        raise failure
+    wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
+    return InferenceResponse(plan.name, version, [tensors[n] for n in wanted], id=request.id)
+
+
+async def run(
+    *,
+    plan: EnsemblePlan,
+    version: str,
+    infer: Infer,
+    inbox: trio.MemoryReceiveChannel[Any],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve requests until every sender of the inbox is gone, then let the requests in
+    flight finish."""
+    stats = StatsAccumulator()
+    scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
+    closing = False
+
+    async def serve(work: InferWork) -> None:
+        answer: Any
+        with trio.CancelScope() as scope:
+            scopes[id(work)] = scope
+            try:
+                answer = await run_flow(plan, version, work.request, infer)
+            except NurseryError as error:
+                answer = error
+            finally:
+                del scopes[id(work)]
+        now = time.monotonic_ns()
+        if scope.cancelled_caught:
+            stats.record_failure("CANCELED")
+            answer = Cancelled("")
+        else:
+            ok = not isinstance(answer, NurseryError)
+            stats.record_batch(BatchReport(
+                batch_size=work.batch_size, requests=1, succeeded=ok, queue_ns=0,
+                request_ns=now - work.enqueued_ns, compute_input_ns=0,
+                compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
+                finished_ms=time.time_ns() // 1_000_000))
+        _answer(work, answer)
+
+    async with inbox, trio.open_nursery() as requests:
+        task_status.started()
+        async for message in inbox:
+            if isinstance(message, InferWork):
+                if closing:
+                    _answer(message, Unavailable(f"model '{plan.name}' is unloading"))
+                elif not message.abandoned():
+                    requests.start_soon(serve, message)
+            elif isinstance(message, CancelWork):
+                scope = scopes.get(id(message.work))
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(message, StatsQuery):
+                _answer(message, stats.snapshot(len(scopes)))
+            elif isinstance(message, CloseIntake):
+                closing = True
+
+
+def _answer(work: Any, answer: Any) -> None:
+    try:
+        work.reply.send_nowait(answer)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        pass

@@ -1,0 +1,404 @@
+"""Python backend end to end: Triton-style model.py files (tests/models) served by
+``python -m nursery serve`` and called with tritonclient over HTTP and gRPC: plain models,
+auto-complete, errors, BLS (sync and async), decoupled streaming, ensembles."""
+
+from __future__ import annotations
+
+import queue
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ROOT, ServerProcess, make_models
+
+pytestmark = pytest.mark.e2e
+
+MODELS = ROOT / "tests" / "models"
+PY_MODELS = ["py_add_sub", "py_string_identity", "py_identity_fp32", "py_bls", "py_bls_async",
+             "py_repeat", "py_bls_decoupled", "py_bls_stream", "py_error", "ens_add_sub_py"]
+
+
+def copy_model(repo: Path, name: str) -> None:
+    shutil.copytree(MODELS / name, repo / name)
+    (repo / name / "1").mkdir(exist_ok=True)
+
+
+def write_ensemble(repo: Path, name: str, io: str, steps: str, max_batch_size: int = 0) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n{io}\n'
+        f"ensemble_scheduling {{ step [ {steps} ] }}\n")
+
+
+ERROR_IO = ('input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+            'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]')
+
+
+def build_python_repo(repo: Path) -> Path:
+    make_models.write_add_sub(repo, max_batch_size=64)
+    for name in PY_MODELS:
+        copy_model(repo, name)
+    write_ensemble(repo, "ens_error", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = build_python_repo(tmp_path_factory.mktemp("pyrepo"))
+    proc = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"server exit code {code}:\n{proc.log()}"
+
+
+def http_input(name: str, array: np.ndarray, datatype: str) -> httpclient.InferInput:
+    item = httpclient.InferInput(name, list(array.shape), datatype)
+    item.set_data_from_numpy(array)
+    return item
+
+
+def grpc_input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    item = grpcclient.InferInput(name, list(array.shape), datatype)
+    item.set_data_from_numpy(array)
+    return item
+
+
+def pair(rows: int = 2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.random((rows, 16), dtype=np.float32), rng.random((rows, 16), dtype=np.float32))
+
+
+def test_add_sub_over_http_and_grpc(server: ServerProcess) -> None:
+    a, b = pair()
+    client = httpclient.InferenceServerClient(server.url)
+    result = client.infer("py_add_sub", [http_input("INPUT0", a, "FP32"),
+                                         http_input("INPUT1", b, "FP32")])
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+    # only the requested output comes back
+    result = client.infer("py_add_sub", [http_input("INPUT0", a, "FP32"),
+                                         http_input("INPUT1", b, "FP32")],
+                          outputs=[httpclient.InferRequestedOutput("OUTPUT1")])
+    assert result.as_numpy("OUTPUT0") is None
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    result = g.infer("py_add_sub", [grpc_input("INPUT0", a, "FP32"),
+                                    grpc_input("INPUT1", b, "FP32")], request_id="7")
+    assert result.get_response().id == "7"
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+    meta = client.get_model_metadata("py_add_sub")
+    assert meta["platform"] == "python"
+
+
+def test_auto_complete_config_and_strings(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config("py_string_identity")
+    assert config["max_batch_size"] == 8
+    assert "dynamic_batching" in config
+    assert [i["name"] for i in config["input"]] == ["INPUT0"]
+    assert config["input"][0]["data_type"] == "TYPE_STRING"
+    words = np.array([[b"hello", b"", "ünï".encode()]], dtype=object)
+    result = client.infer("py_string_identity", [http_input("INPUT0", words, "BYTES")])
+    assert result.as_numpy("OUTPUT0").tolist() == words.tolist()
+
+
+def test_errors_are_per_request_and_the_model_keeps_serving(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+
+    def call(value: int) -> np.ndarray:
+        return client.infer("py_error", [http_input(
+            "INPUT0", np.array([value], dtype=np.int32), "INT32")]).as_numpy("OUTPUT0")
+
+    with pytest.raises(InferenceServerException) as raised:
+        call(0)
+    message = raised.value.message()
+    assert message.startswith("Failed to process the request(s) for model 'py_error_0', "
+                              "message: TritonModelException: zero is not allowed")
+    assert "model.py(" in message and "): execute" in message  # the model's own frame
+    with pytest.raises(InferenceServerException) as raised:
+        call(1)
+    assert raised.value.message() == "one is refused"
+    assert raised.value.status() == "400"  # TritonError.INVALID_ARG
+    assert call(5).tolist() == [5]
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    with pytest.raises(InferenceServerException) as raised:
+        g.infer("py_error", [grpc_input("INPUT0", np.array([1], dtype=np.int32), "INT32")])
+    assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert call(6).tolist() == [6]
+
+
+def _add_sub_inferences(client: httpclient.InferenceServerClient) -> int:
+    stats = client.get_inference_statistics("add_sub")["model_stats"][0]
+    return int(stats["inference_count"])
+
+
+def test_bls_calls_the_onnx_model_through_its_scheduler(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    before = _add_sub_inferences(client)
+    a, b = pair(3, seed=1)
+    names = np.array([[b"add_sub"]] * 3, dtype=object)
+    result = client.infer("py_bls", [http_input("MODEL_NAME", names, "BYTES"),
+                                     http_input("INPUT0", a, "FP32"),
+                                     http_input("INPUT1", b, "FP32")])
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+    assert _add_sub_inferences(client) == before + 3  # counted by add_sub's own scheduler
+    # a BLS call to a Python model, and to a model that does not exist (error returned, the
+    # model raises it)
+    names = np.array([[b"py_add_sub"]] * 3, dtype=object)
+    result = client.infer("py_bls", [http_input("MODEL_NAME", names, "BYTES"),
+                                     http_input("INPUT0", a, "FP32"),
+                                     http_input("INPUT1", b, "FP32")])
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+    names = np.array([[b"missing_model"]] * 3, dtype=object)
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("py_bls", [http_input("MODEL_NAME", names, "BYTES"),
+                                http_input("INPUT0", a, "FP32"), http_input("INPUT1", b, "FP32")])
+    assert re.match(  # Triton 2.51's words (py_bls has two instances: py_bls_0_0, py_bls_0_1)
+        r"Failed to process the request\(s\) for model 'py_bls_0_[01]', message: "
+        r"TritonModelException: Model missing_model - Error when running inference: Failed for "
+        r"execute the inference request. Model 'missing_model' is not ready.\n\nAt:\n",
+        raised.value.message())
+
+
+def test_bls_from_async_execute(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    a, b = pair(2, seed=2)
+    result = client.infer("py_bls_async", [http_input("INPUT0", a, "FP32"),
+                                           http_input("INPUT1", b, "FP32")])
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), 2 * (a + b), rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), 2 * (a - b), rtol=1e-6, atol=1e-6)
+
+
+def test_bls_and_ensemble_under_concurrent_load(server: ServerProcess) -> None:
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            client = httpclient.InferenceServerClient(server.url)
+            for i in range(10):
+                a, b = pair(1 + (seed + i) % 3, seed=seed * 100 + i)
+                names = np.array([[b"add_sub"]] * a.shape[0], dtype=object)
+                result = client.infer("py_bls", [http_input("MODEL_NAME", names, "BYTES"),
+                                                 http_input("INPUT0", a, "FP32"),
+                                                 http_input("INPUT1", b, "FP32")])
+                np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+                np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+                result = client.infer("ens_add_sub_py", [http_input("A", a, "FP32"),
+                                                         http_input("B", b, "FP32")])
+                np.testing.assert_allclose(result.as_numpy("TWICE_A"), 2 * a, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(result.as_numpy("TWICE_B"), 2 * b, rtol=1e-5, atol=1e-6)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+
+
+def _stream(server: ServerProcess, requests: list[tuple[str, np.ndarray]],
+            empty_final: bool, model: str = "py_repeat") -> list[tuple[Any, Any]]:
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for request_id, values in requests:
+            client.async_stream_infer(model, [grpc_input("IN", values, "INT32")],
+                                      request_id=request_id,
+                                      enable_empty_final_response=empty_final)
+        expected = sum(len(v) + (1 if empty_final else 0) for _, v in requests)
+        got = [results.get(timeout=10) for _ in range(expected)]
+        with pytest.raises(queue.Empty):
+            results.get(timeout=0.3)  # nothing more
+    finally:
+        client.stop_stream()
+    return got
+
+
+def test_decoupled_model_streams_its_responses_over_grpc(server: ServerProcess) -> None:
+    got = _stream(server, [("a", np.array([4, 5, 6], dtype=np.int32)),
+                           ("b", np.array([10, 11], dtype=np.int32))], empty_final=True)
+    by_id: dict[str, list[tuple[list[int], list[int], bool]]] = {"a": [], "b": []}
+    for result, error in got:
+        assert error is None
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        out = result.as_numpy("OUT")
+        idx = result.as_numpy("IDX")
+        by_id[response.id].append(([] if out is None else out.tolist(),
+                                   [] if idx is None else idx.tolist(), final))
+    assert by_id["a"] == [([4], [0], False), ([5], [1], False), ([6], [2], False), ([], [], True)]
+    assert by_id["b"] == [([10], [0], False), ([11], [1], False), ([], [], True)]
+
+
+def test_decoupled_errors_and_no_empty_final(server: ServerProcess) -> None:
+    got = _stream(server, [("c", np.array([1, -1, 3], dtype=np.int32))], empty_final=False)
+    assert got[0][0].as_numpy("OUT").tolist() == [1]
+    assert got[1][0] is None and "negative value at 1" in str(got[1][1])
+    assert got[2][0].as_numpy("OUT").tolist() == [3]
+    # zero responses, then only the final flag: nothing is sent without the empty final
+    got = _stream(server, [("d", np.array([], dtype=np.int32))], empty_final=True)
+    assert len(got) == 1 and got[0][0].get_response().parameters[
+        "triton_final_response"].bool_param
+
+
+def test_bls_to_a_decoupled_model(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    values = np.array([3, 4, 5, 6], dtype=np.int32)
+    result = client.infer("py_bls_decoupled", [http_input("IN", values, "INT32")])
+    assert result.as_numpy("SUM").tolist() == [18] and result.as_numpy("COUNT").tolist() == [4]
+    with pytest.raises(InferenceServerException) as raised:  # py_repeat sends an error
+        client.infer("py_bls_decoupled", [http_input("IN", np.array([2, -1], np.int32), "INT32")])
+    assert "negative value at 1" in raised.value.message()
+
+
+def test_decoupled_pipeline_forwards_a_bls_stream(server: ServerProcess) -> None:
+    got = _stream(server, [("p", np.array([1, 2, -3, 4], dtype=np.int32))], empty_final=False,
+                  model="py_bls_stream")
+    assert [None if r is None else r.as_numpy("DOUBLED").tolist() for r, _ in got] == [
+        [2], [4], None, [8]]
+    assert "negative value at 2" in str(got[2][1])
+
+
+def test_decoupled_model_refused_by_unary_endpoints(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("py_repeat", [http_input("IN", np.array([1], dtype=np.int32), "INT32")])
+    assert "doesn't support models with decoupled transaction policy" in raised.value.message()
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    with pytest.raises(InferenceServerException) as raised:
+        g.infer("py_repeat", [grpc_input("IN", np.array([1], dtype=np.int32), "INT32")])
+    assert raised.value.message() == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy")
+
+
+def test_non_decoupled_models_over_the_stream(server: ServerProcess) -> None:
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    a, b = pair(1, seed=3)
+    try:
+        client.async_stream_infer("py_add_sub", [grpc_input("INPUT0", a, "FP32"),
+                                                 grpc_input("INPUT1", b, "FP32")])
+        result, error = results.get(timeout=10)
+    finally:
+        client.stop_stream()
+    assert error is None
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+
+
+def test_initialize_failure_fails_the_load(start_server: Any, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_model(repo, "py_init_fail")
+    copy_model(repo, "py_error")
+    server = start_server(repo, "--model-control-mode", "explicit", "--load-model", "py_error")
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as raised:
+        client.load_model("py_init_fail")
+    assert "ValueError: no weights in" in raised.value.message()
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    reason = index["py_init_fail"]["reason"]
+    assert index["py_init_fail"]["state"] == "UNAVAILABLE"
+    assert reason.startswith("Internal: ValueError: no weights in ")  # as Triton 2.51 says
+    assert reason.endswith("\n\nAt:\n  " + str(repo / "py_init_fail" / "1" / "model.py")
+                           + "(3): initialize\n")
+    assert client.is_model_ready("py_error")
+
+
+def test_ensemble_over_grpc_and_step_errors(server: ServerProcess) -> None:
+    a, b = pair(3, seed=4)
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    result = g.infer("ens_add_sub_py", [grpc_input("A", a, "FP32"), grpc_input("B", b, "FP32")],
+                     outputs=[grpcclient.InferRequestedOutput("TWICE_B")])
+    np.testing.assert_allclose(result.as_numpy("TWICE_B"), 2 * b, rtol=1e-5, atol=1e-6)
+    assert result.as_numpy("TWICE_A") is None
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_model_metadata("ens_add_sub_py")["platform"] == "ensemble"
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_error", [http_input("X", np.array([0], dtype=np.int32), "INT32")])
+    assert raised.value.message().startswith(
+        "in ensemble 'ens_error', Failed to process the request(s) for model "
+        "'py_error_0', message: TritonModelException: zero is not allowed")
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_error", [http_input("X", np.array([1], dtype=np.int32), "INT32")])
+    assert raised.value.message() == "in ensemble 'ens_error', step 0 (model 'py_error'): one is refused"
+    assert raised.value.status() == "400"
+    ok = client.infer("ens_error", [http_input("X", np.array([9], dtype=np.int32), "INT32")])
+    assert ok.as_numpy("Y").tolist() == [9]
+    stats = client.get_inference_statistics("ens_error")["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] >= 1
+    assert stats["inference_stats"]["fail"]["count"] >= 2
+
+
+def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    make_models.write_add_sub(repo, max_batch_size=64)
+    for name in ("py_add_sub", "ens_add_sub_py", "py_error"):
+        copy_model(repo, name)
+    write_ensemble(repo, "ens_unknown", ERROR_IO,
+                   '{ model_name: "nope" input_map { key: "INPUT0" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_unmapped", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "Z" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_wrong_io", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "IN" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_cycle", ERROR_IO,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "T" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }, '
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "Y" } '
+                   'output_map { key: "OUTPUT0" value: "T" } }')
+    server = start_server(repo, "--model-control-mode", "explicit")
+    client = httpclient.InferenceServerClient(server.url)
+    # loading an ensemble loads the models it is made of
+    client.load_model("ens_add_sub_py")
+    assert client.is_model_ready("add_sub") and client.is_model_ready("py_add_sub")
+    a, b = pair(1)
+    result = client.infer("ens_add_sub_py", [http_input("A", a, "FP32"), http_input("B", b, "FP32")])
+    np.testing.assert_allclose(result.as_numpy("TWICE_A"), 2 * a, rtol=1e-5, atol=1e-6)
+    for name, message in [
+        ("ens_unknown", "ensemble 'ens_unknown' depends on 'nope' which has no loaded version"),
+        ("ens_unmapped", "reads ensemble tensor 'Z', which is neither an ensemble input nor "
+                         "written by any step"),
+        ("ens_wrong_io", "model 'py_error' has no input 'IN'"),
+        ("ens_cycle", "has a cycle"),
+    ]:
+        with pytest.raises(InferenceServerException) as raised:
+            client.load_model(name)
+        assert message in raised.value.message(), raised.value.message()
+    assert client.is_server_live()
+
+
+def test_answers_match_triton_2_51(server: ServerProcess) -> None:
+    """Every Python-backend conformance case answers what Triton 2.51's Python backend did."""
+    import json
+
+    from tests.conformance import python_cases
+
+    repo = server.args[server.args.index("--model-repository") + 1]
+    recorded = json.loads((Path(python_cases.__file__).parent / "triton_2_51_python.json")
+                          .read_text())
+    got = python_cases.run("127.0.0.1", server.http_port, server.grpc_port, repo)
+    assert sorted(got) == sorted(recorded)
+    for case, answer in recorded.items():
+        assert got[case] == answer, case

@@ -1,0 +1,220 @@
+"""Ensembles as random DAGs, through the running EnsembleScheduler actor on trio's virtual
+clock: steps are identity-like fake models (each output = the sum of its inputs plus a
+constant) that take a random time and sometimes fail. Every request gets exactly one answer:
+the right tensors (checked against evaluating the graph directly), or the failing step's
+error; requests run concurrently and steps of one request overlap where the graph allows."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nursery.actors import ensemble
+from nursery.errors import ConfigError, ErrorKind, InternalError, NurseryError
+from nursery.messages import CancelWork, CloseIntake, InferWork
+from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
+from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+
+@st.composite
+def graphs(draw: st.DrawFn) -> tuple[EnsemblePlan, dict[str, int]]:
+    """A random DAG: each step reads tensors that exist before it (so no cycle), writes 1-2
+    new ones; the steps are then listed in a random order."""
+    inputs = [f"in{i}" for i in range(draw(st.integers(1, 3)))]
+    available = list(inputs)
+    steps = []
+    consts: dict[str, int] = {}
+    for i in range(draw(st.integers(1, 6))):
+        reads = draw(st.lists(st.sampled_from(available), min_size=1, max_size=3, unique=True))
+        writes = [f"s{i}_o{j}" for j in range(draw(st.integers(1, 2)))]
+        steps.append(EnsembleStep(
+            f"m{i}", -1,
+            {f"IN{k}": t for k, t in enumerate(reads)},
+            {f"OUT{j}": t for j, t in enumerate(writes)}))
+        for j in range(len(writes)):
+            consts[f"m{i}/OUT{j}"] = draw(st.integers(-5, 5))
+        available += writes
+    produced = [t for s in steps for t in s.output_map.values()]
+    outputs = draw(st.lists(st.sampled_from(produced), min_size=1, max_size=4, unique=True))
+    order = draw(st.permutations(steps))
+    return EnsemblePlan.build("ens", inputs, outputs, order), consts
+
+
+def evaluate(plan: EnsemblePlan, consts: dict[str, int], inputs: dict[str, int]) -> dict[str, int]:
+    values = dict(inputs)
+    pending = list(plan.steps)
+    while pending:
+        for step in pending:
+            if all(t in values for t in step.input_map.values()):
+                total = sum(values[t] for t in step.input_map.values())
+                for out, t in step.output_map.items():
+                    values[t] = total + consts[f"{step.model_name}/{out}"]
+                pending.remove(step)
+                break
+    return values
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs(), values=st.lists(st.integers(0, 50), min_size=1, max_size=12),
+       delays=st.lists(st.sampled_from([0.0, 0.001, 0.01]), min_size=1, max_size=8),
+       failing=st.integers(-1, 5))
+def test_every_request_gets_one_correct_answer(graph: tuple[EnsemblePlan, dict[str, int]],
+                                               values: list[int], delays: list[float],
+                                               failing: int) -> None:
+    plan, consts = graph
+    answers: dict[int, list[Any]] = {}
+    calls = [0]
+    running = [0]
+    overlap = [0]
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        calls[0] += 1
+        running[0] += 1
+        overlap[0] = max(overlap[0], running[0])
+        try:
+            await trio.sleep(delays[calls[0] % len(delays)])
+        finally:
+            running[0] -= 1
+        total = sum(int(t.data[0]) for t in request.inputs.values())
+        if request.model_name == f"m{failing}" and total % 3 == 0:
+            raise InternalError(f"model '{request.model_name}' refused {total}")
+        assert {o.name for o in request.requested_outputs} == set(
+            next(s for s in plan.steps if s.model_name == request.model_name).output_map)
+        outputs = []
+        for out in request.requested_outputs:
+            value = total + consts[f"{request.model_name}/{out.name}"]
+            arr = np.array([value], dtype=np.int64)
+            outputs.append(Tensor(out.name, DataType.INT64, (1,), arr))
+        return InferenceResponse(request.model_name, "1", outputs, id=request.id)
+
+    async def main() -> None:
+        intake, inbox = trio.open_memory_channel[Any](1000)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(ensemble.run, plan=plan, version="1", infer=infer,
+                                        inbox=inbox))
+
+            async def client(i: int, value: int) -> None:
+                send, receive = trio.open_memory_channel[Any](1)
+                inputs = {n: Tensor(n, DataType.INT64, (1,), np.array([value + k], np.int64))
+                          for k, n in enumerate(plan.inputs)}
+                request = InferenceRequest("ens", "", inputs, id=str(i))
+                await intake.send(InferWork(request, send, 1, time.monotonic_ns()))
+                got = [await receive.receive()]
+                with trio.move_on_after(1):  # nothing else may come
+                    got.append(await receive.receive())
+                answers[i] = got
+
+            async with trio.open_nursery() as clients:
+                for i, value in enumerate(values):
+                    clients.start_soon(client, i, value)
+            await intake.send(CloseIntake())
+            await intake.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert sorted(answers) == list(range(len(values)))
+    for i, value in enumerate(values):
+        assert len(answers[i]) == 1, f"request {i} got {answers[i]}"
+        answer = answers[i][0]
+        inputs = {n: value + k for k, n in enumerate(plan.inputs)}
+        expected = evaluate(plan, consts, inputs)
+        fails = [s for s in plan.steps if s.model_name == f"m{failing}"
+                 and sum(expected[t] for t in s.input_map.values()) % 3 == 0]
+        if fails:
+            assert isinstance(answer, NurseryError)
+            assert answer.message.startswith("in ensemble 'ens', model 'm")
+            assert "refused" in answer.message
+            continue
+        assert isinstance(answer, InferenceResponse), answer
+        assert answer.id == str(i)
+        got = {t.name: int(t.data[0]) for t in answer.outputs}
+        assert got == {n: expected[n] for n in plan.outputs}
+
+
+def test_requested_outputs_and_independent_steps_overlap() -> None:
+    plan = EnsemblePlan.build("e", ["x"], ["a", "b"], [
+        EnsembleStep("ma", -1, {"IN": "x"}, {"OUT": "a"}),
+        EnsembleStep("mb", -1, {"IN": "x"}, {"OUT": "b"}),
+    ])
+    running: list[int] = [0, 0]
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        running[0] += 1
+        running[1] = max(running)
+        await trio.sleep(1)
+        running[0] -= 1
+        t = request.inputs["IN"]
+        return InferenceResponse(request.model_name, "1", [Tensor("OUT", t.datatype, t.shape, t.data)])
+
+    async def main() -> None:
+        x = Tensor("x", DataType.FP32, (2,), np.array([1, 2], np.float32))
+        request = InferenceRequest("e", "", {"x": x}, (RequestedOutput("b"),))
+        start = trio.current_time()
+        response = await ensemble.run_flow(plan, "1", request, infer)
+        assert trio.current_time() - start == pytest.approx(1.0)  # both steps at once
+        assert [t.name for t in response.outputs] == ["b"]
+        assert response.outputs[0].data is x.data  # passed along, never copied
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert running[1] == 2
+
+
+@pytest.mark.parametrize(("steps", "outputs", "message"), [
+    ([], ["y"], "must have at least one step"),
+    ([EnsembleStep("m", -1, {"IN": "nope"}, {"OUT": "y"})], ["y"],
+     "reads ensemble tensor 'nope', which is neither an ensemble input nor written"),
+    ([EnsembleStep("m", -1, {"IN": "x"}, {"OUT": "y"})], ["z"],
+     "output 'z' is not written by any step"),
+    ([EnsembleStep("m", -1, {"IN": "x"}, {"OUT": "y"}),
+      EnsembleStep("n", -1, {"IN": "x"}, {"OUT": "y"})], ["y"], "exactly one producer"),
+    ([EnsembleStep("m", -1, {"IN": "x", "IN2": "b"}, {"OUT": "a"}),
+      EnsembleStep("n", -1, {"IN": "a"}, {"OUT": "b"})], ["a"], "has a cycle"),
+    ([EnsembleStep("m", -1, {"IN": "x"}, {"OUT": "x"})], ["x"], "which is an input"),
+])
+def test_invalid_graphs_are_refused(steps: list[EnsembleStep], outputs: list[str],
+                                    message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        EnsemblePlan.build("e", ["x"], outputs, steps)
+
+
+def test_cancel_stops_running_steps_and_close_refuses_new_requests() -> None:
+    plan = EnsemblePlan.build("e", ["x"], ["a"], [EnsembleStep("slow", -1, {"IN": "x"}, {"OUT": "a"})])
+    cancelled: list[bool] = []
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled.append(True)
+            raise
+        raise AssertionError("not reached")
+
+    async def main() -> None:
+        intake, inbox = trio.open_memory_channel[Any](100)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(ensemble.run, plan=plan, version="1", infer=infer,
+                                        inbox=inbox))
+            x = Tensor("x", DataType.FP32, (1,), np.zeros(1, np.float32))
+            send, receive = trio.open_memory_channel[Any](1)
+            work = InferWork(InferenceRequest("e", "", {"x": x}), send, 1, time.monotonic_ns())
+            await intake.send(work)
+            await trio.sleep(1)
+            await intake.send(CancelWork(work))
+            answer = await receive.receive()
+            assert isinstance(answer, NurseryError) and answer.kind is ErrorKind.CANCELLED
+            await intake.send(CloseIntake())
+            send2, receive2 = trio.open_memory_channel[Any](1)
+            await intake.send(InferWork(InferenceRequest("e", "", {"x": x}), send2, 1, 0))
+            late = await receive2.receive()
+            assert isinstance(late, NurseryError) and "unloading" in late.message
+            await intake.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert cancelled == [True]

@@ -1,0 +1,199 @@
+"""The Python backend without a server: the pb_utils API (auto-complete helper, tensors),
+auto_complete_config into the typed config, and how execute's answers become each request's
+response or error (Triton's messages)."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from nursery.backends import python as python_backend
+from nursery.backends import python_utils as pb_utils
+from nursery.backends.base import InstancePlacement
+from nursery.errors import ErrorKind, InternalError, NurseryError
+from nursery.gateway import Part
+from nursery.messages import InferWork
+from nursery.model_config import read_model_config
+from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
+
+
+def test_model_config_helper_follows_tritons_rules() -> None:
+    cfg = pb_utils.ModelConfig('{"name": "m", "max_batch_size": 8, "input": [], "output": []}')
+    with pytest.raises(ValueError, match="configuration specified max_batch_size 8, but in "
+                       "auto-complete-config function for model 'm' specified max_batch_size 4"):
+        cfg.set_max_batch_size(4)
+    cfg.set_max_batch_size(16)
+    assert cfg.get_max_batch_size() == 16
+    cfg.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [4]})
+    with pytest.raises(ValueError, match="configuration expects datatype TYPE_FP32 for input 'X'"):
+        cfg.add_input({"name": "X", "data_type": "TYPE_INT32", "dims": [4]})
+    with pytest.raises(ValueError, match="contains property other than"):
+        cfg.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [4], "shape": 1})
+    with pytest.raises(ValueError, match="is missing 'dims' property"):
+        cfg.add_output({"name": "Y", "data_type": "TYPE_FP32"})
+    cfg.set_model_transaction_policy({"decoupled": True})
+    assert pb_utils.using_decoupled_model_transaction_policy(cfg.as_dict())
+    seq = pb_utils.ModelConfig({"name": "s", "sequence_batching": {}})
+    with pytest.raises(ValueError, match="scheduling_choice as 'sequence_batching'"):
+        seq.set_dynamic_batching()
+
+
+def test_tensors_share_memory_and_know_their_types() -> None:
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tensor = pb_utils.Tensor("T", array)
+    assert tensor.as_numpy() is array and tensor.triton_dtype() == 11 and tensor.is_cpu()
+    back = pb_utils.Tensor.from_dlpack("U", tensor.to_dlpack())
+    assert np.shares_memory(back.as_numpy(), array)
+    assert pb_utils.Tensor("S", np.array([b"ab", b"c"])).as_numpy().dtype == object
+    with pytest.raises(pb_utils.TritonModelException, match="Please use np.object_"):
+        pb_utils.Tensor("U", np.array(["text"]))
+    wire = np.frombuffer(b"\x01\x00\x00\x00", dtype=np.int32)  # a read-only request view
+    served = pb_utils.Tensor._wrap(Tensor("IN", DataType.INT32, (1,), wire))
+    served.as_numpy()[0] += 1  # models may write into their inputs, as on Triton
+    assert served.as_numpy().tolist() == [2] and wire.tolist() == [1]
+    assert pb_utils.triton_string_to_numpy("TYPE_INT64") is np.int64
+    data = pb_utils.serialize_byte_tensor(np.array([b"x", b"yz"], dtype=object))
+    assert pb_utils.deserialize_bytes_tensor(data.tobytes()).tolist() == [b"x", b"yz"]
+    assert pb_utils.TritonError("m").code() == pb_utils.TritonError.INTERNAL
+
+
+def write_model(tmp: Path, name: str, config: str, source: str) -> Path:
+    (tmp / name / "1").mkdir(parents=True)
+    (tmp / name / "config.pbtxt").write_text(config)
+    (tmp / name / "1" / "model.py").write_text(textwrap.dedent(source))
+    return tmp / name
+
+
+AUTO = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        @staticmethod
+        def auto_complete_config(config):
+            config.set_max_batch_size(4)
+            config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [2]})
+            config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [2]})
+            config.set_dynamic_batching()
+            config.set_model_transaction_policy(dict(decoupled=True))
+            return config
+
+        def execute(self, requests):
+            return None
+"""
+
+
+def test_auto_complete_config_fills_the_typed_config(tmp_path: Path) -> None:
+    path = write_model(tmp_path, "auto", 'backend: "python"\n', AUTO)
+    config, versions = read_model_config(path, "auto")
+    assert versions == [1]
+    assert config.max_batch_size == 4 and config.batching is not None and config.decoupled
+    assert config.inputs[0].name == "IN" and config.inputs[0].datatype is DataType.INT32
+    assert config.platform_name == "python"
+
+
+BEHAVIOUR = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.args = args
+
+        def execute(self, requests):
+            mode = int(pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()[0])
+            if mode == 0:
+                raise KeyError("boom")
+            if mode == 1:
+                return []
+            if mode == 2:
+                return ["not a response"]
+            if mode == 3:
+                for r in requests:
+                    sender = r.get_response_sender()
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([3]))]),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([mode])),
+                                                pb_utils.Tensor("EXTRA", np.array([0]))])
+                    for r in requests]
+"""
+
+
+async def run_one(instance: Any, mode: int) -> Any:
+    send, receive = trio.open_memory_channel[Any](math.inf)
+    data = np.array([mode], dtype=np.int64)
+    request = InferenceRequest("b", "", {"IN": Tensor("IN", DataType.INT64, (1,), data)}, id="r")
+    answers = instance.execute_requests([InferWork(request, send, 1, time.monotonic_ns())])
+    await trio.sleep(0.01)  # let sender deliveries (run_sync_soon) arrive
+    got = []
+    while True:
+        try:
+            got.append(receive.receive_nowait())
+        except trio.WouldBlock:
+            break
+    return answers, got
+
+
+async def test_execute_answers_become_responses_or_errors(tmp_path: Path) -> None:
+    config_text = ('backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT64 dims: [1] } ]\n'
+                   'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
+    path = write_model(tmp_path, "b", config_text, BEHAVIOUR)
+    config, _ = read_model_config(path, "b")
+    placement = InstancePlacement("b_0", 0, "cpu", 0)
+    instance = python_backend.FACTORY.load(config, path / "1", placement)
+    assert instance._model.args["model_instance_name"] == "b_0"  # the default group "b"
+    assert instance._model.args["model_repository"] == str(path)
+
+    answers, _ = await run_one(instance, 0)
+    assert isinstance(answers[0], InternalError)
+    assert answers[0].message.startswith("Failed to process the request(s) for model "
+                                         "'b_0', message: KeyError: 'boom'\n\nAt:\n")
+    answers, _ = await run_one(instance, 1)
+    assert answers[0].message == ("Number of InferenceResponse objects do not match the number "
+                                  "of InferenceRequest objects. InferenceRequest(s) size is:1, "
+                                  "and InferenceResponse(s) size is:0")
+    answers, _ = await run_one(instance, 2)
+    assert "Expected an 'InferenceResponse' object" in answers[0].message
+    answers, got = await run_one(instance, 3)  # answered through the sender
+    assert answers == [None] and isinstance(got[0], InferenceResponse)
+    answers, _ = await run_one(instance, 7)  # only the configured/requested outputs
+    assert [t.name for t in answers[0].outputs] == ["OUT"] and answers[0].id == "r"
+    instance.close()
+
+
+async def test_decoupled_model_must_return_none(tmp_path: Path) -> None:
+    config_text = ('backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
+                   'input [ { name: "IN" data_type: TYPE_INT64 dims: [1] } ]\n'
+                   'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
+    path = write_model(tmp_path, "d", config_text, BEHAVIOUR)
+    config, _ = read_model_config(path, "d")
+    instance = python_backend.FACTORY.load(config, path / "1", InstancePlacement("d_0", 0, "cpu", 0))
+    answers, _ = await run_one(instance, 7)
+    assert "is using the decoupled mode and the execute function must return None" in (
+        answers[0].message)
+    answers, got = await run_one(instance, 3)
+    assert answers == [None] and isinstance(got[0], Part) and got[0].final
+
+
+def test_initialize_failure_is_a_load_failure(tmp_path: Path) -> None:
+    source = """
+        class TritonPythonModel:
+            def initialize(self, args):
+                raise RuntimeError("cannot start")
+    """
+    config_text = ('backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT64 dims: [1] } ]\n'
+                   'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
+    path = write_model(tmp_path, "f", config_text, source)
+    config, _ = read_model_config(path, "f")
+    with pytest.raises(NurseryError) as raised:
+        python_backend.FACTORY.load(config, path / "1", InstancePlacement("f_0", 0, "cpu", 0))
+    assert raised.value.kind is ErrorKind.INTERNAL
+    assert raised.value.message.startswith("RuntimeError: cannot start\n\nAt:\n")
+    assert "model.py(4): initialize" in raised.value.message
