@@ -37,12 +37,12 @@ from nursery.backends.base import (
     gpu_count,
 )
 from nursery.config_json import config_to_json
-from nursery.errors import ConfigError, ErrorKind, InvalidArgument
+from nursery.errors import ConfigError, InvalidArgument
 from nursery.protocol._generated import inference as pb
 from nursery.repository import available_versions, select_versions
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
-from nursery.sequence_config import SequenceConfig, sequence_config
 from nursery.scheduling.ensemble_plan import EnsemblePlan
+from nursery.sequence_config import SequenceConfig, sequence_config
 from nursery.types import DataType
 
 log = logging.getLogger("nursery.config")
