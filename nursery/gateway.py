@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from nursery.errors import InvalidArgument, NurseryError, Unavailable
-from nursery.messages import InferWork
+from nursery.messages import DecoupledResponse, InferWork
 
 if TYPE_CHECKING:
     from nursery.core import Core
@@ -37,6 +37,33 @@ class Part:
 
 
 OnPart = Callable[[Part], Awaitable[None]]
+
+
+class ResponseMeter:
+    """Reports each response of a decoupled request to its version's scheduler (statistics:
+    ``response_stats``, the first-response histogram). Trio thread only."""
+
+    __slots__ = ("handle", "start_ns", "last_ns", "index")
+
+    def __init__(self, handle: ModelHandle, start_ns: int) -> None:
+        self.handle = handle
+        self.start_ns = start_ns
+        self.last_ns = start_ns
+        self.index = 0
+
+    def seen(self, item: Any) -> None:
+        now = time.monotonic_ns()
+        if isinstance(item, NurseryError) or getattr(item, "error", None) is not None:
+            kind = "fail"
+        elif item.response is None:
+            kind = "empty_response"  # a bare final flag
+        else:
+            kind = "success"
+        self.handle.report(DecoupledResponse(
+            self.index, kind, now - self.last_ns, now - self.start_ns if self.index == 0 else 0,
+            self.handle.config.first_response_buckets))
+        self.last_ns = now
+        self.index += 1
 
 
 class Gateway:
@@ -83,6 +110,7 @@ class Gateway:
             if not handle.config.decoupled:
                 return None
             work = make_work(request, handle, reply)  # type: ignore[arg-type]
+            reply.meter = ResponseMeter(handle, work.enqueued_ns)
             handle.submit(work)
             return work
 
@@ -114,8 +142,11 @@ class ThreadReply:
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.open_receive_channels = 1
+        self.meter: ResponseMeter | None = None
 
-    def send_nowait(self, item: Any) -> None:
+    def send_nowait(self, item: Any) -> None:  # on the trio thread
+        if self.meter is not None:
+            self.meter.seen(item)
         self.queue.put(item)
 
     def statistics(self) -> ThreadReply:
@@ -146,10 +177,12 @@ async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
     send, receive = trio.open_memory_channel[Any](math.inf)
     work = make_work(request, handle, send)
     handle.submit(work)
+    meter = ResponseMeter(handle, work.enqueued_ns)
     try:
         with receive:
             while True:
                 item = await receive.receive()
+                meter.seen(item)
                 if isinstance(item, NurseryError):
                     await on_part(Part(None, item, True))
                     return

@@ -156,3 +156,15 @@ class ReleaseResources:
     """The instance's batch ended (worker -> RateLimiter)."""
 
     key: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class DecoupledResponse:
+    """One response of a decoupled model reached its requester (gateway -> scheduler), for the
+    version's ``response_stats`` and first-response histogram."""
+
+    index: int  # 0 for the first response of the request
+    kind: str  # "success", "fail" or "empty_response"
+    ns: int  # since the previous response (the request's arrival for the first)
+    first_response_ns: int  # request arrival -> this response, for index 0
+    buckets: tuple[float, ...]  # the first-response histogram's bounds (ms), from the config

@@ -9,7 +9,7 @@ sorted order as Triton's prometheus-cpp writes them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from nursery.cache_store import CacheTotals
@@ -164,10 +164,12 @@ _CACHE_FAMILIES = (
 
 def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
            cached: frozenset[tuple[str, str]] = frozenset(),
-           cache_totals: CacheTotals | None = None) -> str:
+           cache_totals: CacheTotals | None = None,
+           decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None) -> str:
     """The exposition text. ``cached``: (model, version) pairs that use the response cache
     (they get the per-model cache families, and no request summary, as in Triton);
-    ``cache_totals``: the cache actor's figures when a cache is configured."""
+    ``cache_totals``: the cache actor's figures when a cache is configured; ``decoupled``:
+    (model, version) of decoupled models -> their first-response histogram bounds (ms)."""
     lines: list[str] = []
     for name, kind, help_text, value in _MODEL_FAMILIES:
         if name in _DURATION_FAMILIES and not options.counter_latencies:
@@ -201,6 +203,8 @@ def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
             if rows:
                 _family(lines, family, "summary", help_text, rows)
                 lines.extend(totals)
+    if options.histogram_latencies and decoupled:
+        _first_response_histogram(lines, entries, decoupled)
     if cache_totals is not None:
         for name, help_text, value in _CACHE_FAMILIES:
             _family(lines, name, "gauge", help_text, [("", value(cache_totals))])
@@ -226,3 +230,28 @@ def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
                 "GPU energy consumption in joules since the Triton Server started",
                 ((_labels(gpu_uuid=g.uuid), g.energy_joules) for g in system.gpus))
     return "\n".join(lines) + "\n"
+
+
+def _first_response_histogram(lines: list[str], entries: list[Entry],
+                              decoupled: Mapping[tuple[str, str], tuple[float, ...]]) -> None:
+    """``nv_inference_first_response_histogram_ms``: decoupled models only, as in Triton."""
+    name = "nv_inference_first_response_histogram_ms"
+    rows: list[str] = []
+    for m, v, s in entries:
+        bounds = decoupled.get((m, v))
+        if bounds is None:
+            continue
+        h = s.first_response
+        counts = dict(zip(h.bounds, h.counts, strict=True)) if h is not None else {}
+        total = h.count if h is not None else 0
+        for bound in bounds:
+            rows.append(f"{name}_bucket{_labels(le=_number(bound), model=m, version=v)} "
+                        f"{counts.get(bound, 0)}")
+        rows.append(f"{name}_bucket{_labels(le='+Inf', model=m, version=v)} {total}")
+        rows.append(f"{name}_sum{_labels(model=m, version=v)} "
+                    f"{_number(round(h.sum_ms, 3)) if h is not None else 0}")
+        rows.append(f"{name}_count{_labels(model=m, version=v)} {total}")
+    if rows:
+        lines.append(f"# HELP {name} Duration from request to first response in milliseconds")
+        lines.append(f"# TYPE {name} histogram")
+        lines.extend(rows)

@@ -115,6 +115,15 @@ class ModelConfig:
         return bool(self.proto.response_cache.enable) and not self.decoupled and (
             self.scheduler != "sequence")
 
+    @functools.cached_property
+    def first_response_buckets(self) -> tuple[float, ...]:
+        """Bounds (ms) of ``nv_inference_first_response_histogram_ms``: Triton's defaults, or
+        ``model_metrics { metric_control { histogram_options { buckets } } }``."""
+        for control in self.proto.model_metrics.metric_control:
+            if control.metric_identifier.family == "nv_inference_first_response_histogram_ms":
+                return tuple(sorted(control.histogram_options.buckets))
+        return (100.0, 500.0, 2000.0, 5000.0)
+
     @property
     def platform_name(self) -> str:
         """What model metadata reports as ``platform``: the platform, else the backend."""

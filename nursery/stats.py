@@ -51,6 +51,20 @@ class LatencySummary:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True, slots=True)
+class FirstResponseHistogram:
+    """Cumulative counts per upper bound (ms, ascending; +Inf is ``count``), sum and count."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum_ms: float
+    count: int
+
+
+RESPONSE_KINDS = ("compute_infer", "compute_output", "success", "fail", "empty_response",
+                  "cancel")
+
+
 class _Window:
     __slots__ = ("samples", "sum_us", "count")
 
@@ -118,6 +132,11 @@ class StatsSnapshot:
     pending: int = 0  # requests queued and not executing, at the time of the snapshot
     cache_hit: Duration = Duration()
     cache_miss: Duration = Duration()
+    # decoupled models: response index -> kind (success, fail, empty_response, compute_infer,
+    # compute_output, cancel) -> duration; and the first-response histogram (ms)
+    responses: Mapping[int, Mapping[str, Duration]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    first_response: FirstResponseHistogram | None = None
     # family (SUMMARY_FAMILIES) -> samples, when summaries are on
     summaries: Mapping[str, LatencySummary] = field(
         default_factory=lambda: MappingProxyType({}))
@@ -177,6 +196,11 @@ class StatsAccumulator:
         self.failures: dict[str, int] = {}
         self.cache_hit = Duration()
         self.cache_miss = Duration()
+        self.responses: dict[int, dict[str, Duration]] = {}
+        self.first_bounds: tuple[float, ...] = ()
+        self.first_counts: list[int] = []
+        self.first_sum_ms = 0.0
+        self.first_count = 0
         self.windows: dict[str, _Window] | None = (
             {k: _Window() for k in SUMMARY_FAMILIES} if OPTIONS.summaries else None)
 
@@ -229,6 +253,26 @@ class StatsAccumulator:
         else:
             self.cache_miss = self.cache_miss.add(cache_ns)
 
+    def record_response(self, index: int, kind: str, ns: int, first_response_ns: int,
+                        buckets: tuple[float, ...]) -> None:
+        """A decoupled model's response (Triton's ``response_stats``; a success also counts as
+        compute_infer, the whole interval being the model's)."""
+        stats = self.responses.setdefault(index, {})
+        stats[kind] = stats.get(kind, Duration()).add(ns)
+        if kind == "success":
+            stats["compute_infer"] = stats.get("compute_infer", Duration()).add(ns)
+            stats["compute_output"] = stats.get("compute_output", Duration()).add(0)
+        if index == 0:
+            if buckets != self.first_bounds:
+                self.first_bounds = buckets
+                self.first_counts = [0] * len(buckets)
+            ms = first_response_ns / 1e6
+            for i, bound in enumerate(buckets):
+                if ms <= bound:
+                    self.first_counts[i] += 1
+            self.first_sum_ms += ms
+            self.first_count += 1
+
     def record_failure(self, reason: str, requests: int = 1, ns: int = 0) -> None:
         """Requests answered with an error before running: REJECTED, CANCELED, OTHER."""
         self.fail = self.fail.add(ns, requests)
@@ -250,6 +294,11 @@ class StatsAccumulator:
             pending=pending,
             cache_hit=self.cache_hit,
             cache_miss=self.cache_miss,
+            responses=MappingProxyType(
+                {i: MappingProxyType(dict(k)) for i, k in self.responses.items()}),
+            first_response=FirstResponseHistogram(
+                self.first_bounds, tuple(self.first_counts), self.first_sum_ms,
+                self.first_count) if self.first_count else None,
             summaries=MappingProxyType(
                 {k: w.summary(time.monotonic()) for k, w in self.windows.items()}
                 if self.windows is not None else {}),

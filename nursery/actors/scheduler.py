@@ -29,6 +29,7 @@ from nursery.messages import (
     CacheOutcome,
     CancelWork,
     CloseIntake,
+    DecoupledResponse,
     ExecuteBatch,
     InferWork,
     InstanceReady,
@@ -158,6 +159,9 @@ async def run(
                         closing = True
                     elif isinstance(message, CacheOutcome):
                         stats.record_cache(message.hit, message.cache_ns, message.request_ns)
+                    elif isinstance(message, DecoupledResponse):
+                        stats.record_response(message.index, message.kind, message.ns,
+                                              message.first_response_ns, message.buckets)
                     try:
                         message = inbox.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):

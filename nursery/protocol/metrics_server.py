@@ -37,7 +37,14 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
                 cached = frozenset((m, v) for m, v, _ in entries
                                    if core.resolve(m, v).config.uses_response_cache)
                 totals = await core.cache_totals()
-            body = metrics.render(entries, sampler.latest, options, cached, totals).encode()
+            decoupled = {}
+            if options.histogram_latencies:
+                for m, v, _ in entries:
+                    config = core.resolve(m, v).config
+                    if config.decoupled:
+                        decoupled[(m, v)] = config.first_response_buckets
+            body = metrics.render(entries, sampler.latest, options, cached, totals,
+                                  decoupled).encode()
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from nursery.protocol._generated import inference as pb
-from nursery.stats import Duration, StatsSnapshot
+from nursery.stats import RESPONSE_KINDS, Duration, StatsSnapshot
+
+_ZERO = Duration()
 
 Entry = tuple[str, str, StatsSnapshot]  # model, version, snapshot
 
@@ -28,7 +30,10 @@ def to_json(entries: list[Entry]) -> dict[str, Any]:
                 "compute_output": _d(s.compute_output), "cache_hit": _d(s.cache_hit),
                 "cache_miss": _d(s.cache_miss),
             },
-            "response_stats": {},
+            "response_stats": {
+                str(i): {k: _d(kinds.get(k, _ZERO)) for k in RESPONSE_KINDS}
+                for i, kinds in sorted(s.responses.items())
+            },
             "batch_stats": [
                 {"batch_size": size, "compute_input": _d(a), "compute_infer": _d(b),
                  "compute_output": _d(c)}
@@ -54,6 +59,11 @@ def to_proto(entries: list[Entry]) -> pb.ModelStatisticsResponse:
                 compute_input=_p(s.compute_input), compute_infer=_p(s.compute_infer),
                 compute_output=_p(s.compute_output), cache_hit=_p(s.cache_hit),
                 cache_miss=_p(s.cache_miss)),
+            response_stats={
+                str(i): pb.InferResponseStatistics(**{k: _p(kinds.get(k, _ZERO))
+                                                      for k in RESPONSE_KINDS})
+                for i, kinds in sorted(s.responses.items())
+            },
             batch_stats=[pb.InferBatchStatistics(batch_size=size, compute_input=_p(a),
                                                  compute_infer=_p(b), compute_output=_p(c))
                          for size, (a, b, c) in sorted(s.batch_stats.items())],

@@ -427,3 +427,47 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any) -> 
                                                              "HTTP_SEND_START"]
     finally:
         collector.close()
+
+
+def test_decoupled_response_stats_and_first_response_histogram(tmp_path: Path,
+                                                                start_server: Any) -> None:
+    import queue
+    import shutil
+
+    from tests.conftest import ROOT
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "models" / "py_repeat", repo / "py_repeat")
+    config = repo / "py_repeat" / "config.pbtxt"
+    config.write_text(config.read_text() + (
+        'model_metrics { metric_control [ { metric_identifier { family: '
+        '"nv_inference_first_response_histogram_ms" } histogram_options { buckets: '
+        '[ 0.001, 10000 ] } } ] }\n'))
+    server = start_server(repo, "--metrics-config", "histogram_latencies=true")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    answers: queue.Queue[Any] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for values in ([1, 2, 3], [4, -5]):  # 3 responses; 1 response and 1 error
+        grpc.async_stream_infer("py_repeat", _vector(grpcclient, "IN",
+                                                     np.array(values, np.int32), "INT32"))
+    got = [answers.get(timeout=20) for _ in range(5)]
+    grpc.stop_stream()
+    assert sum(1 for _, error in got if error is not None) == 1
+    http = httpclient.InferenceServerClient(server.url)
+    stats = http.get_inference_statistics("py_repeat")["model_stats"][0]["response_stats"]
+    assert stats["0"]["success"]["count"] == 2 and stats["1"]["success"]["count"] == 1
+    assert stats["1"]["fail"]["count"] == 1 and stats["2"]["success"]["count"] == 1
+    assert stats["3"]["empty_response"]["count"] == 1  # the bare final flag of the first
+    assert set(stats["0"]) == {"compute_infer", "compute_output", "success", "fail",
+                               "empty_response", "cancel"}
+    # (tritonclient 2.41's gRPC stubs predate response_stats: the proto form is checked in
+    # tests/unit/test_observability.py)
+    m = _scrape(server)
+    fam = "nv_inference_first_response_histogram_ms"
+    assert m[(f"{fam}_count", _mv("py_repeat"))] == 2
+    assert m[(f"{fam}_bucket", _mv("py_repeat", le="0.001"))] == 0  # nothing is that fast
+    assert m[(f"{fam}_bucket", _mv("py_repeat", le="10000"))] == 2
+    assert m[(f"{fam}_bucket", _mv("py_repeat", le="+Inf"))] == 2
+    assert m[(f"{fam}_sum", _mv("py_repeat"))] > 0
+    http.close()
+    grpc.close()

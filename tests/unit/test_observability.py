@@ -248,3 +248,30 @@ def test_grafana_dashboard_uses_only_metrics_we_serve(monkeypatch: pytest.Monkey
     used = {name for panel in dashboard["panels"] for target in panel["targets"]
             for name in re.findall(r"\bnv_[a-z_]+", target["expr"])}
     assert used and used <= served, used - served
+
+
+def test_response_stats_in_both_shapes() -> None:
+    from nursery.protocol import stats_codec
+    from nursery.protocol._generated import inference as pb
+
+    acc = StatsAccumulator()
+    acc.record_response(0, "success", 2000, 5_000_000, (1.0, 10.0))
+    acc.record_response(1, "fail", 1000, 0, (1.0, 10.0))
+    acc.record_response(0, "success", 4000, 500_000, (1.0, 10.0))
+    snap = acc.snapshot()
+    assert snap.first_response is not None
+    assert snap.first_response.counts == (1, 2) and snap.first_response.count == 2
+    as_json = stats_codec.to_json([("m", "1", snap)])["model_stats"][0]["response_stats"]
+    assert as_json["0"]["success"] == {"count": 2, "ns": 6000}
+    assert as_json["0"]["compute_infer"] == {"count": 2, "ns": 6000}
+    assert as_json["1"]["fail"] == {"count": 1, "ns": 1000}
+    wire = bytes(stats_codec.to_proto([("m", "1", snap)]))
+    back = pb.ModelStatisticsResponse().parse(wire).model_stats[0].response_stats
+    assert back["0"].success.count == 2 and back["1"].fail.ns == 1000
+    text = metrics.render([("m", "1", snap)], SystemSample(),
+                          metrics.MetricsOptions(histogram_latencies=True),
+                          decoupled={("m", "1"): (1.0, 10.0)})
+    fam = _families(text)["nv_inference_first_response_histogram_ms"]
+    assert fam.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
+    assert buckets == {"1": 1, "10": 2, "+Inf": 2}  # as prometheus-cpp writes bounds
