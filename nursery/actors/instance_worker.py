@@ -8,12 +8,14 @@ thread before ``task_status.started()`` and finalized on it when the inbox close
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import outcome
 import trio
 
@@ -27,7 +29,7 @@ from nursery.scheduling.rate_limit_policy import ResourceNeed
 from nursery.sequence_batching import SlotStates
 from nursery.stats import BatchReport
 from nursery.threads import DedicatedThread
-from nursery.types import InferenceResponse
+from nursery.types import DataType, InferenceResponse, Tensor
 from nursery.warmup import WarmupSample
 
 log = logging.getLogger("nursery.instance")
@@ -107,7 +109,10 @@ def _run_requests(
     t0 = time.monotonic_ns()
     responses: list[Any] | NurseryError
     try:
-        responses = backend.execute_requests(batch.work)
+        if batch.rows is not None and states is not None:  # a sequence model's batch
+            responses = _run_sequence_requests(backend, batch, states)
+        else:
+            responses = backend.execute_requests(batch.work)
     except NurseryError as exc:
         responses = exc
     except Exception as exc:
@@ -136,6 +141,53 @@ def _run_requests(
         ended_ns=t1,
     )
     return responses, report
+
+
+def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates) -> list[Any]:
+    """A sequence batch for a backend that takes whole requests (the Python backend): each
+    request gets its row's control tensors, correlation ID and implicit state as extra inputs,
+    as Triton gives them; each response's state outputs go back to the slot and are not sent."""
+    rows = [row for row in batch.rows or () if row.ready]
+    work = [batch.work[row.item] for row in rows]
+    arrays = states.gather([w.request for w in work], rows)
+    extra = {name for name in arrays if name not in work[0].request.inputs}
+    served = []
+    for i, w in enumerate(work):
+        inputs = dict(w.request.inputs)
+        for name in extra:
+            spec = states.config.input_map.get(name)
+            array = arrays[name][i:i + 1] if states.batching else arrays[name]
+            datatype = spec.datatype if spec is not None else _datatype_of(array)
+            inputs[name] = Tensor(name, datatype, tuple(array.shape), array)
+        served.append(dataclasses.replace(w, request=dataclasses.replace(w.request,
+                                                                         inputs=inputs)))
+    answers = backend.execute_requests(served)
+    out: list[Any] = [None] * len(batch.work)
+    state_names = {s.output_name: s.input_name for s in states.seq.states}
+    for row, answer in zip(rows, answers, strict=True):
+        if isinstance(answer, InferenceResponse) and state_names:
+            kept = {}
+            outputs = []
+            for tensor in answer.outputs:
+                if tensor.name in state_names:
+                    kept[state_names[tensor.name]] = np.array(
+                        tensor.data[0] if states.batching else tensor.data, copy=True)
+                else:
+                    outputs.append(tensor)
+            if kept:
+                states.held().setdefault(row.slot, {}).update(kept)
+            answer.outputs = outputs
+        if row.end:
+            states.release([row.slot])
+        out[row.item] = answer
+    return out
+
+
+def _datatype_of(array: np.ndarray) -> DataType:
+    for dt in DataType:
+        if dt.numpy_dtype == array.dtype:
+            return dt
+    return DataType.BYTES
 
 
 def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:

@@ -385,9 +385,11 @@ class InferenceRequest:
             inputs=[Tensor._wrap(t) for t in request.inputs.values()],
             requested_output_names=requested,
             request_id=request.id,
-            correlation_id=params.get("sequence_id", 0),
-            flags=(TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0)
-            | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0),
+            correlation_id=request.sequence_id or params.get("sequence_id", 0),
+            flags=(TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+                   if request.sequence_start or params.get("sequence_start") else 0)
+            | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+               if request.sequence_end or params.get("sequence_end") else 0),
             timeout=request.timeout_us,
             parameters={k: v for k, v in params.items()
                         if k not in ("sequence_id", "sequence_start", "sequence_end",
