@@ -70,6 +70,8 @@ class BackendFactory(Protocol):
 # package (torch, tensorrt) only matters to the models that use it.
 _MODULES = {
     "onnxruntime": "nursery.backends.onnxruntime",
+    "pytorch": "nursery.backends.pytorch",
+    "tensorrt": "nursery.backends.tensorrt",
 }
 # platform -> backend name, and the default model file of each, as Triton fills them in.
 PLATFORM_TO_BACKEND = {
