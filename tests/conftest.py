@@ -115,3 +115,18 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
     yield start  # type: ignore[misc]
     for server in started:
         server.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests are deselected on a machine without a GPU unless a marker
+    expression is given (``pytest -m gpu`` selects exactly them, anywhere)."""
+    if config.option.markexpr:
+        return
+    from nursery.backends.base import gpu_count
+
+    if gpu_count() > 0:
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
