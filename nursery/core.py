@@ -19,6 +19,7 @@ from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
 from nursery.messages import InferWork
 from nursery.model_config import ModelConfig
+from nursery.shm import SharedMemoryRegistry
 from nursery.stats import StatsSnapshot
 from nursery.types import InferenceRequest, InferenceResponse
 
@@ -30,6 +31,7 @@ EXTENSIONS = (  # in Triton's order
     "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -134,6 +136,7 @@ class Core:
         self.live = True
         self.accepting = False  # ready for traffic: set once start-up loading is done
         self.manager: trio.MemorySendChannel[Any] | None = None  # the ModelManager's inbox
+        self.shm = SharedMemoryRegistry()  # regions registered through the shm extensions
 
     # -- health and metadata ---------------------------------------------------------------
 

@@ -289,6 +289,7 @@ class PyTorchInstance:
         torch = _torch()
         self._torch = torch
         self._model = config.name
+        self._loaded = loaded  # keeps a shared (ENABLE_WEIGHT_SHARING) module alive
         self._module = loaded.module
         self._device = device
         self._options = options
@@ -440,7 +441,7 @@ class PyTorchInstance:
         return arrays
 
     def close(self) -> None:
-        del self._module
+        del self._module, self._loaded
         if self._gpu and self._options.cache_cleaning:
             self._torch.cuda.empty_cache()
 

@@ -111,9 +111,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     f"ModelInfer RPC doesn't support models with decoupled transaction policy; "
                     f"use ModelStreamInfer for model '{message.model_name}'"
                 )
-            request = grpc_codec.decode_request(message)
+            shm = self.core.shm
+            request = grpc_codec.decode_request(message, shm)
+            shm_outputs = grpc_codec.decode_shm_outputs(message, shm)
             response = await self.core.infer(request, handle)
-            return grpc_codec.encode_response(response)
+            return grpc_codec.encode_response(response, None, shm_outputs, shm)
         finally:
             self.draining.leave()
 
@@ -138,10 +140,12 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             else:
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
-                    request = grpc_codec.decode_request(message)
+                    shm = self.core.shm
+                    request = grpc_codec.decode_request(message, shm)
+                    shm_outputs = grpc_codec.decode_shm_outputs(message, shm)
                     response = await self.core.infer(request, handle)
                     reply = encode_stream_response(
-                        grpc_codec.encode_response(response, FINAL_RESPONSE))
+                        grpc_codec.encode_response(response, FINAL_RESPONSE, shm_outputs, shm))
                 except NurseryError as error:
                     reply = encode_stream_response(None, error.message)
                 finally:
@@ -210,11 +214,28 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         await self._call(self.core.unload_model, request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    async def system_shared_memory_status(self, request: Any) -> Any:
-        raise _status(Unsupported("system shared memory is not supported by this server yet"))
+    async def system_shared_memory_status(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self._sync(self.core.shm.status, request.name, "system")
+        return pb.SystemSharedMemoryStatusResponse(regions={
+            r["name"]: pb.SystemSharedMemoryStatusResponseRegionStatus(**r) for r in regions})
 
-    system_shared_memory_register = system_shared_memory_status
-    system_shared_memory_unregister = system_shared_memory_status
+    async def system_shared_memory_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._sync(self.core.shm.register_system, request.name, request.key, request.offset,
+                   request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        if request.name:
+            self.core.shm.unregister(request.name, "system")
+        else:
+            self.core.shm.unregister_all("system")
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory_status(self, request: Any) -> Any:
         raise _status(Unsupported("CUDA shared memory is not supported by this server yet"))

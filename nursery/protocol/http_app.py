@@ -191,13 +191,44 @@ def build_quart_app(core: Core) -> QuartTrio:
         await core.unload_model(model, dependents)
         return _empty(200)
 
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/<region>/status")
+    async def system_shm_status(region: str = "") -> Response:
+        return _json(core.shm.status(region, "system"))
+
+    @app.post("/v2/systemsharedmemory/region/<region>/register")
+    async def system_shm_register(region: str) -> Response:
+        data = _json_body(await request.get_data())
+        key = data.get("key")
+        if not isinstance(key, str):
+            raise InvalidArgument("Unable to parse 'key': attempt to access JSON non-string as "
+                                  "string" if "key" in data else
+                                  "Unable to parse 'key': attempt to access non-existing object "
+                                  "member 'key'")
+        sizes = []
+        for field in ("offset", "byte_size"):
+            value = data.get(field, 0 if field == "offset" else None)
+            if type(value) is not int or value < 0:
+                raise InvalidArgument(
+                    f"Unable to parse '{field}': attempt to access JSON non-unsigned-integer as "
+                    "unsigned-integer" if field in data else
+                    f"Unable to parse '{field}': attempt to access non-existing object member "
+                    f"'{field}'")
+            sizes.append(value)
+        core.shm.register_system(region, key, sizes[0], sizes[1])
+        return _empty(200)
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/<region>/unregister")
+    async def system_shm_unregister(region: str = "") -> Response:
+        if region:
+            core.shm.unregister(region, "system")
+        else:
+            core.shm.unregister_all("system")
+        return _empty(200)
+
     # Triton routes whose features land later: a clear 501, never a 404 or a hang.
     later = {
-        "/v2/systemsharedmemory/status": "system shared memory",
-        "/v2/systemsharedmemory/region/<region>/status": "system shared memory",
-        "/v2/systemsharedmemory/region/<region>/register": "system shared memory",
-        "/v2/systemsharedmemory/unregister": "system shared memory",
-        "/v2/systemsharedmemory/region/<region>/unregister": "system shared memory",
         "/v2/cudasharedmemory/status": "CUDA shared memory",
         "/v2/cudasharedmemory/region/<region>/status": "CUDA shared memory",
         "/v2/cudasharedmemory/region/<region>/register": "CUDA shared memory",

@@ -196,7 +196,8 @@ async def infer_response(
         else:
             parsed = json_codec.parse_json(json_part)
             request, fmt = json_codec.decode_request(
-                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size
+                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
+                core.shm,
             )
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
