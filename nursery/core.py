@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from nursery import __version__
+from nursery import __version__, cuda_shm
 from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
@@ -152,7 +152,10 @@ class Core:
         return self.directory.is_ready(name, version)
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_name, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = list(EXTENSIONS)
+        if cuda_shm.available():  # only where CUDA regions can be opened
+            extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def resolve(self, name: str, version: str = "") -> ModelHandle:
         return self.directory.resolve(name, version)

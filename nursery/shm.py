@@ -143,6 +143,14 @@ class SharedMemoryRegistry:
                     f"address space: {exc}") from None
             self._regions[name] = SystemRegion(name, key, offset, byte_size, fd, mapping, view)
 
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        from nursery.cuda_shm import CudaRegion  # CuPy only when CUDA regions are used
+
+        with self._lock:
+            if name in self._regions:
+                raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        self.add(CudaRegion(name, raw_handle, device_id, byte_size))
+
     def add(self, region: Any) -> None:
         """Register a region built elsewhere (CUDA regions)."""
         with self._lock:

@@ -237,11 +237,28 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             self.core.shm.unregister_all("system")
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def cuda_shared_memory_status(self, request: Any) -> Any:
-        raise _status(Unsupported("CUDA shared memory is not supported by this server yet"))
+    async def cuda_shared_memory_status(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        regions = self._sync(self.core.shm.status, request.name, "cuda")
+        return pb.CudaSharedMemoryStatusResponse(regions={
+            r["name"]: pb.CudaSharedMemoryStatusResponseRegionStatus(**r) for r in regions})
 
-    cuda_shared_memory_register = cuda_shared_memory_status
-    cuda_shared_memory_unregister = cuda_shared_memory_status
+    async def cuda_shared_memory_register(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._sync(self.core.shm.register_cuda, request.name, request.raw_handle,
+                   request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def cuda_shared_memory_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        if request.name:
+            self.core.shm.unregister(request.name, "cuda")
+        else:
+            self.core.shm.unregister_all("cuda")
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def trace_setting(self, request: Any) -> Any:
         raise _status(Unsupported("trace settings are not supported by this server yet"))

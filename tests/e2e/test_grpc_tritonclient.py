@@ -131,8 +131,7 @@ def test_errors(client: grpcclient.InferenceServerClient) -> None:
 
 
 def test_later_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_cuda_shared_memory_status,
-                 client.get_trace_settings,
+    for call in (client.get_trace_settings,
                  client.get_log_settings):
         with pytest.raises(InferenceServerException) as err:
             call()

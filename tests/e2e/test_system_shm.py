@@ -5,6 +5,7 @@ owner removes or shrinks them while registered giving a clear error, never a cra
 
 from __future__ import annotations
 
+import base64
 import os
 import uuid
 from collections.abc import Iterator
@@ -269,3 +270,22 @@ def test_region_removed_or_shrunk_while_registered(shm_server: ServerProcess,
     assert client.get_system_shared_memory_status(name)[0]["name"] == name
     client.unregister_system_shared_memory(name)
     assert client.is_server_live() and client.is_model_ready("add_sub")
+
+
+def test_cuda_shared_memory_answers_clearly(shm_server: ServerProcess) -> None:
+    """Status works everywhere; registering a bogus handle is refused: UNSUPPORTED where this
+    server cannot open CUDA regions (no GPU / no CuPy), Triton's "invalid args" where it can."""
+    client = httpclient.InferenceServerClient(shm_server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    assert client.get_cuda_shared_memory_status() == []
+    assert grpc.get_cuda_shared_memory_status(as_json=True).get("regions", {}) == {}
+    gpu = "cuda_shared_memory" in client.get_server_metadata()["extensions"]
+    bogus = base64.b64encode(b"\0" * 64)
+    for register in (client.register_cuda_shared_memory, grpc.register_cuda_shared_memory):
+        err = _error(register, "cuda_region", bogus, 0, 64)
+        if gpu:
+            assert err.message() == "failed to register shared memory region: invalid args"
+        else:
+            assert "CUDA shared memory is not available on this server" in err.message()
+    err = _error(client.get_cuda_shared_memory_status, "nope")
+    assert err.message() == "Unable to find cuda shared memory region: 'nope'"
