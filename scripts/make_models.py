@@ -12,6 +12,10 @@ Models written to model_repository/:
   mlp       INPUT0 FP32 [-1,784] -> Gemm+Relu -> Gemm+Relu -> Gemm -> OUTPUT0 FP32 [-1,10]
   string_identity  INPUT0 BYTES [-1,-1] -> OUTPUT0 (same strings); no config.pbtxt: the
             server completes it from the model, as Triton's auto-complete does
+
+PyTorch builders (need the `torch` extra; the tests write these models, the bundled repository
+does not hold them): write_torch_models() gives add_sub_torch (INPUT__0/OUTPUT__0 index names),
+mlp_torch (the mlp's weights, forward argument named INPUT0) and mlp_torch_pt2 (torch.export).
 """
 
 from __future__ import annotations

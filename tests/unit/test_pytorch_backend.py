@@ -183,3 +183,28 @@ def test_weight_sharing_reuses_the_module(repo: Path, tmp_path: Path) -> None:
     first = _load(tmp_path, "shared")
     second = _load(tmp_path, "shared", InstancePlacement("g", 1, "cpu", 0))
     assert first._module is second._module
+
+
+@pytest.mark.parametrize("datatype", ["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64",
+                                      "FP16", "FP32", "FP64", "BF16", "UINT16", "UINT32",
+                                      "UINT64"])
+def test_every_numeric_datatype_round_trips(tmp_path: Path, datatype: str) -> None:
+    import torch
+
+    class Identity(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+    make_models.write_torch_model(
+        tmp_path, "ident", make_models._torch_quietly().jit.script(Identity()),
+        make_models.torch_config("ident", [("INPUT__0", datatype, [-1])],
+                                 [("OUTPUT__0", datatype, [-1])], 4))
+    instance = _load(tmp_path, "ident")
+    from nursery.types import DataType
+
+    dt = DataType.from_protocol(datatype)
+    raw = np.arange(6).astype(dt.numpy_dtype).reshape(2, 3)
+    readonly = np.frombuffer(raw.tobytes(), dt.numpy_dtype).reshape(2, 3)
+    out = instance.execute({"INPUT__0": readonly}, ["OUTPUT__0"])["OUTPUT__0"]
+    assert out.dtype == dt.numpy_dtype
+    np.testing.assert_array_equal(out, raw)
