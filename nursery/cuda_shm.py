@@ -59,8 +59,8 @@ class CudaRegion:
         self._cp = cp
         try:
             with cp.cuda.Device(device_id):
-                self._ptr = cp.cuda.runtime.ipcOpenMemHandle(
-                    raw_handle, cp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+                flags = getattr(cp.cuda.runtime, "cudaIpcMemLazyEnablePeerAccess", 1)
+                self._ptr = cp.cuda.runtime.ipcOpenMemHandle(bytes(raw_handle), flags)
         except Exception as exc:  # CUDA errors: bad handle, wrong device, same process
             log.error("failed to open CUDA IPC handle for region '%s': %s", name, exc)
             raise InvalidArgument(

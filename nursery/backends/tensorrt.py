@@ -97,7 +97,11 @@ def _deserialize(path: Path, trt: Any, model: str) -> Any:
     if engine is None:
         raise ConfigError(f"model '{model}': unable to deserialize the TensorRT engine '{path}' "
                           "(built for another TensorRT version or GPU?)")
+    _RUNTIMES[id(engine)] = runtime  # the runtime must outlive its engine
     return engine
+
+
+_RUNTIMES: dict[int, Any] = {}
 
 
 class TensorRTInstance:
@@ -202,7 +206,9 @@ class TensorRTInstance:
 
     def close(self) -> None:
         self._stream.synchronize()
+        runtime = _RUNTIMES.pop(id(self._engine), None)
         del self._context, self._engine, self._pinned
+        del runtime
 
 
 class TensorRTFactory:
@@ -234,6 +240,9 @@ class TensorRTFactory:
                 config.output.append(pb.ModelOutput(
                     name=name, data_type=pb.DataType(_datatype(dt, name).config_value),
                     dims=(shape[1:] if strip else shape) or [1]))
+        runtime = _RUNTIMES.pop(id(engine), None)
+        del engine
+        del runtime
 
     def load(
         self, config: ModelConfig, version_path: Path, placement: InstancePlacement
