@@ -225,7 +225,7 @@ class SharedMemoryRegistry:
         """Put an output's bytes at ``offset``; it must fit the ``byte_size`` the request gave."""
         region = self.lookup(name, offset, byte_size)
         if len(data) > byte_size:
-            raise InvalidArgument(
+            raise InternalError(
                 f"shared memory size specified with the request for output '{output}' "
                 f"({byte_size} bytes) should be at least {len(data)} bytes to hold the results")
         if region.kind != "system":

@@ -273,12 +273,8 @@ def encode_response(response: InferenceResponse,
             continue
         assert shm is not None
         shm.write(binding.region, binding.offset, binding.byte_size, data, tensor.name)
-        params = {"shared_memory_region": pb.InferParameter(string_param=binding.region),
-                  "shared_memory_byte_size": pb.InferParameter(int64_param=len(data))}
-        if binding.offset:
-            params["shared_memory_offset"] = pb.InferParameter(int64_param=binding.offset)
-        outputs.append((tensor.name, tensor.datatype.value, tensor.shape, params))
-        raw.append(b"")
+        outputs.append((tensor.name, tensor.datatype.value, tensor.shape))
+        raw.append(b"")  # the data is in the region; the empty entry keeps raw[i] = output i
     parameters = {key: to_parameter(value) for key, value in response.parameters.items()}
     if extra:
         parameters.update(extra)

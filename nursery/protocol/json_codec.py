@@ -411,12 +411,9 @@ def encode_response(
         if binding is not None:
             assert fmt.registry is not None
             raw = tensor_to_bytes(tensor.data, tensor.datatype)
+            # Triton answers a shared-memory output with its name, datatype and shape only
+            # (and the C++ client reads "parameters" as binary-data ones)
             fmt.registry.write(binding.region, binding.offset, binding.byte_size, raw, tensor.name)
-            params = {"shared_memory_region": binding.region,
-                      "shared_memory_byte_size": len(raw)}
-            if binding.offset:
-                params["shared_memory_offset"] = binding.offset
-            entry["parameters"] = params
         elif binary:
             raw = tensor_to_bytes(tensor.data, tensor.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}

@@ -89,10 +89,8 @@ def test_http_inputs_and_outputs_in_shared_memory(shm_server: ServerProcess,
     outputs[0].set_shared_memory(out_name, 64)
     outputs[1].set_shared_memory(out_name, 64, offset=64)
     result = client.infer("add_sub", inputs, outputs=outputs)
-    entry = result.get_output("OUTPUT1")
-    assert entry["parameters"] == {"shared_memory_region": out_name,
-                                   "shared_memory_byte_size": 64, "shared_memory_offset": 64}
-    assert "data" not in entry
+    entry = result.get_output("OUTPUT1")  # as Triton: no data, no parameters
+    assert entry == {"name": "OUTPUT1", "datatype": "FP32", "shape": [1, 16]}
     np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1, 16]), A + B)
     np.testing.assert_array_equal(
         shm.get_contents_as_numpy(out_handle, np.float32, [1, 16], offset=64), A - B)
@@ -131,9 +129,8 @@ def test_grpc_inputs_and_outputs_in_shared_memory(shm_server: ServerProcess,
     out1 = grpcclient.InferRequestedOutput("OUTPUT1")
     result = client.infer("add_sub", [a, b], outputs=[out0, out1])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
-    params = result.get_output("OUTPUT0").parameters
-    assert params["shared_memory_region"].string_param == name
-    assert params["shared_memory_byte_size"].int64_param == 64
+    assert list(result.get_output("OUTPUT0").shape) == [1, 16]
+    assert result.get_response().raw_output_contents[0] == b""  # aligned, empty
     np.testing.assert_array_equal(
         shm.get_contents_as_numpy(handle, np.float32, [1, 16], offset=4096 + 128), A + B)
     client.unregister_system_shared_memory(name)
@@ -152,7 +149,7 @@ def test_bytes_tensor_through_shared_memory(shm_server: ServerProcess, regions: 
     out = httpclient.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory(name, 128, offset=128)
     result = client.infer("string_identity", [inp], outputs=[out])
-    assert result.get_output("OUTPUT0")["parameters"]["shared_memory_byte_size"] == size
+    assert result.get_output("OUTPUT0")["shape"] == [1, 3]
     back = shm.get_contents_as_numpy(handle, np.object_, [1, 3], offset=128)
     assert back.tolist() == words.tolist()
 

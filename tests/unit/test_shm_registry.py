@@ -54,7 +54,7 @@ def test_reads_stay_inside_the_region(registry: SharedMemoryRegistry, offset: in
 def test_write_then_read(registry: SharedMemoryRegistry) -> None:
     registry.write("r", 10, 8, b"abcd", "OUT")
     assert bytes(registry.read("r", 10, 4)) == b"abcd"
-    with pytest.raises(InvalidArgument, match=r"\(2 bytes\) should be at least 4 bytes"):
+    with pytest.raises(InternalError, match=r"\(2 bytes\) should be at least 4 bytes"):
         registry.write("r", 10, 2, b"abcd", "OUT")
 
 
