@@ -76,7 +76,10 @@ class SystemRegion:
         return self._view
 
     def close(self) -> None:
-        self._view.release()
+        try:
+            self._view.release()
+        except BufferError:
+            pass  # a request's array is built on it; it goes with that array
         if self._map is not None:
             try:
                 self._map.close()

@@ -20,6 +20,7 @@ from tests.conftest import ServerProcess, make_models
 from tests.shm_client import system_shm as shm
 
 pytestmark = pytest.mark.e2e
+Http = httpclient.InferenceServerClient
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,13 @@ def shm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     finally:
         code = proc.stop()
         assert code == 0, f"server exit code {code}:\n{proc.log()}"
+
+
+@pytest.fixture(scope="module")
+def http(shm_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(shm_server.url)
+    yield client
+    client.close()
 
 
 class Regions:
@@ -57,10 +65,10 @@ class Regions:
 
 
 @pytest.fixture
-def regions(shm_server: ServerProcess) -> Iterator[Regions]:
+def regions(http: httpclient.InferenceServerClient) -> Iterator[Regions]:
     r = Regions()
     yield r
-    httpclient.InferenceServerClient(shm_server.url).unregister_system_shared_memory()
+    http.unregister_system_shared_memory()
     for handle in list(r.handles):
         r.destroy(handle)
 
@@ -69,9 +77,9 @@ A = np.arange(16, dtype=np.float32).reshape(1, 16)
 B = np.full((1, 16), 2.0, np.float32)
 
 
-def test_http_inputs_and_outputs_in_shared_memory(shm_server: ServerProcess,
+def test_http_inputs_and_outputs_in_shared_memory(http: Http, shm_server: ServerProcess,
                                                   regions: Regions) -> None:
-    client = httpclient.InferenceServerClient(shm_server.url)
+    client = http
     assert "system_shared_memory" in client.get_server_metadata()["extensions"]
     in_name, in_key, in_handle = regions.create("in", 128)
     out_name, out_key, out_handle = regions.create("out", 128)
@@ -111,7 +119,7 @@ def test_http_inputs_and_outputs_in_shared_memory(shm_server: ServerProcess,
     assert client.get_system_shared_memory_status() == []
 
 
-def test_grpc_inputs_and_outputs_in_shared_memory(shm_server: ServerProcess,
+def test_grpc_inputs_and_outputs_in_shared_memory(http: Http, shm_server: ServerProcess,
                                                   regions: Regions) -> None:
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
     name, key, handle = regions.create("grpc", 4096 + 256)
@@ -137,8 +145,8 @@ def test_grpc_inputs_and_outputs_in_shared_memory(shm_server: ServerProcess,
     assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
 
 
-def test_bytes_tensor_through_shared_memory(shm_server: ServerProcess, regions: Regions) -> None:
-    client = httpclient.InferenceServerClient(shm_server.url)
+def test_bytes_tensor_through_shared_memory(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+    client = http
     words = np.array([[b"alpha", b"beta", b"\xce\xbb"]], dtype=object)
     serialized = serialize_byte_tensor(words)
     size = serialized_byte_size(serialized)
@@ -160,8 +168,8 @@ def _error(call: object, *args: object, **kwargs: object) -> InferenceServerExce
     return info.value
 
 
-def test_bad_registrations_are_refused(shm_server: ServerProcess, regions: Regions) -> None:
-    client = httpclient.InferenceServerClient(shm_server.url)
+def test_bad_registrations_are_refused(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+    client = http
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
     name, key, _ = regions.create("small", 64)
     err = _error(client.register_system_shared_memory, name, key, 128)
@@ -182,8 +190,8 @@ def test_bad_registrations_are_refused(shm_server: ServerProcess, regions: Regio
     client.unregister_system_shared_memory("never_registered")  # succeeds, as in Triton
 
 
-def test_out_of_bounds_requests_are_refused(shm_server: ServerProcess, regions: Regions) -> None:
-    client = httpclient.InferenceServerClient(shm_server.url)
+def test_out_of_bounds_requests_are_refused(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+    client = http
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
     name, key, handle = regions.create("bounds", 128)
     shm.set_shared_memory_region(handle, [A, B])
@@ -226,7 +234,7 @@ def test_out_of_bounds_requests_are_refused(shm_server: ServerProcess, regions: 
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
 
 
-def test_grpc_parameter_type_checks(shm_server: ServerProcess) -> None:
+def test_grpc_parameter_type_checks(http: Http, shm_server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
     a = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
     a.set_data_from_numpy(A)
@@ -243,9 +251,9 @@ def test_grpc_parameter_type_checks(shm_server: ServerProcess) -> None:
                              "'shared_memory_region' parameter for tensor 'INPUT1'")
 
 
-def test_region_removed_or_shrunk_while_registered(shm_server: ServerProcess,
+def test_region_removed_or_shrunk_while_registered(http: Http, shm_server: ServerProcess,
                                                    regions: Regions) -> None:
-    client = httpclient.InferenceServerClient(shm_server.url)
+    client = http
     name, key, handle = regions.create("vanish", 128)
     shm.set_shared_memory_region(handle, [A, B])
     client.register_system_shared_memory(name, key, 128)
@@ -269,10 +277,10 @@ def test_region_removed_or_shrunk_while_registered(shm_server: ServerProcess,
     assert client.is_server_live() and client.is_model_ready("add_sub")
 
 
-def test_cuda_shared_memory_answers_clearly(shm_server: ServerProcess) -> None:
+def test_cuda_shared_memory_answers_clearly(http: Http, shm_server: ServerProcess) -> None:
     """Status works everywhere; registering a bogus handle is refused: UNSUPPORTED where this
     server cannot open CUDA regions (no GPU / no CuPy), Triton's "invalid args" where it can."""
-    client = httpclient.InferenceServerClient(shm_server.url)
+    client = http
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
     assert client.get_cuda_shared_memory_status() == []
     assert grpc.get_cuda_shared_memory_status(as_json=True).get("regions", {}) == {}
@@ -286,3 +294,34 @@ def test_cuda_shared_memory_answers_clearly(shm_server: ServerProcess) -> None:
             assert "CUDA shared memory is not available on this server" in err.message()
     err = _error(client.get_cuda_shared_memory_status, "nope")
     assert err.message() == "Unable to find cuda shared memory region: 'nope'"
+
+
+def test_grpc_stream_uses_shared_memory(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+    import queue
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    name, key, handle = regions.create("stream", 192)
+    shm.set_shared_memory_region(handle, [A, B])
+    client.register_system_shared_memory(name, key, 192)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        a = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        a.set_shared_memory(name, 64)
+        b = grpcclient.InferInput("INPUT1", [1, 16], "FP32")
+        b.set_shared_memory(name, 64, offset=64)
+        out = grpcclient.InferRequestedOutput("OUTPUT1")
+        out.set_shared_memory(name, 64, offset=128)
+        client.async_stream_infer("add_sub", [a, b], outputs=[out])
+        result, error = results.get(timeout=30)
+        assert error is None
+        np.testing.assert_array_equal(
+            shm.get_contents_as_numpy(handle, np.float32, [1, 16], offset=128), A - B)
+        bad = grpcclient.InferInput("INPUT1", [1, 16], "FP32")
+        bad.set_shared_memory(name, 64, offset=160)
+        client.async_stream_infer("add_sub", [a, bad])
+        result, error = results.get(timeout=30)
+        assert error is not None and "Invalid offset + byte size" in str(error)
+    finally:
+        client.stop_stream()
+        client.close()
