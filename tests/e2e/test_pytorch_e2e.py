@@ -17,6 +17,7 @@ from tests.conftest import ServerProcess, make_models
 
 pytestmark = pytest.mark.e2e
 Http = httpclient.InferenceServerClient
+Grpc = grpcclient.InferenceServerClient
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,13 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
 
 
 @pytest.fixture(scope="module")
+def grpc_client(torch_server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{torch_server.grpc_port}")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
 def http(torch_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     client = httpclient.InferenceServerClient(torch_server.url)
     yield client
@@ -55,14 +63,14 @@ def _input(module: object, name: str, array: np.ndarray, datatype: str = "FP32")
     return inp
 
 
-def test_http_and_grpc_index_convention(http: Http, torch_server: ServerProcess) -> None:
+def test_http_and_grpc_index_convention(http: Http, grpc_client: Grpc, torch_server: ServerProcess) -> None:
     a = np.arange(32, dtype=np.float32).reshape(2, 16)
     b = np.full((2, 16), 3, np.float32)
     result = http.infer("add_sub_torch", [_input(httpclient, "INPUT__0", a),
                                           _input(httpclient, "INPUT__1", b)])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{torch_server.grpc_port}")
+    grpc = grpc_client
     result = grpc.infer("add_sub_torch", [_input(grpcclient, "INPUT__0", a),
                                           _input(grpcclient, "INPUT__1", b)],
                         outputs=[grpcclient.InferRequestedOutput("OUTPUT__1")])
@@ -72,7 +80,8 @@ def test_http_and_grpc_index_convention(http: Http, torch_server: ServerProcess)
     assert meta["platform"] == "pytorch_libtorch"
 
 
-def test_torchscript_and_exported_mlp_match_onnx(http: Http, torch_server: ServerProcess) -> None:
+def test_torchscript_and_exported_mlp_match_onnx(http: Http, grpc_client: Grpc,
+                                                 torch_server: ServerProcess) -> None:
     client = http
     x = np.random.default_rng(1).standard_normal((5, 784)).astype(np.float32)
     reference = client.infer("mlp", [_input(httpclient, "INPUT0", x)]).as_numpy("OUTPUT0")
@@ -81,7 +90,8 @@ def test_torchscript_and_exported_mlp_match_onnx(http: Http, torch_server: Serve
         np.testing.assert_allclose(out, reference, rtol=1e-4, atol=1e-5)
 
 
-def test_concurrent_requests_share_executions(http: Http, torch_server: ServerProcess) -> None:
+def test_concurrent_requests_share_executions(http: Http, grpc_client: Grpc,
+                                              torch_server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(torch_server.url, concurrency=16)
     before = client.get_inference_statistics("add_sub_torch")["model_stats"][0]
     rng = np.random.default_rng(2)
@@ -102,14 +112,15 @@ def test_concurrent_requests_share_executions(http: Http, torch_server: ServerPr
     client.close()
 
 
-def test_strings_over_grpc(http: Http, torch_server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{torch_server.grpc_port}")
+def test_strings_over_grpc(http: Http, grpc_client: Grpc, torch_server: ServerProcess) -> None:
+    client = grpc_client
     words = np.array([b"hello", b"triton"], dtype=object)
     result = client.infer("shout", [_input(grpcclient, "INPUT__0", words, "BYTES")])
     assert list(result.as_numpy("OUTPUT__0")) == [b"hello!", b"triton!"]
 
 
-def test_mismatched_config_fails_to_load_with_reason(http: Http, torch_server: ServerProcess) -> None:
+def test_mismatched_config_fails_to_load_with_reason(http: Http, grpc_client: Grpc,
+                                                     torch_server: ServerProcess) -> None:
     client = http
     assert not client.is_model_ready("broken_torch")
     request = urllib.request.Request(f"http://{torch_server.url}/v2/repository/index",
@@ -121,7 +132,8 @@ def test_mismatched_config_fails_to_load_with_reason(http: Http, torch_server: S
     assert client.is_model_ready("add_sub_torch")  # the others serve on
 
 
-def test_bad_request_is_refused_and_the_model_keeps_serving(http: Http, torch_server: ServerProcess) -> None:
+def test_bad_request_is_refused_and_the_model_keeps_serving(http: Http, grpc_client: Grpc,
+                                                            torch_server: ServerProcess) -> None:
     client = http
     a = np.ones((1, 16), np.float32)
     with pytest.raises(Exception, match="expected 2 inputs but got 1 inputs"):

@@ -94,6 +94,7 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
                 results.append(h.get_result().as_numpy("OUTPUT0").shape)
             except Exception as exc:  # a request sent after the listener closed may fail
                 results.append(exc)
+        client.close()  # here: its greenlets belong to this thread's hub, not the main one's
 
     thread = threading.Thread(target=hammer)
     thread.start()

@@ -21,6 +21,7 @@ from tests.shm_client import system_shm as shm
 
 pytestmark = pytest.mark.e2e
 Http = httpclient.InferenceServerClient
+Grpc = grpcclient.InferenceServerClient
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,13 @@ def shm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     finally:
         code = proc.stop()
         assert code == 0, f"server exit code {code}:\n{proc.log()}"
+
+
+@pytest.fixture(scope="module")
+def grpc_client(shm_server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +85,7 @@ A = np.arange(16, dtype=np.float32).reshape(1, 16)
 B = np.full((1, 16), 2.0, np.float32)
 
 
-def test_http_inputs_and_outputs_in_shared_memory(http: Http, shm_server: ServerProcess,
+def test_http_inputs_and_outputs_in_shared_memory(http: Http, grpc_client: Grpc, shm_server: ServerProcess,
                                                   regions: Regions) -> None:
     client = http
     assert "system_shared_memory" in client.get_server_metadata()["extensions"]
@@ -119,9 +127,9 @@ def test_http_inputs_and_outputs_in_shared_memory(http: Http, shm_server: Server
     assert client.get_system_shared_memory_status() == []
 
 
-def test_grpc_inputs_and_outputs_in_shared_memory(http: Http, shm_server: ServerProcess,
+def test_grpc_inputs_and_outputs_in_shared_memory(http: Http, grpc_client: Grpc, shm_server: ServerProcess,
                                                   regions: Regions) -> None:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    client = grpc_client
     name, key, handle = regions.create("grpc", 4096 + 256)
     shm.set_shared_memory_region(handle, [B], offset=4096 + 64)
     # registered from a page offset: the region's own offsets count from there
@@ -145,7 +153,8 @@ def test_grpc_inputs_and_outputs_in_shared_memory(http: Http, shm_server: Server
     assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
 
 
-def test_bytes_tensor_through_shared_memory(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+def test_bytes_tensor_through_shared_memory(http: Http, grpc_client: Grpc,
+                                            shm_server: ServerProcess, regions: Regions) -> None:
     client = http
     words = np.array([[b"alpha", b"beta", b"\xce\xbb"]], dtype=object)
     serialized = serialize_byte_tensor(words)
@@ -168,9 +177,10 @@ def _error(call: object, *args: object, **kwargs: object) -> InferenceServerExce
     return info.value
 
 
-def test_bad_registrations_are_refused(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+def test_bad_registrations_are_refused(http: Http, grpc_client: Grpc,
+                                       shm_server: ServerProcess, regions: Regions) -> None:
     client = http
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    grpc = grpc_client
     name, key, _ = regions.create("small", 64)
     err = _error(client.register_system_shared_memory, name, key, 128)
     assert err.message() == f"failed to register shared memory region '{name}': invalid args"
@@ -190,9 +200,10 @@ def test_bad_registrations_are_refused(http: Http, shm_server: ServerProcess, re
     client.unregister_system_shared_memory("never_registered")  # succeeds, as in Triton
 
 
-def test_out_of_bounds_requests_are_refused(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+def test_out_of_bounds_requests_are_refused(http: Http, grpc_client: Grpc,
+                                            shm_server: ServerProcess, regions: Regions) -> None:
     client = http
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    grpc = grpc_client
     name, key, handle = regions.create("bounds", 128)
     shm.set_shared_memory_region(handle, [A, B])
     client.register_system_shared_memory(name, key, 128)
@@ -234,8 +245,8 @@ def test_out_of_bounds_requests_are_refused(http: Http, shm_server: ServerProces
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
 
 
-def test_grpc_parameter_type_checks(http: Http, shm_server: ServerProcess) -> None:
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+def test_grpc_parameter_type_checks(http: Http, grpc_client: Grpc, shm_server: ServerProcess) -> None:
+    client = grpc_client
     a = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
     a.set_data_from_numpy(A)
     b = grpcclient.InferInput("INPUT1", [1, 16], "FP32")
@@ -251,7 +262,7 @@ def test_grpc_parameter_type_checks(http: Http, shm_server: ServerProcess) -> No
                              "'shared_memory_region' parameter for tensor 'INPUT1'")
 
 
-def test_region_removed_or_shrunk_while_registered(http: Http, shm_server: ServerProcess,
+def test_region_removed_or_shrunk_while_registered(http: Http, grpc_client: Grpc, shm_server: ServerProcess,
                                                    regions: Regions) -> None:
     client = http
     name, key, handle = regions.create("vanish", 128)
@@ -277,11 +288,11 @@ def test_region_removed_or_shrunk_while_registered(http: Http, shm_server: Serve
     assert client.is_server_live() and client.is_model_ready("add_sub")
 
 
-def test_cuda_shared_memory_answers_clearly(http: Http, shm_server: ServerProcess) -> None:
+def test_cuda_shared_memory_answers_clearly(http: Http, grpc_client: Grpc, shm_server: ServerProcess) -> None:
     """Status works everywhere; registering a bogus handle is refused: UNSUPPORTED where this
     server cannot open CUDA regions (no GPU / no CuPy), Triton's "invalid args" where it can."""
     client = http
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    grpc = grpc_client
     assert client.get_cuda_shared_memory_status() == []
     assert grpc.get_cuda_shared_memory_status(as_json=True).get("regions", {}) == {}
     gpu = "cuda_shared_memory" in client.get_server_metadata()["extensions"]
@@ -296,10 +307,11 @@ def test_cuda_shared_memory_answers_clearly(http: Http, shm_server: ServerProces
     assert err.message() == "Unable to find cuda shared memory region: 'nope'"
 
 
-def test_grpc_stream_uses_shared_memory(http: Http, shm_server: ServerProcess, regions: Regions) -> None:
+def test_grpc_stream_uses_shared_memory(http: Http, grpc_client: Grpc,
+                                        shm_server: ServerProcess, regions: Regions) -> None:
     import queue
 
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_server.grpc_port}")
+    client = grpc_client
     name, key, handle = regions.create("stream", 192)
     shm.set_shared_memory_region(handle, [A, B])
     client.register_system_shared_memory(name, key, 192)
@@ -324,4 +336,3 @@ def test_grpc_stream_uses_shared_memory(http: Http, shm_server: ServerProcess, r
         assert error is not None and "Invalid offset + byte size" in str(error)
     finally:
         client.stop_stream()
-        client.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -154,8 +155,6 @@ def test_concurrency_16_with_batching_on_two_gpu_instances(gpu_server: ServerPro
 def test_two_instances_run_concurrently_on_their_own_streams(gpu_repo: Path) -> None:
     """Two instances of one model on GPU 0, each loaded on its own thread: distinct,
     non-default streams, and correct answers while both compute at once."""
-    import torch
-
     from nursery.backends import pytorch
 
     config, _ = read_model_config(gpu_repo / "mlp_torch_gpu", "mlp_torch_gpu")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,8 +99,6 @@ def test_forward_argument_model_matches_onnx_weights(repo: Path) -> None:
     x = np.random.default_rng(3).standard_normal((4, 784)).astype(np.float32)
     out = instance.execute({"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"]
     torch_module = make_models.build_torch_mlp(script=False)
-    import torch
-
     with torch.no_grad():
         expected = torch_module(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
@@ -162,8 +161,6 @@ def test_missing_model_file(tmp_path: Path) -> None:
 
 
 def test_gpu_instance_without_cuda_runs_on_cpu(repo: Path, caplog: pytest.LogCaptureFixture) -> None:
-    import torch
-
     if torch.cuda.is_available():  # pragma: no cover - the GPU tests cover this machine
         return
     with caplog.at_level(logging.WARNING, "nursery.backends.pytorch"):
@@ -189,8 +186,6 @@ def test_weight_sharing_reuses_the_module(repo: Path, tmp_path: Path) -> None:
                                       "FP16", "FP32", "FP64", "BF16", "UINT16", "UINT32",
                                       "UINT64"])
 def test_every_numeric_datatype_round_trips(tmp_path: Path, datatype: str) -> None:
-    import torch
-
     class Identity(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x.clone()
