@@ -80,12 +80,14 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
     repo = tmp_path / "repo"
     make_models.write_mlp(repo, max_batch_size=64)
     server = start_server(repo)
-    client = httpclient.InferenceServerClient(server.url, concurrency=8,
-                                              connection_timeout=60, network_timeout=60)
     x = np.ones((64, 784), np.float32)
     results: list[object] = []
 
     def hammer() -> None:
+        # the client lives and dies on this thread: its greenlets belong to this thread's hub,
+        # and closing it (also from __del__) on another thread fails in gevent
+        client = httpclient.InferenceServerClient(server.url, concurrency=8,
+                                                  connection_timeout=60, network_timeout=60)
         inp = httpclient.InferInput("INPUT0", [64, 784], "FP32")
         inp.set_data_from_numpy(x)
         handles = [client.async_infer("mlp", [inp]) for _ in range(40)]
@@ -94,7 +96,7 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
                 results.append(h.get_result().as_numpy("OUTPUT0").shape)
             except Exception as exc:  # a request sent after the listener closed may fail
                 results.append(exc)
-        client.close()  # here: its greenlets belong to this thread's hub, not the main one's
+        client.close()
 
     thread = threading.Thread(target=hammer)
     thread.start()
