@@ -75,26 +75,17 @@ def test_explicit_mode_loads_only_named_models(tmp_path: Path,
     assert not client.is_model_ready("string_identity")
 
 
-class _ThreadClient(httpclient.InferenceServerClient):
-    """Closed explicitly on the thread that used it, never from ``__del__``: a garbage
-    collection on another thread would join its greenlets from the wrong gevent hub."""
-
-    def __del__(self) -> None:
-        pass
-
-
 def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
                                              start_server: type[ServerProcess]) -> None:
     repo = tmp_path / "repo"
     make_models.write_mlp(repo, max_batch_size=64)
     server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, concurrency=8,
+                                              connection_timeout=60, network_timeout=60)
     x = np.ones((64, 784), np.float32)
     results: list[object] = []
 
     def hammer() -> None:
-        # the client lives on this thread: its greenlets belong to this thread's hub
-        client = _ThreadClient(server.url, concurrency=8, connection_timeout=60,
-                               network_timeout=60)
         inp = httpclient.InferInput("INPUT0", [64, 784], "FP32")
         inp.set_data_from_numpy(x)
         handles = [client.async_infer("mlp", [inp]) for _ in range(40)]
@@ -103,7 +94,6 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
                 results.append(h.get_result().as_numpy("OUTPUT0").shape)
             except Exception as exc:  # a request sent after the listener closed may fail
                 results.append(exc)
-        client.close()
 
     thread = threading.Thread(target=hammer)
     thread.start()
