@@ -302,6 +302,29 @@ def write_torch_models(repo: Path) -> None:
                       torch_config("mlp_torch_pt2", *mlp_io, 64), filename="model.pt2")
 
 
+def build_trt_engine(onnx_model: onnx.ModelProto, max_batch: int = 64) -> bytes:
+    """A TensorRT engine (needs a GPU and the `gpu` extra) for the ONNX mlp, with one
+    optimization profile: batch 1..max_batch."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # TensorRT 8
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(onnx_model.SerializeToString()):
+        raise RuntimeError([str(parser.get_error(i)) for i in range(parser.num_errors)])
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    profile.set_shape("INPUT0", (1, 784), (16, 784), (max_batch, 784))
+    config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    assert engine is not None, "TensorRT failed to build the engine"
+    return bytes(engine)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default=str(ROOT / "model_repository"))

@@ -33,29 +33,6 @@ def _gpu(config: str, count: int = 1) -> str:
                           f"instance_group [ {{ count: {count}, kind: KIND_GPU, gpus: [ 0 ] }} ]\n")
 
 
-def build_trt_engine(onnx_model: object, max_batch: int = 64) -> bytes:
-    """A TensorRT engine for the ONNX mlp with one profile: batch 1..max_batch."""
-    import onnx
-    import tensorrt as trt
-
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    flags = 0
-    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # TensorRT 8
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(onnx.serializer.ProtoSerializer.serialize_proto(onnx_model)):
-        raise RuntimeError([str(parser.get_error(i)) for i in range(parser.num_errors)])
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    profile.set_shape("INPUT0", (1, 784), (16, 784), (max_batch, 784))
-    config.add_optimization_profile(profile)
-    engine = builder.build_serialized_network(network, config)
-    assert engine is not None, "TensorRT failed to build the engine"
-    return bytes(engine)
-
-
 @pytest.fixture(scope="module")
 def gpu_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("gpu_repo")
@@ -72,7 +49,7 @@ def gpu_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_models.write_torch_model(repo, "mlp_torch_pt2_gpu", make_models.export_torch_mlp(),
                                   _gpu(make_models.torch_config("mlp_torch_pt2_gpu", *mlp_io, 64)),
                                   filename="model.pt2")
-    engine = build_trt_engine(make_models.build_mlp())
+    engine = make_models.build_trt_engine(make_models.build_mlp())
     for name, config in (
         ("mlp_trt", _gpu(make_models.config_text("mlp_trt", *mlp_io, 64,
                                                  "dynamic_batching { }\n")).replace(
