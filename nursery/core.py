@@ -13,13 +13,14 @@ from typing import Any
 
 import trio
 
-from nursery import __version__, sequence_batching
+from nursery import __version__, cuda_shm, sequence_batching
 from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
 from nursery.cache_store import frozen_copy, request_key
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
 from nursery.messages import CacheInsert, CacheLookup, CacheOutcome, CacheStatsQuery, InferWork
 from nursery.model_config import ModelConfig
+from nursery.shm import SharedMemoryRegistry
 from nursery.stats import StatsSnapshot
 from nursery.tracing import TraceManager, TraceSettings
 from nursery.types import InferenceRequest, InferenceResponse
@@ -32,6 +33,7 @@ EXTENSIONS = (  # in Triton's order
     "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -142,6 +144,7 @@ class Core:
         self.log_manager: Any = None  # nursery.logsettings.LogManager, set by the server
         self.cache: trio.MemorySendChannel[Any] | None = None  # the ResponseCache's inbox
         self.arrival_log: Any = None  # nursery.arrival_log.ArrivalLog with --arrival-log
+        self.shm = SharedMemoryRegistry()  # regions registered through the shm extensions
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -157,7 +160,10 @@ class Core:
         return self.directory.is_ready(name, version)
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_name, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = list(EXTENSIONS)
+        if cuda_shm.available():  # only where CUDA regions can be opened
+            extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def resolve(self, name: str, version: str = "") -> ModelHandle:
         return self.directory.resolve(name, version)

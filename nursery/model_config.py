@@ -268,7 +268,7 @@ def _fill_backend(
             for path in version_paths:
                 if (path / proto.default_model_filename).exists():
                     suffix = Path(proto.default_model_filename).suffix
-                    proto.backend = {".onnx": "onnxruntime", ".pt": "pytorch",
+                    proto.backend = {".onnx": "onnxruntime", ".pt": "pytorch", ".pt2": "pytorch",
                                      ".plan": "tensorrt", ".py": "python"}.get(suffix, "")
                     break
         if not proto.backend:

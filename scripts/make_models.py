@@ -12,6 +12,10 @@ Models written to model_repository/:
   mlp       INPUT0 FP32 [-1,784] -> Gemm+Relu -> Gemm+Relu -> Gemm -> OUTPUT0 FP32 [-1,10]
   string_identity  INPUT0 BYTES [-1,-1] -> OUTPUT0 (same strings); no config.pbtxt: the
             server completes it from the model, as Triton's auto-complete does
+
+PyTorch builders (need the `torch` extra; the tests write these models, the bundled repository
+does not hold them): write_torch_models() gives add_sub_torch (INPUT__0/OUTPUT__0 index names),
+mlp_torch (the mlp's weights, forward argument named INPUT0) and mlp_torch_pt2 (torch.export).
 """
 
 from __future__ import annotations
@@ -247,6 +251,155 @@ def write_sequence_controls(repo: Path, name: str = "sequence_controls", corrid:
         f"{CONFIG_TYPES[corrid]} }} ] }}\n  ]\n}}\n",
     )
     return write_model(repo, name, build_sequence_controls(corrid), config)
+# -- PyTorch models (need the `torch` extra; not part of the bundled repository) -----------
+
+
+def _torch_quietly() -> Any:
+    """torch, with its "torch.jit is deprecated" warnings silenced for the builders."""
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\..*")
+    return torch
+
+
+def build_torch_add_sub() -> Any:
+    """TorchScript add_sub whose forward arguments are unnamed for Triton: the config uses
+    the ``INPUT__0``/``OUTPUT__1`` index convention."""
+    torch = _torch_quietly()
+
+    class AddSub(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return a + b, a - b
+
+    return torch.jit.script(AddSub())
+
+
+def _mlp_weights(dims: tuple[int, ...], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)  # the same draws as build_mlp: the same network
+    out = []
+    for fan_in, fan_out in zip(dims[:-1], dims[1:], strict=True):
+        w = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        b = (rng.standard_normal((fan_out,)) * 0.01).astype(np.float32)
+        out.append((w, b))
+    return out
+
+
+def build_torch_mlp(dims: tuple[int, ...] = (784, 128, 64, 10), seed: int = 0,
+                    script: bool = True) -> Any:
+    """The ONNX mlp's network as a torch module whose forward argument is named ``INPUT0``
+    (Triton's forward-argument convention); TorchScript when ``script``."""
+    torch = _torch_quietly()
+    weights = _mlp_weights(dims, seed)
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList()
+            for w, b in weights:
+                layer = torch.nn.Linear(w.shape[0], w.shape[1])
+                with torch.no_grad():
+                    layer.weight.copy_(torch.from_numpy(w.T.copy()))
+                    layer.bias.copy_(torch.from_numpy(b))
+                self.layers.append(layer)
+
+        def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:  # noqa: N803 - Triton's name
+            x = INPUT0
+            n = len(self.layers)
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i < n - 1:
+                    x = torch.relu(x)
+            return x
+
+    module = Mlp().eval()
+    return torch.jit.script(module) if script else module
+
+
+def build_torch_strings() -> Any:
+    """BYTES in and out as ``List[str]``: each string with "!" appended."""
+    torch = _torch_quietly()
+
+    class Shout(torch.nn.Module):
+        def forward(self, text: list[str]) -> list[str]:
+            return [s + "!" for s in text]
+
+    return torch.jit.script(Shout())
+
+
+def torch_config(name: str, inputs: list[tuple[str, str, list[int]]],
+                 outputs: list[tuple[str, str, list[int]]], max_batch_size: int,
+                 extra: str = "", instance_count: int = 1, kind: str = "KIND_CPU") -> str:
+    text = config_text(name, inputs, outputs, max_batch_size, extra, instance_count)
+    text = text.replace('platform: "onnxruntime_onnx"', 'platform: "pytorch_libtorch"')
+    return text.replace("kind: KIND_CPU", f"kind: {kind}")
+
+
+def write_torch_model(repo: Path, name: str, module: Any, config: str | None,
+                      version: int = 1, filename: str = "model.pt") -> Path:
+    torch = _torch_quietly()
+    folder = repo / name
+    (folder / str(version)).mkdir(parents=True, exist_ok=True)
+    target = folder / str(version) / filename
+    if filename.endswith(".pt2"):
+        torch.export.save(module, str(target))
+    else:
+        torch.jit.save(module, str(target))
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config)
+    return folder
+
+
+def export_torch_mlp(max_batch_size: int = 64) -> Any:
+    """The mlp as a ``torch.export`` program (``model.pt2``) with a dynamic batch dimension."""
+    torch = _torch_quietly()
+    module = build_torch_mlp(script=False)
+    batch = torch.export.Dim("batch", min=1, max=max_batch_size)
+    return torch.export.export(module, (torch.zeros(2, 784),), dynamic_shapes=({0: batch},))
+
+
+def write_torch_models(repo: Path) -> None:
+    """add_sub_torch (index names, dynamic batching, two instances), mlp_torch (forward
+    argument names) and mlp_torch_pt2 (an exported program)."""
+    io = [("INPUT__0", "FP32", [16]), ("INPUT__1", "FP32", [16])]
+    out = [("OUTPUT__0", "FP32", [16]), ("OUTPUT__1", "FP32", [16])]
+    write_torch_model(repo, "add_sub_torch", build_torch_add_sub(),
+                      torch_config("add_sub_torch", io, out, 8,
+                                   "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"
+                                   'parameters { key: "INFERENCE_MODE" value: { string_value: '
+                                   '"true" } }\n', instance_count=2))
+    mlp_io = ([("INPUT0", "FP32", [784])], [("OUTPUT0", "FP32", [10])])
+    write_torch_model(repo, "mlp_torch", build_torch_mlp(),
+                      torch_config("mlp_torch", *mlp_io, 64,
+                                   "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
+                                   'parameters { key: "DISABLE_OPTIMIZED_EXECUTION" value: { '
+                                   'string_value: "true" } }\n'))
+    write_torch_model(repo, "mlp_torch_pt2", export_torch_mlp(),
+                      torch_config("mlp_torch_pt2", *mlp_io, 64), filename="model.pt2")
+
+
+def build_trt_engine(onnx_model: onnx.ModelProto, max_batch: int = 64) -> bytes:
+    """A TensorRT engine (needs a GPU and the `gpu` extra) for the ONNX mlp, with one
+    optimization profile: batch 1..max_batch."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # TensorRT 8
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(onnx_model.SerializeToString()):
+        raise RuntimeError([str(parser.get_error(i)) for i in range(parser.num_errors)])
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    profile.set_shape("INPUT0", (1, 784), (16, 784), (max_batch, 784))
+    config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    assert engine is not None, "TensorRT failed to build the engine"
+    return bytes(engine)
 
 
 def main() -> None:

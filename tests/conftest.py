@@ -115,3 +115,29 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
     yield start  # type: ignore[misc]
     for server in started:
         server.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests are deselected on a machine without a GPU unless a marker
+    expression is given (``pytest -m gpu`` selects exactly them, anywhere)."""
+    if config.option.markexpr:
+        return
+    from nursery.backends.base import gpu_count
+
+    if gpu_count() > 0:
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Drop the module named '' that decoding a ModelInferResponse with the generated grpclib
+    stubs leaves in ``sys.modules`` (the repository root, imported as a package by the
+    betterproto machinery): torch's lazy imports walk ``sys.modules`` through
+    ``inspect.getmodule`` and fail on it, so in-process torch tests that run after
+    ``test_grpclib_client_from_our_stubs`` would break."""
+    bogus = sys.modules.get("")
+    if bogus is not None and getattr(bogus, "__name__", None) == "":
+        del sys.modules[""]

@@ -82,6 +82,8 @@ class BackendFactory(Protocol):
 _MODULES = {
     "onnxruntime": "nursery.backends.onnxruntime",
     "python": "nursery.backends.python",
+    "pytorch": "nursery.backends.pytorch",
+    "tensorrt": "nursery.backends.tensorrt",
 }
 # platform -> backend name, and the default model file of each, as Triton fills them in.
 PLATFORM_TO_BACKEND = {

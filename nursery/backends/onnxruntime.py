@@ -135,15 +135,20 @@ def _cuda_available() -> bool:
 class OnnxRuntimeInstance:
     """One session; every method runs on the owning instance worker's thread."""
 
-    def __init__(self, session: ort.InferenceSession, model: str) -> None:
+    def __init__(self, session: ort.InferenceSession, model: str, stream: Any = None,
+                 gpu: bool = False) -> None:
         self._session = session
         self._model = model
+        self._stream = stream  # the instance's own CUDA stream (ORT computes on it), or None
         self._input_types = {i.name: i.type for i in session.get_inputs()}
         self._output_types = {o.name: o.type for o in session.get_outputs()}
         self._needs_ortvalues = "tensor(bfloat16)" in set(self._input_types.values()) | set(
             self._output_types.values()
         )
         self._run_options = _ort().RunOptions()
+        # GPU sessions: IO binding, so ORT moves inputs and outputs on the compute stream
+        self._io_binding = gpu and not self._needs_ortvalues and "tensor(string)" not in set(
+            self._input_types.values()) | set(self._output_types.values())
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -157,12 +162,25 @@ class OnnxRuntimeInstance:
                 feeds[name] = array
         names = list(output_names)
         try:
+            if self._io_binding:
+                return self._execute_bound(feeds, names)
             if self._needs_ortvalues:
                 return self._execute_ortvalues(feeds, names)
             results = self._session.run(names, feeds, self._run_options)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise InternalError(f"onnx runtime error: {exc}") from exc
         return dict(zip(names, results, strict=True))
+
+    def _execute_bound(self, feeds: dict[str, Any], names: list[str]) -> dict[str, np.ndarray]:
+        """CUDA provider: host inputs bound to the session, outputs bound to host memory; ORT
+        does both copies and the kernels on the instance's stream (``user_compute_stream``)."""
+        binding = self._session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in names:
+            binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding, self._run_options)
+        return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def _execute_ortvalues(self, feeds: dict[str, Any], names: list[str]) -> dict[str, np.ndarray]:
         ort = _ort()
@@ -268,10 +286,17 @@ class OnnxRuntimeFactory:
             config.parameters, config.proto.optimization.graph.level, config.name
         )
         providers: list[Any] = ["CPUExecutionProvider"]
+        stream = None
         if placement.kind == "gpu":
             if _cuda_available():
-                providers = [("CUDAExecutionProvider", {"device_id": placement.device_id}),
-                             "CPUExecutionProvider"]
+                cuda_options: dict[str, Any] = {"device_id": placement.device_id}
+                stream = _instance_stream(placement.device_id)  # created on this thread
+                if stream is not None:
+                    cuda_options["user_compute_stream"] = str(stream.ptr)
+                else:
+                    log.info("model '%s' instance %s: no CuPy here, ONNX Runtime uses a stream "
+                             "of its own", config.name, placement.name)
+                providers = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
             else:
                 log.warning(
                     "model '%s' instance %s: onnxruntime has no CUDA provider here (install the "
@@ -283,7 +308,18 @@ class OnnxRuntimeFactory:
         except Exception as exc:
             raise ConfigError(f"model '{config.name}': onnx runtime failed to load '{path}': {exc}") from exc
         _check_io(config, session)
-        return OnnxRuntimeInstance(session, config.name)
+        on_gpu = "CUDAExecutionProvider" in session.get_providers()
+        return OnnxRuntimeInstance(session, config.name, stream, on_gpu)
+
+
+def _instance_stream(device_id: int) -> Any:
+    """A CUDA stream for one instance (CuPy), or None without CuPy."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True)
 
 
 def _config_type(ort_type: str, name: str) -> pb.DataType:

@@ -15,6 +15,7 @@ import numpy as np
 from nursery.errors import InvalidArgument
 from nursery.protocol._generated import inference as pb
 from nursery.protocol.grpc_wire import InferRequest, InputTensor, encode_infer_response
+from nursery.shm import SharedMemoryRegistry, ShmBinding
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -93,9 +94,56 @@ def _sequence_params(params: dict[str, tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceRequest:
+def shm_binding(params: dict[str, tuple[str, Any]], tensor: str) -> ShmBinding | None:
+    """Triton's gRPC ``ParseSharedMemoryParams``: checks and messages."""
+    region = None
+    if "shared_memory_region" in params:
+        which, value = params["shared_memory_region"]
+        if which != "string_param":
+            raise InvalidArgument(f"invalid value type for 'shared_memory_region' parameter for "
+                                  f"tensor '{tensor}', expected string_param.")
+        region = value
+    sizes = {"shared_memory_offset": 0, "shared_memory_byte_size": None}
+    for key in sizes:
+        if key not in params:
+            continue
+        if region is None:
+            raise InvalidArgument(f"'{key}' can not be specified without 'shared_memory_region' "
+                                  f"parameter for tensor '{tensor}'")
+        which, value = params[key]
+        if which != "int64_param":
+            raise InvalidArgument(f"invalid value type for '{key}' parameter for tensor "
+                                  f"'{tensor}', expected int64_param.")
+        sizes[key] = int(value)
+    if region is None:
+        return None
+    if sizes["shared_memory_byte_size"] is None:
+        raise InvalidArgument(f"'shared_memory_byte_size' must be specified along with "
+                              f"'shared_memory_region' parameter for tensor '{tensor}'")
+    return ShmBinding(region, int(sizes["shared_memory_offset"] or 0),
+                      int(sizes["shared_memory_byte_size"]))
+
+
+def decode_shm_outputs(message: pb.ModelInferRequest | InferRequest,
+                       shm: SharedMemoryRegistry | None) -> dict[str, ShmBinding]:
+    """The requested outputs to be written into shared-memory regions (checked now, before
+    the model runs, as Triton does)."""
+    out = {}
+    for requested in message.outputs:
+        binding = shm_binding(_arms(requested.parameters), requested.name)
+        if binding is None:
+            continue
+        if shm is None:
+            raise InvalidArgument("shared memory is not available on this endpoint")
+        shm.lookup(binding.region, binding.offset, binding.byte_size)
+        out[requested.name] = binding
+    return out
+
+
+def decode_request(message: pb.ModelInferRequest | InferRequest,
+                   shm: SharedMemoryRegistry | None = None) -> InferenceRequest:
     """A ModelInferRequest (betterproto's, or the hot path's :class:`InferRequest`) as the
-    core's request."""
+    core's request; ``shm`` resolves inputs given as shared-memory regions."""
     model = message.model_name
     raw = message.raw_input_contents
     params = _arms(message.parameters)
@@ -111,7 +159,8 @@ def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceReq
             custom[key] = value
     inputs: dict[str, Tensor] = {}
     prefix = f"[request id: {message.id or '<id_unknown>'}] "
-    for i, tensor in enumerate(message.inputs):
+    i = 0  # raw_input_contents are given in order for the inputs not in shared memory
+    for tensor in message.inputs:
         name = tensor.name
         try:
             datatype = DataType.from_protocol(tensor.datatype)
@@ -125,14 +174,22 @@ def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceReq
                 f"input '{name}' of model '{model}' has a negative dimension in shape "
                 f"{list(shape)}"
             )
-        if "shared_memory_region" in tensor.parameters:
-            raise InvalidArgument(
-                f"input '{name}': shared memory inputs are not supported yet "
-                "(system and CUDA shared memory land with the shared-memory feature)"
-            )
         has_contents = tensor.contents is not None and (
             isinstance(tensor, InputTensor) or betterproto.serialized_on_wire(tensor.contents))
-        if raw:
+        binding = (shm_binding(_arms(tensor.parameters), name)
+                   if "shared_memory_region" in tensor.parameters
+                   or "shared_memory_byte_size" in tensor.parameters
+                   or "shared_memory_offset" in tensor.parameters else None)
+        if binding is not None:
+            if has_contents:
+                raise InvalidArgument(
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{name}' for model '{model}'")
+            if shm is None:
+                raise InvalidArgument("shared memory is not available on this endpoint")
+            block = shm.read(binding.region, binding.offset, binding.byte_size)
+            data = _fixed_size(block, datatype, shape, name, model, prefix)
+        elif raw:
             if has_contents:
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for "
@@ -144,17 +201,8 @@ def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceReq
                     "request."
                 )
             block = raw[i]
-            if datatype is DataType.BYTES:
-                data = tensor_from_bytes(block, datatype, shape,
-                                         f"input '{name}' for model '{model}'")
-            else:
-                expected = element_count(shape) * datatype.itemsize
-                if len(block) != expected:
-                    raise InvalidArgument(
-                        f"{prefix}input byte size mismatch for input '{name}' for model "
-                        f"'{model}'. Expected {expected}, got {len(block)}"
-                    )
-                data = np.frombuffer(block, dtype=datatype.numpy_dtype).reshape(shape)
+            i += 1
+            data = _fixed_size(block, datatype, shape, name, model, prefix)
         else:
             data = _typed_contents(tensor, datatype, shape, model, prefix)
         if name in inputs:
@@ -169,8 +217,9 @@ def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceReq
             if which not in ("int64_param", "uint64_param") or value < 0:
                 raise InvalidArgument("Unable to set 'classification': expected an int64_param")
             classes = value
-        if "shared_memory_region" in oparams:
-            raise InvalidArgument(f"output '{out.name}': shared memory outputs are not supported yet")
+        if "shared_memory_region" in oparams and classes:
+            raise InvalidArgument(
+                "output can't set both 'shared_memory_region' and 'classification'")
         outputs.append(RequestedOutput(out.name, classes))
     return InferenceRequest(
         model_name=model,
@@ -184,6 +233,19 @@ def decode_request(message: pb.ModelInferRequest | InferRequest) -> InferenceReq
         **(_sequence_params(params) if "sequence_id" in params or "sequence_start" in params
            or "sequence_end" in params else {}),
     )
+
+
+def _fixed_size(block: bytes | memoryview, datatype: DataType, shape: tuple[int, ...], name: str,
+                model: str, prefix: str) -> np.ndarray:
+    if datatype is DataType.BYTES:
+        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
+    expected = element_count(shape) * datatype.itemsize
+    if len(block) != expected:
+        raise InvalidArgument(
+            f"{prefix}input byte size mismatch for input '{name}' for model "
+            f"'{model}'. Expected {expected}, got {len(block)}"
+        )
+    return np.frombuffer(block, dtype=datatype.numpy_dtype).reshape(shape)
 
 
 def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, datatype: DataType,
@@ -217,16 +279,27 @@ def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, 
 
 
 def encode_response(response: InferenceResponse,
-                    extra: dict[str, pb.InferParameter] | None = None) -> bytes:
-    """A ModelInferResponse in wire form: one raw_output_contents entry per output."""
-    outputs = []
+                    extra: dict[str, pb.InferParameter] | None = None,
+                    shm_outputs: dict[str, ShmBinding] | None = None,
+                    shm: SharedMemoryRegistry | None = None) -> bytes:
+    """A ModelInferResponse in wire form: one raw_output_contents entry per output (empty for
+    an output written into a shared-memory region, as Triton keeps them aligned)."""
+    outputs: list[tuple[Any, ...]] = []
     raw: list[bytes | memoryview] = []
     for tensor in response.outputs:
-        outputs.append((tensor.name, tensor.datatype.value, tensor.shape))
         if tensor.datatype is DataType.BYTES:
-            raw.append(serialize_bytes_tensor(tensor.data))
+            data: bytes | memoryview = serialize_bytes_tensor(tensor.data)
         else:
-            raw.append(tensor_to_bytes(tensor.data, tensor.datatype))
+            data = tensor_to_bytes(tensor.data, tensor.datatype)
+        binding = shm_outputs.get(tensor.name) if shm_outputs else None
+        if binding is None:
+            outputs.append((tensor.name, tensor.datatype.value, tensor.shape))
+            raw.append(data)
+            continue
+        assert shm is not None
+        shm.write(binding.region, binding.offset, binding.byte_size, data, tensor.name)
+        outputs.append((tensor.name, tensor.datatype.value, tensor.shape))
+        raw.append(b"")  # the data is in the region; the empty entry keeps raw[i] = output i
     parameters = {key: to_parameter(value) for key, value in response.parameters.items()}
     if extra:
         parameters.update(extra)

@@ -118,10 +118,12 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             if handle.config.decoupled:
                 raise Unsupported(
                     "ModelInfer RPC doesn't support models with decoupled transaction policy")
-            request = grpc_codec.decode_request(message)
+            shm = self.core.shm
+            request = grpc_codec.decode_request(message, shm)
+            shm_outputs = grpc_codec.decode_shm_outputs(message, shm)
             request.trace = trace or False  # False: sampled here, not traced
             response = await self.core.infer(request, handle)
-            return grpc_codec.encode_response(response)
+            return grpc_codec.encode_response(response, None, shm_outputs, shm)
         finally:
             self.draining.leave()
             if trace is not None:
@@ -145,22 +147,24 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             async with lock:
                 await send(message)
 
-        async def finish(work: Any, answer: Any, handle: Any) -> None:
+        shm = self.core.shm
+
+        async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
             try:
                 response = await self.core.wait(work, answer, handle)
                 message = encode_stream_response(
-                    grpc_codec.encode_response(response, FINAL_RESPONSE))
+                    grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
                 message = encode_stream_response(None, error.message)
             finally:
                 self.draining.leave()
             await reply(message)
 
-        async def infer(request: Any, handle: Any) -> None:
+        async def infer(request: Any, handle: Any, outputs: Any) -> None:
             try:
                 response = await self.core.infer(request, handle)
                 message = encode_stream_response(
-                    grpc_codec.encode_response(response, FINAL_RESPONSE))
+                    grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
                 message = encode_stream_response(None, error.message)
             finally:
@@ -190,19 +194,20 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     continue
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
-                    request = grpc_codec.decode_request(message)
+                    request = grpc_codec.decode_request(message, shm)
                     if handle.config.decoupled:  # responses as they come
                         nursery.start_soon(decoupled, request, handle)
                         continue
+                    outputs = grpc_codec.decode_shm_outputs(message, shm)
                     if handle.config.sequence is None:  # no order to keep: the full path
-                        nursery.start_soon(infer, request, handle)  # (cache, tracing)
+                        nursery.start_soon(infer, request, handle, outputs)  # (cache, tracing)
                         continue
                     work, answer = self.core.submit(request, handle)
                 except NurseryError as error:
                     self.draining.leave()
                     nursery.start_soon(reply, encode_stream_response(None, error.message))
                     continue
-                nursery.start_soon(finish, work, answer, handle)
+                nursery.start_soon(finish, work, answer, handle, outputs)
 
     async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
                                 send: Any) -> None:
@@ -281,17 +286,51 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         await self._call(self.core.unload_model, request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    async def system_shared_memory_status(self, request: Any) -> Any:
-        raise _status(Unsupported("system shared memory is not supported by this server yet"))
+    async def system_shared_memory_status(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self._sync(self.core.shm.status, request.name, "system")
+        return pb.SystemSharedMemoryStatusResponse(regions={
+            r["name"]: pb.SystemSharedMemoryStatusResponseRegionStatus(**r) for r in regions})
 
-    system_shared_memory_register = system_shared_memory_status
-    system_shared_memory_unregister = system_shared_memory_status
+    async def system_shared_memory_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._sync(self.core.shm.register_system, request.name, request.key, request.offset,
+                   request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
-    async def cuda_shared_memory_status(self, request: Any) -> Any:
-        raise _status(Unsupported("CUDA shared memory is not supported by this server yet"))
+    async def system_shared_memory_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        if request.name:
+            self.core.shm.unregister(request.name, "system")
+        else:
+            self.core.shm.unregister_all("system")
+        return pb.SystemSharedMemoryUnregisterResponse()
 
-    cuda_shared_memory_register = cuda_shared_memory_status
-    cuda_shared_memory_unregister = cuda_shared_memory_status
+    async def cuda_shared_memory_status(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        regions = self._sync(self.core.shm.status, request.name, "cuda")
+        return pb.CudaSharedMemoryStatusResponse(regions={
+            r["name"]: pb.CudaSharedMemoryStatusResponseRegionStatus(**r) for r in regions})
+
+    async def cuda_shared_memory_register(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._sync(self.core.shm.register_cuda, request.name, request.raw_handle,
+                   request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def cuda_shared_memory_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        if request.name:
+            self.core.shm.unregister(request.name, "cuda")
+        else:
+            self.core.shm.unregister_all("cuda")
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         model = request.model_name

@@ -305,11 +305,11 @@ def _put_text(out: bytearray, number: int, text: str) -> None:
 
 
 def encode_infer_response(model_name: str, model_version: str, request_id: str,
-                          outputs: list[tuple[str, str, tuple[int, ...]]],
+                          outputs: list[tuple[Any, ...]],
                           raw: list[bytes | memoryview],
                           parameters: dict[str, pb.InferParameter] | None = None) -> bytes:
     """A ModelInferResponse: one ``outputs`` entry and one ``raw_output_contents`` entry per
-    output, as Triton sends them."""
+    output, as Triton sends them. An output is (name, datatype, shape[, parameters])."""
     out = bytearray()
     _put_text(out, 1, model_name)
     _put_text(out, 2, model_version)
@@ -319,7 +319,8 @@ def encode_infer_response(model_name: str, model_version: str, request_id: str,
         _put_text(entry, 1, key)
         _put_bytes(entry, 2, bytes(value))
         _put_bytes(out, 4, entry)
-    for name, datatype, shape in outputs:
+    for output in outputs:
+        name, datatype, shape = output[0], output[1], output[2]
         tensor = bytearray()
         _put_text(tensor, 1, name)
         _put_text(tensor, 2, datatype)
@@ -328,6 +329,11 @@ def encode_infer_response(model_name: str, model_version: str, request_id: str,
             for d in shape:
                 _put_varint(dims, d)
             _put_bytes(tensor, 3, dims)
+        for key, value in (output[3] if len(output) > 3 else {}).items():  # type: ignore[misc]
+            entry = bytearray()
+            _put_text(entry, 1, key)
+            _put_bytes(entry, 2, bytes(value))
+            _put_bytes(tensor, 4, entry)
         _put_bytes(out, 5, tensor)
     for block in raw:
         _put_bytes(out, 6, block)

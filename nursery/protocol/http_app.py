@@ -212,25 +212,76 @@ def build_quart_app(core: Core) -> QuartTrio:
         changes = _json_body(body) if body else {}
         return _json(core.log_manager.update(changes).to_json())
 
-    # Triton routes whose features land later: a clear 501, never a 404 or a hang.
-    later = {
-        "/v2/systemsharedmemory/status": "system shared memory",
-        "/v2/systemsharedmemory/region/<region>/status": "system shared memory",
-        "/v2/systemsharedmemory/region/<region>/register": "system shared memory",
-        "/v2/systemsharedmemory/unregister": "system shared memory",
-        "/v2/systemsharedmemory/region/<region>/unregister": "system shared memory",
-        "/v2/cudasharedmemory/status": "CUDA shared memory",
-        "/v2/cudasharedmemory/region/<region>/status": "CUDA shared memory",
-        "/v2/cudasharedmemory/region/<region>/register": "CUDA shared memory",
-        "/v2/cudasharedmemory/unregister": "CUDA shared memory",
-        "/v2/cudasharedmemory/region/<region>/unregister": "CUDA shared memory",
-    }
-    for i, (rule, feature) in enumerate(later.items()):
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/<region>/status")
+    async def system_shm_status(region: str = "") -> Response:
+        return _json(core.shm.status(region, "system"))
 
-        async def not_yet(feature: str = feature, **_: str) -> Response:
-            return _error(Unsupported(f"{feature} is not supported by this server yet"))
+    @app.post("/v2/systemsharedmemory/region/<region>/register")
+    async def system_shm_register(region: str) -> Response:
+        data = _json_body(await request.get_data())
+        key = data.get("key")
+        if not isinstance(key, str):
+            raise InvalidArgument("Unable to parse 'key': attempt to access JSON non-string as "
+                                  "string" if "key" in data else
+                                  "Unable to parse 'key': attempt to access non-existing object "
+                                  "member 'key'")
+        sizes = []
+        for field in ("offset", "byte_size"):
+            value = data.get(field, 0 if field == "offset" else None)
+            if type(value) is not int or value < 0:
+                raise InvalidArgument(
+                    f"Unable to parse '{field}': attempt to access JSON non-unsigned-integer as "
+                    "unsigned-integer" if field in data else
+                    f"Unable to parse '{field}': attempt to access non-existing object member "
+                    f"'{field}'")
+            sizes.append(value)
+        core.shm.register_system(region, key, sizes[0], sizes[1])
+        return _empty(200)
 
-        app.add_url_rule(rule, f"later_{i}", not_yet, methods=["GET", "POST"])
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/<region>/unregister")
+    async def system_shm_unregister(region: str = "") -> Response:
+        if region:
+            core.shm.unregister(region, "system")
+        else:
+            core.shm.unregister_all("system")
+        return _empty(200)
+
+    @app.get("/v2/cudasharedmemory/status")
+    @app.get("/v2/cudasharedmemory/region/<region>/status")
+    async def cuda_shm_status(region: str = "") -> Response:
+        return _json(core.shm.status(region, "cuda"))
+
+    @app.post("/v2/cudasharedmemory/region/<region>/register")
+    async def cuda_shm_register(region: str) -> Response:
+        data = _json_body(await request.get_data())
+        raw = data.get("raw_handle")
+        b64 = raw.get("b64") if isinstance(raw, dict) else None
+        if not isinstance(b64, str):
+            raise InvalidArgument("Unable to parse 'raw_handle': expected an object with a "
+                                  "base64 string 'b64'")
+        try:
+            handle = base64.b64decode(b64, validate=True)
+        except ValueError:
+            raise InvalidArgument("Unable to parse 'raw_handle': 'b64' is not base64") from None
+        device_id, byte_size = data.get("device_id", 0), data.get("byte_size")
+        for field, value in (("device_id", device_id), ("byte_size", byte_size)):
+            if type(value) is not int or value < 0:
+                raise InvalidArgument(f"Unable to parse '{field}': attempt to access JSON "
+                                      "non-unsigned-integer as unsigned-integer")
+        core.shm.register_cuda(region, handle, device_id, byte_size)
+        return _empty(200)
+
+    @app.post("/v2/cudasharedmemory/unregister")
+    @app.post("/v2/cudasharedmemory/region/<region>/unregister")
+    async def cuda_shm_unregister(region: str = "") -> Response:
+        if region:
+            core.shm.unregister(region, "cuda")
+        else:
+            core.shm.unregister_all("cuda")
+        return _empty(200)
+
     return app
 
 

@@ -203,7 +203,8 @@ async def infer_response(
         else:
             parsed = json_codec.parse_json(json_part)
             request, fmt = json_codec.decode_request(
-                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size
+                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
+                core.shm,
             )
         request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)

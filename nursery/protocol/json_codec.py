@@ -9,13 +9,14 @@ answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nursery.errors import InternalError, InvalidArgument
 from nursery.protocol.binary_tensor import BlockReader
+from nursery.shm import ShmBinding
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -26,6 +27,9 @@ from nursery.types import (
     tensor_from_bytes,
     tensor_to_bytes,
 )
+
+if TYPE_CHECKING:
+    from nursery.shm import SharedMemoryRegistry
 
 try:  # orjson is several times faster on tensor-sized JSON; the stdlib is the fallback
     import orjson
@@ -66,6 +70,8 @@ class OutputFormat:
 
     listed: dict[str, bool]  # output name -> binary, for outputs the request listed
     default_binary: bool  # for every output when none were listed
+    shm: dict[str, ShmBinding] = field(default_factory=dict)  # outputs written to regions
+    registry: SharedMemoryRegistry | None = None
 
 
 def parse_json(data: bytes | memoryview) -> Any:
@@ -180,6 +186,7 @@ def decode_request(
     model_version: str,
     blocks: BlockReader,
     max_bytes: int,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[InferenceRequest, OutputFormat]:
     """Turn a parsed request JSON (and its binary blocks) into an :class:`InferenceRequest`."""
     if not isinstance(body, dict):
@@ -246,23 +253,20 @@ def decode_request(
             )
             given = " set" + set_fields if set_fields else " no field is set"
             raise InvalidArgument(f"{_CONTENT_FIELDS}{given}")
-        if has_shm:
-            raise InvalidArgument(
-                f"input '{name}': shared memory inputs are not supported yet "
-                "(system and CUDA shared memory land with the shared-memory feature)"
-            )
         try:
             datatype = DataType.from_protocol(dt_text)
         except InvalidArgument:
             raise InvalidArgument(f"invalid datatype for input {name}") from None
         count = element_count(shape)
-        if datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:
+        if not has_shm and datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:
             raise InvalidArgument(
                 f"input '{name}' declares shape {list(shape)} of {datatype.value}, "
                 f"{count * datatype.itemsize} bytes, over the {max_bytes}-byte request limit "
                 "(--http-max-input-size)"
             )
-        if has_binary:
+        if has_shm:
+            data = _shm_input(iparams, name, datatype, shape, model_name, request_id, shm)
+        elif has_binary:
             size = iparams["binary_data_size"]
             if type(size) is not int or size < 0:
                 raise InternalError(
@@ -298,6 +302,7 @@ def decode_request(
 
     outputs: list[RequestedOutput] = []
     listed: dict[str, bool] = {}
+    shm_outputs: dict[str, ShmBinding] = {}
     raw_outputs = body.get("outputs")
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list):
@@ -321,9 +326,11 @@ def decode_request(
                     )
                 if binary:
                     raise InvalidArgument("Output can't set both 'shared_memory_region' and 'binary_data'")
-                raise InvalidArgument(
-                    f"output '{item['name']}': shared memory outputs are not supported yet"
-                )
+                binding = _shm_binding(oparams)
+                if shm is None:
+                    raise InvalidArgument("shared memory is not available on this endpoint")
+                shm.lookup(binding.region, binding.offset, binding.byte_size)
+                shm_outputs[item["name"]] = binding
             outputs.append(RequestedOutput(item["name"], classes))
             listed[item["name"]] = binary
 
@@ -340,7 +347,36 @@ def decode_request(
         sequence_start=sequence_start,
         sequence_end=sequence_end,
     )
-    return request, OutputFormat(listed, default_binary)
+    return request, OutputFormat(listed, default_binary, shm_outputs, shm)
+
+
+def _shm_binding(params: dict[str, Any]) -> ShmBinding:
+    """Triton's HTTP ``CheckSharedMemoryData``: region (string), offset and byte size
+    (unsigned, 0 when absent)."""
+    region = params["shared_memory_region"]
+    if not isinstance(region, str):
+        raise InternalError(
+            "Unable to parse 'shared_memory_region': attempt to access JSON non-string as string")
+    return ShmBinding(region, _uint_param(params, "shared_memory_offset"),
+                      _uint_param(params, "shared_memory_byte_size"))
+
+
+def _shm_input(params: dict[str, Any], name: str, datatype: DataType, shape: tuple[int, ...],
+               model: str, request_id: str, shm: SharedMemoryRegistry | None) -> np.ndarray:
+    """An input read from a registered region: a view of exactly its bytes (no copy)."""
+    if shm is None:
+        raise InvalidArgument("shared memory is not available on this endpoint")
+    binding = _shm_binding(params)
+    block = shm.read(binding.region, binding.offset, binding.byte_size)
+    if datatype is DataType.BYTES:
+        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
+    count = element_count(shape)
+    expected = count * datatype.itemsize
+    if binding.byte_size != expected:
+        raise InvalidArgument(
+            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input "
+            f"'{name}' for model '{model}'. Expected {expected}, got {binding.byte_size}")
+    return np.frombuffer(block, dtype=datatype.numpy_dtype, count=count).reshape(shape)
 
 
 def _sequence_params(params: dict[str, Any]) -> tuple[int | str, bool, bool]:
@@ -395,7 +431,14 @@ def encode_response(
             "shape": list(tensor.shape),
         }
         binary = fmt.listed.get(tensor.name, fmt.default_binary) if fmt.listed else fmt.default_binary
-        if binary:
+        binding = fmt.shm.get(tensor.name) if fmt.shm else None
+        if binding is not None:
+            assert fmt.registry is not None
+            raw = tensor_to_bytes(tensor.data, tensor.datatype)
+            # Triton answers a shared-memory output with its name, datatype and shape only
+            # (and the C++ client reads "parameters" as binary-data ones)
+            fmt.registry.write(binding.region, binding.offset, binding.byte_size, raw, tensor.name)
+        elif binary:
             raw = tensor_to_bytes(tensor.data, tensor.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             if len(raw):

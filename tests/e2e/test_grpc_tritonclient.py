@@ -130,15 +130,6 @@ def test_errors(client: grpcclient.InferenceServerClient) -> None:
     assert err.value.status() == "StatusCode.NOT_FOUND"
 
 
-def test_later_rpcs_are_unimplemented(client: grpcclient.InferenceServerClient) -> None:
-    for call in (client.get_system_shared_memory_status,
-                 client.get_cuda_shared_memory_status):
-        with pytest.raises(InferenceServerException) as err:
-            call()
-        assert err.value.status() == "StatusCode.UNIMPLEMENTED"
-        assert "not supported by this server yet" in err.value.message()
-
-
 def test_stream_many_in_flight(client: grpcclient.InferenceServerClient) -> None:
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))

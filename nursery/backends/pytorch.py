@@ -1,0 +1,513 @@
+"""PyTorch backend (``backend: "pytorch"`` / ``platform: "pytorch_libtorch"``).
+
+One TorchScript module (``model.pt``, ``torch.jit.load``) per model instance, loaded on the
+instance's own thread; ``model.pt2`` (a ``torch.export`` program, or an AOTInductor package)
+is loaded the same way. Inputs reach ``forward`` as Triton's PyTorch backend passes them:
+
+- every config input is a ``forward`` argument name: by that argument's position;
+- else every name is ``<name>__<index>``: by the index;
+- else in config order (with Triton's warning when a ``__`` suffix is not a number).
+
+A single ``Dict[str, Tensor]`` argument gets every input by name. Outputs are matched by
+``<name>__<index>`` into the returned tensor / tuple, else by config order. BYTES tensors are
+``List[str]`` (one dimension, as in Triton).
+
+``KIND_GPU`` instances run on their device, on a CUDA stream the instance creates on its own
+thread at load and uses for every copy and every kernel; outputs come back through pinned
+host memory and one stream synchronize. Without a usable CUDA build of torch the instance
+runs on the CPU after one log line.
+
+The ``parameters`` of Triton's PyTorch backend: ``DISABLE_OPTIMIZED_EXECUTION``,
+``INFERENCE_MODE`` (default true, as in current Triton), ``DISABLE_CUDNN``,
+``ENABLE_CACHE_CLEANING``, ``ENABLE_WEIGHT_SHARING``, ``ENABLE_JIT_EXECUTOR``,
+``ENABLE_JIT_PROFILING``, ``ENABLE_TENSOR_FUSER``, ``INTRA_OP_THREAD_COUNT``,
+``INTER_OP_THREAD_COUNT`` are applied; ``ENABLE_NVFUSER`` (gone from current torch) is
+accepted and ignored with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import warnings
+import weakref
+import zipfile
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nursery.backends.base import InstancePlacement
+from nursery.errors import ConfigError, InternalError, InvalidArgument
+from nursery.types import DataType
+
+if TYPE_CHECKING:
+    from nursery.model_config import ModelConfig, TensorSpec
+    from nursery.protocol._generated import inference as pb
+
+log = logging.getLogger("nursery.backends.pytorch")
+
+_INDEX_NAME = re.compile(r"^.*?__(\d*)$")
+
+_KNOWN_PARAMETERS = {
+    "DISABLE_OPTIMIZED_EXECUTION", "INFERENCE_MODE", "DISABLE_CUDNN", "ENABLE_CACHE_CLEANING",
+    "ENABLE_WEIGHT_SHARING", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING",
+    "ENABLE_TENSOR_FUSER", "ENABLE_NVFUSER", "INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT",
+}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _torch_dtype(dt: DataType) -> Any:
+    torch = _torch()
+    return {
+        DataType.BOOL: torch.bool, DataType.UINT8: torch.uint8, DataType.INT8: torch.int8,
+        DataType.INT16: torch.int16, DataType.INT32: torch.int32, DataType.INT64: torch.int64,
+        DataType.FP16: torch.float16, DataType.FP32: torch.float32, DataType.FP64: torch.float64,
+        DataType.BF16: torch.bfloat16, DataType.UINT16: getattr(torch, "uint16", None),
+        DataType.UINT32: getattr(torch, "uint32", None),
+        DataType.UINT64: getattr(torch, "uint64", None),
+    }.get(dt)
+
+
+def _config_type_name(dtype: Any) -> str:
+    """Triton's name for a torch dtype, as its error messages print it."""
+    for dt in DataType:
+        if dt is not DataType.BYTES and _torch_dtype(dt) == dtype:
+            return f"TYPE_{dt.value}"
+    return str(dtype)
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TorchOptions:
+    optimized_execution: bool = True
+    inference_mode: bool = True
+    cudnn: bool = True
+    cache_cleaning: bool = False
+    weight_sharing: bool = False
+    jit_executor: bool | None = None  # None: leave torch's default alone
+    jit_profiling: bool | None = None
+    tensor_fuser: bool | None = None
+
+
+def _bool(parameters: Mapping[str, str], key: str, model: str) -> bool | None:
+    if key not in parameters:
+        return None
+    value = parameters[key].strip().lower()
+    if value in ("true", "1", "on", "yes"):
+        return True
+    if value in ("false", "0", "off", "no"):
+        return False
+    raise ConfigError(f"model '{model}': failed to convert {key} '{parameters[key]}' to boolean")
+
+
+def _int(parameters: Mapping[str, str], key: str, model: str) -> int | None:
+    if key not in parameters:
+        return None
+    try:
+        return int(parameters[key])
+    except ValueError:
+        raise ConfigError(
+            f"model '{model}': parameter '{key}' must be an integer, got '{parameters[key]}'"
+        ) from None
+
+
+_THREADS_SET: dict[str, int] = {}
+_THREADS_LOCK = threading.Lock()
+
+
+def parse_options(parameters: Mapping[str, str], model: str) -> TorchOptions:
+    """Triton's PyTorch ``parameters`` as options (pure; thread counts are applied by load)."""
+    for key in parameters:
+        if key not in _KNOWN_PARAMETERS:
+            log.info("model '%s': parameter '%s' is not used by the PyTorch backend", model, key)
+    if _bool(parameters, "ENABLE_NVFUSER", model) is not None:
+        log.info("model '%s': ENABLE_NVFUSER is accepted and ignored (NvFuser is not part of "
+                 "this torch; the default fuser is used)", model)
+    disable_opt = _bool(parameters, "DISABLE_OPTIMIZED_EXECUTION", model)
+    inference = _bool(parameters, "INFERENCE_MODE", model)
+    disable_cudnn = _bool(parameters, "DISABLE_CUDNN", model)
+    return TorchOptions(
+        optimized_execution=not disable_opt if disable_opt is not None else True,
+        inference_mode=inference if inference is not None else True,
+        cudnn=not disable_cudnn if disable_cudnn is not None else True,
+        cache_cleaning=bool(_bool(parameters, "ENABLE_CACHE_CLEANING", model)),
+        weight_sharing=bool(_bool(parameters, "ENABLE_WEIGHT_SHARING", model)),
+        jit_executor=_bool(parameters, "ENABLE_JIT_EXECUTOR", model),
+        jit_profiling=_bool(parameters, "ENABLE_JIT_PROFILING", model),
+        tensor_fuser=_bool(parameters, "ENABLE_TENSOR_FUSER", model),
+    )
+
+
+def _apply_thread_counts(parameters: Mapping[str, str], model: str) -> None:
+    """INTRA/INTER_OP_THREAD_COUNT are process-wide in torch: the first model to set one wins,
+    as in Triton (which sets them once)."""
+    torch = _torch()
+    for key, setter in (("INTRA_OP_THREAD_COUNT", torch.set_num_threads),
+                        ("INTER_OP_THREAD_COUNT", torch.set_num_interop_threads)):
+        n = _int(parameters, key, model)
+        if n is None or n <= 0:
+            continue
+        with _THREADS_LOCK:
+            if key in _THREADS_SET:
+                if _THREADS_SET[key] != n:
+                    log.warning("model '%s': %s=%d ignored; torch already uses %d for this "
+                                "process", model, key, n, _THREADS_SET[key])
+                continue
+            try:
+                setter(n)
+            except RuntimeError as exc:  # interop threads: only before the first parallel op
+                log.warning("model '%s': %s=%d could not be applied: %s", model, key, n, exc)
+                continue
+            _THREADS_SET[key] = n
+        log.info("model '%s': %s is set to %d", model, key, n)
+
+
+# -- naming conventions --------------------------------------------------------------------
+
+
+def _index_of(name: str) -> int | None:
+    """``<name>__<index>`` -> index; None when the name does not follow the convention."""
+    pos = name.find("__")
+    if pos == -1:
+        return None
+    suffix = name[pos + 2:]
+    return int(suffix) if suffix.isdigit() else None
+
+
+def input_positions(names: Sequence[str], forward_args: Sequence[str], model: str) -> list[int]:
+    """The ``forward`` position of each config input (Triton's three conventions)."""
+    if forward_args and all(n in forward_args for n in names):
+        return [forward_args.index(n) for n in names]
+    indices = [_index_of(n) for n in names]
+    if all(i is not None for i in indices):
+        return [int(i) for i in indices]  # type: ignore[arg-type]
+    if any("__" in n for n in names):
+        bad = next(n for n, i in zip(names, indices, strict=True) if i is None)
+        log.warning(
+            "input '%s' or previous input(s) are neither an input argument to the model '%s' "
+            "nor do they follow the <name>__<index> naming convention. Falling back to "
+            "enforcing strict ordering from model configuration.", bad, model)
+    return list(range(len(names)))
+
+
+def output_positions(names: Sequence[str], model: str) -> list[int]:
+    indices = [_index_of(n) for n in names]
+    if all(i is not None for i in indices):
+        return [int(i) for i in indices]  # type: ignore[arg-type]
+    if any("__" in n for n in names):
+        bad = next(n for n, i in zip(names, indices, strict=True) if i is None)
+        log.warning(
+            "output '%s' or previous output(s) of the model '%s' do not follow the "
+            "<name>__<index> naming convention. Falling back to enforcing strict ordering "
+            "from model configuration.", bad, model)
+    return list(range(len(names)))
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+def _model_file(config: ModelConfig, version_path: Path) -> Path:
+    name = config.default_model_filename or "model.pt"
+    path = version_path / name
+    if name == "model.pt" and not path.exists() and (version_path / "model.pt2").exists():
+        return version_path / "model.pt2"  # an exported program under the default name
+    return path
+
+
+def _is_aoti_package(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any("aotinductor" in n for n in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], Any] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+@dataclass(slots=True, weakref_slot=True)
+class _Loaded:
+    module: Any  # a callable: ScriptModule or the exported program's module
+    arg_names: list[str]
+    arg_kinds: list[str]  # "TensorType", "ListType", "DictType", ...
+
+
+def _load_module(path: Path, device: Any, options: TorchOptions, model: str) -> _Loaded:
+    torch = _torch()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.* is "deprecated"
+            if path.suffix == ".pt2":
+                if _is_aoti_package(path):
+                    runner = torch._inductor.aoti_load_package(
+                        str(path), device_index=device.index if device.type == "cuda" else -1)
+                    return _Loaded(runner, [], [])  # positional: config order or __<index>
+                program = torch.export.load(str(path))
+                module = program.module()
+                if device.type != "cpu":
+                    module = module.to(device)
+                user = [s.arg.name for s in program.graph_signature.input_specs
+                        if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+                return _Loaded(module, user, ["TensorType"] * len(user))
+            with torch.inference_mode(options.inference_mode):
+                module = torch.jit.load(str(path), map_location=device)
+            module.eval()
+    except Exception as exc:
+        raise ConfigError(f"failed to load model '{model}': {exc}") from exc
+    arguments = list(module.forward.schema.arguments)
+    if arguments and arguments[0].type.kind() == "ClassType":
+        arguments = arguments[1:]
+    return _Loaded(module, [a.name for a in arguments], [a.type.kind() for a in arguments])
+
+
+def _cuda_usable(device_id: int) -> bool:
+    try:
+        torch = _torch()
+        return bool(torch.cuda.is_available()) and torch.cuda.device_count() > device_id
+    except Exception:
+        return False
+
+
+class PyTorchInstance:
+    """One loaded module; every method runs on the owning instance worker's thread."""
+
+    def __init__(self, config: ModelConfig, loaded: _Loaded, device: Any,
+                 options: TorchOptions) -> None:
+        torch = _torch()
+        self._torch = torch
+        self._model = config.name
+        self._loaded = loaded  # keeps a shared (ENABLE_WEIGHT_SHARING) module alive
+        self._module = loaded.module
+        self._device = device
+        self._options = options
+        self._gpu = device.type == "cuda"
+        # the instance's own stream, created here: on the instance thread, on its device
+        self._stream = torch.cuda.Stream(device=device) if self._gpu else None
+        names = [s.name for s in config.inputs]
+        self._dict_input = loaded.arg_kinds == ["DictType"]
+        if not self._dict_input:
+            for name, kind in zip(loaded.arg_names, loaded.arg_kinds, strict=True):
+                if kind == "DictType":
+                    raise ConfigError(
+                        f"model '{config.name}': Multiple inputs of kind DictType were detected. "
+                        "Only a single input of type Dict(str, Tensor) is supported.")
+                if kind not in ("TensorType", "ListType"):
+                    raise ConfigError(
+                        f"model '{config.name}': An input of type '{kind}' was detected in the "
+                        f"model (argument '{name}'). Only a single input of type Dict(str, Tensor) "
+                        "or input(s) of type Tensor are supported.")
+            if loaded.arg_names and len(loaded.arg_names) != len(names):
+                raise ConfigError(
+                    f"unable to load model '{config.name}', configuration expects {len(names)} "
+                    f"inputs, model provides {len(loaded.arg_names)}")
+            positions = input_positions(names, loaded.arg_names, config.name)
+            if sorted(positions) != list(range(len(names))):
+                raise ConfigError(
+                    f"model '{config.name}': input indices {positions} (from the "
+                    "<name>__<index> names) must be 0.." + str(len(names) - 1) + ", each once")
+            self._in_pos = dict(zip(names, positions, strict=True))
+        else:
+            self._in_pos = {n: i for i, n in enumerate(names)}
+        self._n_args = len(names)
+        out_names = [s.name for s in config.outputs]
+        self._out_pos = dict(zip(out_names, output_positions(out_names, config.name),
+                                 strict=True))
+        self._specs: dict[str, TensorSpec] = {s.name: s for s in (*config.inputs, *config.outputs)}
+        for spec in (*config.inputs, *config.outputs):
+            if spec.datatype is DataType.BYTES:
+                batch = 1 if config.max_batch_size > 0 else 0
+                if len(spec.reshape if spec.reshape is not None else spec.dims) + batch > 1:
+                    raise ConfigError(
+                        f"Triton only supports 1 dimensional List of String as input/output for "
+                        f"'{spec.name}' for model '{config.name}'")
+            elif _torch_dtype(spec.datatype) is None:
+                raise ConfigError(f"unsupported datatype TYPE_{spec.datatype.value} for "
+                                  f"'{spec.name}' for model '{config.name}'")
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def _to_torch(self, name: str, array: np.ndarray) -> Any:
+        torch = self._torch
+        spec = self._specs[name]
+        if spec.datatype is DataType.BYTES:
+            return [x.decode("utf-8", "surrogateescape") if isinstance(x, bytes | bytearray)
+                    else str(x) for x in array.reshape(-1)]
+        if spec.datatype is DataType.BF16:
+            tensor = torch.from_dlpack(np.ascontiguousarray(array).view(np.int16))
+            tensor = tensor.view(torch.bfloat16)
+        elif array.dtype.kind == "u" and array.dtype.itemsize > 1:
+            # dlpack of unsigned wide ints is not everywhere; torch.from_numpy handles them
+            tensor = torch.from_numpy(np.array(array, copy=not array.flags.writeable))
+        else:
+            # from_dlpack: zero copy, and unlike from_numpy fine with read-only request bytes
+            tensor = torch.from_dlpack(np.ascontiguousarray(array))
+        if self._gpu:
+            tensor = tensor.to(self._device, non_blocking=True)
+        return tensor
+
+    # -- outputs --------------------------------------------------------------------------
+
+    def _to_numpy(self, name: str, value: Any) -> np.ndarray:
+        torch = self._torch
+        spec = self._specs[name]
+        if isinstance(value, list):
+            if spec.datatype is not DataType.BYTES:
+                raise InvalidArgument(f"output '{name}' must be of type Tensor or List[str].")
+            out = np.empty(len(value), dtype=object)
+            out[:] = [s.encode("utf-8", "surrogateescape") if isinstance(s, str) else bytes(s)
+                      for s in value]
+            return out
+        if not isinstance(value, torch.Tensor):
+            raise InvalidArgument(f"output '{name}' must be of type Tensor or List[str].")
+        if value.dim() == 0:
+            raise InvalidArgument(f"output '{name}' is a scalar which is not supported.")
+        expected = _torch_dtype(spec.datatype)
+        if value.dtype != expected:
+            raise InvalidArgument(
+                f"configuration expects datatype TYPE_{spec.datatype.value} for output '{name}', "
+                f"model provides {_config_type_name(value.dtype)}")
+        value = value.detach()
+        if value.device.type != "cpu":
+            host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            value = host  # valid once the stream is synchronized (execute does it)
+        if value.dtype == torch.bfloat16:
+            return value.view(torch.int16).numpy().view(np.uint16)
+        return value.numpy()  # shares the tensor's memory: no copy
+
+    # -- execution ------------------------------------------------------------------------
+
+    def execute(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        torch = self._torch
+        opts = self._options
+        with ExitStack() as stack:
+            if self._stream is not None:
+                stack.enter_context(torch.cuda.stream(self._stream))
+            stack.enter_context(torch.jit.optimized_execution(opts.optimized_execution))
+            stack.enter_context(torch.inference_mode(opts.inference_mode))
+            stack.enter_context(torch.no_grad())
+            if self._gpu:
+                torch.backends.cudnn.enabled = opts.cudnn
+            if opts.jit_profiling is not None:
+                torch._C._jit_set_profiling_mode(opts.jit_profiling)
+            if opts.jit_executor is not None:
+                torch._C._jit_set_profiling_executor(opts.jit_executor)
+            if opts.tensor_fuser is not None:
+                torch._C._jit_set_texpr_fuser_enabled(opts.tensor_fuser)
+            if self._dict_input:
+                args: list[Any] = [{n: self._to_torch(n, a) for n, a in inputs.items()}]
+            else:
+                args = [None] * self._n_args
+                for name, array in inputs.items():
+                    args[self._in_pos[name]] = self._to_torch(name, array)
+                if any(a is None for a in args):
+                    missing = [n for n, p in self._in_pos.items() if args[p] is None]
+                    raise InvalidArgument(
+                        f"model '{self._model}': the PyTorch backend needs every input; "
+                        f"missing {', '.join(missing)}")
+            try:
+                result = self._module(*args)
+            except Exception as exc:  # TorchScript raises its own error types
+                raise InternalError(f"PyTorch execute failure: {exc}") from exc
+            outputs = _flatten_outputs(result)
+            count = len(outputs)
+            arrays = {}
+            for name in output_names:
+                pos = self._out_pos[name]
+                if pos >= count:
+                    raise InvalidArgument(
+                        f"The output {name} in the model configuration refers to an output "
+                        f"index which doesn't exist. This model has {count} outputs")
+                arrays[name] = self._to_numpy(name, outputs[pos])
+            if self._stream is not None:
+                self._stream.synchronize()  # the pinned host copies are complete after this
+                if opts.cache_cleaning:
+                    torch.cuda.empty_cache()
+        return arrays
+
+    def close(self) -> None:
+        del self._module, self._loaded
+        if self._gpu and self._options.cache_cleaning:
+            self._torch.cuda.empty_cache()
+
+
+def _flatten_outputs(result: Any) -> list[Any]:
+    torch = _torch()
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, tuple):
+        return list(result)
+    if isinstance(result, list):
+        if all(isinstance(x, str) for x in result):
+            return [result]
+        return list(result)  # exported programs return a list of tensors
+    raise InternalError(
+        "PyTorch execute failure: output must be of type Tensor, List[str] or Tuple containing "
+        "one of these two types. It should not be a List / Dictionary of Tensors or a Scalar")
+
+
+class PyTorchFactory:
+    name = "pytorch"
+    platform = "pytorch_libtorch"
+    default_filename = "model.pt"
+
+    def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
+        if not (config.input and config.output):
+            log.warning("skipping model configuration auto-complete for '%s': not supported for "
+                        "pytorch backend", config.name)
+
+    def load(
+        self, config: ModelConfig, version_path: Path, placement: InstancePlacement
+    ) -> PyTorchInstance:
+        try:
+            torch = _torch()
+        except ImportError as exc:
+            raise ConfigError(
+                f"model '{config.name}': the PyTorch backend needs the 'torch' package "
+                f"(pip install torch): {exc}") from None
+        path = _model_file(config, version_path)
+        if not path.exists():
+            raise ConfigError(
+                f"unable to find '{path}' for model instance '{placement.name}'")
+        options = parse_options(config.parameters, config.name)
+        _apply_thread_counts(config.parameters, config.name)
+        device = torch.device("cpu")
+        if placement.kind == "gpu":
+            if _cuda_usable(placement.device_id):
+                device = torch.device("cuda", placement.device_id)
+                torch.cuda.set_device(device)  # this thread's current device, for good
+            else:
+                log.warning(
+                    "model '%s' instance %s: this torch build has no usable CUDA device %d; "
+                    "running on the CPU", config.name, placement.name, placement.device_id)
+        if options.weight_sharing:
+            st = path.stat()
+            key = (str(path), st.st_mtime_ns, st.st_size, str(device))
+            with _SHARED_LOCK:
+                loaded = _SHARED.get(key)
+                if loaded is None:
+                    loaded = _load_module(path, device, options, config.name)
+                    _SHARED[key] = loaded
+                else:
+                    log.info("Reusing TorchScript model for instance '%s'", placement.name)
+        else:
+            loaded = _load_module(path, device, options, config.name)
+        return PyTorchInstance(config, loaded, device, options)
+
+
+FACTORY = PyTorchFactory()
