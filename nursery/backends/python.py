@@ -184,6 +184,10 @@ class PythonInstance:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._all_outputs = [o.name for o in config.outputs]
         self._output_set = frozenset(self._all_outputs)
+        # implicit state outputs (sequence models) go back to the instance worker, which keeps
+        # them for the slot and never sends them
+        self._state_outputs = frozenset(config.sequence.state_outputs
+                                        if config.sequence is not None else ())
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -197,6 +201,8 @@ class PythonInstance:
             return pb_utils.error_to_nursery(response.error())
         wanted = request.requested_outputs
         names = {o.name for o in wanted} if wanted else self._output_set
+        if self._state_outputs:
+            names = names | self._state_outputs
         outputs = []
         for tensor in response.output_tensors():
             if tensor.name() not in names:

@@ -402,3 +402,27 @@ def test_answers_match_triton_2_51(server: ServerProcess) -> None:
     assert sorted(got) == sorted(recorded)
     for case, answer in recorded.items():
         assert got[case] == answer, case
+
+
+def test_stateful_python_model_under_the_sequence_batcher(tmp_path: Path,
+                                                          start_server: Any) -> None:
+    """A Triton-style stateful model.py: controls, correlation ID and implicit state arrive as
+    inputs; interleaved sequences keep their own sums, and the state output is never sent."""
+    repo = tmp_path / "repo"
+    copy_model(repo, "py_seq_accumulate")
+    server = start_server(repo)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    steps = 4
+    for wave in ((11, 22, 33, 44), (55, 66)):  # 4 slots: a second wave reuses freed slots
+        sums = dict.fromkeys(wave, 0)
+        for step in range(steps):
+            for seq in wave:  # interleaved
+                value = seq + step
+                sums[seq] += value
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.array([[value]], np.int32))
+                result = client.infer("py_seq_accumulate", [inp], sequence_id=seq,
+                                      sequence_start=step == 0, sequence_end=step == steps - 1)
+                assert result.as_numpy("OUTPUT")[0, 0] == sums[seq]
+                assert result.as_numpy("OUTPUT_STATE") is None
+    client.close()
