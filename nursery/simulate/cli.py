@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-request time outside the instance (frontend, network, client), "
                    "added to every latency: a constant such as 0.3ms, or percentiles such as "
                    "50:1.6ms,90:1.9ms,99:2.5ms sampled per request (default 0)")
+    g.add_argument("--frontend", default="0", metavar="TIME",
+                   help="CPU time one request costs the server's frontend thread (decode and "
+                   "encode), shared by all requests: a single queue, so overlapping requests "
+                   "wait for each other, e.g. 0.6ms (default 0)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     g.add_argument("--csv", metavar="FILE", help="write one CSV row per run")
@@ -196,12 +200,12 @@ def run(args: argparse.Namespace) -> int:
             policy, slots = policies.build(spec, batch, instances, model=model)
             overhead = cost.parse_overhead(args.overhead, args.seed)  # same draws every run
             result = simulate(policy, requests, table, instances=instances, slots=slots,
-                              overhead=overhead)
+                              overhead=overhead, frontend=cost.parse_duration(args.frontend))
             summaries.append(report.summarize(
                 result, policy=spec, arrivals=args.arrivals,
                 rate=None if rate != rate else rate, seed=args.seed, instances=instances))
     meta = {"model": args.model, "batch_config": _jsonable(dataclasses.asdict(batch)),
-            "cost_s": table.to_json(), "overhead": args.overhead}
+            "cost_s": table.to_json(), "overhead": args.overhead, "frontend": args.frontend}
     if not args.quiet:
         print(report.format_table(summaries))
     if args.json:

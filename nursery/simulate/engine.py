@@ -19,10 +19,16 @@ on the instance as it does on the instance thread. A policy may not dispatch to 
 without a free slot: the engine stops with :class:`SimulationError`, as it does when a policy
 keeps asking to be polled in the past.
 
-What it leaves out: the requester abandoning a request (simulated clients always wait), the
-frontends' own cost (add it with ``overhead``: a constant per request outside the instance,
-or a function of the request, e.g. drawn from a measured distribution),
-and ``preserve_ordering`` (answers are not held back).
+The frontends have two parts. ``frontend`` is the CPU time one request costs the server's
+trio thread, which every request shares (decoding before the scheduler sees it, encoding
+after its batch): a single FIFO server, half of it on the way in (the policy's ``arrive``
+comes when decoding ends) and half on the way out, so that requests that overlap wait for
+each other as they do on the real thread. ``overhead`` is everything else outside the
+instance that does not queue (network, the client): a constant per request, or a function of
+the request (e.g. drawn from a measured distribution), added to the answer time.
+
+What it leaves out: the requester abandoning a request (simulated clients always wait) and
+``preserve_ordering`` (answers are not held back).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from nursery.scheduling.batch_policy import TIMEOUT_EXPIRED
 from nursery.scheduling.decisions import Dispatch, Reject
 from nursery.simulate.arrivals import SimRequest
 
-_READY, _ARRIVE = 0, 1  # at one instant, finished batches are taken before arrivals
+# at one instant: finished batches, then answers to encode, then arrivals, then decoded requests
+_READY, _RESPOND, _ARRIVE, _ENQUEUE = 0, 1, 2, 3
 MAX_STALLS = 10_000  # polls in a row at one instant with no progress before giving up
 
 
@@ -87,8 +94,10 @@ def simulate(
     instances: int = 1,
     slots: int = 1,
     overhead: float | Callable[[SimRequest], float] = 0.0,
+    frontend: float = 0.0,
 ) -> SimResult:
-    """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances."""
+    """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances.
+    ``frontend``: seconds of the server's (single) frontend thread per request."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
     extra: Callable[[SimRequest], float] = (
@@ -103,6 +112,8 @@ def simulate(
     heapq.heapify(events)
     free = [0] * instances  # slots the policy was told about and has not used
     busy_until = [0.0] * instances  # when each instance finishes the work it holds
+    half = frontend / 2.0
+    frontend_free = 0.0  # when the frontend thread finishes the work it holds
     now = 0.0
     for i in range(instances):
         free[i] = slots
@@ -134,8 +145,12 @@ def simulate(
                 for w in decision.items:
                     out = _outcome(outcomes, w, now)
                     out.status, out.dispatched, out.started = "completed", now, start
-                    out.finished = end + extra(out.request)
                     out.instance, out.batch = i, len(batches) - 1
+                    if half:  # the answer waits for the frontend thread to encode it
+                        heapq.heappush(events, (end, _RESPOND, order, out))
+                        order += 1
+                    else:
+                        out.finished = end + extra(out.request)
                 heapq.heappush(events, (end, _READY, order, i))
                 order += 1
             elif isinstance(decision, Reject):
@@ -162,8 +177,15 @@ def simulate(
         now = next_time
         while events and events[0][0] == now:  # every message of this instant, then decide
             _, kind, _, payload = heapq.heappop(events)
-            if kind == _ARRIVE:
+            if kind == _ARRIVE and half:  # decoded on the frontend thread first
+                frontend_free = max(now, frontend_free) + half
+                heapq.heappush(events, (frontend_free, _ENQUEUE, order, payload))
+                order += 1
+            elif kind in (_ARRIVE, _ENQUEUE):
                 policy.arrive(payload, now)
+            elif kind == _RESPOND:
+                frontend_free = max(now, frontend_free) + half
+                payload.finished = frontend_free + extra(payload.request)
             else:
                 free[payload] += 1
                 policy.instance_ready(payload, now, 1)

@@ -300,3 +300,16 @@ def test_python_m_nursery_simulate_reads_the_model_config(tmp_path: Path) -> Non
     cost = json.loads((tmp_path / "cost.json").read_text())["cost"]
     assert set(cost) == {"1", "8"} and all(v > 0 for v in cost.values())
     assert not math.isnan(run["latency_ms"]["p99"])
+
+
+def test_frontend_thread_is_one_queue_in_and_out() -> None:
+    """Two requests at t=0, a 2 ms frontend (1 ms to decode, 1 ms to encode) and 1 ms of
+    compute on one FIFO instance: the second waits for the first's decode; the first's encode
+    (t=2..3) goes before the second's (t=3..4), and the overhead adds after both."""
+    result = simulate(FifoPolicy(1), _at(0.0, 0.0), CostTable.constant(0.001),
+                      frontend=0.002, overhead=0.0005)
+    by_id = sorted(result.outcomes, key=lambda o: o.request.id)
+    assert [round(o.started, 6) for o in by_id] == [0.001, 0.002]
+    assert [round(o.finished, 6) for o in by_id] == [0.0035, 0.0045]
+    alone = simulate(FifoPolicy(1), _at(0.0), CostTable.constant(0.001), frontend=0.002)
+    assert round(alone.outcomes[0].finished, 6) == 0.003  # decode + compute + encode
