@@ -128,6 +128,22 @@ def validate_request(request: InferenceRequest, config: ModelConfig) -> int:
     return batch_size if batching else 1
 
 
+def make_work(request: InferenceRequest, config: ModelConfig, reply: Any) -> InferWork:
+    """Validate ``request`` for the model (Triton's checks) and wrap it for its scheduler,
+    with the signature that decides which requests may share a batch."""
+    batch_size = validate_request(request, config)
+    if config.sequence is not None:
+        sequence_batching.check_request(request, config, batch_size)
+    signature = None
+    if config.batching is not None:
+        signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
+                          for n in config.shape_checked_inputs)
+        if config.has_optional_inputs:
+            signature = (signature, frozenset(request.inputs))
+    return InferWork(request, reply, batch_size, time.monotonic_ns(), signature,
+                     request.priority, request.timeout_us)
+
+
 class Core:
     """What the frontends may ask of the server."""
 
@@ -271,19 +287,8 @@ class Core:
         order they came, which a sequence needs); :meth:`wait` gets the answer."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
-        config = handle.config
-        batch_size = validate_request(request, config)
-        if config.sequence is not None:
-            sequence_batching.check_request(request, config, batch_size)
-        signature = None
-        if config.batching is not None:
-            signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
-                              for n in config.shape_checked_inputs)
-            if config.has_optional_inputs:
-                signature = (signature, frozenset(request.inputs))
         send, receive = trio.open_memory_channel[Any](1)
-        work = InferWork(request, send, batch_size, time.monotonic_ns(), signature,
-                         request.priority, request.timeout_us)
+        work = make_work(request, handle.config, send)
         if request.trace:
             request.trace.stamp("QUEUE_START", work.enqueued_ns)
         if self.arrival_log is not None:
@@ -377,4 +382,4 @@ class Core:
         return out
 
 
-__all__ = ["Core", "validate_request"]
+__all__ = ["Core", "make_work", "validate_request"]

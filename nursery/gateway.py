@@ -156,18 +156,9 @@ class ThreadReply:
 def make_work(request: InferenceRequest, handle: ModelHandle,
               reply: trio.MemorySendChannel[Any]) -> InferWork:
     """Validate ``request`` for ``handle``'s model and wrap it for its scheduler."""
-    from nursery.core import validate_request
+    from nursery.core import make_work as core_make_work
 
-    config = handle.config
-    batch_size = validate_request(request, config)
-    signature = None
-    if config.batching is not None:
-        signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
-                          for n in config.shape_checked_inputs)
-        if config.has_optional_inputs:
-            signature = (signature, frozenset(request.inputs))
-    return InferWork(request, reply, batch_size, time.monotonic_ns(), signature,
-                     request.priority, request.timeout_us)
+    return core_make_work(request, handle.config, reply)
 
 
 async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,

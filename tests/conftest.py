@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -98,6 +99,20 @@ class ServerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextmanager
+def running_server(repo: Path | list[Path], *extra: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server for a module's tests: ready on entry; on exit stopped with SIGTERM, and it
+    must have exited 0 (a clean shutdown is part of every e2e module's check)."""
+    proc = ServerProcess(repo, *extra, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, f"server exit code {code}:\n{proc.log()}"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, make_models
+from tests.conftest import ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -45,13 +45,8 @@ def cache_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
                                 [("OUTPUT0", "FP32", [16]), ("OUTPUT1", "FP32", [16])], 8,
                                 CACHED + "dynamic_batching { }\n"))
     make_models.write_mlp(repo, max_batch_size=8)  # no cache
-    proc = ServerProcess(repo, "--cache-config", "local,size=8000",
-                         log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        proc.wait_ready()
+    with running_server(repo, "--cache-config", "local,size=8000", tmp_path_factory=tmp_path_factory) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.log()
 
 
 def _x(seed: int) -> np.ndarray:

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import PERF_ANALYZER, ServerProcess, make_models
+from tests.conftest import PERF_ANALYZER, ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -64,19 +64,13 @@ def _build_repo(repo: Path) -> Path:
 def obs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = _build_repo(tmp_path_factory.mktemp("repo"))
     traces = tmp_path_factory.mktemp("traces")
-    proc = ServerProcess(
+    with running_server(
         repo, "--metrics-config", "summary_latencies=true",
         "--metrics-interval-ms", "200",
         "--trace-config", f"triton,file={traces / 'trace.json'}",
-        "--trace-config", "triton,log-frequency=1",
-        log_path=tmp_path_factory.mktemp("log") / "server.log")
-    proc.trace_dir = traces  # type: ignore[attr-defined]
-    try:
-        proc.wait_ready()
+        "--trace-config", "triton,log-frequency=1", tmp_path_factory=tmp_path_factory) as proc:
+        proc.trace_dir = traces  # type: ignore[attr-defined]
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"server exit code {code}:\n{proc.log()}"
 
 
 def _scrape(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

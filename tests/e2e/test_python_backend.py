@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProcess, make_models
+from tests.conftest import ROOT, ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -56,13 +56,8 @@ def build_python_repo(repo: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = build_python_repo(tmp_path_factory.mktemp("pyrepo"))
-    proc = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        proc.wait_ready()
+    with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"server exit code {code}:\n{proc.log()}"
 
 
 def http_input(name: str, array: np.ndarray, datatype: str) -> httpclient.InferInput:

@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.conftest import ServerProcess, make_models
+from tests.conftest import ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e
 Http = httpclient.InferenceServerClient
@@ -33,14 +33,9 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         repo, "broken_torch", make_models.build_torch_add_sub(),
         make_models.torch_config("broken_torch", [("INPUT__0", "FP32", [16])],
                                  [("OUTPUT__0", "FP32", [16])], 8))
-    proc = ServerProcess(repo, "--exit-on-error=false", "--strict-readiness=false",
-                         log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        proc.wait_ready()
+    with running_server(repo, "--exit-on-error=false", "--strict-readiness=false",
+                        tmp_path_factory=tmp_path_factory) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"server exit code {code}:\n{proc.log()}"
 
 
 @pytest.fixture(scope="module")

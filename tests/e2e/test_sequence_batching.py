@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, make_models
+from tests.conftest import ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -39,13 +39,8 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     make_models.write_sequence_controls(repo, "controls_u64")
     make_models.write_sequence_controls(repo, "controls_str", corrid="BYTES")
     make_models.write_sequence_controls(repo, "controls_i32", corrid="INT32")
-    proc = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        proc.wait_ready()
+    with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"server exit code {code}:\n{proc.log()}"
 
 
 def _http_input(value: int) -> httpclient.InferInput:

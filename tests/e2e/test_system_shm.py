@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
-from tests.conftest import ServerProcess, make_models
+from tests.conftest import ServerProcess, make_models, running_server
 from tests.shm_client import system_shm as shm
 
 pytestmark = pytest.mark.e2e
@@ -29,13 +29,8 @@ def shm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     repo = tmp_path_factory.mktemp("shm_repo")
     make_models.write_add_sub(repo)
     make_models.write_string_identity(repo)
-    proc = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        proc.wait_ready()
+    with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
         yield proc
-    finally:
-        code = proc.stop()
-        assert code == 0, f"server exit code {code}:\n{proc.log()}"
 
 
 @pytest.fixture(scope="module")
