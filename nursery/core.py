@@ -29,6 +29,7 @@ SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id 
 
 EXTENSIONS = (  # in Triton's order
     "classification",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",

@@ -52,6 +52,10 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     assert meta["name"] == "triton"
     assert "binary_tensor_data" in meta["extensions"]
     assert "model_configuration" in meta["extensions"]
+    assert [e for e in meta["extensions"] if e != "cuda_shared_memory"] == [  # Triton's order
+        "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+        "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
+        "parameters", "statistics", "trace", "logging"]
 
 
 def test_model_metadata(client: httpclient.InferenceServerClient) -> None:
