@@ -319,7 +319,8 @@ class _Manager:
     ) -> NurseryError | None:
         name = location.name
         old = self.live.get((name, version))
-        self._set(name, version, ModelState.LOADING)
+        if old is None:  # a reload keeps the old one READY and serving until the new one is
+            self._set(name, version, ModelState.LOADING)
         log.info("loading: %s:%d", name, version)
         scope = trio.CancelScope()
         done = trio.Event()

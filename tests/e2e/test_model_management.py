@@ -267,3 +267,43 @@ def test_backend_failure_message_and_cli_checks(tmp_path: Path,
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "--load-model only takes effect with --model-control-mode=explicit" in proc.stderr
+
+
+def test_a_reload_never_interrupts_the_version_it_replaces(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """While version 1 reloads (a config override), the old instance keeps answering: no
+    request sees 'no available versions' or any other error, as in Triton."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    admin = httpclient.InferenceServerClient(server.url)
+    config = admin.get_model_config("add_sub")
+    failures: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def client() -> None:
+        c = httpclient.InferenceServerClient(server.url)
+        inputs, a = _add_sub_inputs()
+        while not stop.is_set():
+            try:
+                out = c.infer("add_sub", inputs).as_numpy("OUTPUT0")
+                np.testing.assert_allclose(out, a + a)
+                answered[0] += 1
+            except Exception as exc:  # every one of these is a failure of the test
+                failures.append(repr(exc))
+        c.close()
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        for batch in (4, 6, 8):
+            config["max_batch_size"] = batch
+            admin.load_model("add_sub", config=json.dumps(config))  # reloads version 1
+            assert admin.get_model_config("add_sub")["max_batch_size"] == batch
+    finally:
+        stop.set()
+        thread.join(30)
+    admin.close()
+    assert not failures, failures[:3]
+    assert answered[0] > 0
