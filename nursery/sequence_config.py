@@ -60,10 +60,16 @@ class SequenceConfig:
     @property
     def extra_inputs(self) -> tuple[str, ...]:
         """Inputs the server provides: control and state tensors."""
-        names = [c.name for c in self.controls] + [s.input_name for s in self.states]
+        return tuple(self.extra_input_types)
+
+    @property
+    def extra_input_types(self) -> dict[str, DataType]:
+        """The server-provided inputs and their datatypes."""
+        types = {c.name: c.datatype for c in self.controls}
+        types.update((s.input_name, s.datatype) for s in self.states)
         if self.corrid is not None:
-            names.append(self.corrid[0])
-        return tuple(names)
+            types[self.corrid[0]] = self.corrid[1]
+        return types
 
     @property
     def state_outputs(self) -> tuple[str, ...]:

@@ -163,7 +163,11 @@ class SharedMemoryRegistry:
             self._regions[region.name] = region
 
     def unregister(self, name: str, kind: str = "system") -> None:
-        """Unregistering a name that is not registered (as this kind) succeeds, as in Triton."""
+        """Unregistering a name that is not registered (as this kind) succeeds, as in Triton;
+        no name unregisters every region of this kind (as ``status`` lists them all)."""
+        if not name:
+            self.unregister_all(kind)
+            return
         with self._lock:
             region = self._regions.get(name)
             if region is None or region.kind != kind:

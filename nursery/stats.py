@@ -141,43 +141,6 @@ class StatsSnapshot:
     summaries: Mapping[str, LatencySummary] = field(
         default_factory=lambda: MappingProxyType({}))
 
-    def merged(self, other: StatsSnapshot) -> StatsSnapshot:
-        """Two snapshots of one model version added up (e.g. across schedulers)."""
-        batch = dict(self.batch_stats)
-        for size, (a, b, c) in other.batch_stats.items():
-            x, y, z = batch.get(size, (Duration(), Duration(), Duration()))
-            batch[size] = (x.add(a.ns, a.count), y.add(b.ns, b.count), z.add(c.ns, c.count))
-        reasons = dict(self.failures_by_reason)
-        for k, v in other.failures_by_reason.items():
-            reasons[k] = reasons.get(k, 0) + v
-        return StatsSnapshot(
-            last_inference_ms=max(self.last_inference_ms, other.last_inference_ms),
-            inference_count=self.inference_count + other.inference_count,
-            execution_count=self.execution_count + other.execution_count,
-            success=self.success.add(other.success.ns, other.success.count),
-            fail=self.fail.add(other.fail.ns, other.fail.count),
-            queue=self.queue.add(other.queue.ns, other.queue.count),
-            compute_input=self.compute_input.add(other.compute_input.ns, other.compute_input.count),
-            compute_infer=self.compute_infer.add(other.compute_infer.ns, other.compute_infer.count),
-            compute_output=self.compute_output.add(other.compute_output.ns,
-                                                   other.compute_output.count),
-            batch_stats=MappingProxyType(batch),
-            failures_by_reason=MappingProxyType(reasons),
-            pending=self.pending + other.pending,
-            cache_hit=self.cache_hit.add(other.cache_hit.ns, other.cache_hit.count),
-            cache_miss=self.cache_miss.add(other.cache_miss.ns, other.cache_miss.count),
-            summaries=MappingProxyType({
-                k: LatencySummary(
-                    self.summaries.get(k, LatencySummary()).window
-                    + other.summaries.get(k, LatencySummary()).window,
-                    self.summaries.get(k, LatencySummary()).sum_us
-                    + other.summaries.get(k, LatencySummary()).sum_us,
-                    self.summaries.get(k, LatencySummary()).count
-                    + other.summaries.get(k, LatencySummary()).count)
-                for k in {*self.summaries, *other.summaries}
-            }),
-        )
-
 
 class StatsAccumulator:
     """Mutable counters, owned by one scheduler actor."""

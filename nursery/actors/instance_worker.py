@@ -29,7 +29,7 @@ from nursery.scheduling.rate_limit_policy import ResourceNeed
 from nursery.sequence_batching import SlotStates
 from nursery.stats import BatchReport
 from nursery.threads import DedicatedThread
-from nursery.types import DataType, InferenceResponse, Tensor
+from nursery.types import InferenceResponse, Tensor
 from nursery.warmup import WarmupSample
 
 log = logging.getLogger("nursery.instance")
@@ -67,17 +67,28 @@ def _run_batch(
         log.exception("model '%s' version %s: batch failed", config.name, version)
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
     t3 = time.monotonic_ns()
+    _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_INPUT_END", t1),
+           ("COMPUTE_OUTPUT_START", t2), ("COMPUTE_END", t3))
+    return responses, _report(batch, not isinstance(responses, NurseryError), t0, t1, t2, t3)
+
+
+def _stamp(batch: ExecuteBatch, *stamps: tuple[str, int]) -> None:
+    """The compute stamps of the batch's traced requests."""
     for w in batch.work:
         trace = w.request.trace
         if trace:
-            trace.stamp("COMPUTE_START", t0)
-            trace.stamp("COMPUTE_INPUT_END", t1)
-            trace.stamp("COMPUTE_OUTPUT_START", t2)
-            trace.stamp("COMPUTE_END", t3)
-    report = BatchReport(
+            for name, ns in stamps:
+                trace.stamp(name, ns)
+
+
+def _report(batch: ExecuteBatch, succeeded: bool, t0: int, t1: int, t2: int,
+            t3: int) -> BatchReport:
+    """The batch for the statistics: started at ``t0``, inputs ready at ``t1``, outputs
+    started at ``t2``, answered at ``t3`` (time.monotonic_ns)."""
+    return BatchReport(
         batch_size=sum(w.batch_size for w in batch.work),
         requests=len(batch.work),
-        succeeded=not isinstance(responses, NurseryError),
+        succeeded=succeeded,
         queue_ns=sum(t0 - w.enqueued_ns for w in batch.work),
         request_ns=sum(t3 - w.enqueued_ns for w in batch.work),
         compute_input_ns=t1 - t0,
@@ -88,7 +99,6 @@ def _run_batch(
         started_ns=t0,
         ended_ns=t3,
     )
-    return responses, report
 
 
 def resource_needs(config: ModelConfig,
@@ -100,6 +110,8 @@ def resource_needs(config: ModelConfig,
             needs = tuple(ResourceNeed(r.name, r.count, r.global_) for r in limits.resources)
             return needs, limits.priority
     return (), 0
+
+
 def _run_requests(
     backend: Any, config: ModelConfig, version: str, batch: ExecuteBatch,
     states: SlotStates | None = None,
@@ -119,28 +131,10 @@ def _run_requests(
         log.exception("model '%s' version %s: batch failed", config.name, version)
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
     t1 = time.monotonic_ns()
-    for w in batch.work:
-        trace = w.request.trace
-        if trace:
-            trace.stamp("COMPUTE_START", t0)
-            trace.stamp("COMPUTE_END", t1)
+    _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_END", t1))
     failed = isinstance(responses, NurseryError) or any(
         isinstance(r, NurseryError) for r in responses)
-    report = BatchReport(
-        batch_size=sum(w.batch_size for w in batch.work),
-        requests=len(batch.work),
-        succeeded=not failed,
-        queue_ns=sum(t0 - w.enqueued_ns for w in batch.work),
-        request_ns=sum(t1 - w.enqueued_ns for w in batch.work),
-        compute_input_ns=0,
-        compute_infer_ns=t1 - t0,
-        compute_output_ns=0,
-        finished_ms=time.time_ns() // 1_000_000,
-        enqueued_ns=tuple(w.enqueued_ns for w in batch.work),
-        started_ns=t0,
-        ended_ns=t1,
-    )
-    return responses, report
+    return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
 
 
 def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates) -> list[Any]:
@@ -150,14 +144,12 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
     rows = [row for row in batch.rows or () if row.ready]
     work = [batch.work[row.item] for row in rows]
     arrays = states.gather([w.request for w in work], rows)
-    extra = {name for name in arrays if name not in work[0].request.inputs}
+    extra = states.seq.extra_input_types
     served = []
     for i, w in enumerate(work):
         inputs = dict(w.request.inputs)
-        for name in extra:
-            spec = states.config.input_map.get(name)
+        for name, datatype in extra.items():
             array = arrays[name][i:i + 1] if states.batching else arrays[name]
-            datatype = spec.datatype if spec is not None else _datatype_of(array)
             inputs[name] = Tensor(name, datatype, tuple(array.shape), array)
         served.append(dataclasses.replace(w, request=dataclasses.replace(w.request,
                                                                          inputs=inputs)))
@@ -181,13 +173,6 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
             states.release([row.slot])
         out[row.item] = answer
     return out
-
-
-def _datatype_of(array: np.ndarray) -> DataType:
-    for dt in DataType:
-        if dt.numpy_dtype == array.dtype:
-            return dt
-    return DataType.BYTES
 
 
 def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:

@@ -303,10 +303,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def system_shared_memory_unregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        if request.name:
-            self.core.shm.unregister(request.name, "system")
-        else:
-            self.core.shm.unregister_all("system")
+        self.core.shm.unregister(request.name, "system")  # no name: every region
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory_status(
@@ -326,10 +323,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def cuda_shared_memory_unregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        if request.name:
-            self.core.shm.unregister(request.name, "cuda")
-        else:
-            self.core.shm.unregister_all("cuda")
+        self.core.shm.unregister(request.name, "cuda")  # no name: every region
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:

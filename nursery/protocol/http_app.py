@@ -242,10 +242,7 @@ def build_quart_app(core: Core) -> QuartTrio:
     @app.post("/v2/systemsharedmemory/unregister")
     @app.post("/v2/systemsharedmemory/region/<region>/unregister")
     async def system_shm_unregister(region: str = "") -> Response:
-        if region:
-            core.shm.unregister(region, "system")
-        else:
-            core.shm.unregister_all("system")
+        core.shm.unregister(region, "system")  # no region: every region
         return _empty(200)
 
     @app.get("/v2/cudasharedmemory/status")
@@ -276,10 +273,7 @@ def build_quart_app(core: Core) -> QuartTrio:
     @app.post("/v2/cudasharedmemory/unregister")
     @app.post("/v2/cudasharedmemory/region/<region>/unregister")
     async def cuda_shm_unregister(region: str = "") -> Response:
-        if region:
-            core.shm.unregister(region, "cuda")
-        else:
-            core.shm.unregister_all("cuda")
+        core.shm.unregister(region, "cuda")  # no region: every region
         return _empty(200)
 
     return app

@@ -31,19 +31,17 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
             status, body, ctype = 405, b"Method Not Allowed", b"text/plain"
         else:
             entries = await core.model_statistics()
-            cached: frozenset[tuple[str, str]] = frozenset()
-            totals = None
-            if core.cache is not None:
-                cached = frozenset((m, v) for m, v, _ in entries
-                                   if core.resolve(m, v).config.uses_response_cache)
-                totals = await core.cache_totals()
-            decoupled = {}
-            if options.histogram_latencies:
+            cached: set[tuple[str, str]] = set()
+            decoupled: dict[tuple[str, str], tuple[float, ...]] = {}
+            if core.cache is not None or options.histogram_latencies:
                 for m, v, _ in entries:
                     config = core.resolve(m, v).config
-                    if config.decoupled:
+                    if core.cache is not None and config.uses_response_cache:
+                        cached.add((m, v))
+                    if options.histogram_latencies and config.decoupled:
                         decoupled[(m, v)] = config.first_response_buckets
-            body = metrics.render(entries, sampler.latest, options, cached, totals,
+            totals = await core.cache_totals()  # None without a cache
+            body = metrics.render(entries, sampler.latest, options, frozenset(cached), totals,
                                   decoupled).encode()
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, W
+from nursery.scheduling.decisions import Decision, Dispatch, Poll, W, rejections
 
 TIMEOUT_EXPIRED = "Request timeout expired"
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -159,10 +159,7 @@ class DynamicBatchPolicy(Generic[W]):
         if self._deadlines:
             self._expire(now)
         if self._rejected:
-            by_reason: dict[str, list[W]] = {}
-            for item, reason in self._rejected:
-                by_reason.setdefault(reason, []).append(item)
-            decisions.extend(Reject(tuple(items), reason) for reason, items in by_reason.items())
+            decisions.extend(rejections(self._rejected))
             self._rejected = []
         wake_at: float | None = None
         while self._count and self._free:

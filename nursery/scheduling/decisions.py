@@ -44,6 +44,15 @@ class Release:
 Decision = Dispatch[W] | Reject[W] | Release
 
 
+def rejections(rejected: list[tuple[W, str]],
+               kind: ErrorKind | None = None) -> list[Reject[W]]:
+    """One :class:`Reject` per reason, each holding its requests in the order rejected."""
+    by_reason: dict[str, list[W]] = {}
+    for item, reason in rejected:
+        by_reason.setdefault(reason, []).append(item)
+    return [Reject(tuple(items), reason, kind) for reason, items in by_reason.items()]
+
+
 @dataclass(frozen=True, slots=True)
 class Poll(Generic[W]):
     decisions: list[Decision[W]]

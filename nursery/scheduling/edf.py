@@ -31,7 +31,7 @@ from nursery.scheduling.batch_policy import (
     BatchConfig,
     BatchItem,
 )
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, W
+from nursery.scheduling.decisions import Decision, Dispatch, Poll, W, rejections
 
 
 @dataclass(slots=True, eq=False)
@@ -108,10 +108,7 @@ class EarliestDeadlinePolicy(Generic[W]):
         decisions: list[Decision[W]] = []
         self._expire(now)
         if self._rejected:
-            by_reason: dict[str, list[W]] = {}
-            for item, reason in self._rejected:
-                by_reason.setdefault(reason, []).append(item)
-            decisions.extend(Reject(tuple(items), reason) for reason, items in by_reason.items())
+            decisions.extend(rejections(self._rejected))
             self._rejected = []
         wake_at: float | None = None
         while self._queue and self._free:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
 from nursery.errors import ErrorKind
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, Release, W
+from nursery.scheduling.decisions import Decision, Dispatch, Poll, Release, W, rejections
 
 
 class SequenceItem(Protocol):
@@ -155,11 +155,7 @@ class SequencePolicy(Generic[W]):
     def poll(self, now: float) -> Poll[W]:
         decisions: list[Decision[W]] = []
         if self._rejected:
-            by_reason: dict[str, list[W]] = {}
-            for item, reason in self._rejected:
-                by_reason.setdefault(reason, []).append(item)
-            decisions.extend(Reject(tuple(items), reason, ErrorKind.INVALID_ARG)
-                             for reason, items in by_reason.items())
+            decisions.extend(rejections(self._rejected, ErrorKind.INVALID_ARG))
             self._rejected = []
         wake_at = self._reap(now)
         batches: list[Dispatch[W]] = []
