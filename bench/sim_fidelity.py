@@ -10,14 +10,17 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
 
 1. profile the model's cost table in-process through the real ONNX Runtime backend (the
    simulator's ``--profile``);
-2. calibrate what the simulator cannot know: the server's frontend thread (decode, encode;
-   one per server, so overlapping requests queue for it) costs ``1 / throughput`` at
-   concurrency 8, where it is the bottleneck (the simulator's ``--frontend``); everything else
-   outside the instance (network, perf_analyzer's client) is perf_analyzer's latency at
-   concurrency 1 minus the simulated one, per percentile: the ``--overhead`` distribution.
-   (Calibrating that in perf_analyzer's Poisson mode at a low rate instead fits p99 but not
-   p50: on this machine the measured latency *falls* as the rate rises, warm threads and
-   caches, which a fixed overhead cannot follow.)
+2. calibrate what the simulator cannot know, on one server, at loads other than those checked:
+   the server's frontend thread (decode, encode; one per server, so overlapping requests queue
+   for it) costs ``1 / throughput`` at concurrency 8, where it is the bottleneck (the
+   simulator's ``--frontend``); everything else outside the instance (network, perf_analyzer's
+   client, waking the server) is an :class:`~nursery.simulate.cost.IdleOverhead`: its *warm*
+   distribution is perf_analyzer's latency at concurrency 1 minus the simulated one, per
+   percentile, its *cold* one the same at a low Poisson rate (``--cold-rate``, 25/s), and its
+   idle time constant ``tau`` is the one (of a fixed list) whose prediction best fits p50 and
+   p99 at one more Poisson rate (``--fit-rate``, 100/s). On this machine the measured latency
+   *falls* as the rate rises (a request that finds the server busy finds its threads awake);
+   one fixed overhead distribution cannot follow that (it is kept as the *warm only* column);
 3. for each rate: start ``python -m nursery serve`` (loopback, free ports, ``--arrival-log``),
    run ``perf_analyzer --request-rate-range R --request-distribution poisson`` against it, and
    simulate the same policy at the same rate, Poisson arrivals (the prediction) and the
@@ -55,6 +58,8 @@ from nursery.simulate.engine import simulate  # noqa: E402
 
 PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
 TOLERANCE = 0.15
+TAUS_MS = (0.5, 1, 2, 3, 5, 7, 10, 15, 20, 30, 50)  # the idle time constants tried
+QUANTILES = (50, 90, 95, 99)
 
 
 def free_port() -> int:
@@ -135,6 +140,16 @@ def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: st
             "p95_ms": lat["p95"], "p99_ms": lat["p99"], "mean_batch_rows": s["mean_batch_rows"]}
 
 
+def poisson_mode(rate: float) -> list[str]:
+    return ["--request-rate-range", f"{rate:g}", "--request-distribution", "poisson"]
+
+
+def difference(measured: dict[str, float], simulated: dict[str, Any]) -> str:
+    """Measured minus simulated latency percentiles, as ``--overhead`` percentiles."""
+    return ",".join(f"{q}:{max(0.0, measured[f'p{q}_ms'] - simulated[f'p{q}_ms']):.4f}ms"
+                    for q in QUANTILES)
+
+
 def error(pred: float, real: float) -> float:
     return (pred - real) / real if real else float("nan")
 
@@ -145,16 +160,24 @@ def main() -> int:
     p.add_argument("--max-queue-delay-us", type=int, default=500)
     p.add_argument("--rates", default="200,400,800")
     p.add_argument("--measure-ms", type=int, default=5000)
+    p.add_argument("--cold-rate", type=float, default=25.0,
+                   help="the Poisson rate (requests/s) the cold overhead is calibrated at")
+    p.add_argument("--fit-rate", type=float, default=100.0,
+                   help="the Poisson rate the idle time constant tau is fitted at")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
     p.add_argument("--smoke", action="store_true", help="a few seconds: checks the pieces only")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    if {args.cold_rate, args.fit_rate} & set(rates):
+        p.error("the calibration rates (--cold-rate, --fit-rate) must differ from the rates "
+                "checked (--rates): a rate that was fitted proves nothing")
     measure_ms = args.measure_ms
     trial_flags = []
     if args.smoke:
         rates, measure_ms, trial_flags = rates[:1], 300, ["-r", "3", "-s", "1000"]
+        args.cold_rate = 50.0  # a 300 ms window needs a few requests
     out = args.out or ROOT / "bench" / "results" / f"sim-fidelity-{time.strftime('%Y%m%d-%H%M')}"
     out.mkdir(parents=True, exist_ok=True)
     if not PERF_ANALYZER.exists():
@@ -171,62 +194,83 @@ def main() -> int:
         print("cost (rows: ms): " + ", ".join(f"{r}: {s * 1e3:.3f}" for r, s in table.points))
 
         server = Server(repo, out / "server-calibrate.log", tmp / "calibrate.jsonl")
+        url = server.url(args.protocol)
         try:
             # the frontend thread's cost per request: its throughput when it is the bottleneck
-            saturated = perf_analyzer(server.url(args.protocol), args.protocol,
-                                      ["--concurrency-range", "8", *trial_flags], measure_ms,
-                                      out / "pa-saturate.csv")
-            # the rest, unloaded: one request at a time
-            unloaded = perf_analyzer(server.url(args.protocol), args.protocol,
-                                     ["--concurrency-range", "1", *trial_flags], measure_ms,
-                                     out / "pa-calibrate.csv")
+            saturated = perf_analyzer(url, args.protocol, ["--concurrency-range", "8",
+                                      *trial_flags], measure_ms, out / "pa-saturate.csv")
+            # warm: one request after another, the server never idle
+            unloaded = perf_analyzer(url, args.protocol, ["--concurrency-range", "1",
+                                     *trial_flags], measure_ms, out / "pa-calibrate.csv")
+            # cold: a low Poisson rate, the server idle between requests
+            cold_real = perf_analyzer(url, args.protocol, poisson_mode(args.cold_rate)
+                                      + trial_flags, measure_ms, out / "pa-cold.csv")
+            # the rate tau is fitted at
+            fit_real = perf_analyzer(url, args.protocol, poisson_mode(args.fit_rate)
+                                     + trial_flags, measure_ms, out / "pa-fit.csv")
         finally:
             server.stop()
         frontend = 1.0 / saturated["throughput"]
+        duration = max(5.0, 3 * measure_ms / 1e3)
+
+        def sim(overhead: Any, rate: float) -> dict[str, Any]:
+            return predicted(args.policy, batch, table, overhead,
+                             arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
+                             frontend)
+
+        # what the simulator lacks, per percentile: measured minus simulated without it
         alone = predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
-                          None, frontend)  # requests never meet
-        # what the simulator lacks, per percentile: measured unloaded minus simulated unloaded
-        overhead = ",".join(
-            f"{q}:{max(0.0, unloaded[f'p{q}_ms'] - alone[f'p{q}_ms']):.4f}ms"
-            for q in (50, 90, 95, 99))
-        print(f"unloaded p50 {unloaded['p50_ms']:.3f} ms, p99 {unloaded['p99_ms']:.3f} ms; "
-              f"frontend {frontend * 1e3:.3f} ms per request (saturated at "
-              f"{saturated['throughput']:.0f} infer/s); simulated {alone['p50_ms']:.3f} ms: "
-              f"overhead percentiles {overhead}")
+                          None, frontend)  # requests never meet: concurrency 1
+        warm = difference(unloaded, alone)
+        cold = difference(cold_real, sim("0", args.cold_rate))
+        fits = []
+        for tau_ms in TAUS_MS:
+            model = f"warm={warm};cold={cold};tau={tau_ms}ms"
+            fit = sim(model, args.fit_rate)
+            fits.append((abs(error(fit["p50_ms"], fit_real["p50_ms"]))
+                         + abs(error(fit["p99_ms"], fit_real["p99_ms"])), tau_ms, fit))
+        _, tau_ms, fit = min(fits, key=lambda f: f[0])
+        overhead = f"warm={warm};cold={cold};tau={tau_ms}ms"
+        print(f"frontend {frontend * 1e3:.3f} ms per request (saturated at "
+              f"{saturated['throughput']:.0f} infer/s); overhead {overhead}; at the fit rate "
+              f"{args.fit_rate:g}/s: p50 {fit['p50_ms']:.3f} vs {fit_real['p50_ms']:.3f} ms, "
+              f"p99 {fit['p99_ms']:.3f} vs {fit_real['p99_ms']:.3f} ms")
 
         rows = []
         for rate in rates:
             log = tmp / f"arrivals-{rate:.0f}.jsonl"
             server = Server(repo, out / f"server-{rate:.0f}.log", log)
             try:
-                real = perf_analyzer(
-                    server.url(args.protocol), args.protocol,
-                    ["--request-rate-range", f"{rate:g}", "--request-distribution", "poisson",
-                     *trial_flags], measure_ms, out / f"pa-{rate:.0f}.csv")
+                real = perf_analyzer(server.url(args.protocol), args.protocol,
+                                     poisson_mode(rate) + trial_flags, measure_ms,
+                                     out / f"pa-{rate:.0f}.csv")
             finally:
                 server.stop()
-            duration = max(5.0, 3 * measure_ms / 1e3)
-            poisson = predicted(args.policy, batch, table, overhead,
-                                arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
-                                frontend)
+            poisson = sim(overhead, rate)
+            baseline = sim(warm, rate)  # one overhead distribution, the server always warm
             traced = predicted(args.policy, batch, table, overhead, arrivals.read_trace(log), rate,
                                frontend)
             row: dict[str, Any] = {"rate": rate, "measured": real, "simulated": poisson,
-                                   "replayed_trace": traced}
+                                   "replayed_trace": traced, "warm_only": baseline}
             for key in ("throughput", "p50_ms", "p99_ms"):
                 row[f"error_{key}"] = error(poisson[key], real[key])
                 row[f"trace_error_{key}"] = error(traced[key], real[key])
+                row[f"warm_error_{key}"] = error(baseline[key], real[key])
             rows.append(row)
 
     lines = [f"# Simulator fidelity: mlp, policy {args.policy}"
              + (f" ({args.max_queue_delay_us} us delay)" if args.policy == "dynamic" else "")
              + f", {args.protocol}, {time.strftime('%Y-%m-%d %H:%M')}", "",
              f"Frontend thread {frontend * 1e3:.3f} ms per request (`--frontend`, from the "
-             f"throughput at concurrency 8); other overhead calibrated at concurrency 1 "
-             f"(`--overhead {overhead}`). Cost table (ms): "
+             f"throughput at concurrency 8). Overhead outside the instance: warm from "
+             f"concurrency 1, cold from Poisson at {args.cold_rate:g}/s, the idle time constant "
+             f"tau fitted at {args.fit_rate:g}/s (`--overhead '{overhead}'`). Cost table (ms): "
              + ", ".join(f"{r}: {s * 1e3:.3f}" for r, s in table.points), "",
-             "| rate | measured infer/s, p50, p99 (ms) | simulated (Poisson) | error | "
-             "replayed trace | error |", "|---|---|---|---|---|---|"]
+             "Columns: infer/s, p50 ms, p99 ms. *Simulated*: Poisson arrivals, the idle model; "
+             "*replayed*: the server's own recorded arrivals; *warm only*: Poisson with the "
+             "concurrency-1 overhead alone (the model before the idle term), for comparison.", "",
+             "| rate | measured | simulated | error | replayed trace | error | warm only | error |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def fmt(d: dict[str, float]) -> str:
         return f"{d['throughput']:.0f}, {d['p50_ms']:.3f}, {d['p99_ms']:.3f}"
@@ -239,7 +283,8 @@ def main() -> int:
     for row in rows:
         lines.append(f"| {row['rate']:.0f} | {fmt(row['measured'])} | {fmt(row['simulated'])} | "
                      f"{errs(row, 'error_')} | {fmt(row['replayed_trace'])} | "
-                     f"{errs(row, 'trace_error_')} |")
+                     f"{errs(row, 'trace_error_')} | {fmt(row['warm_only'])} | "
+                     f"{errs(row, 'warm_error_')} |")
     within = all(abs(row[f"error_{k}"]) <= TOLERANCE for row in rows
                  for k in ("throughput", "p50_ms", "p99_ms"))
     lines += ["", f"All Poisson predictions within {TOLERANCE:.0%}: {'yes' if within else 'no'}"
@@ -249,6 +294,8 @@ def main() -> int:
     (out / "fidelity.md").write_text(text)
     (out / "fidelity.json").write_text(json.dumps(
         {"policy": args.policy, "overhead": overhead, "frontend_s": frontend,
+         "cold_rate": args.cold_rate, "fit_rate": args.fit_rate, "cold": cold_real,
+         "fit": fit_real, "saturated": saturated,
          "cost_s": table.to_json(),
          "unloaded": unloaded, "rows": rows, "smoke": args.smoke}, indent=2) + "\n")
     print(f"written to {out}")

@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overhead", default="0", metavar="TIME",
                    help="per-request time outside the instance (frontend, network, client), "
                    "added to every latency: a constant such as 0.3ms, or percentiles such as "
-                   "50:1.6ms,90:1.9ms,99:2.5ms sampled per request (default 0)")
+                   "50:1.6ms,90:1.9ms,99:2.5ms sampled per request, or an idle model "
+                   "'warm=PERCENTILES;cold=PERCENTILES;tau=TIME': a request that finds the "
+                   "server idle for g seconds draws from cold with probability "
+                   "1 - exp(-g/tau), else from warm (default 0)")
     g.add_argument("--frontend", default="0", metavar="TIME",
                    help="CPU time one request costs the server's frontend thread (decode and "
                    "encode), shared by all requests: a single queue, so overlapping requests "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import random
 import statistics
 import time
@@ -91,12 +92,8 @@ class CostTable:
         return max(0.0, s0 + (s1 - s0) * (rows - r0) / (r1 - r0))
 
 
-def parse_overhead(text: str, seed: int = 0) -> float | Callable[[object], float]:
-    """The time a request spends outside the instance (frontend, network, client): one
-    duration (``0.3ms``), or its distribution as percentiles ``50:1.6ms,90:1.9ms,99:2.5ms``,
-    sampled per request (linear between percentiles, clamped outside) with ``seed``."""
-    if ":" not in text:
-        return parse_duration(text)
+def parse_percentiles(text: str) -> tuple[tuple[float, float], ...]:
+    """``50:1.6ms,90:1.9ms,99:2.5ms`` -> ((0.5, 0.0016), (0.9, 0.0019), (0.99, 0.0025))."""
     points = []
     for part in text.split(","):
         pct, _, value = part.partition(":")
@@ -109,20 +106,88 @@ def parse_overhead(text: str, seed: int = 0) -> float | Callable[[object], float
     if any(not 0 < q < 1 for q, _ in points) or any(v < 0 for _, v in points):
         raise ValueError("overhead percentiles must lie strictly between 0 and 100 and the "
                          "times must not be negative")
-    qs = [q for q, _ in points]
+    return tuple(points)
+
+
+def quantile(points: Sequence[tuple[float, float]], u: float) -> float:
+    """The value at quantile ``u`` of a distribution given by percentile points (linear
+    between them, clamped outside)."""
+    i = bisect.bisect_left([q for q, _ in points], u)
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (q0, v0), (q1, v1) = points[i - 1], points[i]
+    return v0 + (v1 - v0) * (u - q0) / (q1 - q0)
+
+
+def parse_overhead(text: str, seed: int = 0) -> float | Callable[..., float]:
+    """The time a request spends outside the instance (frontend, network, client): one
+    duration (``0.3ms``), its distribution as percentiles ``50:1.6ms,90:1.9ms,99:2.5ms``,
+    sampled per request (linear between percentiles, clamped outside) with ``seed``, or an
+    :class:`IdleOverhead` written ``warm=PERCENTILES;cold=PERCENTILES;tau=TIME``."""
+    if "=" in text:
+        return IdleOverhead.parse(text, seed)
+    if ":" not in text:
+        return parse_duration(text)
+    points = parse_percentiles(text)
     rng = random.Random(seed)
 
     def draw(_request: object) -> float:
-        u = rng.random()
-        i = bisect.bisect_left(qs, u)
-        if i == 0:
-            return points[0][1]
-        if i == len(points):
-            return points[-1][1]
-        (q0, v0), (q1, v1) = points[i - 1], points[i]
-        return v0 + (v1 - v0) * (u - q0) / (q1 - q0)
+        return quantile(points, rng.random())
 
     return draw
+
+
+class IdleOverhead:
+    """Overhead that depends on how long the server had been idle when the request came.
+
+    Measured on a real server, the time outside the instance is not one distribution: a
+    request that finds the server busy (its threads awake, thread pools still spinning, caches
+    warm) is answered faster than one that wakes it after a quiet spell, so the measured
+    latency *falls* as the arrival rate rises while a constant overhead cannot. This model
+    holds two measured distributions, ``warm`` (back-to-back requests: perf_analyzer at
+    concurrency 1) and ``cold`` (requests that find the server long idle: a low Poisson rate),
+    and says the server *falls asleep* after an idle time drawn from an exponential
+    distribution of mean ``tau``: a request that finds it idle for ``g`` seconds finds it
+    asleep with probability ``1 - exp(-g / tau)`` and then draws its overhead from ``cold``,
+    otherwise from ``warm``. ``tau`` is fitted at one more rate (``bench/sim_fidelity.py``).
+    """
+
+    uses_idle = True
+
+    def __init__(self, warm: Sequence[tuple[float, float]], cold: Sequence[tuple[float, float]],
+                 tau: float, seed: int = 0) -> None:
+        if tau <= 0:
+            raise ValueError("the idle time constant tau must be positive")
+        if not warm or not cold:
+            raise ValueError("an idle overhead needs both a warm and a cold distribution")
+        self.warm, self.cold, self.tau = tuple(warm), tuple(cold), tau
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def parse(cls, text: str, seed: int = 0) -> IdleOverhead:
+        parts: dict[str, str] = {}
+        for part in text.split(";"):
+            key, sep, value = part.partition("=")
+            if not sep or key.strip() not in ("warm", "cold", "tau"):
+                raise ValueError(f"cannot read '{part}' of the idle overhead (expected "
+                                 "warm=PERCENTILES;cold=PERCENTILES;tau=TIME)")
+            parts[key.strip()] = value.strip()
+        if set(parts) != {"warm", "cold", "tau"}:
+            raise ValueError("an idle overhead needs warm=..., cold=... and tau=...")
+        return cls(parse_percentiles(parts["warm"]), parse_percentiles(parts["cold"]),
+                   parse_duration(parts["tau"]), seed)
+
+    def __str__(self) -> str:
+        def fmt(points: Sequence[tuple[float, float]]) -> str:
+            return ",".join(f"{q * 100:g}:{v * 1e3:.4f}ms" for q, v in points)
+
+        return f"warm={fmt(self.warm)};cold={fmt(self.cold)};tau={self.tau * 1e3:.4g}ms"
+
+    def __call__(self, _request: object, idle: float = 0.0) -> float:
+        asleep = self._rng.random() < 1.0 - math.exp(-idle / self.tau)
+        return quantile(self.cold if asleep else self.warm, self._rng.random())
 
 
 def default_sizes(max_batch_size: int) -> list[int]:

@@ -25,7 +25,12 @@ after its batch): a single FIFO server, half of it on the way in (the policy's `
 comes when decoding ends) and half on the way out, so that requests that overlap wait for
 each other as they do on the real thread. ``overhead`` is everything else outside the
 instance that does not queue (network, the client): a constant per request, or a function of
-the request (e.g. drawn from a measured distribution), added to the answer time.
+the request (e.g. drawn from a measured distribution), added to the answer time. An overhead
+with ``uses_idle = True`` (:class:`nursery.simulate.cost.IdleOverhead`) is also given the
+request's *idle gap*: how long the server had been idle when it arrived (0 when any earlier
+request was still in the server, that is, arrived and not yet answered; the client's overhead
+does not count), so that a model can charge a request that wakes an idle server more than one
+that finds it busy (sleeping threads, spinning thread pools gone to sleep, cold caches).
 
 What it leaves out: the requester abandoning a request (simulated clients always wait) and
 ``preserve_ordering`` (answers are not held back).
@@ -62,6 +67,7 @@ class Outcome:
     dispatched: float = math.nan
     started: float = math.nan  # compute start on its instance
     finished: float = math.nan  # answer time, overhead included
+    idle: float = 0.0  # how long the server had been idle when it arrived
     instance: int = -1
     batch: int = -1  # index into SimResult.batches
 
@@ -100,8 +106,16 @@ def simulate(
     ``frontend``: seconds of the server's (single) frontend thread per request."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
-    extra: Callable[[SimRequest], float] = (
-        overhead if callable(overhead) else (lambda _request, c=float(overhead): c))
+    if getattr(overhead, "uses_idle", False):
+        draw = overhead
+
+        def extra(out: Outcome) -> float:
+            return draw(out.request, out.idle)  # type: ignore[operator]
+    else:
+        draw = overhead if callable(overhead) else (lambda _request, c=float(overhead): c)
+
+        def extra(out: Outcome) -> float:
+            return draw(out.request)  # type: ignore[operator]
     outcomes = {id(r): Outcome(r) for r in requests}
     batches: list[BatchRecord] = []
     events: list[tuple[float, int, int, Any]] = []
@@ -114,6 +128,8 @@ def simulate(
     busy_until = [0.0] * instances  # when each instance finishes the work it holds
     half = frontend / 2.0
     frontend_free = 0.0  # when the frontend thread finishes the work it holds
+    pending = 0  # requests arrived whose server-side answer time is not known yet
+    answered_until = 0.0  # the latest server-side answer time known
     now = 0.0
     for i in range(instances):
         free[i] = slots
@@ -150,7 +166,9 @@ def simulate(
                         heapq.heappush(events, (end, _RESPOND, order, out))
                         order += 1
                     else:
-                        out.finished = end + extra(out.request)
+                        pending -= 1
+                        answered_until = max(answered_until, end)
+                        out.finished = end + extra(out)
                 heapq.heappush(events, (end, _READY, order, i))
                 order += 1
             elif isinstance(decision, Reject):
@@ -158,7 +176,9 @@ def simulate(
                 for w in decision.items:
                     out = _outcome(outcomes, w, now)
                     out.status = "timed_out" if decision.reason == TIMEOUT_EXPIRED else "rejected"
-                    out.reason, out.finished = decision.reason, now + extra(out.request)
+                    pending -= 1
+                    answered_until = max(answered_until, now)
+                    out.reason, out.finished = decision.reason, now + extra(out)
         wake_at = poll.wake_at
         if not events and (wake_at is None or wake_at == math.inf):
             break
@@ -177,6 +197,10 @@ def simulate(
         now = next_time
         while events and events[0][0] == now:  # every message of this instant, then decide
             _, kind, _, payload = heapq.heappop(events)
+            if kind == _ARRIVE:
+                outcomes[id(payload)].idle = (
+                    0.0 if pending else max(0.0, now - answered_until))
+                pending += 1
             if kind == _ARRIVE and half:  # decoded on the frontend thread first
                 frontend_free = max(now, frontend_free) + half
                 heapq.heappush(events, (frontend_free, _ENQUEUE, order, payload))
@@ -185,7 +209,9 @@ def simulate(
                 policy.arrive(payload, now)
             elif kind == _RESPOND:
                 frontend_free = max(now, frontend_free) + half
-                payload.finished = frontend_free + extra(payload.request)
+                pending -= 1
+                answered_until = max(answered_until, frontend_free)
+                payload.finished = frontend_free + extra(payload)
             else:
                 free[payload] += 1
                 policy.instance_ready(payload, now, 1)

@@ -313,3 +313,55 @@ def test_frontend_thread_is_one_queue_in_and_out() -> None:
     assert [round(o.finished, 6) for o in by_id] == [0.0035, 0.0045]
     alone = simulate(FifoPolicy(1), _at(0.0), CostTable.constant(0.001), frontend=0.002)
     assert round(alone.outcomes[0].finished, 6) == 0.003  # decode + compute + encode
+
+
+def test_idle_gap_is_the_time_since_the_server_last_answered() -> None:
+    """One instance, 10 ms per request, arrivals at 0, 5, 30 and 31 ms: r0 finds a fresh
+    server (idle 0), r1 finds r0 in the server (0), r2 arrives 10 ms after r1's answer at
+    20 ms, r3 finds r2 still running (0); overhead and frontend do not make the server busy."""
+    seen: list[tuple[int, float]] = []
+
+    class Recording:
+        uses_idle = True
+
+        def __call__(self, request: SimRequest, idle: float) -> float:
+            seen.append((request.id, round(idle, 9)))
+            return 0.050  # the client's time: long, but not the server's
+
+    result = simulate(FifoPolicy(1), _at(0.0, 0.005, 0.030, 0.031), CostTable.constant(0.010),
+                      overhead=Recording())
+    assert sorted(seen) == [(0, 0.0), (1, 0.0), (2, 0.010), (3, 0.0)]
+    assert [round(o.idle, 9) for o in result.outcomes] == [0.0, 0.0, 0.010, 0.0]
+    # with a 2 ms frontend the server answers after encoding: r0 decodes 0-1, runs 1-11,
+    # encodes 11-12; r1 decodes 5-6, runs 11-21, encodes 21-22: r2 at 30 finds 8 ms of idle
+    result = simulate(FifoPolicy(1), _at(0.0, 0.005, 0.030), CostTable.constant(0.010),
+                      frontend=0.002)
+    assert [round(o.idle, 9) for o in result.outcomes] == [0.0, 0.0, 0.008]
+
+
+def test_idle_overhead_draws_warm_when_busy_and_cold_after_long_idle() -> None:
+    text = "warm=50:1ms,99:2ms;cold=50:5ms,99:6ms;tau=10ms"
+    model = cost.parse_overhead(text, seed=3)
+    assert isinstance(model, cost.IdleOverhead) and model.uses_idle
+    warm = [model(None, 0.0) for _ in range(2000)]
+    assert 0.001 <= min(warm) and max(warm) <= 0.002
+    cold = [model(None, 10.0) for _ in range(2000)]  # 1000 tau: asleep for sure
+    assert 0.005 <= min(cold) and max(cold) <= 0.006
+    # idle for tau: asleep with probability 1 - 1/e
+    mixed = [model(None, 0.010) for _ in range(20_000)]
+    share = sum(v >= 0.005 for v in mixed) / len(mixed)
+    assert share == pytest.approx(1 - math.exp(-1), abs=0.02)
+    same1, same2 = cost.parse_overhead(text, seed=5), cost.parse_overhead(text, seed=5)
+    assert [same1(None, 0.004) for _ in range(500)] == [same2(None, 0.004) for _ in range(500)]
+    assert cost.IdleOverhead.parse(str(model)).tau == pytest.approx(0.010)
+    for bad, message in (("warm=50:1ms;tau=1ms", "needs warm"),
+                         ("warm=50:1ms;cold=50:2ms;tau=0", "positive"),
+                         ("warm=50:1ms;cold=50:2ms;speed=3", "cannot read"),
+                         ("warm=50:1ms;cold=x;tau=1ms", "percentile")):
+        with pytest.raises(ValueError, match=message):
+            cost.parse_overhead(bad)
+    # in the engine: a lone request after a long quiet spell pays the cold figure
+    result = simulate(FifoPolicy(1), _at(0.0, 5.0), CostTable.constant(0.001),
+                      overhead=cost.parse_overhead(text))
+    first, second = sorted(result.outcomes, key=lambda o: o.request.id)
+    assert first.finished - 0.001 <= 0.002 + 1e-9 and second.finished - 5.001 >= 0.005 - 1e-9
