@@ -203,8 +203,12 @@ def main() -> int:
             unloaded = perf_analyzer(url, args.protocol, ["--concurrency-range", "1",
                                      *trial_flags], measure_ms, out / "pa-calibrate.csv")
             # cold: a low Poisson rate, the server idle between requests
+            # (few requests per window: longer windows, a looser stability bound, or
+            # perf_analyzer's throughput check fails on the Poisson counts' own noise)
             cold_real = perf_analyzer(url, args.protocol, poisson_mode(args.cold_rate)
-                                      + trial_flags, measure_ms, out / "pa-cold.csv")
+                                      + (trial_flags or ["-s", "25"]),
+                                      measure_ms if args.smoke else 2 * measure_ms,
+                                      out / "pa-cold.csv")
             # the rate tau is fitted at
             fit_real = perf_analyzer(url, args.protocol, poisson_mode(args.fit_rate)
                                      + trial_flags, measure_ms, out / "pa-fit.csv")
