@@ -18,7 +18,7 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    distribution is perf_analyzer's latency at concurrency 1 minus the simulated one, per
    percentile, its *cold* one the same at a low Poisson rate (``--cold-rate``, 25/s), and its
    idle time constant ``tau`` is the one (of a fixed list) whose prediction best fits p50 and
-   p99 at one more Poisson rate (``--fit-rate``, 100/s). On this machine the measured latency
+   p99 at two more Poisson rates (``--fit-rates``, 100 and 150/s). On this machine the measured latency
    *falls* as the rate rises (a request that finds the server busy finds its threads awake);
    one fixed overhead distribution cannot follow that (it is kept as the *warm only* column);
 3. for each rate: start ``python -m nursery serve`` (loopback, free ports, ``--arrival-log``),
@@ -162,22 +162,24 @@ def main() -> int:
     p.add_argument("--measure-ms", type=int, default=5000)
     p.add_argument("--cold-rate", type=float, default=25.0,
                    help="the Poisson rate (requests/s) the cold overhead is calibrated at")
-    p.add_argument("--fit-rate", type=float, default=100.0,
-                   help="the Poisson rate the idle time constant tau is fitted at")
+    p.add_argument("--fit-rates", default="100,150",
+                   help="the Poisson rates the idle time constant tau is fitted at")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
     p.add_argument("--smoke", action="store_true", help="a few seconds: checks the pieces only")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    if {args.cold_rate, args.fit_rate} & set(rates):
-        p.error("the calibration rates (--cold-rate, --fit-rate) must differ from the rates "
+    fit_rates = [float(r) for r in args.fit_rates.split(",")]
+    if {args.cold_rate, *fit_rates} & set(rates):
+        p.error("the calibration rates (--cold-rate, --fit-rates) must differ from the rates "
                 "checked (--rates): a rate that was fitted proves nothing")
     measure_ms = args.measure_ms
     trial_flags = []
     if args.smoke:
         rates, measure_ms, trial_flags = rates[:1], 300, ["-r", "3", "-s", "1000"]
         args.cold_rate = 50.0  # a 300 ms window needs a few requests
+        fit_rates = fit_rates[:1]
     out = args.out or ROOT / "bench" / "results" / f"sim-fidelity-{time.strftime('%Y%m%d-%H%M')}"
     out.mkdir(parents=True, exist_ok=True)
     if not PERF_ANALYZER.exists():
@@ -209,9 +211,11 @@ def main() -> int:
                                       + (trial_flags or ["-s", "25"]),
                                       measure_ms if args.smoke else 2 * measure_ms,
                                       out / "pa-cold.csv")
-            # the rate tau is fitted at
-            fit_real = perf_analyzer(url, args.protocol, poisson_mode(args.fit_rate)
-                                     + trial_flags, measure_ms, out / "pa-fit.csv")
+            # the rates tau is fitted at
+            fit_real = {rate: perf_analyzer(url, args.protocol, poisson_mode(rate) + trial_flags,
+                                            measure_ms if args.smoke else 2 * measure_ms,
+                                            out / f"pa-fit-{rate:g}.csv")
+                        for rate in fit_rates}
         finally:
             server.stop()
         frontend = 1.0 / saturated["throughput"]
@@ -230,15 +234,17 @@ def main() -> int:
         fits = []
         for tau_ms in TAUS_MS:
             model = f"warm={warm};cold={cold};tau={tau_ms}ms"
-            fit = sim(model, args.fit_rate)
-            fits.append((abs(error(fit["p50_ms"], fit_real["p50_ms"]))
-                         + abs(error(fit["p99_ms"], fit_real["p99_ms"])), tau_ms, fit))
+            fit = {rate: sim(model, rate) for rate in fit_rates}
+            loss = sum(abs(error(fit[rate][f"p{q}_ms"], fit_real[rate][f"p{q}_ms"]))
+                       for rate in fit_rates for q in (50, 99))
+            fits.append((loss, tau_ms, fit))
         _, tau_ms, fit = min(fits, key=lambda f: f[0])
         overhead = f"warm={warm};cold={cold};tau={tau_ms}ms"
         print(f"frontend {frontend * 1e3:.3f} ms per request (saturated at "
-              f"{saturated['throughput']:.0f} infer/s); overhead {overhead}; at the fit rate "
-              f"{args.fit_rate:g}/s: p50 {fit['p50_ms']:.3f} vs {fit_real['p50_ms']:.3f} ms, "
-              f"p99 {fit['p99_ms']:.3f} vs {fit_real['p99_ms']:.3f} ms")
+              f"{saturated['throughput']:.0f} infer/s); overhead {overhead}; at the fit rates: "
+              + "; ".join(f"{rate:g}/s p50 {fit[rate]['p50_ms']:.3f} vs "
+                          f"{fit_real[rate]['p50_ms']:.3f} ms, p99 {fit[rate]['p99_ms']:.3f} vs "
+                          f"{fit_real[rate]['p99_ms']:.3f} ms" for rate in fit_rates))
 
         rows = []
         for rate in rates:
@@ -268,7 +274,7 @@ def main() -> int:
              f"Frontend thread {frontend * 1e3:.3f} ms per request (`--frontend`, from the "
              f"throughput at concurrency 8). Overhead outside the instance: warm from "
              f"concurrency 1, cold from Poisson at {args.cold_rate:g}/s, the idle time constant "
-             f"tau fitted at {args.fit_rate:g}/s (`--overhead '{overhead}'`). Cost table (ms): "
+             f"tau fitted to p50 and p99 at {args.fit_rates}/s (`--overhead '{overhead}'`). Cost table (ms): "
              + ", ".join(f"{r}: {s * 1e3:.3f}" for r, s in table.points), "",
              "Columns: infer/s, p50 ms, p99 ms. *Simulated*: Poisson arrivals, the idle model; "
              "*replayed*: the server's own recorded arrivals; *warm only*: Poisson with the "
@@ -298,8 +304,8 @@ def main() -> int:
     (out / "fidelity.md").write_text(text)
     (out / "fidelity.json").write_text(json.dumps(
         {"policy": args.policy, "overhead": overhead, "frontend_s": frontend,
-         "cold_rate": args.cold_rate, "fit_rate": args.fit_rate, "cold": cold_real,
-         "fit": fit_real, "saturated": saturated,
+         "cold_rate": args.cold_rate, "fit_rates": fit_rates, "cold": cold_real,
+         "fit": {f"{r:g}": m for r, m in fit_real.items()}, "tau_ms": tau_ms, "saturated": saturated,
          "cost_s": table.to_json(),
          "unloaded": unloaded, "rows": rows, "smoke": args.smoke}, indent=2) + "\n")
     print(f"written to {out}")
