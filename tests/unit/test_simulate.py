@@ -365,3 +365,19 @@ def test_idle_overhead_draws_warm_when_busy_and_cold_after_long_idle() -> None:
                       overhead=cost.parse_overhead(text))
     first, second = sorted(result.outcomes, key=lambda o: o.request.id)
     assert first.finished - 0.001 <= 0.002 + 1e-9 and second.finished - 5.001 >= 0.005 - 1e-9
+
+
+def test_cli_takes_the_idle_overhead(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Lower rates find the server idle longer: with a cold figure far above the warm one,
+    p50 falls as the rate rises (what a fixed overhead cannot show)."""
+    out_json = tmp_path / "r.json"
+    rc = cli.main(["--max-batch-size", "8", "--cost", "0.1ms", "--policy", "fifo", "--rate",
+                   "20,2000", "--duration", "5", "--overhead",
+                   "warm=50:1ms,99:1.2ms;cold=50:3ms,99:3.5ms;tau=5ms", "--json", str(out_json)])
+    assert rc == 0
+    low, high = json.loads(out_json.read_text())["runs"]
+    assert low["latency_ms"]["p50"] > 2.9 and high["latency_ms"]["p50"] < 1.5
+    assert cli.main(["--max-batch-size", "8", "--cost", "1ms", "--overhead",
+                     "warm=50:1ms;tau=1"]) == 1
+    assert "needs warm=..., cold=... and tau=..." in capsys.readouterr().err
