@@ -154,6 +154,9 @@ class _Manager:
         self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
         self.loading: dict[str, trio.Event] = {}  # models being loaded by load_many
         self.ensembles_waiting: set[str] = set()
+        # models loaded only because an ensemble needed them (never asked for by name):
+        # what unloading an ensemble with unload_dependents takes along
+        self.dependency_only: set[str] = set()
 
     # -- state (the only writer) -----------------------------------------------------------
 
@@ -183,6 +186,7 @@ class _Manager:
             self.loading.setdefault(name, trio.Event())
 
         async def one(name: str) -> None:
+            self.dependency_only.discard(name)
             try:
                 error = await self.load(name)
             finally:
@@ -469,8 +473,9 @@ class _Manager:
                 event = self.loading.get(model)
                 if event is not None:
                     await event.wait()
-                elif self.directory.entry(model) is None:
+                elif not self._serving(model):  # never loaded, unloaded, or failed
                     await self.load(model)  # Triton loads an ensemble's models with it
+                    self.dependency_only.add(model)
         finally:
             self.ensembles_waiting.discard(config.name)
         types = {t.name: t.datatype for t in config.inputs}
@@ -521,12 +526,30 @@ class _Manager:
         live.scope.deadline = trio.current_time() + self.unload_timeout
         await live.done.wait()
 
-    async def unload(self, name: str) -> NurseryError | None:
+    async def unload(self, name: str, dependents: bool = False) -> NurseryError | None:
+        """Unload every version of ``name``. With ``dependents`` (Triton's
+        ``unload_dependents``), then also the models an ensemble was made of that were loaded
+        only along with an ensemble and that no ensemble still loaded uses, recursively."""
         versions = sorted(v for (n, v) in self.live if n == name)
+        composing = set()
+        for version in versions:
+            plan = self.live[(name, version)].handle.config.ensemble
+            if plan is not None:
+                composing |= set(plan.models())
         self.loaded_from.pop(name, None)  # unloading what is not loaded succeeds, as in Triton
+        self.dependency_only.discard(name)
         async with trio.open_nursery() as nursery:
             for version in versions:
                 nursery.start_soon(self._unload_version, name, version)
+        if dependents:
+            still_used = set()
+            for live in self.live.values():
+                plan = live.handle.config.ensemble
+                if plan is not None:
+                    still_used |= set(plan.models())
+            for model in sorted((composing & self.dependency_only) - still_used - {name}):
+                log.info("unloading '%s' with '%s' (unload_dependents)", model, name)
+                await self.unload(model, dependents=True)
         return None
 
     async def _unload_version(self, name: str, version: int) -> None:
@@ -582,10 +605,12 @@ async def run(
         async with inbox:
             async for command in inbox:
                 if isinstance(command, LoadModel):
+                    manager.dependency_only.discard(command.name)  # asked for by name now
                     _reply(command.reply, await manager.load(command.name, command.config,
                                                              command.files))
                 elif isinstance(command, UnloadModel):
-                    _reply(command.reply, await manager.unload(command.name))
+                    _reply(command.reply, await manager.unload(command.name,
+                                                               command.unload_dependents))
                 elif isinstance(command, IndexRepository):
                     _reply(command.reply, manager.index(command.ready_only))  # type: ignore[arg-type]
         await manager.unload_all()

@@ -282,7 +282,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         param = request.parameters.get("unload_dependents")
         if param is not None:
             which, value = betterproto.which_one_of(param, "parameter_choice")
-            dependents = bool(value) if which == "bool_param" else False
+            if which != "bool_param":  # Triton's check and message
+                raise _status(InvalidArgument("invalid value type for 'unload_dependents' "
+                                              "parameter, expected bool_param."))
+            dependents = bool(value)
         await self._call(self.core.unload_model, request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 

@@ -307,3 +307,75 @@ def test_a_reload_never_interrupts_the_version_it_replaces(
     admin.close()
     assert not failures, failures[:3]
     assert answered[0] > 0
+
+
+def _chain(repo: Path, name: str, steps: list[str]) -> None:
+    """An ensemble that runs add_sub-shaped models one after another (A, B -> X, Y)."""
+    tensors = [("A", "B")] + [(f"S{i}", f"D{i}") for i in range(len(steps) - 1)] + [("X", "Y")]
+    body = "".join(
+        f'{{ model_name: "{m}" model_version: -1 '
+        f'input_map {{ key: "INPUT0" value: "{tensors[i][0]}" }} '
+        f'input_map {{ key: "INPUT1" value: "{tensors[i][1]}" }} '
+        f'output_map {{ key: "OUTPUT0" value: "{tensors[i + 1][0]}" }} '
+        f'output_map {{ key: "OUTPUT1" value: "{tensors[i + 1][1]}" }} }},'
+        for i, m in enumerate(steps)).rstrip(",")
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 16 ] }, '
+        '{ name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] }, '
+        '{ name: "Y" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        f"ensemble_scheduling {{ step [ {body} ] }}\n")
+
+
+def test_unload_dependents_takes_the_models_loaded_with_an_ensemble(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """Triton's unload_dependents: unloading an ensemble also unloads the models that were
+    loaded only along with it, but never one asked for by name or one another loaded
+    ensemble still uses."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo, name="first")
+    make_models.write_add_sub(repo, name="second")
+    _chain(repo, "ens_both", ["first", "second"])
+    _chain(repo, "ens_second", ["second"])
+    server = start_server(repo, "--model-control-mode=explicit")
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+    def ready() -> set[str]:
+        return {m["name"] for m in http.get_model_repository_index()
+                if m.get("state") == "READY"}
+
+    assert "model_repository(unload_dependents)" in http.get_server_metadata()["extensions"]
+    http.load_model("ens_both")  # loads first and second along with it
+    http.load_model("ens_second")
+    assert ready() == {"ens_both", "ens_second", "first", "second"}
+    inputs = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("A", "B")]
+    for i in inputs:
+        i.set_data_from_numpy(np.full((1, 16), 3.0, np.float32))
+    np.testing.assert_array_equal(http.infer("ens_both", inputs).as_numpy("X"),
+                                  np.full((1, 16), 6.0, np.float32))  # (3+3) + (3-3)
+    # without unload_dependents the composing models stay
+    http.unload_model("ens_second")
+    assert ready() == {"ens_both", "first", "second"}
+    http.load_model("ens_second")
+    # with it: 'first' goes, 'second' stays for ens_second
+    http.unload_model("ens_both", unload_dependents=True)
+    assert ready() == {"ens_second", "second"}
+    assert {"name": "first", "version": "1", "state": "UNAVAILABLE",
+            "reason": "unloaded"} in http.get_model_repository_index()
+    # over gRPC; now nothing else uses 'second'
+    grpc.unload_model("ens_second", unload_dependents=True)
+    assert ready() == set()
+    # a model asked for by name is not a dependent, even when an ensemble uses it
+    http.load_model("first")
+    http.load_model("ens_both")
+    http.unload_model("ens_both", unload_dependents=True)
+    assert ready() == {"first"}
+    # Triton's answers to a parameter of the wrong type
+    status, body = _raw(server, "POST", "/v2/repository/models/first/unload",
+                        b'{"parameters": {"unload_dependents": "yes"}}')
+    assert status == 400 and b"unload_dependents" in body
+    assert ready() == {"first"}
