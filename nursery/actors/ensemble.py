@@ -9,6 +9,14 @@ batching applies). Tensors pass between steps as the same numpy arrays, renamed,
 copied. The first failing step fails the request ("in ensemble '<name>', ..."), the other
 steps of that request are cancelled; when every step has run, the requested ensemble outputs
 are the answer. The graph bookkeeping is the pure :class:`~nursery.scheduling.ensemble_plan.Flow`.
+
+A *decoupled* ensemble (``model_transaction_policy { decoupled: true }``, required when a step's
+model is decoupled) runs as Triton's does, by iteration (the pure
+:class:`~nursery.scheduling.ensemble_plan.IterFlow`): every response of a step feeds the steps
+after it once more, and every time the ensemble outputs are complete for an iteration the
+ensemble sends a response, as a stream of :class:`~nursery.gateway.Part` on the request's
+reply channel (the protocol of a decoupled model); the last response carries the final flag,
+or a bare final flag follows when no step is left running.
 """
 
 from __future__ import annotations
@@ -16,17 +24,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
 
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
-from nursery.scheduling.ensemble_plan import EnsemblePlan
+from nursery.scheduling.ensemble_plan import EnsemblePlan, IterFlow
 from nursery.stats import BatchReport, StatsAccumulator
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 Infer = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
+OnPart = Callable[[Any], Awaitable[None]]
+Stream = Callable[[InferenceRequest, OnPart], Awaitable[None]]  # Gateway.stream
 
 
 def _step_error(plan: EnsemblePlan, index: int, error: NurseryError) -> NurseryError:
@@ -100,16 +111,92 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
     return InferenceResponse(plan.name, version, [tensors[n] for n in wanted], id=request.id)
 
 
+async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
+                             stream: Stream, emit: Callable[[Any], None]) -> None:
+    """One request through a decoupled ensemble: ``emit`` gets each
+    :class:`~nursery.gateway.Part` of the answer, the last one final. Raises the first
+    failing step's error (no further part is emitted then)."""
+    from nursery.gateway import Part
+
+    flow = IterFlow(plan)
+    send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
+    wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
+
+    runs: list[list[int]] = []  # per run: step, iteration, responses so far
+
+    async def run_step(run: int, index: int, iteration: int) -> None:
+        step = plan.steps[index]
+        inputs = {name: Tensor(name, t.datatype, t.shape, t.data)  # type: ignore[attr-defined]
+                  for name, t in flow.inputs(index, iteration).items()}
+        step_request = InferenceRequest(
+            step.model_name, step.version_str, inputs,
+            tuple(RequestedOutput(o) for o in step.output_map), request.id,
+            request.parameters, request.priority, request.timeout_us)
+
+        async def on_part(part: Any) -> None:
+            send.send_nowait((run, part))
+
+        await stream(step_request, on_part)
+
+    running = 0
+    failure: NurseryError | None = None  # raised after the nursery (not wrapped in a group)
+    async with trio.open_nursery() as steps:
+        updates = flow.add_inputs(request.inputs)
+        while True:
+            for index, iteration in flow.ready(updates):
+                runs.append([index, iteration, 0])
+                steps.start_soon(run_step, len(runs) - 1, index, iteration)
+                running += 1
+            answers = flow.answers(updates)
+            for k, iteration in enumerate(answers):
+                outputs = []
+                for name in wanted:
+                    t = flow.output(name, iteration)
+                    outputs.append(Tensor(name, t.datatype, t.shape, t.data))  # type: ignore[attr-defined]
+                final = running == 0 and k == len(answers) - 1
+                emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id), None,
+                          final))
+            if running == 0:
+                if not answers:
+                    emit(Part(None, None, True))  # no step left: the bare final flag
+                break
+            run, part = await receive.receive()
+            index, iteration, seen = runs[run]
+            if part.error is not None:
+                failure = _step_error(plan, index, part.error)
+                steps.cancel_scope.cancel()  # the request failed: its other steps stop
+                break
+            if part.final:
+                running -= 1
+            updates = []
+            if part.response is not None:
+                step = plan.steps[index]
+                produced = {o.name: o for o in part.response.outputs if o.name in step.output_map}
+                missing = [o for o in step.output_map if o not in produced]
+                if missing:
+                    failure = _step_error(plan, index, InternalError(
+                        f"model '{step.model_name}' did not produce output '{missing[0]}'"))
+                    steps.cancel_scope.cancel()
+                    break
+                runs[run][2] += 1
+                # a run's one and only answer stays at its iteration; a stream gets new ones
+                updates = flow.add_outputs(index, produced,
+                                           iteration if part.final and seen == 0 else None)
+    if failure is not None:
+        raise failure
+
+
 async def run(
     *,
     plan: EnsemblePlan,
     version: str,
     infer: Infer,
     inbox: trio.MemoryReceiveChannel[Any],
+    stream: Stream | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve requests until every sender of the inbox is gone, then let the requests in
-    flight finish."""
+    flight finish. With ``stream`` the ensemble is decoupled: it answers in parts."""
     stats = StatsAccumulator()
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
     closing = False
@@ -119,7 +206,12 @@ async def run(
         with trio.CancelScope() as scope:
             scopes[id(work)] = scope
             try:
-                answer = await run_flow(plan, version, work.request, infer)
+                if stream is not None:
+                    await run_decoupled_flow(plan, version, work.request, stream,
+                                             partial(_answer, work))
+                    answer = None  # every part is sent
+                else:
+                    answer = await run_flow(plan, version, work.request, infer)
             except NurseryError as error:
                 answer = error
             finally:
@@ -135,7 +227,8 @@ async def run(
                 request_ns=now - work.enqueued_ns, compute_input_ns=0,
                 compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
                 finished_ms=time.time_ns() // 1_000_000))
-        _answer(work, answer)
+        if answer is not None:
+            _answer(work, answer)
 
     async with inbox, trio.open_nursery() as requests:
         task_status.started()

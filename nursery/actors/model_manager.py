@@ -446,12 +446,13 @@ class _Manager:
         intake, inbox = trio.open_memory_channel[Any](math.inf)
         try:
             await self._check_ensemble(config)
-            infer = gateway.current_or_new(self.directory).infer
+            gate = gateway.current_or_new(self.directory)
             with scope:
                 async with trio.open_nursery() as version_nursery:
                     await version_nursery.start(partial(
-                        ensemble.run, plan=config.ensemble, version=str(version), infer=infer,
-                        inbox=inbox))
+                        ensemble.run, plan=config.ensemble, version=str(version),
+                        infer=gate.infer, inbox=inbox,
+                        stream=gate.stream if config.decoupled else None))
                     handle = ModelHandle(config.name, version, config, intake)
                     task_status.started((handle, intake.clone()))
         finally:
@@ -495,9 +496,12 @@ class _Manager:
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
             model = handle.config
-            if model.decoupled:
-                raise ConfigError(f"{label}: model '{model.name}' is decoupled; ensembles of "
-                                  "decoupled models are not supported by this server yet")
+            if model.decoupled and not config.decoupled:
+                raise ConfigError(
+                    f"{label}: model '{model.name}' is decoupled, so the ensemble must be too: "
+                    f"add 'model_transaction_policy {{ decoupled: true }}' to ensemble "
+                    f"'{config.name}' (its responses then come as a stream, over gRPC "
+                    "ModelStreamInfer)")
             for what, mapping, specs in (("input", step.input_map, model.input_map),
                                          ("output", step.output_map, model.output_map)):
                 for tensor_name, ensemble_tensor in mapping.items():

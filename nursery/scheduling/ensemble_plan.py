@@ -120,3 +120,74 @@ class Flow:
     def complete(self) -> bool:
         """Every step ran (so every ensemble output exists)."""
         return len(self.done) == len(self.plan.steps)
+
+
+class IterFlow:
+    """One request in flight through a *decoupled* ensemble, kept as Triton's ensemble
+    scheduler keeps it: every ensemble tensor holds its values by *iteration* (the ensemble
+    inputs are iteration 0; each response of the step that writes a tensor adds that tensor's
+    next iteration), a step runs once for every iteration ``k`` at which all the tensors it
+    reads exist, and the ensemble answers once for every iteration at which all its outputs
+    exist. A step run at iteration ``k`` that answers once (a non-decoupled model) writes its
+    outputs at ``k``, so a later step pairs them with the other tensors of ``k`` even when runs
+    finish out of order (Triton numbers them in the order they finish, which is the same
+    whenever the model keeps its responses in order). A decoupled step that answers three
+    times thus runs the steps after it three times, and the ensemble answers three times; a
+    step that reads a tensor from before the decoupled step and one from after it meets only
+    the first iteration, as in Triton.
+
+    :meth:`add_inputs` and :meth:`add_outputs` return the (tensor, iteration) pairs they
+    added; :meth:`ready` turns them into (step, iteration) pairs to run, :meth:`answers` into
+    iterations whose ensemble outputs are complete. Values are opaque here."""
+
+    __slots__ = ("plan", "values", "counts", "readers")
+
+    def __init__(self, plan: EnsemblePlan) -> None:
+        self.plan = plan
+        self.values: dict[str, dict[int, object]] = {}
+        self.counts: dict[str, int] = {}
+        self.readers: dict[str, list[int]] = {}
+        for i, step in enumerate(plan.steps):
+            for tensor in dict.fromkeys(step.input_map.values()):
+                self.readers.setdefault(tensor, []).append(i)
+
+    def _add(self, tensor: str, value: object, at: int | None = None) -> tuple[str, int]:
+        iteration = self.counts.get(tensor, 0) if at is None else at
+        self.counts[tensor] = max(self.counts.get(tensor, 0), iteration + 1)
+        self.values.setdefault(tensor, {})[iteration] = value
+        return tensor, iteration
+
+    def add_inputs(self, inputs: Mapping[str, object]) -> list[tuple[str, int]]:
+        return [self._add(name, value) for name, value in inputs.items()]
+
+    def add_outputs(self, index: int, outputs: Mapping[str, object],
+                    at: int | None = None) -> list[tuple[str, int]]:
+        """One response of step ``index``: its model's outputs by the model's names, at
+        iteration ``at`` (the only response of a run at ``at``) or at each tensor's next one
+        (one of a stream of responses)."""
+        output_map = self.plan.steps[index].output_map
+        return [self._add(output_map[name], value, at) for name, value in outputs.items()
+                if name in output_map]
+
+    def ready(self, updates: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
+        found: set[tuple[int, int]] = set()
+        for tensor, iteration in updates:
+            for i in self.readers.get(tensor, ()):
+                if all(iteration in self.values.get(t, {})
+                       for t in self.plan.steps[i].input_map.values()):
+                    found.add((i, iteration))
+        return sorted(found, key=lambda p: (p[1], p[0]))
+
+    def answers(self, updates: Iterable[tuple[str, int]]) -> list[int]:
+        outputs = self.plan.outputs
+        iterations = {it for tensor, it in updates if tensor in outputs}
+        return sorted(it for it in iterations
+                      if all(it in self.values.get(o, {}) for o in outputs))
+
+    def inputs(self, index: int, iteration: int) -> dict[str, object]:
+        """What step ``index`` reads at ``iteration``, by its model's input names."""
+        return {model_input: self.values[tensor][iteration]
+                for model_input, tensor in self.plan.steps[index].input_map.items()}
+
+    def output(self, name: str, iteration: int) -> object:
+        return self.values[name][iteration]

@@ -50,7 +50,19 @@ def build_python_repo(repo: Path) -> Path:
     write_ensemble(repo, "ens_error", ERROR_IO,
                    '{ model_name: "py_error" input_map { key: "INPUT0" value: "X" } '
                    'output_map { key: "OUTPUT0" value: "Y" } }')
+    write_ensemble(repo, "ens_repeat", REPEAT_IO + DECOUPLED, REPEAT_STEPS)
     return repo
+
+
+# a decoupled ensemble: py_repeat answers once per element of IN; each answer runs py_error
+REPEAT_IO = ('input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+             'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }, '
+             '{ name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]')
+DECOUPLED = "\nmodel_transaction_policy { decoupled: true }"
+REPEAT_STEPS = ('{ model_name: "py_repeat" input_map { key: "IN" value: "IN" } '
+                'output_map { key: "OUT" value: "T" } output_map { key: "IDX" value: "IDX" } }, '
+                '{ model_name: "py_error" input_map { key: "INPUT0" value: "T" } '
+                'output_map { key: "OUTPUT0" value: "Y" } }')
 
 
 @pytest.fixture(scope="module")
@@ -343,12 +355,60 @@ def test_ensemble_over_grpc_and_step_errors(server: ServerProcess) -> None:
     assert stats["inference_stats"]["fail"]["count"] >= 2
 
 
+def _stream_until_final(server: ServerProcess, model: str, values: np.ndarray,
+                        request_id: str) -> list[tuple[Any, Any]]:
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    got = []
+    try:
+        client.async_stream_infer(model, [grpc_input("IN", values, "INT32")],
+                                  request_id=request_id, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=10)
+            got.append((result, error))
+            if error is not None or result.get_response().parameters[
+                    "triton_final_response"].bool_param:
+                break
+        with pytest.raises(queue.Empty):
+            results.get(timeout=0.3)  # nothing after the final response
+    finally:
+        client.stop_stream()
+    return got
+
+
+def test_decoupled_ensemble_streams_one_answer_per_step_response(server: ServerProcess) -> None:
+    """As Triton's ensemble scheduler: each response of the decoupled step runs the next step
+    once more, and the ensemble answers each time its outputs are complete; the final flag
+    comes when no step is left running."""
+    got = _stream_until_final(server, "ens_repeat", np.array([4, 5, 6], dtype=np.int32), "r")
+    answers = sorted((r.as_numpy("IDX").tolist(), r.as_numpy("Y").tolist())
+                     for r, e in got if e is None and r.as_numpy("Y") is not None)
+    assert answers == [([0], [4]), ([1], [5]), ([2], [6])]
+    assert all(r.get_response().id == "r" for r, _ in got)
+    # a step's error ends the request with the ensemble's error
+    got = _stream_until_final(server, "ens_repeat", np.array([7, 1, 9], dtype=np.int32), "s")
+    result, error = got[-1]
+    assert result is None and "in ensemble 'ens_repeat'" in str(error)
+    assert "one is refused" in str(error)
+    # zero responses from the decoupled step: only the final flag
+    got = _stream_until_final(server, "ens_repeat", np.array([], dtype=np.int32), "t")
+    assert len(got) == 1 and got[0][0].as_numpy("Y") is None
+    # a decoupled ensemble is refused by the unary endpoints, as a decoupled model is
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_repeat", [http_input("IN", np.array([1], dtype=np.int32), "INT32")])
+    assert "doesn't support models with decoupled transaction policy" in raised.value.message()
+    assert client.is_server_live()
+
+
 def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     make_models.write_add_sub(repo, max_batch_size=64)
-    for name in ("py_add_sub", "ens_add_sub_py", "py_error"):
+    for name in ("py_add_sub", "ens_add_sub_py", "py_error", "py_repeat"):
         copy_model(repo, name)
+    write_ensemble(repo, "ens_undeclared", REPEAT_IO, REPEAT_STEPS)
     write_ensemble(repo, "ens_unknown", ERROR_IO,
                    '{ model_name: "nope" input_map { key: "INPUT0" value: "X" } '
                    'output_map { key: "OUTPUT0" value: "Y" } }')
@@ -377,6 +437,9 @@ def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
                          "written by any step"),
         ("ens_wrong_io", "model 'py_error' has no input 'IN'"),
         ("ens_cycle", "has a cycle"),
+        ("ens_undeclared", "model 'py_repeat' is decoupled, so the ensemble must be too: add "
+                           "'model_transaction_policy { decoupled: true }' to ensemble "
+                           "'ens_undeclared'"),
     ]:
         with pytest.raises(InferenceServerException) as raised:
             client.load_model(name)

@@ -6,6 +6,7 @@ error; requests run concurrently and steps of one request overlap where the grap
 
 from __future__ import annotations
 
+import math
 import time
 from functools import partial
 from typing import Any
@@ -218,3 +219,75 @@ def test_cancel_stops_running_steps_and_close_refuses_new_requests() -> None:
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert cancelled == [True]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+       delays=st.lists(st.sampled_from([0.0, 0.001, 0.01]), min_size=1, max_size=8))
+def test_decoupled_ensemble_answers_once_per_iteration_then_final(
+        counts: list[int], delays: list[float]) -> None:
+    """in -> gen (decoupled: n responses, in + j) -> post (+100) -> OUT, and gen's IDX is an
+    output too: a request answers exactly n times, OUT = in + j + 100 beside IDX = j, then
+    carries the final flag exactly once (on its last answer, or alone when n is 0)."""
+    from nursery.gateway import Part
+
+    plan = EnsemblePlan.build("dec", ["IN"], ["OUT", "IDX"], [
+        EnsembleStep("gen", -1, {"X": "IN"}, {"Y": "G", "J": "IDX"}),
+        EnsembleStep("post", -1, {"X": "G"}, {"Y": "OUT"}),
+    ])
+    calls = [0]
+
+    def tensor(name: str, value: int) -> Tensor:
+        return Tensor(name, DataType.INT64, (1,), np.array([value], np.int64))
+
+    async def stream(request: InferenceRequest, on_part: Any) -> None:
+        calls[0] += 1
+        x = int(request.inputs["X"].data[0])
+        if request.model_name == "post":
+            await trio.sleep(delays[calls[0] % len(delays)])
+            await on_part(Part(InferenceResponse("post", "1", [tensor("Y", x + 100)]), None, True))
+            return
+        n = x // 1000  # the request says how many answers it wants
+        for j in range(n):
+            await trio.sleep(delays[(calls[0] + j) % len(delays)])
+            await on_part(Part(InferenceResponse("gen", "1", [tensor("Y", x + j),
+                                                              tensor("J", j)]), None, False))
+        await on_part(Part(None, None, True))
+
+    answers: dict[int, list[Any]] = {}
+
+    async def main() -> None:
+        intake, inbox = trio.open_memory_channel[Any](1000)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(ensemble.run, plan=plan, version="1", infer=None,
+                                        inbox=inbox, stream=stream))
+
+            async def client(i: int, n: int) -> None:
+                send, receive = trio.open_memory_channel[Any](math.inf)
+                request = InferenceRequest("dec", "", {"IN": tensor("IN", 1000 * n + i)},
+                                           id=str(i))
+                await intake.send(InferWork(request, send, 1, time.monotonic_ns()))
+                got = []
+                while not got or not got[-1].final:
+                    got.append(await receive.receive())
+                with trio.move_on_after(1):  # nothing may follow the final part
+                    got.append(await receive.receive())
+                answers[i] = got
+
+            async with trio.open_nursery() as clients:
+                for i, n in enumerate(counts):
+                    clients.start_soon(client, i, n)
+            await intake.send(CloseIntake())
+            await intake.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for i, n in enumerate(counts):
+        parts = answers[i]
+        assert [p.final for p in parts] == [False] * (len(parts) - 1) + [True]
+        assert all(p.error is None for p in parts)
+        responses = [p.response for p in parts if p.response is not None]
+        assert len(parts) in (n, n + 1) and len(responses) == n
+        by_name = [{t.name: int(t.data[0]) for t in r.outputs} for r in responses]
+        got = sorted((d["IDX"], d["OUT"]) for d in by_name)
+        assert got == [(j, 1000 * n + i + j + 100) for j in range(n)]
+        assert all(r.id == str(i) and r.model_name == "dec" for r in responses)
