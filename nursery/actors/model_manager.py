@@ -13,6 +13,7 @@ inbox closes (server shutdown) every model is drained and unloaded.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import shutil
@@ -346,6 +347,7 @@ class _Manager:
         self.live[(name, version)] = _Live(handle, control, scope, done)
         self._set(name, version, ModelState.READY, "", handle)
         log.info("successfully loaded '%s' version %d", name, version)
+        gc.freeze()  # the model's objects join the start-up heap the collector skips (server.py)
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
         return None
