@@ -587,7 +587,8 @@ class H2Server:
         if self._accepting is not None:
             self._accepting.cancel()
         for conn in list(self.connections):
-            await conn.goaway(NO_ERROR, "server shutting down")
+            with trio.move_on_after(1):  # a peer that reads nothing does not hold us up
+                await conn.goaway(NO_ERROR, "server shutting down")
             conn.close_streams()
             conn.scope.cancel()
 
