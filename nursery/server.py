@@ -286,7 +286,8 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                 binds: list[str] = []
                 if settings.allow_grpc:
                     grpc_binds = await frontends.start(
-                        serve_grpc, core, settings.grpc_address, settings.grpc_port, shutdown
+                        serve_grpc, core, settings.grpc_address, settings.grpc_port, shutdown,
+                        settings.grpc_server,
                     )
                     for bind in grpc_binds:
                         log.info("Started GRPCInferenceService at %s", bind)

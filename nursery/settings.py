@@ -55,6 +55,7 @@ class Settings:
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
     server_id: str = "triton"
     http_server: str = "nursery"
+    grpc_server: str = "nursery"
     arrival_log: str = ""  # nursery only: record every accepted request (nursery/arrival_log)
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
 
@@ -238,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         "lean server (default) or hypercorn. Both serve the same routes and answers.",
     )
     parser.add_argument(
+        "--grpc-server", choices=["nursery", "grpclib"], default="nursery",
+        help="(nursery only) Which HTTP/2 implementation serves the gRPC port: nursery's own "
+        "lean server on trio (default) or grpclib on a trio-asyncio loop. Both serve the same "
+        "services and answers.",
+    )
+    parser.add_argument(
         "--arrival-log", default="", metavar="<string>",
         help="(nursery only) Write one JSON line per accepted inference request (time, model, "
         "batch size, priority, timeout, sequence id) to this file, for replay with "
@@ -340,6 +347,7 @@ def settings_from_args(argv: list[str]) -> Settings:
         http_max_input_size=args.http_max_input_size,
         server_id=args.id,
         http_server=args.http_server,
+        grpc_server=args.grpc_server,
         arrival_log=args.arrival_log,
         inactive=inactive,
     )

@@ -26,8 +26,14 @@ async def serve_grpc(
     host: str,
     port: int,
     shutdown: trio.Event,
+    impl: str = "nursery",
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    if impl == "nursery":  # the lean HTTP/2 server (grpc_lean.py); "grpclib" below
+        from nursery.protocol.grpc_lean import serve_lean
+
+        await serve_lean(core, host, port, shutdown, task_status=task_status)
+        return
     draining = Draining()
     async with trio_asyncio.open_loop():
         server = Server([InferenceService(core, draining), HealthService(core)],

@@ -60,10 +60,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(self, core: Core, draining: Draining) -> None:
         self.core = core
         self.draining = draining
+        self.native = False  # True on the lean server (grpc_lean.py): handlers run on trio
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a trio function from this asyncio handler; errors become gRPC statuses."""
         try:
+            if self.native:
+                return await fn(*args)
             return await trio_asyncio.trio_as_aio(fn)(*args)
         except NurseryError as error:
             raise _status(error) from None
@@ -136,11 +139,15 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         """ModelStreamInfer: requests are served as they arrive, concurrently; each answer
         (or its error, as ``error_message``) is written when it is ready. The stream stays
         open after a failed request; the client ending or cancelling it is honoured."""
+        if self.native:
+            await self._stream_trio(stream)
+            return
         await trio_asyncio.trio_as_aio(self._stream_trio)(stream)
 
     async def _stream_trio(self, stream: Any) -> None:
-        receive = trio_asyncio.aio_as_trio(stream.recv_message)
-        send = trio_asyncio.aio_as_trio(stream.send_message)
+        receive, send = stream.recv_message, stream.send_message
+        if not self.native:
+            receive, send = trio_asyncio.aio_as_trio(receive), trio_asyncio.aio_as_trio(send)
         lock = trio.Lock()
 
         async def reply(message: bytes) -> None:

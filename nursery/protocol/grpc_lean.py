@@ -1,0 +1,281 @@
+"""gRPC on the lean HTTP/2 server (``h2_server.py``): the same services, no asyncio.
+
+grpclib's services are reused as they are: each method's handler (``__mapping__``) is called
+with :class:`Call`, a small stand-in for ``grpclib.server.Stream`` (``recv_message``,
+``send_message``, ``send_trailing_metadata``, ``metadata``, ``deadline``), so every RPC has one
+implementation whichever server hosts it. The request checks and status answers follow
+grpclib's (``grpclib.server.request_handler``): the same HTTP statuses for a wrong method,
+content-type or ``te``; UNIMPLEMENTED for an unknown method; ``grpc-timeout`` honoured with
+DEADLINE_EXCEEDED; errors as ``grpc-status``/``grpc-message`` trailers, Trailers-Only when
+nothing was sent yet. A stream reset by the client cancels its handler, which abandons the core
+request as an HTTP disconnect does.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote
+
+import grpclib
+import grpclib.const
+import grpclib.exceptions
+import trio
+from grpclib.const import Status
+
+from nursery.core import Core
+from nursery.protocol.grpc_service import Draining, HealthService, InferenceService
+from nursery.protocol.grpc_wire import StrictProtoCodec
+from nursery.protocol.h2_server import (
+    H2Server,
+    Stream,
+    StreamReset,
+    encode_headers,
+    only_gone,
+    timeout_seconds,
+)
+
+log = logging.getLogger("nursery.grpc")
+
+_CONTENT_TYPES = {"application/grpc", "application/grpc+proto"}
+_ENCODINGS = ("identity", "gzip", "deflate")
+HEAD = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                       (b"grpc-accept-encoding", b",".join(e.encode() for e in _ENCODINGS))])
+OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
+# grpclib's percent-encoding of grpc-message: printable ASCII except '%' stays as it is
+_UNQUOTED = "".join(chr(i) for i in range(0x20, 0x7F) if chr(i) != "%")
+_SPECIAL = {"te", "content-type", "user-agent"}
+
+
+def status_headers(status: Status, message: str | None) -> list[tuple[bytes, bytes]]:
+    headers = [(b"grpc-status", str(status.value).encode())]
+    if message:
+        headers.append((b"grpc-message", quote(message, safe=_UNQUOTED).encode("ascii")))
+    return headers
+
+
+class Call:
+    """One RPC, as a grpclib handler sees its ``Stream``."""
+
+    def __init__(self, stream: Stream, handler: grpclib.const.Handler, codec: StrictProtoCodec,
+                 encoding: str, metadata: dict[str, str], deadline: float | None) -> None:
+        self.stream = stream
+        self.handler = handler
+        self.codec = codec
+        self.encoding = encoding
+        self.metadata = metadata
+        self.deadline = deadline
+        self.user_agent = metadata.get("user-agent")
+        self.head_sent = False
+        self.done = False
+        self.reply: bytes | None = None  # a unary reply, sent with the trailers
+        self._buf = bytearray()
+        self._ended = False
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def _fill(self, n: int) -> bool:
+        buf = self._buf
+        while len(buf) < n:
+            if self._ended:
+                return False
+            chunk = await self.stream.receive_data()
+            if not chunk:
+                self._ended = True
+                return False
+            buf += chunk
+        return True
+
+    async def recv_message(self) -> Any:
+        if not await self._fill(5):
+            if self._buf:
+                raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
+            return None
+        buf = self._buf
+        compressed = buf[0]
+        length = int.from_bytes(buf[1:5], "big")
+        if length > self.codec.max_message:
+            raise grpclib.GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"Received message larger than max ({length} vs. {self.codec.max_message})")
+        if not await self._fill(5 + length):
+            raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
+        data = bytes(buf[5:5 + length])
+        del buf[:5 + length]
+        if compressed:
+            data = self._decompress(data)
+        return self.codec.decode(data, self.handler.request_type)
+
+    def _decompress(self, data: bytes) -> bytes:
+        if self.encoding == "identity":
+            raise grpclib.GRPCError(
+                Status.INTERNAL, "Compressed message without a grpc-encoding header")
+        if self.encoding not in _ENCODINGS:
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED, f"Compression algorithm '{self.encoding}' is not supported")
+        limit = self.codec.max_message
+        inflater = zlib.decompressobj(31 if self.encoding == "gzip" else 15)
+        try:
+            out = inflater.decompress(data, limit + 1)
+        except zlib.error:
+            raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message") from None
+        if len(out) > limit:
+            raise grpclib.GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"Received message larger than max (more than {limit})")
+        return out
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.recv_message()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send_initial_metadata(self, *, metadata: Any = None) -> None:
+        if self.head_sent:
+            raise grpclib.exceptions.ProtocolError("Initial metadata was already sent")
+        block = HEAD
+        if metadata:
+            block += encode_headers([(k.encode(), v.encode()) for k, v in dict(metadata).items()])
+        self.head_sent = True
+        await self.stream.send_headers(block)
+
+    async def send_message(self, message: Any) -> None:
+        data = self.codec.encode(message, self.handler.reply_type)
+        framed = b"\x00" + len(data).to_bytes(4, "big") + data
+        if not self.handler.cardinality.server_streaming:
+            if self.reply is not None:
+                raise grpclib.exceptions.ProtocolError("Message was already sent")
+            self.reply = framed  # sent with the trailers, in one write
+            return
+        if not self.head_sent:
+            await self.send_initial_metadata()
+        await self.stream.send_data(framed)
+
+    async def send_trailing_metadata(self, *, status: Status = Status.OK,
+                                     status_message: str | None = None,
+                                     status_details: Any = None, metadata: Any = None) -> None:
+        if self.done:
+            raise grpclib.exceptions.ProtocolError("Trailing metadata was already sent")
+        self.done = True
+        if status is Status.OK and self.reply is None \
+                and not self.handler.cardinality.server_streaming:
+            status, status_message = Status.UNKNOWN, "Internal Server Error"
+        headers = status_headers(status, status_message)
+        if metadata:
+            headers += [(k.encode(), v.encode()) for k, v in dict(metadata).items()]
+        trailers = encode_headers(headers)
+        if self.reply is not None and status is Status.OK:
+            await self.stream.send_response(HEAD, self.reply, trailers)
+        elif self.head_sent:
+            await self.stream.send_headers(trailers, end_stream=True)
+        else:  # Trailers-Only
+            await self.stream.send_headers(HEAD + trailers, end_stream=True)
+
+
+async def _abort(stream: Stream, http_status: int, status: Status | None = None,
+                 message: str | None = None) -> None:
+    headers = [(b":status", str(http_status).encode())]
+    if http_status == 200:
+        headers.append((b"content-type", b"application/grpc"))
+    if status is not None:
+        headers += status_headers(status, message)
+    await stream.send_headers(encode_headers(headers), end_stream=True)
+
+
+class GrpcApp:
+    """Routes each HTTP/2 stream to its service method (the grpclib handler mapping)."""
+
+    def __init__(self, services: Iterable[Any], codec: StrictProtoCodec) -> None:
+        self.mapping: dict[str, grpclib.const.Handler] = {}
+        for service in services:
+            self.mapping.update(service.__mapping__())
+        self.codec = codec
+
+    async def __call__(self, stream: Stream) -> None:
+        headers = dict(stream.headers)
+        if headers.get(":method") != "POST":
+            await _abort(stream, 405)
+            return
+        content_type = headers.get("content-type")
+        if content_type is None:
+            await _abort(stream, 415, Status.UNKNOWN, "Missing content-type header")
+            return
+        if content_type not in _CONTENT_TYPES:
+            await _abort(stream, 415, Status.UNKNOWN, "Unacceptable content-type header")
+            return
+        if headers.get("te") != "trailers":
+            await _abort(stream, 400, Status.UNKNOWN, 'Required "te: trailers" header is missing')
+            return
+        handler = self.mapping.get(headers.get(":path", ""))
+        if handler is None:
+            await _abort(stream, 200, Status.UNIMPLEMENTED, "Method not found")
+            return
+        deadline = None
+        timeout = headers.get("grpc-timeout")
+        if timeout is not None:
+            try:
+                deadline = trio.current_time() + timeout_seconds(timeout)
+            except ValueError:
+                await _abort(stream, 200, Status.UNKNOWN, "Invalid grpc-timeout header")
+                return
+        metadata = {k: v for k, v in stream.headers
+                    if not k.startswith((":", "grpc-")) and k not in _SPECIAL}
+        call = Call(stream, handler, self.codec, headers.get("grpc-encoding", "identity"),
+                    metadata, deadline)
+        status, message = Status.OK, None
+        try:
+            with trio.move_on_at(deadline if deadline is not None else float("inf")) as scope:
+                await handler.func(call)
+            if scope.cancelled_caught:
+                status, message = Status.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        except grpclib.GRPCError as error:
+            status, message = error.status, error.message
+        except StreamReset:
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except BaseExceptionGroup as group:
+            if only_gone(group):
+                return
+            if not isinstance(group, Exception):
+                raise
+            log.exception("error in gRPC method %s", headers.get(":path"))
+            status, message = Status.UNKNOWN, "Internal Server Error"
+        except Exception:
+            log.exception("error in gRPC method %s", headers.get(":path"))
+            status, message = Status.UNKNOWN, "Internal Server Error"
+        if not call.done:
+            await call.send_trailing_metadata(status=status, status_message=message)
+
+
+async def serve_lean(
+    core: Core,
+    host: str,
+    port: int,
+    shutdown: trio.Event,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The gRPC port on the lean server; shutdown as ``grpc_server.serve_grpc``: refuse new
+    inference RPCs, let those in flight finish, then GOAWAY and close."""
+    draining = Draining()
+    inference = InferenceService(core, draining)
+    inference.native = True
+    server = H2Server(GrpcApp([inference, HealthService(core)], StrictProtoCodec()))
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(server.serve, host, port)
+        task_status.started(binds)
+        try:
+            await shutdown.wait()
+            draining.draining = True
+            await draining.idle.wait()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await server.close()

@@ -1,0 +1,637 @@
+"""A lean HTTP/2 server on trio sockets: framing, flow control and HPACK, no asyncio.
+
+Written for the gRPC port (``grpc_lean.py`` is the application on top): the server side of
+RFC 9113 that a gRPC server needs, without the per-frame event objects and state-machine
+checks of the ``h2`` library, which together with grpclib and the trio-asyncio crossing cost
+more per call than the whole inference (see docs/architecture.md). Header blocks are decoded
+with ``hpack`` (h2's own HPACK codec); the server encodes its few headers itself as literals
+without indexing, so it keeps no encoder state.
+
+One task reads each connection and handles every frame; each request stream runs the
+application in its own task, under a cancel scope that an RST_STREAM, the peer going away or a
+connection error cancels. Writes go through one lock per connection. Flow control: the peer's
+windows bound what we send (``send_data`` waits for WINDOW_UPDATE); ours are credited back as
+the application consumes the data, so a stream that nobody reads holds at most its window.
+
+A protocol error from the peer (a malformed frame, a lying length, a broken header block,
+a window overflow) ends that connection with GOAWAY and nothing else. ``close`` sends GOAWAY to
+every connection and stops accepting.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import hpack
+import hpack.exceptions
+import trio
+
+log = logging.getLogger("nursery.grpc")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, \
+    CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x5, 0x6, 0x7, 0x8
+COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
+
+S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+DEFAULT_FRAME = 16384
+
+_U32 = struct.Struct(">I")
+_READ = 256 * 1024
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes | bytearray | memoryview = b""
+          ) -> bytes:
+    n = len(payload)
+    return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + _U32.pack(stream_id) \
+        + bytes(payload)
+
+
+def _int(value: int, prefix: int, first: int) -> bytes:
+    """An HPACK integer with an N-bit prefix, ``first`` holding the representation's bits."""
+    limit = (1 << prefix) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A header block of literals without indexing (no Huffman, no dynamic table): stateless,
+    so blocks can be built once and reused. ``:status: 200`` is the static entry 8."""
+    out = bytearray()
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            out.append(0x88)
+            continue
+        out.append(0x00)
+        out += _int(len(name), 7, 0) + name
+        out += _int(len(value), 7, 0) + value
+    return bytes(out)
+
+
+class ConnectionError(Exception):  # noqa: A001 - HTTP/2's own term, module-local
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StreamReset(Exception):
+    """The stream was reset (by the peer, or the connection is gone)."""
+
+
+class Stream:
+    """One request stream, as the application sees it."""
+
+    def __init__(self, conn: Connection, stream_id: int, headers: list[tuple[str, str]],
+                 end: bool) -> None:
+        self.conn = conn
+        self.id = stream_id
+        self.headers = headers
+        self.scope = trio.CancelScope()
+        self.chunks: deque[bytes] = deque()
+        self.remote_closed = end  # END_STREAM received
+        self.local_closed = False  # END_STREAM sent (or reset)
+        self.reset = False
+        self.readable = trio.Event()
+        self.recv_window = conn.server.stream_window
+        self.uncredited = 0
+        self.send_window = conn.peer_window
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def receive_data(self) -> bytes:
+        """The next chunk of the request body; ``b""`` once the client has ended it."""
+        while not self.chunks:
+            if self.reset:
+                raise StreamReset
+            if self.remote_closed:
+                return b""
+            self.readable = trio.Event()
+            await self.readable.wait()
+        chunk = self.chunks.popleft()
+        await self.conn.credit(self, len(chunk))
+        return chunk
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send_headers(self, block: bytes, end_stream: bool = False) -> None:
+        if self.reset or self.local_closed:
+            raise StreamReset
+        await self.conn.write(self._headers_frames(block, end_stream))
+
+    def _headers_frames(self, block: bytes, end_stream: bool) -> bytes:
+        if end_stream:
+            self.local_closed = True
+        size = self.conn.peer_frame
+        flags = END_STREAM if end_stream else 0
+        if len(block) <= size:
+            return frame(HEADERS, flags | END_HEADERS, self.id, block)
+        parts = [frame(HEADERS, flags, self.id, block[:size])]
+        for pos in range(size, len(block), size):
+            last = pos + size >= len(block)
+            parts.append(frame(CONTINUATION, END_HEADERS if last else 0, self.id,
+                               block[pos:pos + size]))
+        return b"".join(parts)
+
+    def _fits(self, n: int) -> bool:
+        return n <= self.send_window and n <= self.conn.send_window and n <= self.conn.peer_frame
+
+    async def send_data(self, data: bytes | bytearray | memoryview, end_stream: bool = False
+                        ) -> None:
+        view = memoryview(data)
+        conn = self.conn
+        while True:
+            if self.reset or self.local_closed:
+                raise StreamReset
+            n = len(view)
+            if self._fits(n):  # the common case: one frame
+                self.send_window -= n
+                conn.send_window -= n
+                if end_stream:
+                    self.local_closed = True
+                await conn.write(frame(DATA, END_STREAM if end_stream else 0, self.id, view))
+                return
+            room = min(self.send_window, conn.send_window, conn.peer_frame, n)
+            if room <= 0:
+                await conn.window_opened()
+                continue
+            self.send_window -= room
+            conn.send_window -= room
+            await conn.write(frame(DATA, 0, self.id, view[:room]))
+            view = view[room:]
+
+    async def send_response(self, head: bytes, data: bytes, trailers: bytes) -> None:
+        """Headers, one DATA frame and trailers in one write when the windows allow it (a
+        unary response), else the same frames as the windows open."""
+        if self.reset or self.local_closed:
+            raise StreamReset
+        n = len(data)
+        if self._fits(n):
+            self.send_window -= n
+            self.conn.send_window -= n
+            out = self._headers_frames(head, False) + frame(DATA, 0, self.id, data) \
+                + self._headers_frames(trailers, True)
+            await self.conn.write(out)
+            return
+        await self.send_headers(head)
+        await self.send_data(data)
+        await self.send_headers(trailers, end_stream=True)
+
+    async def send_reset(self, code: int = CANCEL) -> None:
+        if not self.reset and not (self.local_closed and self.remote_closed):
+            self.reset = True
+            self.local_closed = True
+            await self.conn.write(frame(RST_STREAM, 0, self.id, _U32.pack(code)))
+
+
+Application = Callable[[Stream], Awaitable[None]]
+
+
+class Connection:
+    def __init__(self, server: H2Server, sock: trio.SocketStream) -> None:
+        self.server = server
+        self.sock = sock
+        self.scope = trio.CancelScope()
+        self.lock = trio.Lock()
+        self.decoder = hpack.Decoder()
+        self.decoder.max_header_list_size = server.max_header_list
+        self.streams: dict[int, Stream] = {}
+        self.last_id = 0  # highest client stream id seen
+        self.peer_window = DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
+        self.peer_frame = DEFAULT_FRAME
+        self.send_window = DEFAULT_WINDOW  # connection-level, ours to spend
+        self.recv_window = DEFAULT_WINDOW  # connection-level, the peer's to spend
+        self.uncredited = 0
+        self.window_event = trio.Event()
+        self.goaway_sent = False
+        self.idle = trio.Event()  # no stream open
+        self.idle.set()
+        self.closed = False
+
+    async def write(self, data: bytes) -> None:
+        async with self.lock:
+            await self.sock.send_all(data)
+
+    async def window_opened(self) -> None:
+        event = self.window_event
+        await event.wait()
+        if self.closed:
+            raise StreamReset
+
+    def _open_windows(self) -> None:
+        self.window_event.set()
+        self.window_event = trio.Event()
+
+    async def credit(self, stream: Stream, n: int) -> None:
+        """Give ``n`` consumed bytes back to the stream's window (batched)."""
+        if n == 0 or stream.remote_closed:
+            return
+        stream.uncredited += n
+        if stream.uncredited >= self.server.stream_window // 4:
+            n, stream.uncredited = stream.uncredited, 0
+            stream.recv_window += n
+            try:
+                await self.write(frame(WINDOW_UPDATE, 0, stream.id, _U32.pack(n)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise StreamReset from None
+
+    async def goaway(self, code: int = NO_ERROR, message: str = "") -> None:
+        if self.goaway_sent:
+            return
+        self.goaway_sent = True
+        payload = _U32.pack(self.last_id) + _U32.pack(code) + message.encode()[:256]
+        try:
+            await self.write(frame(GOAWAY, 0, 0, payload))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    # -- the reading loop ------------------------------------------------------------------
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        server = self.server
+        buf = bytearray()
+        while len(buf) < len(PREFACE):
+            data = await self.sock.receive_some(_READ)
+            if not data:
+                return
+            buf += data
+        if bytes(buf[:len(PREFACE)]) != PREFACE:
+            return  # not HTTP/2 with prior knowledge: nothing to say in HTTP/2
+        del buf[:len(PREFACE)]
+        settings = struct.pack(">HI", S_MAX_CONCURRENT_STREAMS, server.max_streams) \
+            + struct.pack(">HI", S_INITIAL_WINDOW_SIZE, server.stream_window) \
+            + struct.pack(">HI", S_MAX_FRAME_SIZE, server.max_frame) \
+            + struct.pack(">HI", S_MAX_HEADER_LIST_SIZE, server.max_header_list)
+        grow = server.connection_window - DEFAULT_WINDOW
+        self.recv_window += grow
+        await self.write(frame(SETTINGS, 0, 0, settings)
+                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(grow)))
+        first = True
+        block: bytearray | None = None  # a header block awaiting CONTINUATION
+        block_stream = block_flags = 0
+        pos = 0
+        while True:
+            while len(buf) - pos >= 9:
+                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+                if length > server.max_frame:
+                    raise ConnectionError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
+                if len(buf) - pos < 9 + length:
+                    break
+                kind, flags = buf[pos + 3], buf[pos + 4]
+                stream_id = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
+                payload = bytes(buf[pos + 9:pos + 9 + length])
+                pos += 9 + length
+                if first:
+                    if kind != SETTINGS or flags & ACK:
+                        raise ConnectionError(PROTOCOL_ERROR, "the preface must be followed by SETTINGS")
+                    first = False
+                if block is not None:
+                    if kind != CONTINUATION or stream_id != block_stream:
+                        raise ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
+                    block += payload
+                    if len(block) > 4 * server.max_header_list:
+                        raise ConnectionError(ENHANCE_YOUR_CALM, "header block too large")
+                    if flags & END_HEADERS:
+                        self._headers(block_stream, block_flags, bytes(block), nursery)
+                        block = None
+                    continue
+                if kind == DATA:
+                    await self._data(stream_id, flags, payload)
+                elif kind == HEADERS:
+                    fragment = self._headers_fragment(stream_id, flags, payload)
+                    if flags & END_HEADERS:
+                        self._headers(stream_id, flags, fragment, nursery)
+                    else:
+                        block, block_stream, block_flags = bytearray(fragment), stream_id, flags
+                elif kind == SETTINGS:
+                    await self._settings(stream_id, flags, payload)
+                elif kind == WINDOW_UPDATE:
+                    await self._window_update(stream_id, payload)
+                elif kind == PING:
+                    if length != 8:
+                        raise ConnectionError(FRAME_SIZE_ERROR, "PING of the wrong size")
+                    if stream_id != 0:
+                        raise ConnectionError(PROTOCOL_ERROR, "PING on a stream")
+                    if not flags & ACK:
+                        await self.write(frame(PING, ACK, 0, payload))
+                elif kind == RST_STREAM:
+                    if length != 4:
+                        raise ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+                    if stream_id == 0 or stream_id > self.last_id:
+                        raise ConnectionError(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+                    stream = self.streams.get(stream_id)
+                    if stream is not None:
+                        self._drop(stream)
+                elif kind == PRIORITY:
+                    if length != 5:
+                        raise ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+                    if stream_id == 0:
+                        raise ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+                elif kind == GOAWAY:
+                    if stream_id != 0:
+                        raise ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+                elif kind == CONTINUATION:
+                    raise ConnectionError(PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+                elif kind == PUSH_PROMISE:
+                    raise ConnectionError(PROTOCOL_ERROR, "clients cannot push")
+                # other frame types are ignored, as the RFC asks
+            if pos:
+                del buf[:pos]
+                pos = 0
+            if self.server.closing and not self.streams:
+                return
+            data = await self.sock.receive_some(_READ)
+            if not data:
+                return
+            buf += data
+
+    def _headers_fragment(self, stream_id: int, flags: int, payload: bytes) -> bytes:
+        if stream_id == 0:
+            raise ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
+        start, end = 0, len(payload)
+        if flags & PADDED:
+            if not payload:
+                raise ConnectionError(FRAME_SIZE_ERROR, "padded HEADERS without a pad length")
+            start, end = 1, end - payload[0]
+        if flags & PRIORITY_FLAG:
+            start += 5
+        if end < start:
+            raise ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
+        return payload[start:end]
+
+    def _headers(self, stream_id: int, flags: int, block: bytes, nursery: trio.Nursery) -> None:
+        try:  # decoded always: the dynamic table must follow the peer's
+            headers = self.decoder.decode(block)
+        except (hpack.exceptions.HPACKError, UnicodeDecodeError, IndexError) as exc:
+            raise ConnectionError(COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        end = bool(flags & END_STREAM)
+        stream = self.streams.get(stream_id)
+        if stream is not None:  # trailers from the client
+            if stream.remote_closed or not end:
+                raise ConnectionError(PROTOCOL_ERROR, "HEADERS on a half-closed stream")
+            stream.remote_closed = True
+            stream.readable.set()
+            return
+        if stream_id % 2 == 0 or stream_id <= self.last_id:
+            raise ConnectionError(PROTOCOL_ERROR if stream_id % 2 == 0 else STREAM_CLOSED,
+                                  "HEADERS on a closed or server stream")
+        self.last_id = stream_id
+        if self.goaway_sent:
+            return  # after GOAWAY: ignored, as its last stream id told the peer
+        stream = Stream(self, stream_id, headers, end)
+        if len(self.streams) >= self.server.max_streams:
+            nursery.start_soon(self._refuse, stream)
+            return
+        self.streams[stream_id] = stream
+        self.idle = trio.Event() if len(self.streams) == 1 else self.idle
+        nursery.start_soon(self._serve_stream, stream)
+
+    async def _refuse(self, stream: Stream) -> None:
+        try:
+            await self.write(frame(RST_STREAM, 0, stream.id, _U32.pack(REFUSED_STREAM)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _serve_stream(self, stream: Stream) -> None:
+        try:
+            with stream.scope:
+                await self.server.app(stream)
+                if not stream.local_closed:  # the application ended without finishing
+                    await stream.send_reset(INTERNAL_ERROR)
+        except (StreamReset, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except BaseExceptionGroup as group:  # from the application's nurseries
+            if not only_gone(group):
+                raise
+        finally:
+            self.streams.pop(stream.id, None)
+            if not self.streams:
+                self.idle.set()
+            if not stream.remote_closed and not stream.reset and not self.closed:
+                # the response is complete but the client is still sending: stop it
+                stream.reset = True
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    try:
+                        await self.write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+
+    def _drop(self, stream: Stream) -> None:
+        """The peer reset the stream: abandon its work."""
+        stream.reset = True
+        stream.local_closed = True
+        stream.readable.set()
+        stream.scope.cancel()
+        self.streams.pop(stream.id, None)
+        if not self.streams:
+            self.idle.set()
+
+    async def _data(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
+        n = len(payload)
+        self.recv_window -= n
+        if self.recv_window < 0:
+            raise ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
+        # the connection window is credited on receipt (each stream's bounds the memory)
+        self.uncredited += n
+        if self.uncredited >= self.server.connection_window // 4:
+            grant, self.uncredited = self.uncredited, 0
+            self.recv_window += grant
+            await self.write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(grant)))
+        if flags & PADDED:
+            if not payload or payload[0] >= n:
+                raise ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
+            data = payload[1:n - payload[0]]
+        else:
+            data = payload
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self.last_id:
+                raise ConnectionError(PROTOCOL_ERROR, "DATA on an idle stream")
+            return  # a stream that we reset or finished: ignored
+        if stream.remote_closed:
+            raise ConnectionError(STREAM_CLOSED, "DATA after END_STREAM")
+        stream.recv_window -= n
+        if stream.recv_window < 0:
+            raise ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the stream window")
+        padding = n - len(data)
+        if padding:
+            stream.uncredited += padding
+        if data:
+            stream.chunks.append(data)
+        if flags & END_STREAM:
+            stream.remote_closed = True
+        stream.readable.set()
+
+    async def _settings(self, stream_id: int, flags: int, payload: bytes) -> None:
+        if stream_id != 0:
+            raise ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if payload:
+                raise ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+        for pos in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HI", payload, pos)
+            if key == S_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ConnectionError(FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self.peer_window
+                self.peer_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise ConnectionError(FLOW_CONTROL_ERROR, "window overflow")
+            elif key == S_MAX_FRAME_SIZE:
+                if not DEFAULT_FRAME <= value <= 2**24 - 1:
+                    raise ConnectionError(PROTOCOL_ERROR, "invalid SETTINGS_MAX_FRAME_SIZE")
+                self.peer_frame = value
+            elif key == S_ENABLE_PUSH and value > 1:
+                raise ConnectionError(PROTOCOL_ERROR, "invalid SETTINGS_ENABLE_PUSH")
+            # the rest (header table size: we never index; limits on what the peer sends) need
+            # nothing from us
+        self._open_windows()
+        await self.write(frame(SETTINGS, ACK, 0))
+
+    async def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            if increment == 0:
+                raise ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise ConnectionError(FLOW_CONTROL_ERROR, "connection window overflow")
+        else:
+            if stream_id > self.last_id:
+                raise ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return
+            if increment == 0:
+                self._drop(stream)
+                await self.write(frame(RST_STREAM, 0, stream_id, _U32.pack(PROTOCOL_ERROR)))
+                return
+            stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                self._drop(stream)
+                await self.write(frame(RST_STREAM, 0, stream_id, _U32.pack(FLOW_CONTROL_ERROR)))
+                return
+        self._open_windows()
+
+    def close_streams(self) -> None:
+        self.closed = True
+        self._open_windows()
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+
+
+class H2Server:
+    """Serves HTTP/2 (prior knowledge, no TLS) with ``app`` answering each stream."""
+
+    def __init__(self, app: Application, *, max_streams: int = 4096,
+                 stream_window: int = 4 * 1024 * 1024, connection_window: int = 16 * 1024 * 1024,
+                 max_frame: int = 1024 * 1024, max_header_list: int = 64 * 1024) -> None:
+        self.app = app
+        self.max_streams = max_streams
+        self.stream_window = stream_window
+        self.connection_window = connection_window
+        self.max_frame = max_frame
+        self.max_header_list = max_header_list
+        self.closing = False
+        self.connections: set[Connection] = set()
+        self._accepting: trio.CancelScope | None = None
+
+    async def serve(self, host: str, port: int,
+                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host or None, backlog=1024)
+        binds = []
+        for listener in listeners:
+            address = listener.socket.getsockname()
+            binds.append(f"{address[0]}:{address[1]}")
+        async with trio.open_nursery() as connections:
+            with trio.CancelScope() as self._accepting:
+                task_status.started(binds)
+                await trio.serve_listeners(self._connection, listeners,
+                                           handler_nursery=connections)
+
+    async def close(self) -> None:
+        """Stop accepting; send GOAWAY everywhere; cancel what is still open; the
+        connections then close."""
+        self.closing = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for conn in list(self.connections):
+            with trio.move_on_after(1):  # a peer that reads nothing does not hold us up
+                await conn.goaway(NO_ERROR, "server shutting down")
+            conn.close_streams()
+            conn.scope.cancel()
+
+    async def _connection(self, sock: trio.SocketStream) -> None:
+        conn = Connection(self, sock)
+        self.connections.add(conn)
+        try:
+            with conn.scope:
+                async with trio.open_nursery() as streams:
+                    try:
+                        await conn.run(streams)
+                    except ConnectionError as exc:
+                        log.info("gRPC connection closed: %s", exc.message)
+                        with trio.move_on_after(1):
+                            await conn.goaway(exc.code, exc.message)
+                    finally:  # the peer left or broke the protocol: abandon its streams
+                        conn.close_streams()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            with trio.CancelScope(shield=True):
+                await sock.aclose()
+
+
+GONE = (StreamReset, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+def only_gone(exc: BaseException) -> bool:
+    """True when ``exc`` (an exception group included) says only that the stream or the
+    connection went away."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(only_gone(e) for e in exc.exceptions)
+    return isinstance(exc, GONE)
+
+
+def timeout_seconds(value: str) -> float:
+    """A ``grpc-timeout`` value (at most 8 digits and a unit) in seconds."""
+    units = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in units:
+        raise ValueError(f"invalid grpc-timeout {value!r}")
+    return int(digits) * units[unit]
+
+
+__all__ = ["H2Server", "Stream", "StreamReset", "only_gone", "encode_headers", "frame", "timeout_seconds"]
