@@ -29,6 +29,8 @@ import hpack
 import hpack.exceptions
 import trio
 
+from nursery.protocol.listeners import open_listeners
+
 log = logging.getLogger("nursery.grpc")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -569,11 +571,7 @@ class H2Server:
 
     async def serve(self, host: str, port: int,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host or None, backlog=1024)
-        binds = []
-        for listener in listeners:
-            address = listener.socket.getsockname()
-            binds.append(f"{address[0]}:{address[1]}")
+        listeners, binds = await open_listeners(host, port)
         async with trio.open_nursery() as connections:
             with trio.CancelScope() as self._accepting:
                 task_status.started(binds)

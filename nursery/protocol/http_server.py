@@ -26,6 +26,7 @@ import trio
 from nursery.core import Core
 from nursery.protocol import http1
 from nursery.protocol.http_infer import Response, error_response, infer_response, too_large
+from nursery.protocol.listeners import open_listeners
 from nursery.protocol.status_map import error_body
 
 log = logging.getLogger("nursery.http")
@@ -147,11 +148,7 @@ class HttpServer:
 
     async def serve(self, host: str, port: int,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host or None, backlog=1024)
-        binds = []
-        for listener in listeners:
-            address = listener.socket.getsockname()
-            binds.append(f"{address[0]}:{address[1]}")
+        listeners, binds = await open_listeners(host, port)
         async with trio.open_nursery() as connections:
             sweeper = trio.CancelScope()
             connections.start_soon(self._sweep_disconnects, sweeper)
