@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container, Mapping
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,7 @@ import trio
 
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
-from nursery.scheduling.ensemble_plan import EnsemblePlan, IterFlow
+from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
 from nursery.stats import BatchReport, StatsAccumulator
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -48,6 +48,28 @@ def _step_error(plan: EnsemblePlan, index: int, error: NurseryError) -> NurseryE
     return NurseryError(f"in ensemble '{plan.name}', {message}", error.kind)
 
 
+def _renamed(name: str, t: Tensor) -> Tensor:
+    return Tensor(name, t.datatype, t.shape, t.data)
+
+
+def _step_request(step: EnsembleStep, request: InferenceRequest,
+                  inputs: Mapping[str, Tensor]) -> InferenceRequest:
+    """The request to a step's model: ``inputs`` by the model's input names, the step's
+    outputs requested, and the ensemble request's id, parameters, priority and timeout."""
+    return InferenceRequest(
+        step.model_name, step.version_str, {n: _renamed(n, t) for n, t in inputs.items()},
+        tuple(RequestedOutput(o) for o in step.output_map), request.id,
+        request.parameters, request.priority, request.timeout_us)
+
+
+def _missing_output(step: EnsembleStep, produced: Container[str]) -> InternalError | None:
+    """The error when a step's answer lacks one of the outputs the step maps."""
+    missing = [o for o in step.output_map if o not in produced]
+    if missing:
+        return InternalError(f"model '{step.model_name}' did not produce output '{missing[0]}'")
+    return None
+
+
 async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                    infer: Infer) -> InferenceResponse:
     """One request through the graph; raises the failing step's error."""
@@ -57,14 +79,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
 
     def step_request(index: int) -> InferenceRequest:
         step = plan.steps[index]
-        inputs = {}
-        for model_input, name in step.input_map.items():
-            t = tensors[name]
-            inputs[model_input] = Tensor(model_input, t.datatype, t.shape, t.data)
-        return InferenceRequest(
-            step.model_name, step.version_str, inputs,
-            tuple(RequestedOutput(o) for o in step.output_map), request.id,
-            request.parameters, request.priority, request.timeout_us)
+        return _step_request(step, request, {model_input: tensors[name] for model_input, name
+                                             in step.input_map.items()})
 
     async def call(index: int) -> Any:
         try:
@@ -94,11 +110,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                 for out in answer.outputs:
                     name = step.output_map.get(out.name)
                     if name is not None:
-                        tensors[name] = Tensor(name, out.datatype, out.shape, out.data)
-                missing = [o for o, name in step.output_map.items() if name not in tensors]
-                if missing:
-                    answer = InternalError(
-                        f"model '{step.model_name}' did not produce output '{missing[0]}'")
+                        tensors[name] = _renamed(name, out)
+                answer = _missing_output(step, {o.name for o in answer.outputs}) or answer
             if isinstance(answer, NurseryError):
                 failure = _step_error(plan, index, answer)
                 steps.cancel_scope.cancel()  # the request failed: its other steps stop
@@ -125,13 +138,8 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
     runs: list[list[int]] = []  # per run: step, iteration, responses so far
 
     async def run_step(run: int, index: int, iteration: int) -> None:
-        step = plan.steps[index]
-        inputs = {name: Tensor(name, t.datatype, t.shape, t.data)  # type: ignore[attr-defined]
-                  for name, t in flow.inputs(index, iteration).items()}
-        step_request = InferenceRequest(
-            step.model_name, step.version_str, inputs,
-            tuple(RequestedOutput(o) for o in step.output_map), request.id,
-            request.parameters, request.priority, request.timeout_us)
+        step_request = _step_request(plan.steps[index], request,
+                                     flow.inputs(index, iteration))  # type: ignore[arg-type]
 
         async def on_part(part: Any) -> None:
             send.send_nowait((run, part))
@@ -151,8 +159,7 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
             for k, iteration in enumerate(answers):
                 outputs = []
                 for name in wanted:
-                    t = flow.output(name, iteration)
-                    outputs.append(Tensor(name, t.datatype, t.shape, t.data))  # type: ignore[attr-defined]
+                    outputs.append(_renamed(name, flow.output(name, iteration)))  # type: ignore[arg-type]
                 final = running == 0 and k == len(answers) - 1
                 emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id), None,
                           final))
@@ -172,10 +179,9 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
             if part.response is not None:
                 step = plan.steps[index]
                 produced = {o.name: o for o in part.response.outputs if o.name in step.output_map}
-                missing = [o for o in step.output_map if o not in produced]
-                if missing:
-                    failure = _step_error(plan, index, InternalError(
-                        f"model '{step.model_name}' did not produce output '{missing[0]}'"))
+                missing = _missing_output(step, produced)
+                if missing is not None:
+                    failure = _step_error(plan, index, missing)
                     steps.cancel_scope.cancel()
                     break
                 runs[run][2] += 1

@@ -190,28 +190,30 @@ def input_positions(names: Sequence[str], forward_args: Sequence[str], model: st
     """The ``forward`` position of each config input (Triton's three conventions)."""
     if forward_args and all(n in forward_args for n in names):
         return [forward_args.index(n) for n in names]
-    indices = [_index_of(n) for n in names]
-    if all(i is not None for i in indices):
-        return [int(i) for i in indices]  # type: ignore[arg-type]
-    if any("__" in n for n in names):
-        bad = next(n for n, i in zip(names, indices, strict=True) if i is None)
-        log.warning(
-            "input '%s' or previous input(s) are neither an input argument to the model '%s' "
-            "nor do they follow the <name>__<index> naming convention. Falling back to "
-            "enforcing strict ordering from model configuration.", bad, model)
-    return list(range(len(names)))
+    return _indexed_positions(
+        names, model,
+        "input '%s' or previous input(s) are neither an input argument to the model '%s' "
+        "nor do they follow the <name>__<index> naming convention. Falling back to "
+        "enforcing strict ordering from model configuration.")
 
 
 def output_positions(names: Sequence[str], model: str) -> list[int]:
+    return _indexed_positions(
+        names, model,
+        "output '%s' or previous output(s) of the model '%s' do not follow the "
+        "<name>__<index> naming convention. Falling back to enforcing strict ordering "
+        "from model configuration.")
+
+
+def _indexed_positions(names: Sequence[str], model: str, warning: str) -> list[int]:
+    """The ``<name>__<index>`` positions when every name has one; else config order, with
+    Triton's ``warning`` (name, model) when some names looked like they meant to."""
     indices = [_index_of(n) for n in names]
     if all(i is not None for i in indices):
         return [int(i) for i in indices]  # type: ignore[arg-type]
     if any("__" in n for n in names):
         bad = next(n for n, i in zip(names, indices, strict=True) if i is None)
-        log.warning(
-            "output '%s' or previous output(s) of the model '%s' do not follow the "
-            "<name>__<index> naming convention. Falling back to enforcing strict ordering "
-            "from model configuration.", bad, model)
+        log.warning(warning, bad, model)
     return list(range(len(names)))
 
 
