@@ -2,34 +2,43 @@
 """How well ``python -m nursery simulate`` predicts the real server (issue 11's fidelity check).
 
     python bench/sim_fidelity.py [--policy dynamic] [--max-queue-delay-us 500]
-                                 [--rates 200,400,800] [--measure-ms 5000] [--protocol http]
-                                 [--out bench/results/sim-fidelity-<time>]
+                                 [--rates 200,400,800] [--rounds 3] [--measure-ms 5000]
+                                 [--protocol http] [--out bench/results/sim-fidelity-<time>]
+    python bench/sim_fidelity.py --reuse bench/results/sim-fidelity-<time>   # no measuring
 
 For the MLP model of this repository with the chosen policy (``dynamic``: its config plus a
 ``dynamic_batching`` block; ``fifo``: the config as it is), on this machine:
 
 1. profile the model's cost table in-process through the real ONNX Runtime backend (the
    simulator's ``--profile``);
-2. calibrate what the simulator cannot know, on one server, at loads other than those checked:
-   the server's frontend thread (decode, encode; one per server, so overlapping requests queue
-   for it) costs ``1 / throughput`` at concurrency 8, where it is the bottleneck (the
-   simulator's ``--frontend``); everything else outside the instance (network, perf_analyzer's
-   client, waking the server) is an :class:`~nursery.simulate.cost.IdleOverhead`: its *warm*
+2. measure, on one ``python -m nursery serve`` (loopback, free ports, ``--arrival-log``), every
+   load with ``perf_analyzer``: the calibration loads (concurrency 8 and 1, Poisson at
+   ``--cold-rate`` and at each ``--fit-rates``) and the rates checked (``--rates``), in
+   ``--rounds`` rounds, each in its own shuffled order, and take each figure's median over the
+   rounds. On this shared 2-core machine one perf_analyzer run's p99 moves by 20-30% from one
+   minute to the next; interleaving the loads spreads that drift over all of them alike, so
+   calibration and check see the same machine, and the median drops a round gone astray;
+3. calibrate what the simulator cannot know, from the calibration loads only: the server's
+   frontend thread (decode, encode; one per server, so overlapping requests queue for it)
+   costs ``1 / throughput`` at concurrency 8, where it is the bottleneck (the simulator's
+   ``--frontend``); everything else outside the instance (network, perf_analyzer's client,
+   waking the server) is an :class:`~nursery.simulate.cost.IdleOverhead`: its *warm*
    distribution is perf_analyzer's latency at concurrency 1 minus the simulated one, per
-   percentile, its *cold* one the same at a low Poisson rate (``--cold-rate``, 25/s), and its
-   idle time constant ``tau`` is the one (of a fixed list) whose prediction best fits p50 and
-   p99 at two more Poisson rates (``--fit-rates``, 100 and 150/s). On this machine the measured latency
-   *falls* as the rate rises (a request that finds the server busy finds its threads awake);
-   one fixed overhead distribution cannot follow that (it is kept as the *warm only* column);
-3. for each rate: start ``python -m nursery serve`` (loopback, free ports, ``--arrival-log``),
-   run ``perf_analyzer --request-rate-range R --request-distribution poisson`` against it, and
-   simulate the same policy at the same rate, Poisson arrivals (the prediction) and the
-   server's own recorded arrivals replayed (``--arrivals trace``);
-4. print and write (``fidelity.json``, ``fidelity.md``) predicted vs measured throughput, p50
-   and p99 latency and their relative errors, marking those within 15%.
+   percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
+   the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms). On this
+   machine the measured latency *falls* as the rate rises (a request that finds the server
+   busy finds its threads awake); one fixed overhead distribution cannot follow that (it is
+   kept as the *warm only* column);
+4. for each rate checked, simulate the same policy at the same rate, Poisson arrivals (the
+   prediction), and the server's own recorded arrivals of each round replayed
+   (``--arrivals trace``);
+5. print and write (``fidelity.json``, ``fidelity.md``) predicted vs measured throughput, p50
+   and p99 latency and their relative errors, marking those within 15%, with the measured
+   spread over the rounds. ``measurements.json`` keeps every run, so ``--reuse DIR`` can redo
+   steps 3-5 (another model, another fit) without measuring again.
 
 Never run it beside another benchmark on the 2-core machine. ``--smoke`` runs a tiny version
-(one rate, short windows) to check that the pieces work, not to measure anything.
+(one rate, one round, short windows) to check that the pieces work, not to measure anything.
 """
 
 from __future__ import annotations
@@ -37,15 +46,19 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +71,8 @@ from nursery.simulate.engine import simulate  # noqa: E402
 
 PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
 TOLERANCE = 0.15
-TAUS_MS = (0.5, 1, 2, 3, 5, 7, 10, 15, 20, 30, 50)  # the idle time constants tried
+PAUSE_S = 2.0  # between two perf_analyzer runs: what cuts the arrival log into runs
+SIM_SECONDS = 60.0  # simulated time per prediction
 QUANTILES = (50, 90, 95, 99)
 
 
@@ -128,16 +142,17 @@ def perf_analyzer(url: str, protocol: str, mode: list[str], measure_ms: int,
             **{f"p{q}_ms": float(row[f"p{q} latency"]) / 1e3 for q in (50, 90, 95, 99)}}
 
 
-def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: str,
+def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: Any,
               requests: list[arrivals.SimRequest], rate: float | None,
               frontend: float = 0.0) -> dict[str, Any]:
     policy, slots = policies.build(spec, batch, 1)
-    s = report.summarize(simulate(policy, requests, table, slots=slots,
-                                  overhead=cost.parse_overhead(overhead), frontend=frontend),
-                         rate=rate)
+    if isinstance(overhead, str):
+        overhead = cost.parse_overhead(overhead)
+    s = report.summarize(simulate(policy, requests, table, slots=slots, overhead=overhead,
+                                  frontend=frontend), rate=rate)
     lat = s["latency_ms"]
-    return {"throughput": s["throughput"], "p50_ms": lat["p50"], "p90_ms": lat["p90"],
-            "p95_ms": lat["p95"], "p99_ms": lat["p99"], "mean_batch_rows": s["mean_batch_rows"]}
+    return {"throughput": s["throughput"], **{f"p{q}_ms": lat[f"p{q}"] for q in QUANTILES},
+            "mean_batch_rows": s["mean_batch_rows"]}
 
 
 def poisson_mode(rate: float) -> list[str]:
@@ -154,160 +169,297 @@ def error(pred: float, real: float) -> float:
     return (pred - real) / real if real else float("nan")
 
 
+# -- measuring ---------------------------------------------------------------------------------
+
+def load_plan(args: argparse.Namespace, rates: list[float],
+              fit_rates: list[float]) -> list[tuple[str, list[str], int]]:
+    """(name, perf_analyzer flags, window ms) of every load measured."""
+    window = args.measure_ms
+    slow = window if args.smoke else 2 * window  # low Poisson rates: few requests per window
+    # a looser stability bound at the cold rate, or perf_analyzer's throughput check fails on
+    # the Poisson counts' own noise at a few requests per window; smoke: short and loose
+    loose = ["-r", "3", "-s", "1000"] if args.smoke else ["-s", "25"]
+    quick = loose if args.smoke else []
+    plan = [("c8", ["--concurrency-range", "8", *quick], window),
+            ("c1", ["--concurrency-range", "1", *quick], window),
+            (f"p{args.cold_rate:g}", poisson_mode(args.cold_rate) + loose, slow)]
+    plan += [(f"p{r:g}", poisson_mode(r) + quick, slow) for r in fit_rates]
+    plan += [(f"p{r:g}", poisson_mode(r) + quick, window) for r in rates]
+    return plan
+
+
+def split_trace(path: Path, runs: int) -> list[list[str]] | None:
+    """The server's arrival log cut into one segment per perf_analyzer run: the runs are
+    ``PAUSE_S`` apart, far longer than any gap within a run at the rates used."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    segments: list[list[str]] = []
+    last = -math.inf
+    for line in lines:
+        t = json.loads(line)["time"]
+        if t - last > PAUSE_S * 0.75:
+            segments.append([])
+        segments[-1].append(line)
+        last = t
+    return segments if len(segments) == runs else None
+
+
+def measure(args: argparse.Namespace, repo: Path, out: Path,
+            plan: list[tuple[str, list[str], int]]) -> list[dict[str, Any]]:
+    """Every load of ``plan`` in each of ``args.rounds`` rounds (a shuffled order per round), on
+    one server; each run's arrivals are written to ``out/trace-<i>-<load>.jsonl``."""
+    rng = random.Random(args.seed)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "arrivals.jsonl"
+        server = Server(repo, out / "server.log", log)
+        try:
+            for rnd in range(args.rounds):
+                order = plan[:]
+                rng.shuffle(order)
+                for name, flags, window in order:
+                    time.sleep(PAUSE_S)
+                    i = len(runs)
+                    result = perf_analyzer(server.url(args.protocol), args.protocol, flags,
+                                           window, out / f"pa-{i:02d}-{name}.csv")
+                    runs.append({"load": name, "round": rnd, **result})
+                    print(f"round {rnd + 1}/{args.rounds} {name}: {result['throughput']:.0f} "
+                          f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
+                          flush=True)
+        finally:
+            server.stop()
+        segments = split_trace(log, len(runs))
+    if segments is None:
+        print("the arrival log did not split into one segment per run: no trace replay",
+              file=sys.stderr)
+    for i, run in enumerate(runs):
+        if segments is not None:
+            t0 = json.loads(segments[i][0])["time"]
+            trace = out / f"trace-{i:02d}-{run['load']}.jsonl"
+            trace.write_text("".join(json.dumps({**json.loads(line),
+                                                 "time": json.loads(line)["time"] - t0}) + "\n"
+                                     for line in segments[i]))
+            run["trace"] = trace.name
+    return runs
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per load: each figure's median over the rounds, and its range."""
+    by_load: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_load.setdefault(run["load"], []).append(run)
+    keys = ("throughput", *(f"p{q}_ms" for q in QUANTILES))
+    return {load: {**{k: statistics.median(r[k] for r in rs) for k in keys},
+                   "range": {k: (min(r[k] for r in rs), max(r[k] for r in rs)) for k in keys},
+                   "traces": [r["trace"] for r in rs if "trace" in r]}
+            for load, rs in by_load.items()}
+
+
+# -- calibrating and predicting ----------------------------------------------------------------
+
+def fit_tau(loss: Callable[[float], float]) -> float:
+    """The tau (seconds) of least ``loss``: a log grid over 0.1-300 ms, then a golden-section
+    refinement between the best point's neighbours."""
+    grid = [1e-4 * (3000 ** (i / 24)) for i in range(25)]
+    values = [loss(t) for t in grid]
+    best = min(range(len(grid)), key=values.__getitem__)
+    lo, hi = math.log(grid[max(0, best - 1)]), math.log(grid[min(len(grid) - 1, best + 1)])
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(math.exp(a)), loss(math.exp(b))
+    for _ in range(12):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(math.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(math.exp(b))
+    candidates = [(values[best], grid[best]), (fa, math.exp(a)), (fb, math.exp(b))]
+    return min(candidates)[1]
+
+
+def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
+            traces: Path) -> dict[str, Any]:
+    table = cost.CostTable(tuple(sorted((int(k), float(v)) for k, v in data["cost_s"].items())))
+    measured = aggregate(data["runs"])
+    rates, fit_rates, cold_rate = data["rates"], data["fit_rates"], data["cold_rate"]
+    frontend = 1.0 / measured["c8"]["throughput"]
+    duration = SIM_SECONDS
+
+    def sim(overhead: Any, rate: float, seed: int = args.seed) -> dict[str, Any]:
+        if isinstance(overhead, str):
+            overhead = cost.parse_overhead(overhead, seed)
+        return predicted(args.policy, batch, table, overhead,
+                         arrivals.poisson(rate, duration=duration, seed=seed), rate, frontend)
+
+    # what the simulator lacks, per percentile: measured minus simulated without it
+    alone = predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
+                      None, frontend)  # requests never meet: concurrency 1
+    warm = difference(measured["c1"], alone)
+    if args.wake == "tail":  # the warm tail runs on the frontend thread: keep its mean there
+        points = cost.parse_percentiles(warm)
+        mid = cost.quantile(points, 0.5)
+        excess = statistics.mean(max(0.0, cost.quantile(points, (i + 0.5) / 1000) - mid)
+                                 for i in range(1000))
+        frontend = max(frontend - excess, frontend / 4)
+        alone = predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
+                          None, frontend)
+        warm = difference(measured["c1"], alone)
+        print(f"warm tail's mean {excess * 1e3:.3f} ms moved onto the frontend thread")
+    cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate))
+
+    def model(tau: float) -> str:
+        return (f"warm={warm};cold={cold};tau={tau * 1e3:.4g}ms;parts={args.idle_parts};"
+                f"wake={args.wake}")
+
+    def loss(tau: float) -> float:
+        return sum(abs(error(sim(model(tau), rate)[f"p{q}_ms"], measured[f"p{rate:g}"][f"p{q}_ms"]))
+                   for rate in fit_rates for q in (50, 99))
+
+    tau = fit_tau(loss)
+    overhead = model(tau)
+    fit = {rate: sim(overhead, rate) for rate in fit_rates}
+    print(f"frontend {frontend * 1e3:.3f} ms per request; overhead {overhead}; at the fit "
+          "rates: " + "; ".join(
+              f"{rate:g}/s p50 {fit[rate]['p50_ms']:.3f} vs {measured[f'p{rate:g}']['p50_ms']:.3f}"
+              f" ms, p99 {fit[rate]['p99_ms']:.3f} vs {measured[f'p{rate:g}']['p99_ms']:.3f} ms"
+              for rate in fit_rates))
+    rows = []
+    for rate in rates:
+        real = measured[f"p{rate:g}"]
+        poisson = sim(overhead, rate)
+        baseline = sim(warm, rate)  # one overhead distribution, the server always warm
+        replays = [predicted(args.policy, batch, table, overhead,
+                             arrivals.read_trace(traces / name), rate, frontend)
+                   for name in real["traces"] if (traces / name).exists()]
+        traced = ({k: statistics.median(r[k] for r in replays) for k in replays[0]}
+                  if replays else None)
+        row: dict[str, Any] = {"rate": rate, "measured": real, "simulated": poisson,
+                               "replayed_trace": traced, "warm_only": baseline}
+        for key in ("throughput", "p50_ms", "p99_ms"):
+            row[f"error_{key}"] = error(poisson[key], real[key])
+            row[f"trace_error_{key}"] = error(traced[key], real[key]) if traced else math.nan
+            row[f"warm_error_{key}"] = error(baseline[key], real[key])
+        rows.append(row)
+    return {"frontend_s": frontend, "overhead": overhead, "tau_ms": tau * 1e3,
+            "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
+
+
+def report_text(args: argparse.Namespace, data: dict[str, Any], result: dict[str, Any]) -> str:
+    measured = result["measured"]
+    lines = [f"# Simulator fidelity: mlp, policy {data['policy']}"
+             + (f" ({data['delay_us']} us delay)" if data["policy"] == "dynamic" else "")
+             + f", {data['protocol']}, {data['when']}", "",
+             f"Measured: {data['rounds']} rounds, each load once per round in a shuffled order, "
+             f"on one server; each figure the median over the rounds (the range in brackets). "
+             f"Frontend thread {result['frontend_s'] * 1e3:.3f} ms per request (`--frontend`, "
+             f"from the throughput at concurrency 8). Overhead outside the instance: warm from "
+             f"concurrency 1, cold from Poisson at {data['cold_rate']:g}/s, the idle time "
+             f"constant tau fitted to p50 and p99 at "
+             f"{', '.join(f'{r:g}' for r in data['fit_rates'])}/s "
+             f"(`--overhead '{result['overhead']}'`). Cost table (ms): "
+             + ", ".join(f"{r}: {float(s) * 1e3:.3f}" for r, s in data["cost_s"].items()), "",
+             "Calibration loads (median; range over the rounds): " + "; ".join(
+                 f"{load} {m['throughput']:.0f}/s p50 {m['p50_ms']:.3f} p99 {m['p99_ms']:.3f} "
+                 f"[{m['range']['p99_ms'][0]:.3f}-{m['range']['p99_ms'][1]:.3f}]"
+                 for load, m in measured.items()
+                 if load not in {f"p{r:g}" for r in data["rates"]}), "",
+             "Columns: infer/s, p50 ms, p99 ms. *Simulated*: Poisson arrivals, the idle model; "
+             "*replayed*: the server's own recorded arrivals; *warm only*: Poisson with the "
+             "concurrency-1 overhead alone (the model before the idle term), for comparison.", "",
+             "| rate | measured (p99 range) | simulated | error | replayed trace | error "
+             "| warm only | error |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def fmt(d: dict[str, float] | None) -> str:
+        return f"{d['throughput']:.0f}, {d['p50_ms']:.3f}, {d['p99_ms']:.3f}" if d else "-"
+
+    def errs(row: dict[str, Any], prefix: str) -> str:
+        if math.isnan(row[f"{prefix}p50_ms"]):
+            return "-"
+        return ", ".join(f"{row[f'{prefix}{k}'] * 100:+.0f}%"
+                         + ("" if abs(row[f"{prefix}{k}"]) <= TOLERANCE else " ✗")
+                         for k in ("throughput", "p50_ms", "p99_ms"))
+
+    for row in result["rows"]:
+        lo, hi = row["measured"]["range"]["p99_ms"]
+        lines.append(f"| {row['rate']:g} | {fmt(row['measured'])} ({lo:.3f}-{hi:.3f}) | "
+                     f"{fmt(row['simulated'])} | {errs(row, 'error_')} | "
+                     f"{fmt(row['replayed_trace'])} | {errs(row, 'trace_error_')} | "
+                     f"{fmt(row['warm_only'])} | {errs(row, 'warm_error_')} |")
+    within = all(abs(row[f"error_{k}"]) <= TOLERANCE for row in result["rows"]
+                 for k in ("throughput", "p50_ms", "p99_ms"))
+    lines += ["", f"All Poisson predictions within {TOLERANCE:.0%}: {'yes' if within else 'no'}"
+              + (" (smoke run: not a measurement)" if data["smoke"] else "")]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", choices=["dynamic", "fifo"], default="dynamic")
     p.add_argument("--max-queue-delay-us", type=int, default=500)
     p.add_argument("--rates", default="200,400,800")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="how many times each load is measured (figures: the median)")
     p.add_argument("--measure-ms", type=int, default=5000)
     p.add_argument("--cold-rate", type=float, default=25.0,
                    help="the Poisson rate (requests/s) the cold overhead is calibrated at")
     p.add_argument("--fit-rates", default="100,150",
                    help="the Poisson rates the idle time constant tau is fitted at")
+    p.add_argument("--idle-parts", type=int, default=1,
+                   help="the idle model's parts (see nursery.simulate.cost.IdleOverhead)")
+    p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="outside",
+                   help="where the idle model's waking time is spent")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
+    p.add_argument("--reuse", type=Path, metavar="DIR",
+                   help="analyse the measurements of an earlier run (its measurements.json)")
     p.add_argument("--smoke", action="store_true", help="a few seconds: checks the pieces only")
     args = p.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
-    fit_rates = [float(r) for r in args.fit_rates.split(",")]
-    if {args.cold_rate, *fit_rates} & set(rates):
-        p.error("the calibration rates (--cold-rate, --fit-rates) must differ from the rates "
-                "checked (--rates): a rate that was fitted proves nothing")
-    measure_ms = args.measure_ms
-    trial_flags = []
-    if args.smoke:
-        rates, measure_ms, trial_flags = rates[:1], 300, ["-r", "3", "-s", "1000"]
-        args.cold_rate = 50.0  # a 300 ms window needs a few requests
-        fit_rates = fit_rates[:1]
-    out = args.out or ROOT / "bench" / "results" / f"sim-fidelity-{time.strftime('%Y%m%d-%H%M')}"
+    if args.reuse:
+        data = json.loads((args.reuse / "measurements.json").read_text())
+        args.policy = data["policy"]
+        out = args.out or args.reuse
+    else:
+        rates = [float(r) for r in args.rates.split(",")]
+        fit_rates = [float(r) for r in args.fit_rates.split(",")]
+        if {args.cold_rate, *fit_rates} & set(rates):
+            p.error("the calibration rates (--cold-rate, --fit-rates) must differ from the "
+                    "rates checked (--rates): a rate that was fitted proves nothing")
+        if args.smoke:
+            rates, fit_rates, args.rounds, args.measure_ms = rates[:1], fit_rates[:1], 1, 300
+            args.cold_rate = 50.0  # a 300 ms window needs a few requests
+        if not PERF_ANALYZER.exists():
+            print(f"perf_analyzer not found at {PERF_ANALYZER}", file=sys.stderr)
+            return 1
+        data = {"policy": args.policy, "delay_us": args.max_queue_delay_us,
+                "protocol": args.protocol, "rates": rates, "fit_rates": fit_rates,
+                "cold_rate": args.cold_rate, "rounds": args.rounds, "smoke": args.smoke,
+                "when": time.strftime("%Y-%m-%d %H:%M")}
+        out = args.out or (ROOT / "bench" / "results"
+                           / f"sim-fidelity-{time.strftime('%Y%m%d-%H%M')}")
     out.mkdir(parents=True, exist_ok=True)
-    if not PERF_ANALYZER.exists():
-        print(f"perf_analyzer not found at {PERF_ANALYZER}", file=sys.stderr)
-        return 1
     with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        repo = make_repo(tmp, args.policy, args.max_queue_delay_us)
+        repo = make_repo(Path(tmp_name), data["policy"], data["delay_us"])
         from nursery.model_config import read_model_config
 
         config, _ = read_model_config(repo / "mlp", "mlp")
         batch = config.batching or BatchConfig(max_batch_size=config.max_batch_size)
-        table = cost.profile(repo / "mlp", "mlp", runs=50)
-        print("cost (rows: ms): " + ", ".join(f"{r}: {s * 1e3:.3f}" for r, s in table.points))
-
-        server = Server(repo, out / "server-calibrate.log", tmp / "calibrate.jsonl")
-        url = server.url(args.protocol)
-        try:
-            # the frontend thread's cost per request: its throughput when it is the bottleneck
-            saturated = perf_analyzer(url, args.protocol, ["--concurrency-range", "8",
-                                      *trial_flags], measure_ms, out / "pa-saturate.csv")
-            # warm: one request after another, the server never idle
-            unloaded = perf_analyzer(url, args.protocol, ["--concurrency-range", "1",
-                                     *trial_flags], measure_ms, out / "pa-calibrate.csv")
-            # cold: a low Poisson rate, the server idle between requests
-            # (few requests per window: longer windows, a looser stability bound, or
-            # perf_analyzer's throughput check fails on the Poisson counts' own noise)
-            cold_real = perf_analyzer(url, args.protocol, poisson_mode(args.cold_rate)
-                                      + (trial_flags or ["-s", "25"]),
-                                      measure_ms if args.smoke else 2 * measure_ms,
-                                      out / "pa-cold.csv")
-            # the rates tau is fitted at
-            fit_real = {rate: perf_analyzer(url, args.protocol, poisson_mode(rate) + trial_flags,
-                                            measure_ms if args.smoke else 2 * measure_ms,
-                                            out / f"pa-fit-{rate:g}.csv")
-                        for rate in fit_rates}
-        finally:
-            server.stop()
-        frontend = 1.0 / saturated["throughput"]
-        duration = max(5.0, 3 * measure_ms / 1e3)
-
-        def sim(overhead: Any, rate: float) -> dict[str, Any]:
-            return predicted(args.policy, batch, table, overhead,
-                             arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
-                             frontend)
-
-        # what the simulator lacks, per percentile: measured minus simulated without it
-        alone = predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
-                          None, frontend)  # requests never meet: concurrency 1
-        warm = difference(unloaded, alone)
-        cold = difference(cold_real, sim("0", args.cold_rate))
-        fits = []
-        for tau_ms in TAUS_MS:
-            model = f"warm={warm};cold={cold};tau={tau_ms}ms"
-            fit = {rate: sim(model, rate) for rate in fit_rates}
-            loss = sum(abs(error(fit[rate][f"p{q}_ms"], fit_real[rate][f"p{q}_ms"]))
-                       for rate in fit_rates for q in (50, 99))
-            fits.append((loss, tau_ms, fit))
-        _, tau_ms, fit = min(fits, key=lambda f: f[0])
-        overhead = f"warm={warm};cold={cold};tau={tau_ms}ms"
-        print(f"frontend {frontend * 1e3:.3f} ms per request (saturated at "
-              f"{saturated['throughput']:.0f} infer/s); overhead {overhead}; at the fit rates: "
-              + "; ".join(f"{rate:g}/s p50 {fit[rate]['p50_ms']:.3f} vs "
-                          f"{fit_real[rate]['p50_ms']:.3f} ms, p99 {fit[rate]['p99_ms']:.3f} vs "
-                          f"{fit_real[rate]['p99_ms']:.3f} ms" for rate in fit_rates))
-
-        rows = []
-        for rate in rates:
-            log = tmp / f"arrivals-{rate:.0f}.jsonl"
-            server = Server(repo, out / f"server-{rate:.0f}.log", log)
-            try:
-                real = perf_analyzer(server.url(args.protocol), args.protocol,
-                                     poisson_mode(rate) + trial_flags, measure_ms,
-                                     out / f"pa-{rate:.0f}.csv")
-            finally:
-                server.stop()
-            poisson = sim(overhead, rate)
-            baseline = sim(warm, rate)  # one overhead distribution, the server always warm
-            traced = predicted(args.policy, batch, table, overhead, arrivals.read_trace(log), rate,
-                               frontend)
-            row: dict[str, Any] = {"rate": rate, "measured": real, "simulated": poisson,
-                                   "replayed_trace": traced, "warm_only": baseline}
-            for key in ("throughput", "p50_ms", "p99_ms"):
-                row[f"error_{key}"] = error(poisson[key], real[key])
-                row[f"trace_error_{key}"] = error(traced[key], real[key])
-                row[f"warm_error_{key}"] = error(baseline[key], real[key])
-            rows.append(row)
-
-    lines = [f"# Simulator fidelity: mlp, policy {args.policy}"
-             + (f" ({args.max_queue_delay_us} us delay)" if args.policy == "dynamic" else "")
-             + f", {args.protocol}, {time.strftime('%Y-%m-%d %H:%M')}", "",
-             f"Frontend thread {frontend * 1e3:.3f} ms per request (`--frontend`, from the "
-             f"throughput at concurrency 8). Overhead outside the instance: warm from "
-             f"concurrency 1, cold from Poisson at {args.cold_rate:g}/s, the idle time constant "
-             f"tau fitted to p50 and p99 at {args.fit_rates}/s (`--overhead '{overhead}'`). Cost table (ms): "
-             + ", ".join(f"{r}: {s * 1e3:.3f}" for r, s in table.points), "",
-             "Columns: infer/s, p50 ms, p99 ms. *Simulated*: Poisson arrivals, the idle model; "
-             "*replayed*: the server's own recorded arrivals; *warm only*: Poisson with the "
-             "concurrency-1 overhead alone (the model before the idle term), for comparison.", "",
-             "| rate | measured | simulated | error | replayed trace | error | warm only | error |",
-             "|---|---|---|---|---|---|---|---|"]
-
-    def fmt(d: dict[str, float]) -> str:
-        return f"{d['throughput']:.0f}, {d['p50_ms']:.3f}, {d['p99_ms']:.3f}"
-
-    def errs(row: dict[str, Any], prefix: str) -> str:
-        return ", ".join(f"{row[f'{prefix}{k}'] * 100:+.0f}%"
-                         + ("" if abs(row[f"{prefix}{k}"]) <= TOLERANCE else " ✗")
-                         for k in ("throughput", "p50_ms", "p99_ms"))
-
-    for row in rows:
-        lines.append(f"| {row['rate']:.0f} | {fmt(row['measured'])} | {fmt(row['simulated'])} | "
-                     f"{errs(row, 'error_')} | {fmt(row['replayed_trace'])} | "
-                     f"{errs(row, 'trace_error_')} | {fmt(row['warm_only'])} | "
-                     f"{errs(row, 'warm_error_')} |")
-    within = all(abs(row[f"error_{k}"]) <= TOLERANCE for row in rows
-                 for k in ("throughput", "p50_ms", "p99_ms"))
-    lines += ["", f"All Poisson predictions within {TOLERANCE:.0%}: {'yes' if within else 'no'}"
-              + (" (smoke run: not a measurement)" if args.smoke else "")]
-    text = "\n".join(lines) + "\n"
+        if not args.reuse:
+            table = cost.profile(repo / "mlp", "mlp", runs=50)
+            print("cost (rows: ms): " + ", ".join(f"{r}: {s * 1e3:.3f}" for r, s in table.points))
+            data["cost_s"] = table.to_json()
+            plan = load_plan(args, data["rates"], data["fit_rates"])
+            data["runs"] = measure(args, repo, out, plan)
+            (out / "measurements.json").write_text(json.dumps(data, indent=2) + "\n")
+    result = analyse(args, data, batch, args.reuse or out)
+    text = report_text(args, data, result)
     print(text)
     (out / "fidelity.md").write_text(text)
     (out / "fidelity.json").write_text(json.dumps(
-        {"policy": args.policy, "overhead": overhead, "frontend_s": frontend,
-         "cold_rate": args.cold_rate, "fit_rates": fit_rates, "cold": cold_real,
-         "fit": {f"{r:g}": m for r, m in fit_real.items()}, "tau_ms": tau_ms, "saturated": saturated,
-         "cost_s": table.to_json(),
-         "unloaded": unloaded, "rows": rows, "smoke": args.smoke}, indent=2) + "\n")
+        {**{k: v for k, v in data.items() if k != "runs"}, **result}, indent=2) + "\n")
     print(f"written to {out}")
     return 0
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from nursery import precise_timer
 from nursery.errors import Cancelled, NurseryError, Unavailable
 from nursery.messages import (
     CacheOutcome,
@@ -80,8 +81,11 @@ async def run(
     stats = StatsAccumulator()
     ordering = _Ordering() if preserve_ordering else None
     cancel = getattr(policy, "cancel", None)
+    waker = precise_timer.create()  # the policy's sub-millisecond deadlines, on time
     task_status.started()
-    async with inbox:
+    async with inbox, trio.open_nursery() as timer_tasks:
+        if waker is not None:
+            timer_tasks.start_soon(waker.serve)
         try:
             while True:
                 now = trio.current_time()
@@ -127,6 +131,8 @@ async def run(
                         message = await inbox.receive()
                     else:
                         message = None
+                        if waker is not None:
+                            waker.arm(poll.wake_at)
                         with trio.move_on_at(poll.wake_at):
                             message = await inbox.receive()
                         if message is None:
@@ -167,6 +173,9 @@ async def run(
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
         finally:
+            timer_tasks.cancel_scope.cancel()
+            if waker is not None:
+                waker.close()
             with trio.CancelScope(shield=True):
                 for channel in instances:
                     await channel.aclose()

@@ -148,21 +148,34 @@ class IdleOverhead:
     latency *falls* as the arrival rate rises while a constant overhead cannot. This model
     holds two measured distributions, ``warm`` (back-to-back requests: perf_analyzer at
     concurrency 1) and ``cold`` (requests that find the server long idle: a low Poisson rate),
-    and says the server *falls asleep* after an idle time drawn from an exponential
-    distribution of mean ``tau``: a request that finds it idle for ``g`` seconds finds it
-    asleep with probability ``1 - exp(-g / tau)`` and then draws its overhead from ``cold``,
-    otherwise from ``warm``. ``tau`` is fitted at one more rate (``bench/sim_fidelity.py``).
+    and says the server is made of ``parts`` (default 1) parts that each *fall asleep* after an
+    idle time drawn from an exponential distribution of mean ``tau``: a request that finds the
+    server idle for ``g`` seconds finds each part asleep, independently, with probability
+    ``1 - exp(-g / tau)``, and each sleeping part adds ``1/parts`` of the way from the warm to
+    the cold distribution (at one quantile drawn for the request). With one part the overhead
+    is drawn from ``cold`` or from ``warm``; with many, the expected fraction of the way grows
+    smoothly with the idle time. ``tau`` is fitted at other rates (``bench/sim_fidelity.py``).
+
+    Where the waking happens is ``wake``: ``outside`` (default) adds the whole overhead after
+    the answer, as a delay nothing else waits for; ``frontend`` spends the share above the warm
+    figure (what sleeping cost) on the server's frontend thread as the request arrives, so
+    that requests arriving while the server wakes wait for it (the engine's ``split``).
     """
 
     uses_idle = True
 
     def __init__(self, warm: Sequence[tuple[float, float]], cold: Sequence[tuple[float, float]],
-                 tau: float, seed: int = 0) -> None:
+                 tau: float, seed: int = 0, parts: int = 1, wake: str = "outside") -> None:
         if tau <= 0:
             raise ValueError("the idle time constant tau must be positive")
+        if parts < 1:
+            raise ValueError("an idle overhead needs at least one part")
+        if wake not in ("outside", "frontend", "tail"):
+            raise ValueError(f"wake={wake} of the idle overhead: expected outside or frontend")
+        self.wake = wake
         if not warm or not cold:
             raise ValueError("an idle overhead needs both a warm and a cold distribution")
-        self.warm, self.cold, self.tau = tuple(warm), tuple(cold), tau
+        self.warm, self.cold, self.tau, self.parts = tuple(warm), tuple(cold), tau, parts
         self._rng = random.Random(seed)
 
     @classmethod
@@ -170,24 +183,48 @@ class IdleOverhead:
         parts: dict[str, str] = {}
         for part in text.split(";"):
             key, sep, value = part.partition("=")
-            if not sep or key.strip() not in ("warm", "cold", "tau"):
+            if not sep or key.strip() not in ("warm", "cold", "tau", "parts", "wake"):
                 raise ValueError(f"cannot read '{part}' of the idle overhead (expected "
-                                 "warm=PERCENTILES;cold=PERCENTILES;tau=TIME)")
+                                 "warm=PERCENTILES;cold=PERCENTILES;tau=TIME[;parts=N]"
+                                 "[;wake=outside|frontend])")
             parts[key.strip()] = value.strip()
-        if set(parts) != {"warm", "cold", "tau"}:
+        if not {"warm", "cold", "tau"} <= set(parts):
             raise ValueError("an idle overhead needs warm=..., cold=... and tau=...")
+        try:
+            count = int(parts.get("parts", "1"))
+        except ValueError:
+            raise ValueError(f"parts={parts['parts']} of the idle overhead is not a whole "
+                             "number") from None
         return cls(parse_percentiles(parts["warm"]), parse_percentiles(parts["cold"]),
-                   parse_duration(parts["tau"]), seed)
+                   parse_duration(parts["tau"]), seed, count, parts.get("wake", "outside"))
 
     def __str__(self) -> str:
         def fmt(points: Sequence[tuple[float, float]]) -> str:
             return ",".join(f"{q * 100:g}:{v * 1e3:.4f}ms" for q, v in points)
 
-        return f"warm={fmt(self.warm)};cold={fmt(self.cold)};tau={self.tau * 1e3:.4g}ms"
+        return (f"warm={fmt(self.warm)};cold={fmt(self.cold)};tau={self.tau * 1e3:.4g}ms"
+                + (f";parts={self.parts}" if self.parts != 1 else "")
+                + (f";wake={self.wake}" if self.wake != "outside" else ""))
 
-    def __call__(self, _request: object, idle: float = 0.0) -> float:
-        asleep = self._rng.random() < 1.0 - math.exp(-idle / self.tau)
-        return quantile(self.cold if asleep else self.warm, self._rng.random())
+    def split(self, _request: object, idle: float = 0.0) -> tuple[float, float]:
+        """(seconds on the frontend thread, seconds outside the server) for one request."""
+        p = 1.0 - math.exp(-idle / self.tau)
+        rng = self._rng
+        asleep = sum(rng.random() < p for _ in range(self.parts))
+        u = rng.random()
+        warm = quantile(self.warm, u)
+        value = warm if asleep == 0 else quantile(self.cold, u) if asleep == self.parts else (
+            warm + (quantile(self.cold, u) - warm) * asleep / self.parts)
+        if self.wake == "frontend":
+            return max(0.0, value - warm), min(value, warm)
+        if self.wake == "tail":
+            mid = quantile(self.warm, 0.5)
+            return max(0.0, value - mid), min(value, mid)
+        return 0.0, value
+
+    def __call__(self, request: object, idle: float = 0.0) -> float:
+        inside, outside = self.split(request, idle)
+        return inside + outside
 
 
 def default_sizes(max_batch_size: int) -> list[int]:

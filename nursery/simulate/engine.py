@@ -31,6 +31,8 @@ request's *idle gap*: how long the server had been idle when it arrived (0 when 
 request was still in the server, that is, arrived and not yet answered; the client's overhead
 does not count), so that a model can charge a request that wakes an idle server more than one
 that finds it busy (sleeping threads, spinning thread pools gone to sleep, cold caches).
+Such a model's ``split(request, idle)`` gives two shares: one spent on the frontend thread
+before decoding (waking the server: requests behind it wait) and one outside the server.
 
 What it leaves out: the requester abandoning a request (simulated clients always wait) and
 ``preserve_ordering`` (answers are not held back).
@@ -68,6 +70,7 @@ class Outcome:
     started: float = math.nan  # compute start on its instance
     finished: float = math.nan  # answer time, overhead included
     idle: float = 0.0  # how long the server had been idle when it arrived
+    outside: float = 0.0  # an idle overhead's share spent outside the server (drawn on arrival)
     instance: int = -1
     batch: int = -1  # index into SimResult.batches
 
@@ -106,7 +109,13 @@ def simulate(
     ``frontend``: seconds of the server's (single) frontend thread per request."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
-    if getattr(overhead, "uses_idle", False):
+    uses_idle = getattr(overhead, "uses_idle", False)
+    split = getattr(overhead, "split", None) if uses_idle else None
+    if split is not None:  # drawn on arrival, when the idle gap is known
+
+        def extra(out: Outcome) -> float:
+            return out.outside
+    elif uses_idle:
         draw = overhead
 
         def extra(out: Outcome) -> float:
@@ -197,12 +206,15 @@ def simulate(
         now = next_time
         while events and events[0][0] == now:  # every message of this instant, then decide
             _, kind, _, payload = heapq.heappop(events)
+            inside = 0.0
             if kind == _ARRIVE:
-                outcomes[id(payload)].idle = (
-                    0.0 if pending else max(0.0, now - answered_until))
+                out = outcomes[id(payload)]
+                out.idle = 0.0 if pending else max(0.0, now - answered_until)
                 pending += 1
-            if kind == _ARRIVE and half:  # decoded on the frontend thread first
-                frontend_free = max(now, frontend_free) + half
+                if split is not None:
+                    inside, out.outside = split(out.request, out.idle)
+            if kind == _ARRIVE and (half or inside):  # decoded on the frontend thread first
+                frontend_free = max(now, frontend_free) + half + inside
                 heapq.heappush(events, (frontend_free, _ENQUEUE, order, payload))
                 order += 1
             elif kind in (_ARRIVE, _ENQUEUE):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -365,6 +366,25 @@ def test_idle_overhead_draws_warm_when_busy_and_cold_after_long_idle() -> None:
                       overhead=cost.parse_overhead(text))
     first, second = sorted(result.outcomes, key=lambda o: o.request.id)
     assert first.finished - 0.001 <= 0.002 + 1e-9 and second.finished - 5.001 >= 0.005 - 1e-9
+
+
+def test_idle_overhead_parts_move_a_share_of_the_way_to_cold() -> None:
+    """With several parts each asleep with probability p, the overhead lies asleep/parts of the
+    way from warm to cold (at the request's quantile): its mean moves p of the way."""
+    text = "warm=50:1ms,99:1ms;cold=50:5ms,99:5ms;tau=10ms;parts=4"
+    model = cost.parse_overhead(text, seed=1)
+    assert isinstance(model, cost.IdleOverhead) and model.parts == 4
+    assert cost.IdleOverhead.parse(str(model)).parts == 4
+    assert {model(None, 0.0) for _ in range(200)} == {0.001}
+    assert {round(model(None, 10.0), 9) for _ in range(200)} == {0.005}
+    values = [model(None, 0.010) for _ in range(20_000)]
+    assert {round(v * 1e3, 6) for v in values} == {1.0, 2.0, 3.0, 4.0, 5.0}
+    p = 1 - math.exp(-1)
+    assert statistics.mean(values) == pytest.approx(0.001 + 0.004 * p, rel=0.02)
+    for bad, message in (("warm=50:1ms;cold=50:2ms;tau=1ms;parts=0", "at least one part"),
+                         ("warm=50:1ms;cold=50:2ms;tau=1ms;parts=two", "whole number")):
+        with pytest.raises(ValueError, match=message):
+            cost.parse_overhead(bad)
 
 
 def test_cli_takes_the_idle_overhead(tmp_path: Path,
