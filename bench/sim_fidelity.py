@@ -73,6 +73,7 @@ PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
 TOLERANCE = 0.15
 PAUSE_S = 2.0  # between two perf_analyzer runs: what cuts the arrival log into runs
 SIM_SECONDS = 60.0  # simulated time per prediction
+FRONTEND_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)  # --fit-frontend: the multipliers tried
 QUANTILES = (50, 90, 95, 99)
 
 
@@ -295,43 +296,54 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     table = cost.CostTable(tuple(sorted((int(k), float(v)) for k, v in data["cost_s"].items())))
     measured = aggregate(data["runs"])
     rates, fit_rates, cold_rate = data["rates"], data["fit_rates"], data["cold_rate"]
-    frontend = 1.0 / measured["c8"]["throughput"]
+    saturated = 1.0 / measured["c8"]["throughput"]  # the frontend thread's cost at c=8
     duration = SIM_SECONDS
 
-    def sim(overhead: Any, rate: float, seed: int = args.seed) -> dict[str, Any]:
+    def sim(overhead: Any, rate: float, frontend: float) -> dict[str, Any]:
         if isinstance(overhead, str):
-            overhead = cost.parse_overhead(overhead, seed)
+            overhead = cost.parse_overhead(overhead, args.seed)
         return predicted(args.policy, batch, table, overhead,
-                         arrivals.poisson(rate, duration=duration, seed=seed), rate, frontend)
+                         arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
+                         frontend)
 
-    # what the simulator lacks, per percentile: measured minus simulated without it
-    alone = predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
-                      None, frontend)  # requests never meet: concurrency 1
-    warm = difference(measured["c1"], alone)
-    if args.wake == "tail":  # the warm tail runs on the frontend thread: keep its mean there
-        points = cost.parse_percentiles(warm)
-        mid = cost.quantile(points, 0.5)
-        excess = statistics.mean(max(0.0, cost.quantile(points, (i + 0.5) / 1000) - mid)
-                                 for i in range(1000))
-        frontend = max(frontend - excess, frontend / 4)
-        alone = predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
-                          None, frontend)
-        warm = difference(measured["c1"], alone)
-        print(f"warm tail's mean {excess * 1e3:.3f} ms moved onto the frontend thread")
-    cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate))
+    def calibrate(scale: float) -> tuple[float, float, str, str]:
+        """(loss at the fit rates, frontend, overhead, warm-only overhead) with the frontend
+        thread costing ``scale`` times its saturated figure per request."""
+        frontend = saturated * scale
 
-    def model(tau: float) -> str:
-        return (f"warm={warm};cold={cold};tau={tau * 1e3:.4g}ms;parts={args.idle_parts};"
-                f"wake={args.wake}")
+        def alone() -> dict[str, Any]:  # requests never meet: concurrency 1
+            return predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
+                             None, frontend)
 
-    def loss(tau: float) -> float:
-        return sum(abs(error(sim(model(tau), rate)[f"p{q}_ms"], measured[f"p{rate:g}"][f"p{q}_ms"]))
-                   for rate in fit_rates for q in (50, 99))
+        # what the simulator lacks, per percentile: measured minus simulated without it
+        warm = difference(measured["c1"], alone())
+        if args.wake == "tail":  # the warm tail runs on the frontend thread: keep its mean
+            points = cost.parse_percentiles(warm)
+            mid = cost.quantile(points, 0.5)
+            excess = statistics.mean(max(0.0, cost.quantile(points, (i + 0.5) / 1000) - mid)
+                                     for i in range(1000))
+            frontend = max(frontend - excess, frontend / 4)
+            warm = difference(measured["c1"], alone())
+        cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate, frontend))
 
-    tau = fit_tau(loss)
-    overhead = model(tau)
-    fit = {rate: sim(overhead, rate) for rate in fit_rates}
-    print(f"frontend {frontend * 1e3:.3f} ms per request; overhead {overhead}; at the fit "
+        def model(tau: float) -> str:
+            return (f"warm={warm};cold={cold};tau={tau * 1e3:.4g}ms;parts={args.idle_parts};"
+                    f"wake={args.wake}")
+
+        def loss(tau: float) -> float:
+            return sum(abs(error(sim(model(tau), rate, frontend)[f"p{q}_ms"],
+                                 measured[f"p{rate:g}"][f"p{q}_ms"]))
+                       for rate in fit_rates for q in (50, 99))
+
+        tau = fit_tau(loss)
+        return loss(tau), frontend, model(tau), warm
+
+    scales = FRONTEND_SCALES if args.fit_frontend else (1.0,)
+    fits = [(calibrate(scale), scale) for scale in scales]
+    (_, frontend, overhead, warm), scale = min(fits, key=lambda f: f[0][0])
+    tau = cost.IdleOverhead.parse(overhead).tau
+    fit = {rate: sim(overhead, rate, frontend) for rate in fit_rates}
+    print(f"frontend {frontend * 1e3:.3f} ms per request (x{scale:g}); overhead {overhead}; at the fit "
           "rates: " + "; ".join(
               f"{rate:g}/s p50 {fit[rate]['p50_ms']:.3f} vs {measured[f'p{rate:g}']['p50_ms']:.3f}"
               f" ms, p99 {fit[rate]['p99_ms']:.3f} vs {measured[f'p{rate:g}']['p99_ms']:.3f} ms"
@@ -339,8 +351,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     rows = []
     for rate in rates:
         real = measured[f"p{rate:g}"]
-        poisson = sim(overhead, rate)
-        baseline = sim(warm, rate)  # one overhead distribution, the server always warm
+        poisson = sim(overhead, rate, frontend)
+        baseline = sim(warm, rate, frontend)  # one overhead distribution, always warm
         replays = [predicted(args.policy, batch, table, overhead,
                              arrivals.read_trace(traces / name), rate, frontend)
                    for name in real["traces"] if (traces / name).exists()]
@@ -353,7 +365,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             row[f"trace_error_{key}"] = error(traced[key], real[key]) if traced else math.nan
             row[f"warm_error_{key}"] = error(baseline[key], real[key])
         rows.append(row)
-    return {"frontend_s": frontend, "overhead": overhead, "tau_ms": tau * 1e3,
+    return {"frontend_s": frontend, "frontend_scale": scale, "overhead": overhead,
+            "tau_ms": tau * 1e3,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
 
 
@@ -422,6 +435,9 @@ def main() -> int:
                    help="the idle model's parts (see nursery.simulate.cost.IdleOverhead)")
     p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="tail",
                    help="where the idle model's waking time is spent")
+    p.add_argument("--fit-frontend", action="store_true",
+                   help="fit the frontend thread's cost per request too (a multiple of its "
+                   "cost at concurrency 8, where requests share wake-ups and system calls)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)

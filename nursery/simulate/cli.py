@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "50:1.6ms,90:1.9ms,99:2.5ms sampled per request, or an idle model "
                    "'warm=PERCENTILES;cold=PERCENTILES;tau=TIME': a request that finds the "
                    "server idle for g seconds draws from cold with probability "
-                   "1 - exp(-g/tau), else from warm (default 0)")
+                   "1 - exp(-g/tau), else from warm; ';parts=N' splits the server into N "
+                   "sleepers, ';wake=frontend|tail' spends the waking (and the warm tail) on "
+                   "the frontend thread, where requests behind it wait (default 0)")
     g.add_argument("--frontend", default="0", metavar="TIME",
                    help="CPU time one request costs the server's frontend thread (decode and "
                    "encode), shared by all requests: a single queue, so overlapping requests "

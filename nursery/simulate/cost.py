@@ -159,7 +159,12 @@ class IdleOverhead:
     Where the waking happens is ``wake``: ``outside`` (default) adds the whole overhead after
     the answer, as a delay nothing else waits for; ``frontend`` spends the share above the warm
     figure (what sleeping cost) on the server's frontend thread as the request arrives, so
-    that requests arriving while the server wakes wait for it (the engine's ``split``).
+    that requests arriving while the server wakes wait for it (the engine's ``split``);
+    ``tail`` spends everything above the warm *median* there: the warm tail too, that is, the
+    server's own stalls (a slow wake-up of the instance thread, a garbage collection), which
+    every request behind a stalled one waits out, so that the tail grows with the load (with
+    ``tail`` the frontend cost given to the engine should be lowered by the tail's mean, as
+    ``bench/sim_fidelity.py`` does, or the frontend is charged it twice).
     """
 
     uses_idle = True
@@ -171,7 +176,8 @@ class IdleOverhead:
         if parts < 1:
             raise ValueError("an idle overhead needs at least one part")
         if wake not in ("outside", "frontend", "tail"):
-            raise ValueError(f"wake={wake} of the idle overhead: expected outside or frontend")
+            raise ValueError(f"wake={wake} of the idle overhead: expected outside, frontend or "
+                             "tail")
         self.wake = wake
         if not warm or not cold:
             raise ValueError("an idle overhead needs both a warm and a cold distribution")
@@ -186,7 +192,7 @@ class IdleOverhead:
             if not sep or key.strip() not in ("warm", "cold", "tau", "parts", "wake"):
                 raise ValueError(f"cannot read '{part}' of the idle overhead (expected "
                                  "warm=PERCENTILES;cold=PERCENTILES;tau=TIME[;parts=N]"
-                                 "[;wake=outside|frontend])")
+                                 "[;wake=outside|frontend|tail])")
             parts[key.strip()] = value.strip()
         if not {"warm", "cold", "tau"} <= set(parts):
             raise ValueError("an idle overhead needs warm=..., cold=... and tau=...")

@@ -387,6 +387,32 @@ def test_idle_overhead_parts_move_a_share_of_the_way_to_cold() -> None:
             cost.parse_overhead(bad)
 
 
+def test_waking_on_the_frontend_thread_makes_the_next_request_wait() -> None:
+    """frontend 2 ms (1 in, 1 out), 1 ms per batch, warm 1 ms, cold 5 ms: r0 wakes a server
+    idle for 10 s, r1 comes 0.5 ms later. wake=outside: r0 decodes 10-10.001, runs to 10.002,
+    encodes to 10.003, +5 ms outside = 8 ms; r1 decodes 10.001-10.002, runs to 10.003, encodes
+    to 10.004, +1 ms = 4.5 ms. wake=frontend: r0's 4 ms of waking are on the frontend thread:
+    r0 decodes to 10.005, runs to 10.006, encodes to 10.007, +1 ms = 8 ms; r1 decodes after it
+    (to 10.006), runs to 10.007, encodes to 10.008, +1 ms = 8.5 ms."""
+    base = "warm=50:1ms,99:1ms;cold=50:5ms,99:5ms;tau=1ms"
+    for wake, expected in (("outside", [0.008, 0.0045]), ("frontend", [0.008, 0.0085])):
+        result = simulate(FifoPolicy(1), _at(10.0, 10.0005), CostTable.constant(0.001),
+                          overhead=cost.parse_overhead(f"{base};wake={wake}"), frontend=0.002)
+        latency = [o.finished - o.request.arrival
+                   for o in sorted(result.outcomes, key=lambda o: o.request.id)]
+        assert latency == pytest.approx(expected, abs=1e-9), wake
+    # tail: everything above the warm median runs on the frontend, the rest outside
+    model = cost.parse_overhead("warm=50:1ms,99:3ms;cold=50:5ms,99:6ms;tau=1ms;wake=tail", 2)
+    assert isinstance(model, cost.IdleOverhead) and "wake=tail" in str(model)
+    for idle in (0.0, 10.0):
+        for _ in range(300):
+            inside, outside = model.split(None, idle)
+            assert inside >= 0 and 0 < outside <= 0.001 + 1e-12
+            assert (inside + outside) <= (0.003 if idle == 0 else 0.006) + 1e-12
+    with pytest.raises(ValueError, match="expected outside, frontend or tail"):
+        cost.parse_overhead(f"{base};wake=inside")
+
+
 def test_cli_takes_the_idle_overhead(tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """Lower rates find the server idle longer: with a cold figure far above the warm one,
