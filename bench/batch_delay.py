@@ -59,7 +59,7 @@ def main() -> int:
                         config = repo / "mlp" / "config.pbtxt"
                         config.write_text(config.read_text() + "dynamic_batching { "
                                           f"max_queue_delay_microseconds: {delay} }}\n")
-                server = sf.Server(repo, tmp / "server.log", tmp / "arrivals.jsonl")
+                server = sf.Server(repo, tmp / "server.log")
                 try:
                     time.sleep(1.0)
                     result = sf.perf_analyzer(

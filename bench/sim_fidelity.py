@@ -73,7 +73,9 @@ PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
 TOLERANCE = 0.15
 PAUSE_S = 2.0  # between two perf_analyzer runs: what cuts the arrival log into runs
 SIM_SECONDS = 60.0  # simulated time per prediction
-FRONTEND_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)  # --fit-frontend: the multipliers tried
+# --fit-frontend: the frontend thread's extra work for a request that finds it idle, tried
+FRONTEND_WAKES = (0.0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3, 1.0e-3)
+CONTENTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)  # --fit-contention: the values tried
 QUANTILES = (50, 90, 95, 99)
 
 
@@ -94,14 +96,15 @@ def make_repo(tmp: Path, policy: str, delay_us: int) -> Path:
 
 
 class Server:
-    def __init__(self, repo: Path, log: Path, arrival_log: Path) -> None:
+    def __init__(self, repo: Path, log: Path, arrival_log: Path | None = None) -> None:
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nursery", "serve", "--model-repository", str(repo),
              "--http-address", "127.0.0.1", "--http-port", str(self.http),
              "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc),
-             "--allow-metrics", "false", "--arrival-log", str(arrival_log)],
+             "--allow-metrics", "false",
+             *(["--arrival-log", str(arrival_log)] if arrival_log is not None else [])],
             cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -145,12 +148,14 @@ def perf_analyzer(url: str, protocol: str, mode: list[str], measure_ms: int,
 
 def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: Any,
               requests: list[arrivals.SimRequest], rate: float | None,
-              frontend: float = 0.0) -> dict[str, Any]:
+              frontend: float = 0.0, wake: float = 0.0,
+              contention: float = 0.0) -> dict[str, Any]:
     policy, slots = policies.build(spec, batch, 1)
     if isinstance(overhead, str):
         overhead = cost.parse_overhead(overhead)
     s = report.summarize(simulate(policy, requests, table, slots=slots, overhead=overhead,
-                                  frontend=frontend), rate=rate)
+                                  frontend=frontend, frontend_wake=wake,
+                                  contention=contention), rate=rate)
     lat = s["latency_ms"]
     return {"throughput": s["throughput"], **{f"p{q}_ms": lat[f"p{q}"] for q in QUANTILES},
             "mean_batch_rows": s["mean_batch_rows"]}
@@ -299,21 +304,23 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     saturated = 1.0 / measured["c8"]["throughput"]  # the frontend thread's cost at c=8
     duration = SIM_SECONDS
 
-    def sim(overhead: Any, rate: float, frontend: float) -> dict[str, Any]:
+    def sim(overhead: Any, rate: float, frontend: float, wake: float,
+            contention: float = 0.0) -> dict[str, Any]:
         if isinstance(overhead, str):
             overhead = cost.parse_overhead(overhead, args.seed)
         return predicted(args.policy, batch, table, overhead,
                          arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
-                         frontend)
+                         frontend, wake, contention)
 
-    def calibrate(scale: float) -> tuple[float, float, str, str]:
-        """(loss at the fit rates, frontend, overhead, warm-only overhead) with the frontend
-        thread costing ``scale`` times its saturated figure per request."""
-        frontend = saturated * scale
+    def calibrate(wake: float, contention: float) -> tuple[float, float, str, str]:
+        """(loss at the fit rates, frontend, overhead, warm-only overhead) with ``wake``
+        seconds of frontend work for a request that finds the frontend thread idle and the
+        overhead stretched by ``1 + contention * (requests in the server)``."""
+        frontend = saturated
 
         def alone() -> dict[str, Any]:  # requests never meet: concurrency 1
             return predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
-                             None, frontend)
+                             None, frontend, wake)
 
         # what the simulator lacks, per percentile: measured minus simulated without it
         warm = difference(measured["c1"], alone())
@@ -324,26 +331,29 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
                                      for i in range(1000))
             frontend = max(frontend - excess, frontend / 4)
             warm = difference(measured["c1"], alone())
-        cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate, frontend))
+        cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate, frontend, wake))
 
         def model(tau: float) -> str:
             return (f"warm={warm};cold={cold};tau={tau * 1e3:.4g}ms;parts={args.idle_parts};"
                     f"wake={args.wake}")
 
         def loss(tau: float) -> float:
-            return sum(abs(error(sim(model(tau), rate, frontend)[f"p{q}_ms"],
+            return sum(abs(error(sim(model(tau), rate, frontend, wake, contention)[f"p{q}_ms"],
                                  measured[f"p{rate:g}"][f"p{q}_ms"]))
                        for rate in fit_rates for q in (50, 99))
 
         tau = fit_tau(loss)
         return loss(tau), frontend, model(tau), warm
 
-    scales = FRONTEND_SCALES if args.fit_frontend else (1.0,)
-    fits = [(calibrate(scale), scale) for scale in scales]
-    (_, frontend, overhead, warm), scale = min(fits, key=lambda f: f[0][0])
+    wakes = FRONTEND_WAKES if args.fit_frontend else (0.0,)
+    contentions = CONTENTIONS if args.fit_contention else (0.0,)
+    fits = [(calibrate(wake, c), wake, c) for wake in wakes for c in contentions]
+    (_, frontend, overhead, warm), wake, contention = min(fits, key=lambda f: f[0][0])
     tau = cost.IdleOverhead.parse(overhead).tau
-    fit = {rate: sim(overhead, rate, frontend) for rate in fit_rates}
-    print(f"frontend {frontend * 1e3:.3f} ms per request (x{scale:g}); overhead {overhead}; at the fit "
+    fit = {rate: sim(overhead, rate, frontend, wake, contention) for rate in fit_rates}
+    print(f"frontend {frontend * 1e3:.3f} ms per request, {wake * 1e3:.3f} ms more to wake it; "
+          f"contention {contention:g}; "
+          f"overhead {overhead}; at the fit "
           "rates: " + "; ".join(
               f"{rate:g}/s p50 {fit[rate]['p50_ms']:.3f} vs {measured[f'p{rate:g}']['p50_ms']:.3f}"
               f" ms, p99 {fit[rate]['p99_ms']:.3f} vs {measured[f'p{rate:g}']['p99_ms']:.3f} ms"
@@ -351,10 +361,11 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     rows = []
     for rate in rates:
         real = measured[f"p{rate:g}"]
-        poisson = sim(overhead, rate, frontend)
-        baseline = sim(warm, rate, frontend)  # one overhead distribution, always warm
+        poisson = sim(overhead, rate, frontend, wake, contention)
+        baseline = sim(warm, rate, frontend, wake)  # one overhead distribution, always warm
         replays = [predicted(args.policy, batch, table, overhead,
-                             arrivals.read_trace(traces / name), rate, frontend)
+                             arrivals.read_trace(traces / name), rate, frontend, wake,
+                             contention)
                    for name in real["traces"] if (traces / name).exists()]
         traced = ({k: statistics.median(r[k] for r in replays) for k in replays[0]}
                   if replays else None)
@@ -365,7 +376,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             row[f"trace_error_{key}"] = error(traced[key], real[key]) if traced else math.nan
             row[f"warm_error_{key}"] = error(baseline[key], real[key])
         rows.append(row)
-    return {"frontend_s": frontend, "frontend_scale": scale, "overhead": overhead,
+    return {"frontend_s": frontend, "frontend_wake_s": wake, "contention": contention,
+            "overhead": overhead,
             "tau_ms": tau * 1e3,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
 
@@ -436,8 +448,12 @@ def main() -> int:
     p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="tail",
                    help="where the idle model's waking time is spent")
     p.add_argument("--fit-frontend", action="store_true",
-                   help="fit the frontend thread's cost per request too (a multiple of its "
-                   "cost at concurrency 8, where requests share wake-ups and system calls)")
+                   help="fit the frontend thread's extra work for a request that finds it "
+                   "idle (at concurrency 8 it is never idle: requests share its wake-ups and "
+                   "system calls)")
+    p.add_argument("--fit-contention", action="store_true",
+                   help="fit how much overlapping requests stretch each other's overhead "
+                   "(the engine's contention)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)

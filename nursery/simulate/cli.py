@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU time one request costs the server's frontend thread (decode and "
                    "encode), shared by all requests: a single queue, so overlapping requests "
                    "wait for each other, e.g. 0.6ms (default 0)")
+    g.add_argument("--frontend-wake", default="0", metavar="TIME",
+                   help="more frontend work for a request that finds the frontend thread "
+                   "idle (a busy thread shares wake-ups and system calls; default 0)")
+    g.add_argument("--contention", type=float, default=0.0, metavar="C",
+                   help="stretch a request's overhead outside the server by 1 + C*k, k the "
+                   "requests in the server when it arrived (cores shared with the client; "
+                   "default 0)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     g.add_argument("--csv", metavar="FILE", help="write one CSV row per run")
@@ -192,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     if args.save_cost:
         Path(args.save_cost).write_text(json.dumps({"cost": table.to_json()}, indent=2) + "\n")
     cost.parse_overhead(args.overhead)  # checked before any run
+    if args.contention < 0 or cost.parse_duration(args.frontend_wake) < 0:
+        raise ValueError("--contention and --frontend-wake must not be negative")
     rates = [float(r) for r in str(args.rate).split(",") if r.strip()]
     if args.arrivals == "trace":
         rates = [float("nan")]
@@ -205,12 +214,15 @@ def run(args: argparse.Namespace) -> int:
             policy, slots = policies.build(spec, batch, instances, model=model)
             overhead = cost.parse_overhead(args.overhead, args.seed)  # same draws every run
             result = simulate(policy, requests, table, instances=instances, slots=slots,
-                              overhead=overhead, frontend=cost.parse_duration(args.frontend))
+                              overhead=overhead, frontend=cost.parse_duration(args.frontend),
+                              frontend_wake=cost.parse_duration(args.frontend_wake),
+                              contention=args.contention)
             summaries.append(report.summarize(
                 result, policy=spec, arrivals=args.arrivals,
                 rate=None if rate != rate else rate, seed=args.seed, instances=instances))
     meta = {"model": args.model, "batch_config": _jsonable(dataclasses.asdict(batch)),
-            "cost_s": table.to_json(), "overhead": args.overhead, "frontend": args.frontend}
+            "cost_s": table.to_json(), "overhead": args.overhead, "frontend": args.frontend,
+            "frontend_wake": args.frontend_wake, "contention": args.contention}
     if not args.quiet:
         print(report.format_table(summaries))
     if args.json:

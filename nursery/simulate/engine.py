@@ -33,6 +33,13 @@ does not count), so that a model can charge a request that wakes an idle server 
 that finds it busy (sleeping threads, spinning thread pools gone to sleep, cold caches).
 Such a model's ``split(request, idle)`` gives two shares: one spent on the frontend thread
 before decoding (waking the server: requests behind it wait) and one outside the server.
+``frontend_wake`` is work the frontend thread does for a request that finds it idle and none
+for one that finds it busy (a busy thread shares its system calls and wake-ups between the
+requests it holds): the frontend's cost per request falls as the load rises.
+``contention`` stretches a request's overhead by ``1 + contention * k``, ``k`` the requests
+in the server when it arrived: on a machine with few cores the server's threads and the
+client's compete, and overlapping requests slow each other down. Only the share outside the
+server is stretched (a stretched frontend share would feed back into ``k``).
 
 What it leaves out: the requester abandoning a request (simulated clients always wait) and
 ``preserve_ordering`` (answers are not held back).
@@ -71,6 +78,7 @@ class Outcome:
     finished: float = math.nan  # answer time, overhead included
     idle: float = 0.0  # how long the server had been idle when it arrived
     outside: float = 0.0  # an idle overhead's share spent outside the server (drawn on arrival)
+    concurrent: int = 0  # requests in the server when it arrived
     instance: int = -1
     batch: int = -1  # index into SimResult.batches
 
@@ -104,9 +112,14 @@ def simulate(
     slots: int = 1,
     overhead: float | Callable[[SimRequest], float] = 0.0,
     frontend: float = 0.0,
+    frontend_wake: float = 0.0,
+    contention: float = 0.0,
 ) -> SimResult:
     """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances.
-    ``frontend``: seconds of the server's (single) frontend thread per request."""
+    ``frontend``: seconds of the server's (single) frontend thread per request;
+    ``frontend_wake``: more seconds of it for a request that finds the thread idle;
+    ``contention``: a request's overhead is stretched by ``1 + contention * k`` when it
+    arrives with ``k`` requests in the server."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
     uses_idle = getattr(overhead, "uses_idle", False)
@@ -114,17 +127,19 @@ def simulate(
     if split is not None:  # drawn on arrival, when the idle gap is known
 
         def extra(out: Outcome) -> float:
-            return out.outside
+            return out.outside * (1.0 + contention * out.concurrent)
     elif uses_idle:
         draw = overhead
 
         def extra(out: Outcome) -> float:
-            return draw(out.request, out.idle)  # type: ignore[operator]
+            return draw(out.request, out.idle) * (  # type: ignore[operator,no-any-return]
+                1.0 + contention * out.concurrent)
     else:
         draw = overhead if callable(overhead) else (lambda _request, c=float(overhead): c)
 
         def extra(out: Outcome) -> float:
-            return draw(out.request)  # type: ignore[operator]
+            return draw(out.request) * (  # type: ignore[operator,no-any-return]
+                1.0 + contention * out.concurrent)
     outcomes = {id(r): Outcome(r) for r in requests}
     batches: list[BatchRecord] = []
     events: list[tuple[float, int, int, Any]] = []
@@ -210,9 +225,12 @@ def simulate(
             if kind == _ARRIVE:
                 out = outcomes[id(payload)]
                 out.idle = 0.0 if pending else max(0.0, now - answered_until)
+                out.concurrent = pending
                 pending += 1
                 if split is not None:
                     inside, out.outside = split(out.request, out.idle)
+            if kind == _ARRIVE and frontend_wake and frontend_free <= now:
+                inside += frontend_wake  # the thread was asleep: waking it is its work too
             if kind == _ARRIVE and (half or inside):  # decoded on the frontend thread first
                 frontend_free = max(now, frontend_free) + half + inside
                 heapq.heappush(events, (frontend_free, _ENQUEUE, order, payload))

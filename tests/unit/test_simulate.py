@@ -413,6 +413,29 @@ def test_waking_on_the_frontend_thread_makes_the_next_request_wait() -> None:
         cost.parse_overhead(f"{base};wake=inside")
 
 
+def test_frontend_wake_is_paid_only_by_a_request_that_finds_the_thread_idle() -> None:
+    """frontend 2 ms (1 in, 1 out), wake 3 ms, 1 ms per batch; arrivals at 0 and 0.5 ms: r0
+    finds the thread idle and decodes 0-4, runs 4-5; r1 found it busy: decodes 4-5, runs 5-6;
+    r0's answer is encoded 5-6, r1's 6-7: latencies 6 and 6.5 ms."""
+    result = simulate(FifoPolicy(1), _at(0.0, 0.0005), CostTable.constant(0.001),
+                      frontend=0.002, frontend_wake=0.003)
+    latency = [o.finished - o.request.arrival
+               for o in sorted(result.outcomes, key=lambda o: o.request.id)]
+    assert latency == pytest.approx([0.006, 0.0065], abs=1e-9)
+
+
+def test_contention_stretches_the_overhead_of_a_request_that_finds_others_in_the_server() -> None:
+    """Two requests at once, 1 ms each, 2 ms of overhead, contention 0.5: r0 finds nobody
+    (runs 0-1, +2 ms = 3 ms); r1 finds r0 (runs 1-2, +2 * 1.5 ms = 5 ms)."""
+    for overhead in (0.002, cost.parse_overhead("warm=50:2ms,99:2ms;cold=50:2ms,99:2ms;tau=1ms")):
+        result = simulate(FifoPolicy(1), _at(0.0, 0.0), CostTable.constant(0.001),
+                          overhead=overhead, contention=0.5)
+        latency = [o.finished - o.request.arrival
+                   for o in sorted(result.outcomes, key=lambda o: o.request.id)]
+        assert latency == pytest.approx([0.003, 0.005], abs=1e-9)
+        assert sorted(o.concurrent for o in result.outcomes) == [0, 1]
+
+
 def test_cli_takes_the_idle_overhead(tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     """Lower rates find the server idle longer: with a cold figure far above the warm one,
