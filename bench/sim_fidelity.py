@@ -390,7 +390,10 @@ def report_text(args: argparse.Namespace, data: dict[str, Any], result: dict[str
              f"Measured: {data['rounds']} rounds, each load once per round in a shuffled order, "
              f"on one server; each figure the median over the rounds (the range in brackets). "
              f"Frontend thread {result['frontend_s'] * 1e3:.3f} ms per request (`--frontend`, "
-             f"from the throughput at concurrency 8). Overhead outside the instance: warm from "
+             f"from the throughput at concurrency 8; {result['frontend_wake_s'] * 1e3:.3g} ms more "
+             f"for a request that finds it idle), contention {result['contention']:g} "
+             f"(overhead stretched by 1 + c * requests in the server; both fitted where "
+             f"asked). Overhead outside the instance: warm from "
              f"concurrency 1, cold from Poisson at {data['cold_rate']:g}/s, the idle time "
              f"constant tau fitted to p50 and p99 at "
              f"{', '.join(f'{r:g}' for r in data['fit_rates'])}/s "
@@ -451,9 +454,9 @@ def main() -> int:
                    help="fit the frontend thread's extra work for a request that finds it "
                    "idle (at concurrency 8 it is never idle: requests share its wake-ups and "
                    "system calls)")
-    p.add_argument("--fit-contention", action="store_true",
+    p.add_argument("--fit-contention", action=argparse.BooleanOptionalAction, default=True,
                    help="fit how much overlapping requests stretch each other's overhead "
-                   "(the engine's contention)")
+                   "(the engine's contention; default: on)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
