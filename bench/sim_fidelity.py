@@ -25,7 +25,10 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    waking the server) is an :class:`~nursery.simulate.cost.IdleOverhead`: its *warm*
    distribution is perf_analyzer's latency at concurrency 1 minus the simulated one, per
    percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
-   the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms). On this
+   the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), together
+   with the engine's ``contention`` (``--fit-contention``, on by default: overlapping requests
+   stretch each other's overhead, the cores being shared with the client). ``--wake tail``
+   (default) queues the overhead above the warm median on the frontend thread. On this
    machine the measured latency *falls* as the rate rises (a request that finds the server
    busy finds its threads awake); one fixed overhead distribution cannot follow that (it is
    kept as the *warm only* column);
