@@ -43,7 +43,6 @@ def main() -> int:
     delays = [int(d) for d in args.delays.split(",")]
     if 0 not in delays:
         delays.insert(0, 0)
-    sf.ROOT = args.root.resolve()  # the server runs from there (its cwd)
     results: dict[int, list[dict[str, float]]] = {d: [] for d in delays}
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -59,7 +58,7 @@ def main() -> int:
                         config = repo / "mlp" / "config.pbtxt"
                         config.write_text(config.read_text() + "dynamic_batching { "
                                           f"max_queue_delay_microseconds: {delay} }}\n")
-                server = sf.Server(repo, tmp / "server.log")
+                server = sf.Server(repo, tmp / "server.log", root=args.root.resolve())
                 try:
                     time.sleep(1.0)
                     result = sf.perf_analyzer(

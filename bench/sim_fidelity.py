@@ -99,7 +99,9 @@ def make_repo(tmp: Path, policy: str, delay_us: int) -> Path:
 
 
 class Server:
-    def __init__(self, repo: Path, log: Path, arrival_log: Path | None = None) -> None:
+    def __init__(self, repo: Path, log: Path, arrival_log: Path | None = None,
+                 root: Path = ROOT) -> None:
+        """``root``: the nursery checkout the server runs from (its working directory)."""
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
@@ -108,7 +110,7 @@ class Server:
              "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc),
              "--allow-metrics", "false",
              *(["--arrival-log", str(arrival_log)] if arrival_log is not None else [])],
-            cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT)
+            cwd=root, stdout=self._out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -253,11 +255,11 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
               file=sys.stderr)
     for i, run in enumerate(runs):
         if segments is not None:
-            t0 = json.loads(segments[i][0])["time"]
+            rows = [json.loads(line) for line in segments[i]]
+            t0 = rows[0]["time"]
             trace = out / f"trace-{i:02d}-{run['load']}.jsonl"
-            trace.write_text("".join(json.dumps({**json.loads(line),
-                                                 "time": json.loads(line)["time"] - t0}) + "\n"
-                                     for line in segments[i]))
+            trace.write_text("".join(json.dumps({**row, "time": row["time"] - t0}) + "\n"
+                                     for row in rows))
             run["trace"] = trace.name
     return runs
 
@@ -385,7 +387,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
 
 
-def report_text(args: argparse.Namespace, data: dict[str, Any], result: dict[str, Any]) -> str:
+def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
     measured = result["measured"]
     lines = [f"# Simulator fidelity: mlp, policy {data['policy']}"
              + (f" ({data['delay_us']} us delay)" if data["policy"] == "dynamic" else "")
@@ -504,7 +506,7 @@ def main() -> int:
             data["runs"] = measure(args, repo, out, plan)
             (out / "measurements.json").write_text(json.dumps(data, indent=2) + "\n")
     result = analyse(args, data, batch, args.reuse or out)
-    text = report_text(args, data, result)
+    text = report_text(data, result)
     print(text)
     (out / "fidelity.md").write_text(text)
     (out / "fidelity.json").write_text(json.dumps(

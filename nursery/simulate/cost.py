@@ -182,6 +182,7 @@ class IdleOverhead:
         if not warm or not cold:
             raise ValueError("an idle overhead needs both a warm and a cold distribution")
         self.warm, self.cold, self.tau, self.parts = tuple(warm), tuple(cold), tau, parts
+        self._warm_median = quantile(self.warm, 0.5)
         self._rng = random.Random(seed)
 
     @classmethod
@@ -224,7 +225,7 @@ class IdleOverhead:
         if self.wake == "frontend":
             return max(0.0, value - warm), min(value, warm)
         if self.wake == "tail":
-            mid = quantile(self.warm, 0.5)
+            mid = self._warm_median
             return max(0.0, value - mid), min(value, mid)
         return 0.0, value
 

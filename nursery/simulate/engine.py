@@ -124,22 +124,17 @@ def simulate(
         raise ValueError("a simulation needs at least one instance with one slot")
     uses_idle = getattr(overhead, "uses_idle", False)
     split = getattr(overhead, "split", None) if uses_idle else None
+    base: Callable[[Outcome], float]
     if split is not None:  # drawn on arrival, when the idle gap is known
-
-        def extra(out: Outcome) -> float:
-            return out.outside * (1.0 + contention * out.concurrent)
+        base = lambda out: out.outside  # noqa: E731
     elif uses_idle:
-        draw = overhead
-
-        def extra(out: Outcome) -> float:
-            return draw(out.request, out.idle) * (  # type: ignore[operator,no-any-return]
-                1.0 + contention * out.concurrent)
+        base = lambda out: overhead(out.request, out.idle)  # type: ignore[operator]  # noqa: E731
     else:
         draw = overhead if callable(overhead) else (lambda _request, c=float(overhead): c)
+        base = lambda out: draw(out.request)  # type: ignore[operator]  # noqa: E731
 
-        def extra(out: Outcome) -> float:
-            return draw(out.request) * (  # type: ignore[operator,no-any-return]
-                1.0 + contention * out.concurrent)
+    def extra(out: Outcome) -> float:
+        return base(out) * (1.0 + contention * out.concurrent)
     outcomes = {id(r): Outcome(r) for r in requests}
     batches: list[BatchRecord] = []
     events: list[tuple[float, int, int, Any]] = []
