@@ -35,6 +35,13 @@ def _status(error: NurseryError) -> grpclib.GRPCError:
     return grpclib.GRPCError(grpclib.const.Status(GRPC_STATUS[error.kind]), error.message)
 
 
+def _traceparent(stream: Any) -> str:
+    """The W3C trace context a call carries in its metadata (grpclib's stream or the lean
+    server's call), or ""."""
+    value = stream.metadata.get("traceparent") if stream.metadata else None
+    return value if isinstance(value, str) else ""
+
+
 class Draining:
     """Counts RPCs in progress; once draining, new inference RPCs are refused."""
 
@@ -108,11 +115,18 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def model_infer(self, request: pb.ModelInferRequest) -> Any:
         return await self._call(self._infer, request)
 
-    async def _infer(self, message: Any) -> bytes:
+    async def _infer_rpc(self, stream: Any) -> None:
+        """ModelInfer with the call's metadata at hand: its ``traceparent`` (OpenTelemetry
+        mode) makes the request's trace a child of the caller's span, as in Triton."""
+        message = await stream.recv_message()
+        traceparent = _traceparent(stream) if self.core.tracer.active else ""
+        await stream.send_message(await self._call(self._infer, message, traceparent))
+
+    async def _infer(self, message: Any, traceparent: str = "") -> bytes:
         """The ModelInferResponse in wire form (the codec passes bytes through)."""
         self.draining.enter()
         tracer = self.core.tracer
-        trace = tracer.start(message.model_name) if tracer.active else None
+        trace = tracer.start(message.model_name, traceparent) if tracer.active else None
         if trace is not None:  # grpclib has read and parsed the message by now
             trace.stamp("GRPC_WAITREAD_START")
             trace.stamp("GRPC_WAITREAD_END")
@@ -167,7 +181,15 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 self.draining.leave()
             await reply(message)
 
+        # a traceparent in the stream's metadata parents every request the stream carries
+        tracer = self.core.tracer
+        traceparent = _traceparent(stream) if tracer.active else ""
+
         async def infer(request: Any, handle: Any, outputs: Any) -> None:
+            trace = None
+            if traceparent and tracer.active:  # else the core samples it
+                trace = tracer.start(handle.name, traceparent)
+                request.trace = trace or False
             try:
                 response = await self.core.infer(request, handle)
                 message = encode_stream_response(
@@ -176,6 +198,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 message = encode_stream_response(None, error.message)
             finally:
                 self.draining.leave()
+                if trace is not None:
+                    trace.finish()
             await reply(message)
 
         async def decoupled(request: Any, handle: Any) -> None:
@@ -381,6 +405,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping = super().__mapping__()
+        name = "/inference.GRPCInferenceService/ModelInfer"
+        mapping[name] = grpclib.const.Handler(
+            self._infer_rpc, grpclib.const.Cardinality.UNARY_UNARY,
+            pb.ModelInferRequest, pb.ModelInferResponse,
+        )
         name = "/inference.GRPCInferenceService/ModelStreamInfer"
         mapping[name] = grpclib.const.Handler(
             self._stream_rpc, grpclib.const.Cardinality.STREAM_STREAM,

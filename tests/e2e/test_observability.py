@@ -371,13 +371,18 @@ class _Collector:
         self.server.server_close()
 
 
-def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any) -> None:
+@pytest.mark.parametrize("grpc_server", ["nursery", "grpclib"])
+def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
+                                          grpc_server: str) -> None:
+    import queue
+
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
     collector = _Collector()
     try:
         server = start_server(
-            repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            repo, "--grpc-server", grpc_server,
+            "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
             "--trace-config", "rate=2", "--trace-config", f"opentelemetry,url={collector.url}",
             "--trace-config", "opentelemetry,resource=service.name=nursery-test",
             "--trace-config", "opentelemetry,bsp_schedule_delay=100")
@@ -392,11 +397,25 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any) -> 
         http.infer("add_sub", _add_sub_inputs(httpclient), request_id="propagated",
                    headers={"traceparent": f"00-{parent_trace}-{parent_span}-01"})
         http.close()
+        # over gRPC the context comes as call metadata: a unary call, and a stream whose
+        # metadata parents every request it carries
+        grpc_span, stream_span = "00f067aa0ba902b8", "00f067aa0ba902b9"
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        grpc.infer("add_sub", _add_sub_inputs(grpcclient), request_id="grpc",
+                   headers={"traceparent": f"00-{parent_trace}-{grpc_span}-01"})
+        answers: queue.Queue[Any] = queue.Queue()
+        grpc.start_stream(lambda result, error: answers.put((result, error)),
+                          headers={"traceparent": f"00-{parent_trace}-{stream_span}-01"})
+        grpc.async_stream_infer("add_sub", _add_sub_inputs(grpcclient), request_id="stream")
+        result, error = answers.get(timeout=30)
+        assert error is None and result.as_numpy("OUTPUT0") is not None
+        grpc.stop_stream()
+        grpc.close()
         deadline = time.monotonic() + 20
-        while len(collector.spans) < 6 and time.monotonic() < deadline:
+        while len(collector.spans) < 12 and time.monotonic() < deadline:
             time.sleep(0.1)
         spans = [s for _, s in collector.spans]
-        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 2)
+        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 4)
         assert {r["service.name"] for r, _ in collector.spans} == {"nursery-test"}
         by_id = {s.span_id: s for s in spans}
         for s in spans:
@@ -416,6 +435,9 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any) -> 
                 for s in spans if s.name == "InferRequest"}
         assert tops["propagated"].trace_id.hex() == parent_trace
         assert tops["propagated"].parent_span_id.hex() == parent_span
+        for request_id, span in (("grpc", grpc_span), ("stream", stream_span)):
+            assert tops[request_id].trace_id.hex() == parent_trace, request_id
+            assert tops[request_id].parent_span_id.hex() == span, request_id
         assert tops["sampled"].parent_span_id == b""
         assert [e.name for e in tops["sampled"].events] == ["HTTP_RECV_START", "HTTP_RECV_END",
                                                              "HTTP_SEND_START"]
