@@ -101,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--frontend", default="0", metavar="TIME",
                    help="CPU time one request costs the server's frontend thread (decode and "
                    "encode), shared by all requests: a single queue, so overlapping requests "
-                   "wait for each other, e.g. 0.6ms (default 0)")
+                   "wait for each other, e.g. 0.6ms; with an idle overhead's wake=tail, less "
+                   "the warm tail's mean, which that model charges the thread itself "
+                   "(IdleOverhead.warm_frontend_mean; bench/sim_fidelity.py prints it lowered) "
+                   "(default 0)")
     g.add_argument("--frontend-wake", default="0", metavar="TIME",
                    help="more frontend work for a request that finds the frontend thread "
                    "idle (a busy thread shares wake-ups and system calls; default 0)")

@@ -163,8 +163,9 @@ class IdleOverhead:
     ``tail`` spends everything above the warm *median* there: the warm tail too, that is, the
     server's own stalls (a slow wake-up of the instance thread, a garbage collection), which
     every request behind a stalled one waits out, so that the tail grows with the load (with
-    ``tail`` the frontend cost given to the engine should be lowered by the tail's mean, as
-    ``bench/sim_fidelity.py`` does, or the frontend is charged it twice).
+    ``tail`` the frontend cost given to the engine should be lowered by the tail's mean,
+    :meth:`warm_frontend_mean`, as ``bench/sim_fidelity.py`` does, or the frontend is charged
+    it twice).
     """
 
     uses_idle = True
@@ -212,6 +213,17 @@ class IdleOverhead:
         return (f"warm={fmt(self.warm)};cold={fmt(self.cold)};tau={self.tau * 1e3:.4g}ms"
                 + (f";parts={self.parts}" if self.parts != 1 else "")
                 + (f";wake={self.wake}" if self.wake != "outside" else ""))
+
+    def warm_frontend_mean(self) -> float:
+        """The mean seconds :meth:`split` puts on the frontend thread for a request that finds
+        the server busy (0 unless ``wake=tail``: then the warm tail above its median). A
+        frontend cost measured at saturation already holds it, so a caller lowers
+        ``--frontend`` by this much or charges it twice."""
+        if self.wake != "tail":
+            return 0.0
+        mid = self._warm_median
+        return statistics.fmean(max(0.0, quantile(self.warm, (i + 0.5) / 1000) - mid)
+                                for i in range(1000))
 
     def split(self, _request: object, idle: float = 0.0) -> tuple[float, float]:
         """(seconds on the frontend thread, seconds outside the server) for one request."""

@@ -409,6 +409,10 @@ def test_waking_on_the_frontend_thread_makes_the_next_request_wait() -> None:
             inside, outside = model.split(None, idle)
             assert inside >= 0 and 0 < outside <= 0.001 + 1e-12
             assert (inside + outside) <= (0.003 if idle == 0 else 0.006) + 1e-12
+    # the warm share it charges the frontend: the tail above 1 ms, rising linearly to 2 ms more
+    # from the median to p99, 2 ms beyond: 0.49 * 1 ms + 0.01 * 2 ms = 0.51 ms on average
+    assert model.warm_frontend_mean() == pytest.approx(0.00051, rel=1e-3)
+    assert cost.parse_overhead(f"{base};wake=frontend").warm_frontend_mean() == 0.0
     with pytest.raises(ValueError, match="expected outside, frontend or tail"):
         cost.parse_overhead(f"{base};wake=inside")
 
