@@ -52,6 +52,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -214,6 +215,16 @@ def split_trace(path: Path, runs: int) -> list[list[str]] | None:
     return segments if len(segments) == runs else None
 
 
+def cpu_seconds(pid: int) -> tuple[float, float, float]:
+    """(the server's CPU seconds, every finished child's CPU seconds: perf_analyzer's, the
+    monotonic clock) now: their differences over a run say how busy the two cores were."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ((int(fields[11]) + int(fields[12])) / tick, children.ru_utime + children.ru_stime,
+            time.monotonic())
+
+
 def measure(args: argparse.Namespace, repo: Path, out: Path,
             plan: list[tuple[str, list[str], int]]) -> list[dict[str, Any]]:
     """Every load of ``plan`` in each of ``args.rounds`` rounds (a shuffled order per round), on
@@ -230,6 +241,7 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                 for name, flags, window in order:
                     time.sleep(PAUSE_S)
                     i = len(runs)
+                    cpu = cpu_seconds(server.proc.pid)
                     try:
                         result = perf_analyzer(server.url(args.protocol), args.protocol, flags,
                                                window, out / f"pa-{i:02d}-{name}.csv")
@@ -242,7 +254,12 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                         result = perf_analyzer(server.url(args.protocol), args.protocol,
                                                [*flags, "-s", "50"], window,
                                                out / f"pa-{i:02d}-{name}.csv")
-                    runs.append({"load": name, "round": rnd, **result})
+                    used = [b - a for a, b in zip(cpu, cpu_seconds(server.proc.pid), strict=True)]
+                    runs.append({"load": name, "round": rnd, **result,
+                                 # CPU seconds of the server and of perf_analyzer over the run
+                                 # (its warm-up windows included), and the run's length
+                                 "server_cpu_s": used[0], "client_cpu_s": used[1],
+                                 "wall_s": used[2]})
                     (out / "runs-so-far.json").write_text(json.dumps(runs, indent=1))
                     print(f"round {rnd + 1}/{args.rounds} {name}: {result['throughput']:.0f} "
                           f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
@@ -264,6 +281,18 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
     return runs
 
 
+def cpu_use(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The cores the server and perf_analyzer kept busy over a load's runs (medians), and the
+    server's CPU milliseconds per request; empty for runs measured before these were kept."""
+    if not all("wall_s" in r for r in runs):
+        return {}
+    return {
+        "server_cores": statistics.median(r["server_cpu_s"] / r["wall_s"] for r in runs),
+        "client_cores": statistics.median(r["client_cpu_s"] / r["wall_s"] for r in runs),
+        "server_cpu_ms": statistics.median(
+            1e3 * r["server_cpu_s"] / (r["wall_s"] * r["throughput"]) for r in runs)}
+
+
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per load: each figure's median over the rounds, and its range."""
     by_load: dict[str, list[dict[str, Any]]] = {}
@@ -271,6 +300,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         by_load.setdefault(run["load"], []).append(run)
     keys = ("throughput", *(f"p{q}_ms" for q in QUANTILES))
     return {load: {**{k: statistics.median(r[k] for r in rs) for k in keys},
+                   **cpu_use(rs),
                    "range": {k: (min(r[k] for r in rs), max(r[k] for r in rs)) for k in keys},
                    "traces": [r["trace"] for r in rs if "trace" in r]}
             for load, rs in by_load.items()}
@@ -330,11 +360,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
         # what the simulator lacks, per percentile: measured minus simulated without it
         warm = difference(measured["c1"], alone())
         if args.wake == "tail":  # the warm tail runs on the frontend thread: keep its mean
-            points = cost.parse_percentiles(warm)
-            mid = cost.quantile(points, 0.5)
-            excess = statistics.mean(max(0.0, cost.quantile(points, (i + 0.5) / 1000) - mid)
-                                     for i in range(1000))
-            frontend = max(frontend - excess, frontend / 4)
+            excess = cost.IdleOverhead.parse(f"warm={warm};cold={warm};tau=1;wake=tail")
+            frontend = max(frontend - excess.warm_frontend_mean(), frontend / 4)
             warm = difference(measured["c1"], alone())
         cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate, frontend, wake))
 
@@ -387,6 +414,16 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
 
 
+def cpu_lines(measured: dict[str, dict[str, Any]]) -> list[str]:
+    """How busy the two cores were at each load (medians over the rounds), when measured."""
+    loads = [(load, m) for load, m in measured.items() if "server_cores" in m]
+    if not loads:
+        return []
+    return ["CPU (cores busy: server + perf_analyzer; the server's CPU ms per request): "
+            + "; ".join(f"{load} {m['server_cores']:.2f} + {m['client_cores']:.2f}, "
+                        f"{m['server_cpu_ms']:.3f} ms" for load, m in loads), ""]
+
+
 def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
     measured = result["measured"]
     lines = [f"# Simulator fidelity: mlp, policy {data['policy']}"
@@ -409,6 +446,7 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
                  f"[{m['range']['p99_ms'][0]:.3f}-{m['range']['p99_ms'][1]:.3f}]"
                  for load, m in measured.items()
                  if load not in {f"p{r:g}" for r in data["rates"]}), "",
+             *cpu_lines(measured),
              "Columns: infer/s, p50 ms, p99 ms. *Simulated*: Poisson arrivals, the idle model; "
              "*replayed*: the server's own recorded arrivals; *warm only*: Poisson with the "
              "concurrency-1 overhead alone (the model before the idle term), for comparison.", "",
