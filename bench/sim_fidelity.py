@@ -25,20 +25,24 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    waking the server) is an :class:`~nursery.simulate.cost.IdleOverhead`: its *warm*
    distribution is perf_analyzer's latency at concurrency 1 minus the simulated one, per
    percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
-   the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), together
-   with the engine's ``contention`` (``--fit-contention``, on by default: overlapping requests
-   stretch each other's overhead, the cores being shared with the client). ``--wake tail``
-   (default) queues the overhead above the warm median on the frontend thread. On this
-   machine the measured latency *falls* as the rate rises (a request that finds the server
-   busy finds its threads awake); one fixed overhead distribution cannot follow that (it is
-   kept as the *warm only* column);
+   the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), with the
+   engine's ``contention`` too when asked (``--fit-contention``: overlapping requests stretch
+   each other's overhead). The defaults are the variant that did best over four runs' data
+   (docs/research.md): ``--wake frontend`` (the waking, what cold costs above warm, is queued
+   on the frontend thread), ``--idle-parts 4`` (the server warms by degrees) and
+   ``--inherit-idle`` (a request arriving while the one that woke the server is still in it
+   is cold too). On this machine the measured latency *falls* as the rate rises (a request
+   that finds the server busy finds its threads awake); one fixed overhead distribution
+   cannot follow that (it is kept as the *warm only* column);
 4. for each rate checked, simulate the same policy at the same rate, Poisson arrivals (the
    prediction), and the server's own recorded arrivals of each round replayed
    (``--arrivals trace``);
-5. print and write (``fidelity.json``, ``fidelity.md``) predicted vs measured throughput, p50
-   and p99 latency and their relative errors, marking those within 15%, with the measured
-   spread over the rounds. ``measurements.json`` keeps every run, so ``--reuse DIR`` can redo
-   steps 3-5 (another model, another fit) without measuring again.
+5. print and write (``fidelity.json``, and ``summary.md``, kept in git) predicted vs measured
+   throughput, p50 and p99 latency and their relative errors, marking those within 15%, with
+   the measured spread over the rounds, and how busy the cores were at each load (the server's CPU
+   seconds from ``/proc``, perf_analyzer's, the share the hypervisor stole).
+   ``measurements.json`` keeps every run, so ``--reuse DIR`` can redo steps 3-5 (another
+   model, another fit) without measuring again.
 
 Never run it beside another benchmark on the 2-core machine. ``--smoke`` runs a tiny version
 (one rate, one round, short windows) to check that the pieces work, not to measure anything.
@@ -101,8 +105,9 @@ def make_repo(tmp: Path, policy: str, delay_us: int) -> Path:
 
 class Server:
     def __init__(self, repo: Path, log: Path, arrival_log: Path | None = None,
-                 root: Path = ROOT) -> None:
-        """``root``: the nursery checkout the server runs from (its working directory)."""
+                 root: Path = ROOT, flags: tuple[str, ...] = ()) -> None:
+        """``root``: the nursery checkout the server runs from (its working directory);
+        ``flags``: more command-line flags (a trace configuration, say)."""
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
@@ -110,7 +115,7 @@ class Server:
              "--http-address", "127.0.0.1", "--http-port", str(self.http),
              "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc),
              "--allow-metrics", "false",
-             *(["--arrival-log", str(arrival_log)] if arrival_log is not None else [])],
+             *(["--arrival-log", str(arrival_log)] if arrival_log is not None else []), *flags],
             cwd=root, stdout=self._out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -155,13 +160,13 @@ def perf_analyzer(url: str, protocol: str, mode: list[str], measure_ms: int,
 def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: Any,
               requests: list[arrivals.SimRequest], rate: float | None,
               frontend: float = 0.0, wake: float = 0.0,
-              contention: float = 0.0) -> dict[str, Any]:
+              contention: float = 0.0, inherit: bool = False) -> dict[str, Any]:
     policy, slots = policies.build(spec, batch, 1)
     if isinstance(overhead, str):
         overhead = cost.parse_overhead(overhead)
     s = report.summarize(simulate(policy, requests, table, slots=slots, overhead=overhead,
                                   frontend=frontend, frontend_wake=wake,
-                                  contention=contention), rate=rate)
+                                  contention=contention, inherit_idle=inherit), rate=rate)
     lat = s["latency_ms"]
     return {"throughput": s["throughput"], **{f"p{q}_ms": lat[f"p{q}"] for q in QUANTILES},
             "mean_batch_rows": s["mean_batch_rows"]}
@@ -215,14 +220,16 @@ def split_trace(path: Path, runs: int) -> list[list[str]] | None:
     return segments if len(segments) == runs else None
 
 
-def cpu_seconds(pid: int) -> tuple[float, float, float]:
+def cpu_seconds(pid: int) -> tuple[float, ...]:
     """(the server's CPU seconds, every finished child's CPU seconds: perf_analyzer's, the
-    monotonic clock) now: their differences over a run say how busy the two cores were."""
+    monotonic clock, the machine's stolen ticks, all its ticks) now: their differences over a
+    run say how busy the two cores were, and how much of them the hypervisor took."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     tick = os.sysconf("SC_CLK_TCK")
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return ((int(fields[11]) + int(fields[12])) / tick, children.ru_utime + children.ru_stime,
-            time.monotonic())
+            time.monotonic(), ticks[7] if len(ticks) > 7 else 0, sum(ticks))
 
 
 def measure(args: argparse.Namespace, repo: Path, out: Path,
@@ -259,7 +266,7 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                                  # CPU seconds of the server and of perf_analyzer over the run
                                  # (its warm-up windows included), and the run's length
                                  "server_cpu_s": used[0], "client_cpu_s": used[1],
-                                 "wall_s": used[2]})
+                                 "wall_s": used[2], "steal": used[3] / max(1, used[4])})
                     (out / "runs-so-far.json").write_text(json.dumps(runs, indent=1))
                     print(f"round {rnd + 1}/{args.rounds} {name}: {result['throughput']:.0f} "
                           f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
@@ -289,6 +296,7 @@ def cpu_use(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {
         "server_cores": statistics.median(r["server_cpu_s"] / r["wall_s"] for r in runs),
         "client_cores": statistics.median(r["client_cpu_s"] / r["wall_s"] for r in runs),
+        "steal": statistics.median(r.get("steal", 0.0) for r in runs),
         "server_cpu_ms": statistics.median(
             1e3 * r["server_cpu_s"] / (r["wall_s"] * r["throughput"]) for r in runs)}
 
@@ -345,7 +353,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             overhead = cost.parse_overhead(overhead, args.seed)
         return predicted(args.policy, batch, table, overhead,
                          arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
-                         frontend, wake, contention)
+                         frontend, wake, contention, args.inherit_idle)
 
     def calibrate(wake: float, contention: float) -> tuple[float, float, str, str]:
         """(loss at the fit rates, frontend, overhead, warm-only overhead) with ``wake``
@@ -397,7 +405,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
         baseline = sim(warm, rate, frontend, wake)  # one overhead distribution, always warm
         replays = [predicted(args.policy, batch, table, overhead,
                              arrivals.read_trace(traces / name), rate, frontend, wake,
-                             contention)
+                             contention, args.inherit_idle)
                    for name in real["traces"] if (traces / name).exists()]
         traced = ({k: statistics.median(r[k] for r in replays) for k in replays[0]}
                   if replays else None)
@@ -409,7 +417,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             row[f"warm_error_{key}"] = error(baseline[key], real[key])
         rows.append(row)
     return {"frontend_s": frontend, "frontend_wake_s": wake, "contention": contention,
-            "overhead": overhead,
+            "overhead": overhead, "inherit_idle": args.inherit_idle,
             "tau_ms": tau * 1e3,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
 
@@ -419,9 +427,11 @@ def cpu_lines(measured: dict[str, dict[str, Any]]) -> list[str]:
     loads = [(load, m) for load, m in measured.items() if "server_cores" in m]
     if not loads:
         return []
-    return ["CPU (cores busy: server + perf_analyzer; the server's CPU ms per request): "
+    return ["CPU (cores busy: server + perf_analyzer; the server's CPU ms per request; the "
+            "share the hypervisor stole): "
             + "; ".join(f"{load} {m['server_cores']:.2f} + {m['client_cores']:.2f}, "
-                        f"{m['server_cpu_ms']:.3f} ms" for load, m in loads), ""]
+                        f"{m['server_cpu_ms']:.3f} ms, {m['steal']:.1%}" for load, m in loads),
+            ""]
 
 
 def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
@@ -439,7 +449,10 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
              f"concurrency 1, cold from Poisson at {data['cold_rate']:g}/s, the idle time "
              f"constant tau fitted to p50 and p99 at "
              f"{', '.join(f'{r:g}' for r in data['fit_rates'])}/s "
-             f"(`--overhead '{result['overhead']}'`). Cost table (ms): "
+             f"(`--overhead '{result['overhead']}'`"
+             + ("; `--inherit-idle`: a request arriving while the one that woke the server is "
+                "still in it is as cold" if result.get("inherit_idle") else "")
+             + "). Cost table (ms): "
              + ", ".join(f"{r}: {float(s) * 1e3:.3f}" for r, s in data["cost_s"].items()), "",
              "Calibration loads (median; range over the rounds): " + "; ".join(
                  f"{load} {m['throughput']:.0f}/s p50 {m['p50_ms']:.3f} p99 {m['p99_ms']:.3f} "
@@ -489,17 +502,20 @@ def main() -> int:
                    help="the Poisson rate (requests/s) the cold overhead is calibrated at")
     p.add_argument("--fit-rates", default="100,150",
                    help="the Poisson rates the idle time constant tau is fitted at")
-    p.add_argument("--idle-parts", type=int, default=1,
+    p.add_argument("--idle-parts", type=int, default=4,
                    help="the idle model's parts (see nursery.simulate.cost.IdleOverhead)")
-    p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="tail",
+    p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="frontend",
                    help="where the idle model's waking time is spent")
+    p.add_argument("--inherit-idle", action=argparse.BooleanOptionalAction, default=True,
+                   help="a request arriving while the one that woke the server is still in it "
+                   "is as cold as that one (the engine's inherit_idle)")
     p.add_argument("--fit-frontend", action="store_true",
                    help="fit the frontend thread's extra work for a request that finds it "
                    "idle (at concurrency 8 it is never idle: requests share its wake-ups and "
                    "system calls)")
-    p.add_argument("--fit-contention", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--fit-contention", action=argparse.BooleanOptionalAction, default=False,
                    help="fit how much overlapping requests stretch each other's overhead "
-                   "(the engine's contention; default: on)")
+                   "(the engine's contention)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
@@ -546,7 +562,7 @@ def main() -> int:
     result = analyse(args, data, batch, args.reuse or out)
     text = report_text(data, result)
     print(text)
-    (out / "fidelity.md").write_text(text)
+    (out / "summary.md").write_text(text)
     (out / "fidelity.json").write_text(json.dumps(
         {**{k: v for k, v in data.items() if k != "runs"}, **result}, indent=2) + "\n")
     print(f"written to {out}")

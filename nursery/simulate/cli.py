@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stretch a request's overhead outside the server by 1 + C*k, k the "
                    "requests in the server when it arrived (cores shared with the client; "
                    "default 0)")
+    g.add_argument("--inherit-idle", action="store_true",
+                   help="with an idle overhead: a request that arrives while the one that woke "
+                   "the server is still in it is as cold as that one (the server is awake only "
+                   "once it has answered)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     g.add_argument("--csv", metavar="FILE", help="write one CSV row per run")
@@ -219,13 +223,14 @@ def run(args: argparse.Namespace) -> int:
             result = simulate(policy, requests, table, instances=instances, slots=slots,
                               overhead=overhead, frontend=cost.parse_duration(args.frontend),
                               frontend_wake=cost.parse_duration(args.frontend_wake),
-                              contention=args.contention)
+                              contention=args.contention, inherit_idle=args.inherit_idle)
             summaries.append(report.summarize(
                 result, policy=spec, arrivals=args.arrivals,
                 rate=None if rate != rate else rate, seed=args.seed, instances=instances))
     meta = {"model": args.model, "batch_config": _jsonable(dataclasses.asdict(batch)),
             "cost_s": table.to_json(), "overhead": args.overhead, "frontend": args.frontend,
-            "frontend_wake": args.frontend_wake, "contention": args.contention}
+            "frontend_wake": args.frontend_wake, "contention": args.contention,
+            "inherit_idle": args.inherit_idle}
     if not args.quiet:
         print(report.format_table(summaries))
     if args.json:

@@ -36,6 +36,10 @@ before decoding (waking the server: requests behind it wait) and one outside the
 ``frontend_wake`` is work the frontend thread does for a request that finds it idle and none
 for one that finds it busy (a busy thread shares its system calls and wake-ups between the
 requests it holds): the frontend's cost per request falls as the load rises.
+With ``inherit_idle`` a request that arrives while the one that woke the server is still
+in it (not yet answered) is given that request's idle gap instead of 0: the server is not
+awake (its caches warm, its threads spinning) until it has answered once, so two requests
+that arrive close together after a quiet spell are both slow, the second behind the first.
 ``contention`` stretches a request's overhead by ``1 + contention * k``, ``k`` the requests
 in the server when it arrived: on a machine with few cores the server's threads and the
 client's compete, and overlapping requests slow each other down. Only the share outside the
@@ -114,12 +118,15 @@ def simulate(
     frontend: float = 0.0,
     frontend_wake: float = 0.0,
     contention: float = 0.0,
+    inherit_idle: bool = False,
 ) -> SimResult:
     """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances.
     ``frontend``: seconds of the server's (single) frontend thread per request;
     ``frontend_wake``: more seconds of it for a request that finds the thread idle;
     ``contention``: a request's overhead is stretched by ``1 + contention * k`` when it
-    arrives with ``k`` requests in the server."""
+    arrives with ``k`` requests in the server; ``inherit_idle``: a request that arrives while
+    the request that woke the server is still in it finds the server as idle as that one did
+    (the server is not awake until it has answered once)."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
     uses_idle = getattr(overhead, "uses_idle", False)
@@ -149,6 +156,8 @@ def simulate(
     frontend_free = 0.0  # when the frontend thread finishes the work it holds
     pending = 0  # requests arrived whose server-side answer time is not known yet
     answered_until = 0.0  # the latest server-side answer time known
+    waking: Outcome | None = None  # the request that woke the server (inherit_idle)
+    woken = math.inf  # when it was answered (server side), once known
     now = 0.0
     for i in range(instances):
         free[i] = slots
@@ -188,6 +197,7 @@ def simulate(
                         pending -= 1
                         answered_until = max(answered_until, end)
                         out.finished = end + extra(out)
+                        woken = end if out is waking else woken
                 heapq.heappush(events, (end, _READY, order, i))
                 order += 1
             elif isinstance(decision, Reject):
@@ -198,6 +208,7 @@ def simulate(
                     pending -= 1
                     answered_until = max(answered_until, now)
                     out.reason, out.finished = decision.reason, now + extra(out)
+                    woken = now if out is waking else woken
         wake_at = poll.wake_at
         if not events and (wake_at is None or wake_at == math.inf):
             break
@@ -219,7 +230,11 @@ def simulate(
             inside = 0.0
             if kind == _ARRIVE:
                 out = outcomes[id(payload)]
-                out.idle = 0.0 if pending else max(0.0, now - answered_until)
+                if not pending and now >= answered_until:
+                    out.idle = now - answered_until
+                    waking, woken = (out if inherit_idle and out.idle > 0 else None), math.inf
+                elif waking is not None and now < woken:  # still waking: as idle as it was
+                    out.idle = waking.idle
                 out.concurrent = pending
                 pending += 1
                 if split is not None:
@@ -237,6 +252,7 @@ def simulate(
                 pending -= 1
                 answered_until = max(answered_until, frontend_free)
                 payload.finished = frontend_free + extra(payload)
+                woken = frontend_free if payload is waking else woken
             else:
                 free[payload] += 1
                 policy.instance_ready(payload, now, 1)

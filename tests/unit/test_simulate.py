@@ -451,6 +451,35 @@ def test_cli_takes_the_idle_overhead(tmp_path: Path,
     assert rc == 0
     low, high = json.loads(out_json.read_text())["runs"]
     assert low["latency_ms"]["p50"] > 2.9 and high["latency_ms"]["p50"] < 1.5
+    # --inherit-idle: requests that arrive behind a waking one are cold too; at a rate where
+    # they often do, the tail grows (and the flag is recorded with the figures)
+    tails = []
+    for extra in ([], ["--inherit-idle"]):
+        assert cli.main(["--max-batch-size", "1", "--cost", "1ms", "--policy", "fifo",
+                         "--rate", "300", "--duration", "5", "--overhead",
+                         "warm=50:1ms,99:1ms;cold=50:3ms,99:3ms;tau=1ms", "--json",
+                         str(out_json), *extra]) == 0
+        result = json.loads(out_json.read_text())
+        assert result["inherit_idle"] == bool(extra)
+        tails.append(result["runs"][0]["latency_ms"]["p90"])
+    assert tails[1] > tails[0] + 0.5
     assert cli.main(["--max-batch-size", "8", "--cost", "1ms", "--overhead",
                      "warm=50:1ms;tau=1"]) == 1
     assert "needs warm=..., cold=... and tau=..." in capsys.readouterr().err
+
+
+def test_inherit_idle_makes_a_request_behind_the_waking_one_cold_too() -> None:
+    """1 ms per request, overhead 1 ms warm and 5 ms cold (any idle time makes it cold).
+    Arrivals at 10, 10.0005 and 10.0015 s: r0 woke the server (cold): runs 10-10.001, +5 ms =
+    6 ms. r1 came while r0 was in the server: warm by default (runs 10.001-10.002, +1 ms =
+    2.5 ms); with inherit_idle as cold as r0 (+5 ms = 6.5 ms). r2 came after r0 was answered:
+    warm either way (runs 10.002-10.003, +1 ms = 2.5 ms)."""
+    model = "warm=50:1ms,99:1ms;cold=50:5ms,99:5ms;tau=0.001us"
+    for inherit, expected in ((False, [0.006, 0.0025, 0.0025]), (True, [0.006, 0.0065, 0.0025])):
+        result = simulate(FifoPolicy(1), _at(10.0, 10.0005, 10.0015), CostTable.constant(0.001),
+                          overhead=cost.parse_overhead(model), inherit_idle=inherit)
+        latency = [o.finished - o.request.arrival
+                   for o in sorted(result.outcomes, key=lambda o: o.request.id)]
+        assert latency == pytest.approx(expected, abs=1e-9), inherit
+        assert [o.idle > 0 for o in sorted(result.outcomes, key=lambda o: o.request.id)] == [
+            True, inherit, False]
