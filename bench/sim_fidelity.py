@@ -27,7 +27,7 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
    the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), with the
    engine's ``contention`` too when asked (``--fit-contention``: overlapping requests stretch
-   each other's overhead). The defaults are the variant that did best over four runs' data
+   each other's overhead). The defaults are the variant that did best over the first four runs' data
    (docs/research.md): ``--wake frontend`` (the waking, what cold costs above warm, is queued
    on the frontend thread), ``--idle-parts 4`` (the server warms by degrees) and
    ``--inherit-idle`` (a request arriving while the one that woke the server is still in it
