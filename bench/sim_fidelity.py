@@ -27,9 +27,9 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
    the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), with the
    engine's ``contention`` too when asked (``--fit-contention``: overlapping requests stretch
-   each other's overhead). The defaults are the variant that did best over the first four runs' data
-   (docs/research.md): ``--wake frontend`` (the waking, what cold costs above warm, is queued
-   on the frontend thread), ``--idle-parts 4`` (the server warms by degrees) and
+   each other's overhead). The defaults are the variant that did best over the first four
+   runs' data (docs/research.md): ``--wake frontend`` (the waking, what cold costs above warm,
+   is queued on the frontend thread), ``--idle-parts 4`` (the server warms by degrees) and
    ``--inherit-idle`` (a request arriving while the one that woke the server is still in it
    is cold too). On this machine the measured latency *falls* as the rate rises (a request
    that finds the server busy finds its threads awake); one fixed overhead distribution
@@ -368,8 +368,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
         # what the simulator lacks, per percentile: measured minus simulated without it
         warm = difference(measured["c1"], alone())
         if args.wake == "tail":  # the warm tail runs on the frontend thread: keep its mean
-            excess = cost.IdleOverhead.parse(f"warm={warm};cold={warm};tau=1;wake=tail")
-            frontend = max(frontend - excess.warm_frontend_mean(), frontend / 4)
+            excess = cost.mean_above_median(cost.parse_percentiles(warm))
+            frontend = max(frontend - excess, frontend / 4)
             warm = difference(measured["c1"], alone())
         cold = difference(measured[f"p{cold_rate:g}"], sim("0", cold_rate, frontend, wake))
 

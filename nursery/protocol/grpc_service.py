@@ -112,9 +112,6 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # -- inference -------------------------------------------------------------------------
 
-    async def model_infer(self, request: pb.ModelInferRequest) -> Any:
-        return await self._call(self._infer, request)
-
     async def _infer_rpc(self, stream: Any) -> None:
         """ModelInfer with the call's metadata at hand: its ``traceparent`` (OpenTelemetry
         mode) makes the request's trace a child of the caller's span, as in Triton."""

@@ -121,6 +121,14 @@ def quantile(points: Sequence[tuple[float, float]], u: float) -> float:
     return v0 + (v1 - v0) * (u - q0) / (q1 - q0)
 
 
+def mean_above_median(points: Sequence[tuple[float, float]]) -> float:
+    """How far, on average, a value of the distribution ``points`` (see :func:`quantile`) lies
+    above its median (0 for values below it)."""
+    mid = quantile(points, 0.5)
+    return statistics.fmean(max(0.0, quantile(points, (i + 0.5) / 1000) - mid)
+                            for i in range(1000))
+
+
 def parse_overhead(text: str, seed: int = 0) -> float | Callable[..., float]:
     """The time a request spends outside the instance (frontend, network, client): one
     duration (``0.3ms``), its distribution as percentiles ``50:1.6ms,90:1.9ms,99:2.5ms``,
@@ -219,11 +227,7 @@ class IdleOverhead:
         the server busy (0 unless ``wake=tail``: then the warm tail above its median). A
         frontend cost measured at saturation already holds it, so a caller lowers
         ``--frontend`` by this much or charges it twice."""
-        if self.wake != "tail":
-            return 0.0
-        mid = self._warm_median
-        return statistics.fmean(max(0.0, quantile(self.warm, (i + 0.5) / 1000) - mid)
-                                for i in range(1000))
+        return mean_above_median(self.warm) if self.wake == "tail" else 0.0
 
     def split(self, _request: object, idle: float = 0.0) -> tuple[float, float]:
         """(seconds on the frontend thread, seconds outside the server) for one request."""

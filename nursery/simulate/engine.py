@@ -158,6 +158,16 @@ def simulate(
     answered_until = 0.0  # the latest server-side answer time known
     waking: Outcome | None = None  # the request that woke the server (inherit_idle)
     woken = math.inf  # when it was answered (server side), once known
+
+    def answer(out: Outcome, at: float) -> None:
+        """``out`` leaves the server at ``at``; the client has it after its overhead."""
+        nonlocal pending, answered_until, woken
+        pending -= 1
+        answered_until = max(answered_until, at)
+        out.finished = at + extra(out)
+        if out is waking:
+            woken = at
+
     now = 0.0
     for i in range(instances):
         free[i] = slots
@@ -194,10 +204,7 @@ def simulate(
                         heapq.heappush(events, (end, _RESPOND, order, out))
                         order += 1
                     else:
-                        pending -= 1
-                        answered_until = max(answered_until, end)
-                        out.finished = end + extra(out)
-                        woken = end if out is waking else woken
+                        answer(out, end)
                 heapq.heappush(events, (end, _READY, order, i))
                 order += 1
             elif isinstance(decision, Reject):
@@ -205,10 +212,8 @@ def simulate(
                 for w in decision.items:
                     out = _outcome(outcomes, w, now)
                     out.status = "timed_out" if decision.reason == TIMEOUT_EXPIRED else "rejected"
-                    pending -= 1
-                    answered_until = max(answered_until, now)
-                    out.reason, out.finished = decision.reason, now + extra(out)
-                    woken = now if out is waking else woken
+                    out.reason = decision.reason
+                    answer(out, now)
         wake_at = poll.wake_at
         if not events and (wake_at is None or wake_at == math.inf):
             break
@@ -249,10 +254,7 @@ def simulate(
                 policy.arrive(payload, now)
             elif kind == _RESPOND:
                 frontend_free = max(now, frontend_free) + half
-                pending -= 1
-                answered_until = max(answered_until, frontend_free)
-                payload.finished = frontend_free + extra(payload)
-                woken = frontend_free if payload is waking else woken
+                answer(payload, frontend_free)
             else:
                 free[payload] += 1
                 policy.instance_ready(payload, now, 1)
