@@ -2,8 +2,9 @@
 """How well ``python -m nursery simulate`` predicts the real server (issue 11's fidelity check).
 
     python bench/sim_fidelity.py [--policy dynamic] [--max-queue-delay-us 500]
-                                 [--rates 200,400,800] [--rounds 3] [--measure-ms 5000]
-                                 [--protocol http] [--out bench/results/sim-fidelity-<time>]
+                                 [--rates 200,400,800] [--rounds 9] [--measure-ms 4000]
+                                 [--bootstrap 8] [--protocol http]
+                                 [--out bench/results/sim-fidelity-<time>]
     python bench/sim_fidelity.py --reuse bench/results/sim-fidelity-<time>   # no measuring
 
 For the MLP model of this repository with the chosen policy (``dynamic``: its config plus a
@@ -16,8 +17,10 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    ``--cold-rate`` and at each ``--fit-rates``) and the rates checked (``--rates``), in
    ``--rounds`` rounds, each in its own shuffled order, and take each figure's median over the
    rounds. On this shared 2-core machine one perf_analyzer run's p99 moves by 20-30% from one
-   minute to the next; interleaving the loads spreads that drift over all of them alike, so
-   calibration and check see the same machine, and the median drops a round gone astray;
+   minute to the next (18% rms); interleaving the loads spreads that drift over all of them
+   alike, so calibration and check see the same machine, and the median drops a round gone
+   astray. It takes nine rounds (about 32 minutes) to bring the medians' noise under 8%:
+   four draws of three rounds out of one nine-round run had 5 to 8 figures of 9 within 15%;
 3. calibrate what the simulator cannot know, from the calibration loads only: the server's
    frontend thread (decode, encode; one per server, so overlapping requests queue for it)
    costs ``1 / throughput`` at concurrency 8, where it is the bottleneck (the simulator's
@@ -27,9 +30,10 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
    the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), with the
    engine's ``contention`` too when asked (``--fit-contention``: overlapping requests stretch
-   each other's overhead). The defaults are the variant that did best over the first four
-   runs' data (docs/research.md): ``--wake frontend`` (the waking, what cold costs above warm,
-   is queued on the frontend thread), ``--idle-parts 4`` (the server warms by degrees) and
+   each other's overhead). The defaults are the variant that did best on the two nine-round
+   runs measured before it was chosen (docs/research.md): ``--wake tail`` (the waking and the warm tail,
+   all that lies above the warm median, is queued on the frontend thread, so that requests
+   behind a stalled one wait too), ``--idle-parts 4`` (the server warms by degrees) and
    ``--inherit-idle`` (a request arriving while the one that woke the server is still in it
    is cold too). On this machine the measured latency *falls* as the rate rises (a request
    that finds the server busy finds its threads awake); one fixed overhead distribution
@@ -39,8 +43,11 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    (``--arrivals trace``);
 5. print and write (``fidelity.json``, and ``summary.md``, kept in git) predicted vs measured
    throughput, p50 and p99 latency and their relative errors, marking those within 15%, with
-   the measured spread over the rounds, and how busy the cores were at each load (the server's CPU
-   seconds from ``/proc``, perf_analyzer's, the share the hypervisor stole).
+   the measured spread over the rounds, and how busy the cores were at each load (the server's
+   CPU seconds from ``/proc``, per thread too, perf_analyzer's, the share the hypervisor
+   stole, the mean rows per batch from the statistics extension);
+6. with ``--bootstrap N``, redo steps 3-5 N times on the rounds drawn with replacement: the
+   share of draws that pass says how reliable one run's verdict is.
    ``measurements.json`` keeps every run, so ``--reuse DIR`` can redo steps 3-5 (another
    model, another fit) without measuring again.
 
@@ -129,6 +136,14 @@ class Server:
             except OSError:
                 time.sleep(0.1)
         raise TimeoutError("server not ready")
+
+    def counts(self) -> tuple[int, int]:
+        """(inferences, executions) of the MLP so far, from the statistics extension: their
+        differences over a run give the mean rows per batch."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/models/mlp/stats",
+                                    timeout=5) as r:
+            stats = json.loads(r.read())["model_stats"][0]
+        return int(stats["inference_count"]), int(stats["execution_count"])
 
     def url(self, protocol: str) -> str:
         return f"127.0.0.1:{self.grpc if protocol == 'grpc' else self.http}"
@@ -232,6 +247,27 @@ def cpu_seconds(pid: int) -> tuple[float, ...]:
             time.monotonic(), ticks[7] if len(ticks) > 7 else 0, sum(ticks))
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each of the server's threads now, by thread id (the trio thread's id is
+    the process id; the instance threads and ONNX Runtime's are the others)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended
+            continue
+        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
+def thread_use(pid: int, before: dict[int, float], after: dict[int, float]) -> dict[str, Any]:
+    """The trio thread's CPU seconds over a run, and the other threads' (busiest first)."""
+    used = {tid: s - before.get(tid, 0.0) for tid, s in after.items()}
+    return {"main": used.pop(pid, 0.0),
+            "others": sorted((s for s in used.values() if s > 0), reverse=True)[:6]}
+
+
 def measure(args: argparse.Namespace, repo: Path, out: Path,
             plan: list[tuple[str, list[str], int]]) -> list[dict[str, Any]]:
     """Every load of ``plan`` in each of ``args.rounds`` rounds (a shuffled order per round), on
@@ -249,6 +285,8 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                     time.sleep(PAUSE_S)
                     i = len(runs)
                     cpu = cpu_seconds(server.proc.pid)
+                    threads = thread_cpu(server.proc.pid)
+                    counts = server.counts()
                     try:
                         result = perf_analyzer(server.url(args.protocol), args.protocol, flags,
                                                window, out / f"pa-{i:02d}-{name}.csv")
@@ -266,7 +304,14 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                                  # CPU seconds of the server and of perf_analyzer over the run
                                  # (its warm-up windows included), and the run's length
                                  "server_cpu_s": used[0], "client_cpu_s": used[1],
-                                 "wall_s": used[2], "steal": used[3] / max(1, used[4])})
+                                 "wall_s": used[2], "steal": used[3] / max(1, used[4]),
+                                 "threads_cpu_s": thread_use(server.proc.pid, threads,
+                                                             thread_cpu(server.proc.pid)),
+                                 # inferences and batches over the run, warm-up included
+                                 **dict(zip(("inferences", "executions"),
+                                            (b - a for a, b in zip(counts, server.counts(),
+                                                                   strict=True)),
+                                            strict=True))})
                     (out / "runs-so-far.json").write_text(json.dumps(runs, indent=1))
                     print(f"round {rnd + 1}/{args.rounds} {name}: {result['throughput']:.0f} "
                           f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
@@ -293,7 +338,10 @@ def cpu_use(runs: list[dict[str, Any]]) -> dict[str, float]:
     server's CPU milliseconds per request; empty for runs measured before these were kept."""
     if not all("wall_s" in r for r in runs):
         return {}
-    return {
+    batching = ({"rows_per_batch": statistics.median(r["inferences"] / max(1, r["executions"])
+                                                     for r in runs)}
+                if all("executions" in r for r in runs) else {})
+    return {**batching,
         "server_cores": statistics.median(r["server_cpu_s"] / r["wall_s"] for r in runs),
         "client_cores": statistics.median(r["client_cpu_s"] / r["wall_s"] for r in runs),
         "steal": statistics.median(r.get("steal", 0.0) for r in runs),
@@ -340,7 +388,9 @@ def fit_tau(loss: Callable[[float], float]) -> float:
 
 
 def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
-            traces: Path) -> dict[str, Any]:
+            traces: Path | None) -> dict[str, Any]:
+    """Calibrate on the calibration loads, predict the rates checked; ``traces``: where the
+    recorded arrivals lie (None: no replays)."""
     table = cost.CostTable(tuple(sorted((int(k), float(v)) for k, v in data["cost_s"].items())))
     measured = aggregate(data["runs"])
     rates, fit_rates, cold_rate = data["rates"], data["fit_rates"], data["cold_rate"]
@@ -391,13 +441,6 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     (_, frontend, overhead, warm), wake, contention = min(fits, key=lambda f: f[0][0])
     tau = cost.IdleOverhead.parse(overhead).tau
     fit = {rate: sim(overhead, rate, frontend, wake, contention) for rate in fit_rates}
-    print(f"frontend {frontend * 1e3:.3f} ms per request, {wake * 1e3:.3f} ms more to wake it; "
-          f"contention {contention:g}; "
-          f"overhead {overhead}; at the fit "
-          "rates: " + "; ".join(
-              f"{rate:g}/s p50 {fit[rate]['p50_ms']:.3f} vs {measured[f'p{rate:g}']['p50_ms']:.3f}"
-              f" ms, p99 {fit[rate]['p99_ms']:.3f} vs {measured[f'p{rate:g}']['p99_ms']:.3f} ms"
-              for rate in fit_rates))
     rows = []
     for rate in rates:
         real = measured[f"p{rate:g}"]
@@ -406,7 +449,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
         replays = [predicted(args.policy, batch, table, overhead,
                              arrivals.read_trace(traces / name), rate, frontend, wake,
                              contention, args.inherit_idle)
-                   for name in real["traces"] if (traces / name).exists()]
+                   for name in real["traces"] if traces and (traces / name).exists()]
         traced = ({k: statistics.median(r[k] for r in replays) for k in replays[0]}
                   if replays else None)
         row: dict[str, Any] = {"rate": rate, "measured": real, "simulated": poisson,
@@ -422,15 +465,76 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
 
 
+def fit_line(result: dict[str, Any]) -> str:
+    measured = result["measured"]
+    return (f"frontend {result['frontend_s'] * 1e3:.3f} ms per request, "
+            f"{result['frontend_wake_s'] * 1e3:.3f} ms more to wake it; contention "
+            f"{result['contention']:g}; overhead {result['overhead']}; at the fit rates: "
+            + "; ".join(f"{rate}/s p50 {f['p50_ms']:.3f} vs {measured[f'p{rate}']['p50_ms']:.3f}"
+                        f" ms, p99 {f['p99_ms']:.3f} vs {measured[f'p{rate}']['p99_ms']:.3f} ms"
+                        for rate, f in result["fit"].items()))
+
+
+FIGURES = ("throughput", "p50_ms", "p99_ms")
+
+
+def bootstrap(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
+              count: int) -> dict[str, Any]:
+    """How often a run like this one would pass: ``count`` times, draw as many rounds as were
+    measured, with replacement, and calibrate and predict from them alone (no replays). The
+    errors' spread over the draws is what the rounds' noise does to the check."""
+    rng = random.Random(args.seed)
+    rounds = data["rounds"]
+    draws = []
+    for _ in range(count):
+        picked = [rng.randrange(rounds) for _ in range(rounds)]
+        runs = [{**run, "round": j} for j, r in enumerate(picked)
+                for run in data["runs"] if run["round"] == r]
+        result = analyse(args, {**data, "runs": runs}, batch, None)
+        draws.append({"rounds": sorted(picked), "tau_ms": result["tau_ms"],
+                      "errors": {f"{row['rate']:g}": {k: row[f"error_{k}"] for k in FIGURES}
+                                 for row in result["rows"]}})
+        errs = draws[-1]["errors"]
+        print(f"draw {len(draws)}/{count}: tau {result['tau_ms']:.2f} ms, "
+              + ", ".join(f"{rate}: " + "/".join(f"{e[k] * 100:+.0f}" for k in FIGURES)
+                          for rate, e in errs.items()), flush=True)
+    within = [sum(abs(e) <= TOLERANCE for errs in d["errors"].values() for e in errs.values())
+              for d in draws]
+    return {"draws": draws, "all_within": sum(w == 3 * len(data["rates"]) for w in within),
+            "figures_within": sum(within), "figures": 3 * len(data["rates"]) * count}
+
+
+def bootstrap_lines(boot: dict[str, Any] | None) -> list[str]:
+    if not boot:
+        return []
+    draws = boot["draws"]
+    lines = ["", f"Bootstrap ({len(draws)} draws of the rounds with replacement, each "
+             f"calibrated and predicted on its own): all figures within {TOLERANCE:.0%} in "
+             f"{boot['all_within']} of {len(draws)} draws; {boot['figures_within']} of "
+             f"{boot['figures']} figures. Per figure, the share of draws within "
+             f"{TOLERANCE:.0%} and the errors' range:", ""]
+    for rate in draws[0]["errors"]:
+        cells = []
+        for k in FIGURES:
+            errs = sorted(d["errors"][rate][k] for d in draws)
+            share = sum(abs(e) <= TOLERANCE for e in errs) / len(errs)
+            cells.append(f"{k.removesuffix('_ms')} {share:.0%} ({errs[0] * 100:+.0f}% to "
+                         f"{errs[-1] * 100:+.0f}%)")
+        lines.append(f"- {rate}/s: " + "; ".join(cells))
+    return lines
+
+
 def cpu_lines(measured: dict[str, dict[str, Any]]) -> list[str]:
     """How busy the two cores were at each load (medians over the rounds), when measured."""
     loads = [(load, m) for load, m in measured.items() if "server_cores" in m]
     if not loads:
         return []
     return ["CPU (cores busy: server + perf_analyzer; the server's CPU ms per request; the "
-            "share the hypervisor stole): "
+            "share the hypervisor stole; the mean batch): "
             + "; ".join(f"{load} {m['server_cores']:.2f} + {m['client_cores']:.2f}, "
-                        f"{m['server_cpu_ms']:.3f} ms, {m['steal']:.1%}" for load, m in loads),
+                        f"{m['server_cpu_ms']:.3f} ms, {m['steal']:.1%}"
+                        + (f", {m['rows_per_batch']:.2f} rows per batch"
+                           if "rows_per_batch" in m else "") for load, m in loads),
             ""]
 
 
@@ -475,7 +579,7 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
             return "-"
         return ", ".join(f"{row[f'{prefix}{k}'] * 100:+.0f}%"
                          + ("" if abs(row[f"{prefix}{k}"]) <= TOLERANCE else " ✗")
-                         for k in ("throughput", "p50_ms", "p99_ms"))
+                         for k in FIGURES)
 
     for row in result["rows"]:
         lo, hi = row["measured"]["range"]["p99_ms"]
@@ -484,9 +588,10 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
                      f"{fmt(row['replayed_trace'])} | {errs(row, 'trace_error_')} | "
                      f"{fmt(row['warm_only'])} | {errs(row, 'warm_error_')} |")
     within = all(abs(row[f"error_{k}"]) <= TOLERANCE for row in result["rows"]
-                 for k in ("throughput", "p50_ms", "p99_ms"))
+                 for k in FIGURES)
     lines += ["", f"All Poisson predictions within {TOLERANCE:.0%}: {'yes' if within else 'no'}"
-              + (" (smoke run: not a measurement)" if data["smoke"] else "")]
+              + (" (smoke run: not a measurement)" if data["smoke"] else ""),
+              *bootstrap_lines(result.get("bootstrap"))]
     return "\n".join(lines) + "\n"
 
 
@@ -495,16 +600,16 @@ def main() -> int:
     p.add_argument("--policy", choices=["dynamic", "fifo"], default="dynamic")
     p.add_argument("--max-queue-delay-us", type=int, default=500)
     p.add_argument("--rates", default="200,400,800")
-    p.add_argument("--rounds", type=int, default=5,
+    p.add_argument("--rounds", type=int, default=9,
                    help="how many times each load is measured (figures: the median)")
     p.add_argument("--measure-ms", type=int, default=4000)
     p.add_argument("--cold-rate", type=float, default=25.0,
                    help="the Poisson rate (requests/s) the cold overhead is calibrated at")
-    p.add_argument("--fit-rates", default="100,150",
+    p.add_argument("--fit-rates", default="100,150,300",
                    help="the Poisson rates the idle time constant tau is fitted at")
     p.add_argument("--idle-parts", type=int, default=4,
                    help="the idle model's parts (see nursery.simulate.cost.IdleOverhead)")
-    p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="frontend",
+    p.add_argument("--wake", choices=["outside", "frontend", "tail"], default="tail",
                    help="where the idle model's waking time is spent")
     p.add_argument("--inherit-idle", action=argparse.BooleanOptionalAction, default=True,
                    help="a request arriving while the one that woke the server is still in it "
@@ -516,6 +621,9 @@ def main() -> int:
     p.add_argument("--fit-contention", action=argparse.BooleanOptionalAction, default=False,
                    help="fit how much overlapping requests stretch each other's overhead "
                    "(the engine's contention)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="after the analysis, redo it N times on the rounds drawn with "
+                   "replacement: how often a run like this one passes (about 40 s each)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
@@ -560,6 +668,9 @@ def main() -> int:
             data["runs"] = measure(args, repo, out, plan)
             (out / "measurements.json").write_text(json.dumps(data, indent=2) + "\n")
     result = analyse(args, data, batch, args.reuse or out)
+    print(fit_line(result))
+    if args.bootstrap:
+        result["bootstrap"] = bootstrap(args, data, batch, args.bootstrap)
     text = report_text(data, result)
     print(text)
     (out / "summary.md").write_text(text)
