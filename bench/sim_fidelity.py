@@ -31,13 +31,13 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    the one that best fits p50 and p99 at the fit rates (a search over 0.1-300 ms), with the
    engine's ``contention`` too when asked (``--fit-contention``: overlapping requests stretch
    each other's overhead). The defaults are the variant that did best on the two nine-round
-   runs measured before it was chosen (docs/research.md): ``--wake tail`` (the waking and the warm tail,
-   all that lies above the warm median, is queued on the frontend thread, so that requests
-   behind a stalled one wait too), ``--idle-parts 4`` (the server warms by degrees) and
-   ``--inherit-idle`` (a request arriving while the one that woke the server is still in it
-   is cold too). On this machine the measured latency *falls* as the rate rises (a request
-   that finds the server busy finds its threads awake); one fixed overhead distribution
-   cannot follow that (it is kept as the *warm only* column);
+   runs measured before it was chosen (docs/research.md): ``--wake tail`` (the waking and
+   the warm tail, all that lies above the warm median, is queued on the frontend thread, so
+   that requests behind a stalled one wait too), ``--idle-parts 4`` (the server warms by
+   degrees) and ``--inherit-idle`` (a request arriving while the one that woke the server is
+   still in it is cold too). On this machine the measured latency *falls* as the rate rises
+   (a request that finds the server busy finds its threads awake); one fixed overhead
+   distribution cannot follow that (it is kept as the *warm only* column);
 4. for each rate checked, simulate the same policy at the same rate, Poisson arrivals (the
    prediction), and the server's own recorded arrivals of each round replayed
    (``--arrivals trace``);
@@ -235,29 +235,31 @@ def split_trace(path: Path, runs: int) -> list[list[str]] | None:
     return segments if len(segments) == runs else None
 
 
+def stat_cpu(stat: Path) -> float:
+    """User plus system CPU seconds of a process or thread, from its ``/proc/.../stat``."""
+    fields = stat.read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> tuple[float, ...]:
     """(the server's CPU seconds, every finished child's CPU seconds: perf_analyzer's, the
     monotonic clock, the machine's stolen ticks, all its ticks) now: their differences over a
     run say how busy the two cores were, and how much of them the hypervisor took."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    tick = os.sysconf("SC_CLK_TCK")
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return ((int(fields[11]) + int(fields[12])) / tick, children.ru_utime + children.ru_stime,
+    return (stat_cpu(Path(f"/proc/{pid}/stat")), children.ru_utime + children.ru_stime,
             time.monotonic(), ticks[7] if len(ticks) > 7 else 0, sum(ticks))
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds of each of the server's threads now, by thread id (the trio thread's id is
     the process id; the instance threads and ONNX Runtime's are the others)."""
-    tick = os.sysconf("SC_CLK_TCK")
     seconds: dict[int, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            seconds[int(task.name)] = stat_cpu(task / "stat")
         except OSError:  # the thread ended
             continue
-        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
     return seconds
 
 
@@ -300,6 +302,8 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                                                [*flags, "-s", "50"], window,
                                                out / f"pa-{i:02d}-{name}.csv")
                     used = [b - a for a, b in zip(cpu, cpu_seconds(server.proc.pid), strict=True)]
+                    inferences, executions = (b - a for a, b in zip(counts, server.counts(),
+                                                                    strict=True))
                     runs.append({"load": name, "round": rnd, **result,
                                  # CPU seconds of the server and of perf_analyzer over the run
                                  # (its warm-up windows included), and the run's length
@@ -308,10 +312,7 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                                  "threads_cpu_s": thread_use(server.proc.pid, threads,
                                                              thread_cpu(server.proc.pid)),
                                  # inferences and batches over the run, warm-up included
-                                 **dict(zip(("inferences", "executions"),
-                                            (b - a for a, b in zip(counts, server.counts(),
-                                                                   strict=True)),
-                                            strict=True))})
+                                 "inferences": inferences, "executions": executions})
                     (out / "runs-so-far.json").write_text(json.dumps(runs, indent=1))
                     print(f"round {rnd + 1}/{args.rounds} {name}: {result['throughput']:.0f} "
                           f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
@@ -500,8 +501,9 @@ def bootstrap(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig
                           for rate, e in errs.items()), flush=True)
     within = [sum(abs(e) <= TOLERANCE for errs in d["errors"].values() for e in errs.values())
               for d in draws]
-    return {"draws": draws, "all_within": sum(w == 3 * len(data["rates"]) for w in within),
-            "figures_within": sum(within), "figures": 3 * len(data["rates"]) * count}
+    figures = len(FIGURES) * len(data["rates"])
+    return {"draws": draws, "all_within": sum(w == figures for w in within),
+            "figures_within": sum(within), "figures": figures * count}
 
 
 def bootstrap_lines(boot: dict[str, Any] | None) -> list[str]:
@@ -623,7 +625,7 @@ def main() -> int:
                    "(the engine's contention)")
     p.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help="after the analysis, redo it N times on the rounds drawn with "
-                   "replacement: how often a run like this one passes (about 40 s each)")
+                   "replacement: how often a run like this one passes (about 2 minutes each)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)

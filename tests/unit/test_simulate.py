@@ -478,8 +478,7 @@ def test_inherit_idle_makes_a_request_behind_the_waking_one_cold_too() -> None:
     for inherit, expected in ((False, [0.006, 0.0025, 0.0025]), (True, [0.006, 0.0065, 0.0025])):
         result = simulate(FifoPolicy(1), _at(10.0, 10.0005, 10.0015), CostTable.constant(0.001),
                           overhead=cost.parse_overhead(model), inherit_idle=inherit)
-        latency = [o.finished - o.request.arrival
-                   for o in sorted(result.outcomes, key=lambda o: o.request.id)]
+        outcomes = sorted(result.outcomes, key=lambda o: o.request.id)
+        latency = [o.finished - o.request.arrival for o in outcomes]
         assert latency == pytest.approx(expected, abs=1e-9), inherit
-        assert [o.idle > 0 for o in sorted(result.outcomes, key=lambda o: o.request.id)] == [
-            True, inherit, False]
+        assert [o.idle > 0 for o in outcomes] == [True, inherit, False]
