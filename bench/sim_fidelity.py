@@ -22,9 +22,14 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    astray. It takes nine rounds (about 32 minutes) to bring the medians' noise under 8%:
    four draws of three rounds out of one nine-round run had 5 to 8 figures of 9 within 15%;
 3. calibrate what the simulator cannot know, from the calibration loads only: the server's
-   frontend thread (decode, encode; one per server, so overlapping requests queue for it)
-   costs ``1 / throughput`` at concurrency 8, where it is the bottleneck (the simulator's
-   ``--frontend``); everything else outside the instance (network, perf_analyzer's client,
+   frontend (trio) thread, one per server, so overlapping requests queue for it, costs work
+   per request (decode, encode: the simulator's ``--frontend``) and work per batch (handing
+   it to the instance thread and collecting it: ``--frontend-batch``), split as its CPU
+   (``/proc/<pid>/task/<pid>``) per request is at concurrency 1 (one row per batch) and 8
+   (the statistics extension's rows per batch): ``a + b / rows`` through the two points.
+   Runs measured before the thread's CPU and the batch counts were recorded (or with
+   ``--no-frontend-batch``) charge ``1 / throughput`` at concurrency 8 per request instead;
+   everything else outside the instance (network, perf_analyzer's client,
    waking the server) is an :class:`~nursery.simulate.cost.IdleOverhead`: its *warm*
    distribution is perf_analyzer's latency at concurrency 1 minus the simulated one, per
    percentile, its *cold* one the same at the cold rate, and its idle time constant ``tau``
@@ -92,6 +97,7 @@ SIM_SECONDS = 60.0  # simulated time per prediction
 FRONTEND_WAKES = (0.0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3, 1.0e-3)
 CONTENTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)  # --fit-contention: the values tried
 QUANTILES = (50, 90, 95, 99)
+MAX_SPOILED = 3  # rounds added for rounds spoiled by the hypervisor's steal (--max-steal)
 
 
 def free_port() -> int:
@@ -175,12 +181,14 @@ def perf_analyzer(url: str, protocol: str, mode: list[str], measure_ms: int,
 def predicted(spec: str, batch: BatchConfig, table: cost.CostTable, overhead: Any,
               requests: list[arrivals.SimRequest], rate: float | None,
               frontend: float = 0.0, wake: float = 0.0,
-              contention: float = 0.0, inherit: bool = False) -> dict[str, Any]:
+              contention: float = 0.0, inherit: bool = False,
+              per_batch: float = 0.0, timer_queues: bool = False) -> dict[str, Any]:
     policy, slots = policies.build(spec, batch, 1)
     if isinstance(overhead, str):
         overhead = cost.parse_overhead(overhead)
     s = report.summarize(simulate(policy, requests, table, slots=slots, overhead=overhead,
                                   frontend=frontend, frontend_wake=wake,
+                                  frontend_batch=per_batch, timer_queues=timer_queues,
                                   contention=contention, inherit_idle=inherit), rate=rate)
     lat = s["latency_ms"]
     return {"throughput": s["throughput"], **{f"p{q}_ms": lat[f"p{q}"] for q in QUANTILES},
@@ -280,7 +288,8 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
         log = Path(tmp) / "arrivals.jsonl"
         server = Server(repo, out / "server.log", log)
         try:
-            for rnd in range(args.rounds):
+            rnd = spoiled = 0
+            while rnd - spoiled < args.rounds:
                 order = plan[:]
                 rng.shuffle(order)
                 for name, flags, window in order:
@@ -317,6 +326,12 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                     print(f"round {rnd + 1}/{args.rounds} {name}: {result['throughput']:.0f} "
                           f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
                           flush=True)
+                rnd += 1
+                if (max(r["steal"] for r in runs if r["round"] == rnd - 1) > args.max_steal
+                        and spoiled < MAX_SPOILED):
+                    spoiled += 1
+                    print(f"round {rnd}: the hypervisor stole over {args.max_steal:.0%} of the "
+                          "CPU during a load; one more round", flush=True)
         finally:
             server.stop()
         segments = split_trace(log, len(runs))
@@ -334,13 +349,23 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
     return runs
 
 
+def spoiled_rounds(runs: list[dict[str, Any]], max_steal: float) -> list[int]:
+    """The rounds in which the hypervisor stole more than ``max_steal`` of the machine's CPU
+    during any load: the server's and perf_analyzer's threads waited for cores that were not
+    there, which is not what the simulator models."""
+    return sorted({r["round"] for r in runs if r.get("steal", 0.0) > max_steal})
+
+
 def cpu_use(runs: list[dict[str, Any]]) -> dict[str, float]:
     """The cores the server and perf_analyzer kept busy over a load's runs (medians), and the
     server's CPU milliseconds per request; empty for runs measured before these were kept."""
     if not all("wall_s" in r for r in runs):
         return {}
     batching = ({"rows_per_batch": statistics.median(r["inferences"] / max(1, r["executions"])
-                                                     for r in runs)}
+                                                     for r in runs),
+                 # the trio (frontend) thread's CPU milliseconds per request
+                 "main_cpu_ms": statistics.median(1e3 * r["threads_cpu_s"]["main"]
+                                                  / max(1, r["inferences"]) for r in runs)}
                 if all("executions" in r for r in runs) else {})
     return {**batching,
         "server_cores": statistics.median(r["server_cpu_s"] / r["wall_s"] for r in runs),
@@ -364,6 +389,18 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 # -- calibrating and predicting ----------------------------------------------------------------
+
+def frontend_shares(measured: dict[str, dict[str, Any]]) -> tuple[float, float] | None:
+    """(seconds per request, seconds per batch) of the trio thread's CPU, from its CPU per
+    request at concurrency 1 (one row per batch) and 8 (``rows_per_batch`` rows): m = a + b/r
+    through the two points; None where the measurements lack them."""
+    c1, c8 = measured["c1"], measured["c8"]
+    if "main_cpu_ms" not in c1 or "main_cpu_ms" not in c8 or c8["rows_per_batch"] <= 1:
+        return None
+    per_batch = max(0.0, c1["main_cpu_ms"] - c8["main_cpu_ms"]) / (1 - 1 / c8["rows_per_batch"])
+    per_request = max(0.0, c1["main_cpu_ms"] - per_batch)
+    return per_request / 1e3, per_batch / 1e3
+
 
 def fit_tau(loss: Callable[[float], float]) -> float:
     """The tau (seconds) of least ``loss``: a log grid over 0.1-300 ms, then a golden-section
@@ -395,7 +432,16 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     table = cost.CostTable(tuple(sorted((int(k), float(v)) for k, v in data["cost_s"].items())))
     measured = aggregate(data["runs"])
     rates, fit_rates, cold_rate = data["rates"], data["fit_rates"], data["cold_rate"]
-    saturated = 1.0 / measured["c8"]["throughput"]  # the frontend thread's cost at c=8
+    # the frontend thread's cost per request: 1 / throughput at c=8, where it was thought the
+    # bottleneck; or, with the per-thread CPU recorded, its CPU split per request and per batch
+    saturated = 1.0 / measured["c8"]["throughput"]
+    shares = frontend_shares(measured) if args.frontend_batch else None
+    per_batch = 0.0
+    if shares is not None:
+        saturated, per_batch = shares
+    elif args.frontend_batch:
+        print("no per-thread CPU or batch counts in these measurements: no per-batch frontend "
+              "work (as with --no-frontend-batch)", file=sys.stderr)
     duration = SIM_SECONDS
 
     def sim(overhead: Any, rate: float, frontend: float, wake: float,
@@ -404,7 +450,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             overhead = cost.parse_overhead(overhead, args.seed)
         return predicted(args.policy, batch, table, overhead,
                          arrivals.poisson(rate, duration=duration, seed=args.seed), rate,
-                         frontend, wake, contention, args.inherit_idle)
+                         frontend, wake, contention, args.inherit_idle, per_batch,
+                         args.timer_queues)
 
     def calibrate(wake: float, contention: float) -> tuple[float, float, str, str]:
         """(loss at the fit rates, frontend, overhead, warm-only overhead) with ``wake``
@@ -414,7 +461,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
 
         def alone() -> dict[str, Any]:  # requests never meet: concurrency 1
             return predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
-                             None, frontend, wake)
+                             None, frontend, wake, per_batch=per_batch,
+                             timer_queues=args.timer_queues)
 
         # what the simulator lacks, per percentile: measured minus simulated without it
         warm = difference(measured["c1"], alone())
@@ -449,7 +497,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
         baseline = sim(warm, rate, frontend, wake)  # one overhead distribution, always warm
         replays = [predicted(args.policy, batch, table, overhead,
                              arrivals.read_trace(traces / name), rate, frontend, wake,
-                             contention, args.inherit_idle)
+                             contention, args.inherit_idle, per_batch, args.timer_queues)
                    for name in real["traces"] if traces and (traces / name).exists()]
         traced = ({k: statistics.median(r[k] for r in replays) for k in replays[0]}
                   if replays else None)
@@ -460,7 +508,8 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
             row[f"trace_error_{key}"] = error(traced[key], real[key]) if traced else math.nan
             row[f"warm_error_{key}"] = error(baseline[key], real[key])
         rows.append(row)
-    return {"frontend_s": frontend, "frontend_wake_s": wake, "contention": contention,
+    return {"frontend_s": frontend, "frontend_wake_s": wake, "frontend_batch_s": per_batch,
+            "timer_queues": args.timer_queues, "contention": contention,
             "overhead": overhead, "inherit_idle": args.inherit_idle,
             "tau_ms": tau * 1e3,
             "measured": measured, "fit": {f"{r:g}": f for r, f in fit.items()}, "rows": rows}
@@ -469,6 +518,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
 def fit_line(result: dict[str, Any]) -> str:
     measured = result["measured"]
     return (f"frontend {result['frontend_s'] * 1e3:.3f} ms per request, "
+            f"{result.get('frontend_batch_s', 0.0) * 1e3:.3f} ms per batch, "
             f"{result['frontend_wake_s'] * 1e3:.3f} ms more to wake it; contention "
             f"{result['contention']:g}; overhead {result['overhead']}; at the fit rates: "
             + "; ".join(f"{rate}/s p50 {f['p50_ms']:.3f} vs {measured[f'p{rate}']['p50_ms']:.3f}"
@@ -485,10 +535,10 @@ def bootstrap(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig
     measured, with replacement, and calibrate and predict from them alone (no replays). The
     errors' spread over the draws is what the rounds' noise does to the check."""
     rng = random.Random(args.seed)
-    rounds = data["rounds"]
+    rounds = sorted({run["round"] for run in data["runs"]})
     draws = []
     for _ in range(count):
-        picked = [rng.randrange(rounds) for _ in range(rounds)]
+        picked = [rng.choice(rounds) for _ in rounds]
         runs = [{**run, "round": j} for j, r in enumerate(picked)
                 for run in data["runs"] if run["round"] == r]
         result = analyse(args, {**data, "runs": runs}, batch, None)
@@ -545,11 +595,21 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
     lines = [f"# Simulator fidelity: mlp, policy {data['policy']}"
              + (f" ({data['delay_us']} us delay)" if data["policy"] == "dynamic" else "")
              + f", {data['protocol']}, {data['when']}", "",
-             f"Measured: {data['rounds']} rounds, each load once per round in a shuffled order, "
+             f"Measured: {len({r['round'] for r in data['runs']})} rounds"
+             + (f" (rounds {', '.join(map(str, data['dropped_rounds']))} left out: the "
+                "hypervisor stole over the limit, `--max-steal`, of the CPU during a load)"
+                if data.get("dropped_rounds") else "")
+             + ", each load once per round in a shuffled order, "
              f"on one server; each figure the median over the rounds (the range in brackets). "
-             f"Frontend thread {result['frontend_s'] * 1e3:.3f} ms per request (`--frontend`, "
-             f"from the throughput at concurrency 8; {result['frontend_wake_s'] * 1e3:.3g} ms more "
-             f"for a request that finds it idle), contention {result['contention']:g} "
+             f"Frontend thread {result['frontend_s'] * 1e3:.3f} ms per request (`--frontend`"
+             + (f") and {result['frontend_batch_s'] * 1e3:.3f} ms per batch (`--frontend-batch`"
+                "), from its CPU at concurrency 1 and 8 (per request: the warm tail's mean less"
+                if result.get("frontend_batch_s") else
+                ", from the throughput at concurrency 8")
+             + f"; {result['frontend_wake_s'] * 1e3:.3g} ms more "
+             f"for a request that finds it idle"
+             + ("; the batcher's timer waits for the thread" if result.get("timer_queues")
+                else "") + "), contention {result['contention']:g} "
              f"(overhead stretched by 1 + c * requests in the server; both fitted where "
              f"asked). Overhead outside the instance: warm from "
              f"concurrency 1, cold from Poisson at {data['cold_rate']:g}/s, the idle time "
@@ -616,6 +676,14 @@ def main() -> int:
     p.add_argument("--inherit-idle", action=argparse.BooleanOptionalAction, default=True,
                    help="a request arriving while the one that woke the server is still in it "
                    "is as cold as that one (the engine's inherit_idle)")
+    p.add_argument("--frontend-batch", action=argparse.BooleanOptionalAction, default=True,
+                   help="split the frontend thread's cost into work per request and work per "
+                   "batch (the simulator's --frontend-batch), as its CPU splits between "
+                   "concurrency 1 and 8 (needs the per-thread CPU and batch counts that runs "
+                   "since 2026-11-24 01:40 record)")
+    p.add_argument("--timer-queues", action=argparse.BooleanOptionalAction, default=False,
+                   help="the batcher's timer fires only once the frontend thread has done the "
+                   "work queued before it (the simulator's --timer-queues)")
     p.add_argument("--fit-frontend", action="store_true",
                    help="fit the frontend thread's extra work for a request that finds it "
                    "idle (at concurrency 8 it is never idle: requests share its wake-ups and "
@@ -626,6 +694,10 @@ def main() -> int:
     p.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help="after the analysis, redo it N times on the rounds drawn with "
                    "replacement: how often a run like this one passes (about 2 minutes each)")
+    p.add_argument("--max-steal", type=float, default=0.05, metavar="SHARE",
+                   help="leave out a round in which the hypervisor stole more than this share "
+                   "of the CPU during any load; while measuring, add a round for it (at most "
+                   f"{MAX_SPOILED}; default 0.05)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
@@ -669,6 +741,16 @@ def main() -> int:
             plan = load_plan(args, data["rates"], data["fit_rates"])
             data["runs"] = measure(args, repo, out, plan)
             (out / "measurements.json").write_text(json.dumps(data, indent=2) + "\n")
+    dropped = spoiled_rounds(data["runs"], args.max_steal)
+    if len(dropped) == len({r["round"] for r in data["runs"]}):
+        print(f"every round had a load in which the hypervisor stole over {args.max_steal:.0%} "
+              "of the CPU: nothing to analyse (a higher --max-steal keeps them)", file=sys.stderr)
+        return 1
+    if dropped:
+        print(f"rounds {', '.join(str(r + 1) for r in dropped)}: the hypervisor stole over "
+              f"{args.max_steal:.0%} of the CPU during a load; left out", flush=True)
+    data = {**data, "runs": [r for r in data["runs"] if r["round"] not in dropped],
+            "dropped_rounds": [r + 1 for r in dropped]}
     result = analyse(args, data, batch, args.reuse or out)
     print(fit_line(result))
     if args.bootstrap:

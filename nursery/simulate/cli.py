@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--frontend-wake", default="0", metavar="TIME",
                    help="more frontend work for a request that finds the frontend thread "
                    "idle (a busy thread shares wake-ups and system calls; default 0)")
+    g.add_argument("--frontend-batch", default="0", metavar="TIME",
+                   help="frontend work per batch, whatever its size: half hands the batch to "
+                   "its instance, half collects it after, before its answers are encoded and "
+                   "the instance is offered again (default 0)")
+    g.add_argument("--timer-queues", action="store_true",
+                   help="the policy's timer fires only once the frontend thread has done the "
+                   "work queued before it (the scheduler runs on that thread)")
     g.add_argument("--contention", type=float, default=0.0, metavar="C",
                    help="stretch a request's overhead outside the server by 1 + C*k, k the "
                    "requests in the server when it arrived (cores shared with the client; "
@@ -206,8 +213,10 @@ def run(args: argparse.Namespace) -> int:
     if args.save_cost:
         Path(args.save_cost).write_text(json.dumps({"cost": table.to_json()}, indent=2) + "\n")
     cost.parse_overhead(args.overhead)  # checked before any run
-    if args.contention < 0 or cost.parse_duration(args.frontend_wake) < 0:
-        raise ValueError("--contention and --frontend-wake must not be negative")
+    if args.contention < 0 or min(cost.parse_duration(args.frontend_wake),
+                                  cost.parse_duration(args.frontend_batch)) < 0:
+        raise ValueError("--contention, --frontend-wake and --frontend-batch must not be "
+                         "negative")
     rates = [float(r) for r in str(args.rate).split(",") if r.strip()]
     if args.arrivals == "trace":
         rates = [float("nan")]
@@ -223,14 +232,17 @@ def run(args: argparse.Namespace) -> int:
             result = simulate(policy, requests, table, instances=instances, slots=slots,
                               overhead=overhead, frontend=cost.parse_duration(args.frontend),
                               frontend_wake=cost.parse_duration(args.frontend_wake),
-                              contention=args.contention, inherit_idle=args.inherit_idle)
+                              frontend_batch=cost.parse_duration(args.frontend_batch),
+                              contention=args.contention, inherit_idle=args.inherit_idle,
+                              timer_queues=args.timer_queues)
             summaries.append(report.summarize(
                 result, policy=spec, arrivals=args.arrivals,
                 rate=None if rate != rate else rate, seed=args.seed, instances=instances))
     meta = {"model": args.model, "batch_config": _jsonable(dataclasses.asdict(batch)),
             "cost_s": table.to_json(), "overhead": args.overhead, "frontend": args.frontend,
-            "frontend_wake": args.frontend_wake, "contention": args.contention,
-            "inherit_idle": args.inherit_idle}
+            "frontend_wake": args.frontend_wake, "frontend_batch": args.frontend_batch,
+            "contention": args.contention,
+            "inherit_idle": args.inherit_idle, "timer_queues": args.timer_queues}
     if not args.quiet:
         print(report.format_table(summaries))
     if args.json:

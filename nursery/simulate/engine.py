@@ -40,10 +40,20 @@ With ``inherit_idle`` a request that arrives while the one that woke the server 
 in it (not yet answered) is given that request's idle gap instead of 0: the server is not
 awake (its caches warm, its threads spinning) until it has answered once, so two requests
 that arrive close together after a quiet spell are both slow, the second behind the first.
+``frontend_batch`` is the frontend thread's work per batch, whatever its size (the scheduler
+handing the batch to the instance, waking on its completion, telling the scheduler the instance
+is free again): half of it is spent before the batch can start on its instance, half after it
+ends, and only then are its answers encoded and the instance offered to the policy again, so
+that the instance's cycle includes the thread's hand-offs (and the batches grow with them).
 ``contention`` stretches a request's overhead by ``1 + contention * k``, ``k`` the requests
 in the server when it arrived: on a machine with few cores the server's threads and the
 client's compete, and overlapping requests slow each other down. Only the share outside the
 server is stretched (a stretched frontend share would feed back into ``k``).
+
+With ``timer_queues`` the policy's timer (``wake_at``) fires no earlier than the frontend
+thread is free: the scheduler runs on that thread, behind the work queued before the deadline
+(a single FIFO queue, as the frontend is modelled; trio interleaves the tasks' steps, so the
+real delay lies between none and this).
 
 What it leaves out: the requester abandoning a request (simulated clients always wait) and
 ``preserve_ordering`` (answers are not held back).
@@ -61,8 +71,9 @@ from nursery.scheduling.batch_policy import TIMEOUT_EXPIRED
 from nursery.scheduling.decisions import Dispatch, Reject
 from nursery.simulate.arrivals import SimRequest
 
-# at one instant: finished batches, then answers to encode, then arrivals, then decoded requests
-_READY, _RESPOND, _ARRIVE, _ENQUEUE = 0, 1, 2, 3
+# at one instant: instances free, finished batches to collect, answers to encode, arrivals,
+# decoded requests
+_READY, _COLLECT, _RESPOND, _ARRIVE, _ENQUEUE = 0, 1, 2, 3, 4
 MAX_STALLS = 10_000  # polls in a row at one instant with no progress before giving up
 
 
@@ -117,16 +128,20 @@ def simulate(
     overhead: float | Callable[[SimRequest], float] = 0.0,
     frontend: float = 0.0,
     frontend_wake: float = 0.0,
+    frontend_batch: float = 0.0,
     contention: float = 0.0,
     inherit_idle: bool = False,
+    timer_queues: bool = False,
 ) -> SimResult:
     """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances.
     ``frontend``: seconds of the server's (single) frontend thread per request;
     ``frontend_wake``: more seconds of it for a request that finds the thread idle;
+    ``frontend_batch``: seconds of it per batch, half before the batch starts, half after;
     ``contention``: a request's overhead is stretched by ``1 + contention * k`` when it
     arrives with ``k`` requests in the server; ``inherit_idle``: a request that arrives while
     the request that woke the server is still in it finds the server as idle as that one did
-    (the server is not awake until it has answered once)."""
+    (the server is not awake until it has answered once); ``timer_queues``: the policy's
+    timer fires only once the frontend thread has done the work queued before it."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
     uses_idle = getattr(overhead, "uses_idle", False)
@@ -153,6 +168,7 @@ def simulate(
     free = [0] * instances  # slots the policy was told about and has not used
     busy_until = [0.0] * instances  # when each instance finishes the work it holds
     half = frontend / 2.0
+    batch_half = frontend_batch / 2.0
     frontend_free = 0.0  # when the frontend thread finishes the work it holds
     pending = 0  # requests arrived whose server-side answer time is not known yet
     answered_until = 0.0  # the latest server-side answer time known
@@ -167,6 +183,18 @@ def simulate(
         out.finished = at + extra(out)
         if out is waking:
             woken = at
+
+    def finish(i: int, members: list[Outcome], at: float, order: int) -> int:
+        """Batch ``members`` of instance ``i`` is out at ``at``: the answers go to the
+        frontend thread to encode (or out), the instance back to the policy."""
+        for out in members:
+            if half:  # the answer waits for the frontend thread to encode it
+                heapq.heappush(events, (at, _RESPOND, order, out))
+                order += 1
+            else:
+                answer(out, at)
+        heapq.heappush(events, (at, _READY, order, i))
+        return order + 1
 
     now = 0.0
     for i in range(instances):
@@ -191,22 +219,25 @@ def simulate(
                 rows_field = getattr(decision, "rows", None)
                 rows = (len(rows_field) if rows_field is not None
                         else sum(max(1, getattr(w, "batch_size", 1)) for w in decision.items))
-                start = max(now, busy_until[i])
+                handed = now
+                if batch_half:  # the frontend thread hands the batch over first
+                    frontend_free = handed = max(now, frontend_free) + batch_half
+                start = max(handed, busy_until[i])
                 end = start + cost(rows)
                 busy_until[i] = end
                 batches.append(BatchRecord(i, rows, len(decision.items), now, start, end))
                 done += len(decision.items)
+                members = []
                 for w in decision.items:
                     out = _outcome(outcomes, w, now)
                     out.status, out.dispatched, out.started = "completed", now, start
                     out.instance, out.batch = i, len(batches) - 1
-                    if half:  # the answer waits for the frontend thread to encode it
-                        heapq.heappush(events, (end, _RESPOND, order, out))
-                        order += 1
-                    else:
-                        answer(out, end)
-                heapq.heappush(events, (end, _READY, order, i))
-                order += 1
+                    members.append(out)
+                if batch_half:  # the frontend thread collects it before anything else
+                    heapq.heappush(events, (end, _COLLECT, order, (i, members)))
+                    order += 1
+                else:
+                    order = finish(i, members, end, order)
             elif isinstance(decision, Reject):
                 done += len(decision.items)
                 for w in decision.items:
@@ -218,6 +249,8 @@ def simulate(
         if not events and (wake_at is None or wake_at == math.inf):
             break
         next_time = events[0][0] if events else math.inf
+        if wake_at is not None and timer_queues:  # the scheduler runs once the thread is free
+            wake_at = max(wake_at, frontend_free)
         if wake_at is not None and wake_at < next_time:  # the policy's timer, no message
             progress = (len(batches), done)
             stalls = stalls + 1 if progress == last_progress else 0
@@ -252,6 +285,9 @@ def simulate(
                 order += 1
             elif kind in (_ARRIVE, _ENQUEUE):
                 policy.arrive(payload, now)
+            elif kind == _COLLECT:
+                frontend_free = max(now, frontend_free) + batch_half
+                order = finish(*payload, frontend_free, order)
             elif kind == _RESPOND:
                 frontend_free = max(now, frontend_free) + half
                 answer(payload, frontend_free)

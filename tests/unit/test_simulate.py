@@ -428,6 +428,47 @@ def test_frontend_wake_is_paid_only_by_a_request_that_finds_the_thread_idle() ->
     assert latency == pytest.approx([0.006, 0.0065], abs=1e-9)
 
 
+def test_frontend_batch_work_brackets_each_batch_on_the_frontend_thread() -> None:
+    """frontend 2 ms (1 in, 1 out), 4 ms per batch (2 to hand it over, 2 to collect it), 1 ms
+    of compute, one FIFO instance, two requests at 0: r0 decodes 0-1, r1 1-2; r0's batch is
+    handed over once the thread is free, 2-4, runs 4-5, is collected 5-7; then the instance is
+    free and r0's answer encoded 7-8; r1's batch is handed over 8-10, runs 10-11, collected
+    11-13, encoded 13-14."""
+    result = simulate(FifoPolicy(1), _at(0.0, 0.0), CostTable.constant(0.001),
+                      frontend=0.002, frontend_batch=0.004)
+    by_id = sorted(result.outcomes, key=lambda o: o.request.id)
+    assert [o.started for o in by_id] == pytest.approx([0.004, 0.010], abs=1e-9)
+    assert [o.finished for o in by_id] == pytest.approx([0.008, 0.014], abs=1e-9)
+    alone = simulate(FifoPolicy(1), _at(0.0), CostTable.constant(0.001), frontend_batch=0.004)
+    assert alone.outcomes[0].finished == pytest.approx(0.005)  # hand over, compute, collect
+    # one batch of two pays it once: both arrive at 0, hand over 0-2, run 2-3, collect 3-5
+    batch = BatchConfig(max_batch_size=2, max_queue_delay_us=0)
+    shared = simulate(DynamicBatchPolicy(batch), _at(0.0, 0.0), CostTable.constant(0.001),
+                      frontend_batch=0.004)
+    assert [b.rows for b in shared.batches] == [2]
+    assert [o.finished for o in shared.outcomes] == pytest.approx([0.005, 0.005], abs=1e-9)
+
+
+def test_timer_queues_waits_for_the_frontend_thread() -> None:
+    """Dynamic batcher, max 4 rows, 1 ms delay; frontend 4 ms (2 in, 2 out), 1 ms per batch;
+    arrivals at 0 and 0.5 ms. r0 is decoded 0-2, r1 2-4. Without timer_queues the deadline
+    (2 + 1 ms) sends r0 alone at 3; with it the scheduler runs once the thread is free, at 4,
+    and r1, decoded by then, goes in the same batch."""
+    batch = BatchConfig(max_batch_size=4, max_queue_delay_us=1000)
+    rows = []
+    for queues in (False, True):
+        result = simulate(DynamicBatchPolicy(batch), _at(0.0, 0.0005),
+                          CostTable.constant(0.001), frontend=0.004, timer_queues=queues)
+        rows.append([(b.rows, round(b.started, 6)) for b in result.batches])
+    assert rows[0] == [(1, 0.003), (1, 0.005)]
+    assert rows[1] == [(2, 0.004)]
+    assert cli.main(["--max-batch-size", "4", "--cost", "1ms", "--frontend", "4ms",
+                     "--frontend-batch", "1ms", "--timer-queues", "--rate", "100",
+                     "--duration", "1", "--quiet"]) == 0
+    assert cli.main(["--max-batch-size", "4", "--cost", "1ms", "--frontend-batch=-1ms",
+                     "--rate", "100", "--quiet"]) == 1
+
+
 def test_contention_stretches_the_overhead_of_a_request_that_finds_others_in_the_server() -> None:
     """Two requests at once, 1 ms each, 2 ms of overhead, contention 0.5: r0 finds nobody
     (runs 0-1, +2 ms = 3 ms); r1 finds r0 (runs 1-2, +2 * 1.5 ms = 5 ms)."""
