@@ -327,8 +327,7 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
                           f"infer/s, p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms",
                           flush=True)
                 rnd += 1
-                if (max(r["steal"] for r in runs if r["round"] == rnd - 1) > args.max_steal
-                        and spoiled < MAX_SPOILED):
+                if rnd - 1 in spoiled_rounds(runs, args.max_steal) and spoiled < MAX_SPOILED:
                     spoiled += 1
                     print(f"round {rnd}: the hypervisor stole over {args.max_steal:.0%} of the "
                           "CPU during a load; one more round", flush=True)
@@ -434,11 +433,10 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
     rates, fit_rates, cold_rate = data["rates"], data["fit_rates"], data["cold_rate"]
     # the frontend thread's cost per request: 1 / throughput at c=8, where it was thought the
     # bottleneck; or, with the per-thread CPU recorded, its CPU split per request and per batch
-    saturated = 1.0 / measured["c8"]["throughput"]
+    per_request, per_batch = 1.0 / measured["c8"]["throughput"], 0.0
     shares = frontend_shares(measured) if args.frontend_batch else None
-    per_batch = 0.0
     if shares is not None:
-        saturated, per_batch = shares
+        per_request, per_batch = shares
     elif args.frontend_batch:
         print("no per-thread CPU or batch counts in these measurements: no per-batch frontend "
               "work (as with --no-frontend-batch)", file=sys.stderr)
@@ -457,7 +455,7 @@ def analyse(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
         """(loss at the fit rates, frontend, overhead, warm-only overhead) with ``wake``
         seconds of frontend work for a request that finds the frontend thread idle and the
         overhead stretched by ``1 + contention * (requests in the server)``."""
-        frontend = saturated
+        frontend = per_request
 
         def alone() -> dict[str, Any]:  # requests never meet: concurrency 1
             return predicted(args.policy, batch, table, "0", arrivals.constant(1.0, count=50),
@@ -603,13 +601,15 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
              f"on one server; each figure the median over the rounds (the range in brackets). "
              f"Frontend thread {result['frontend_s'] * 1e3:.3f} ms per request (`--frontend`"
              + (f") and {result['frontend_batch_s'] * 1e3:.3f} ms per batch (`--frontend-batch`"
-                "), from its CPU at concurrency 1 and 8 (per request: the warm tail's mean less"
+                "), from its CPU at concurrency 1 and 8 ("
+                + ("per request less the warm tail's mean, which `--wake tail` charges it; "
+                   if "wake=tail" in result["overhead"] else "")
                 if result.get("frontend_batch_s") else
-                ", from the throughput at concurrency 8")
-             + f"; {result['frontend_wake_s'] * 1e3:.3g} ms more "
+                ", from the throughput at concurrency 8; ")
+             + f"{result['frontend_wake_s'] * 1e3:.3g} ms more "
              f"for a request that finds it idle"
              + ("; the batcher's timer waits for the thread" if result.get("timer_queues")
-                else "") + "), contention {result['contention']:g} "
+                else "") + f"), contention {result['contention']:g} "
              f"(overhead stretched by 1 + c * requests in the server; both fitted where "
              f"asked). Overhead outside the instance: warm from "
              f"concurrency 1, cold from Poisson at {data['cold_rate']:g}/s, the idle time "
