@@ -2,10 +2,11 @@
 """How well ``python -m nursery simulate`` predicts the real server (issue 11's fidelity check).
 
     python bench/sim_fidelity.py [--policy dynamic] [--max-queue-delay-us 500]
-                                 [--rates 200,400,800] [--rounds 9] [--measure-ms 4000]
+                                 [--rates 200,400,800] [--rounds 15] [--measure-ms 4000]
                                  [--bootstrap 8] [--protocol http]
                                  [--out bench/results/sim-fidelity-<time>]
     python bench/sim_fidelity.py --reuse bench/results/sim-fidelity-<time>   # no measuring
+    python bench/sim_fidelity.py --reuse DIR DIR ... --out DIR [--bootstrap 16 --jobs 2]
 
 For the MLP model of this repository with the chosen policy (``dynamic``: its config plus a
 ``dynamic_batching`` block; ``fifo``: the config as it is), on this machine:
@@ -19,8 +20,9 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
    rounds. On this shared 2-core machine one perf_analyzer run's p99 moves by 20-30% from one
    minute to the next (18% rms); interleaving the loads spreads that drift over all of them
    alike, so calibration and check see the same machine, and the median drops a round gone
-   astray. It takes nine rounds (about 32 minutes) to bring the medians' noise under 8%:
-   four draws of three rounds out of one nine-round run had 5 to 8 figures of 9 within 15%;
+   astray. Fifteen rounds (about 55 minutes, more with rounds spoiled by steal) bring the
+   medians' noise to about 6% (nine: 7.5%; four draws of three rounds out of one nine-round
+   run had 5 to 8 figures of 9 within 15%);
 3. calibrate what the simulator cannot know, from the calibration loads only: the server's
    frontend (trio) thread, one per server, so overlapping requests queue for it, costs work
    per request (decode, encode: the simulator's ``--frontend``) and work per batch (handing
@@ -54,7 +56,8 @@ For the MLP model of this repository with the chosen policy (``dynamic``: its co
 6. with ``--bootstrap N``, redo steps 3-5 N times on the rounds drawn with replacement: the
    share of draws that pass says how reliable one run's verdict is.
    ``measurements.json`` keeps every run, so ``--reuse DIR`` can redo steps 3-5 (another
-   model, another fit) without measuring again.
+   model, another fit) without measuring again; given several runs of the same check (same
+   policy, protocol and loads), it pools them as one run of all their rounds.
 
 Never run it beside another benchmark on the 2-core machine. ``--smoke`` runs a tiny version
 (one rate, one round, short windows) to check that the pieces work, not to measure anything.
@@ -63,7 +66,9 @@ Never run it beside another benchmark on the 2-core machine. ``--smoke`` runs a 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
+import functools
 import json
 import math
 import os
@@ -348,6 +353,34 @@ def measure(args: argparse.Namespace, repo: Path, out: Path,
     return runs
 
 
+POOL_KEYS = ("policy", "delay_us", "protocol", "rates", "fit_rates", "cold_rate", "smoke")
+
+
+def pooled(dirs: list[Path]) -> dict[str, Any]:
+    """The measurements of one run, or of several runs of the same check as one run of all
+    their rounds: rounds renumbered in turn, trace paths made absolute, each cost table row
+    the median over the runs. Runs measured with different settings cannot be pooled."""
+    runs = [json.loads((d / "measurements.json").read_text()) for d in dirs]
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    for d, data in zip(dirs[1:], runs[1:], strict=True):
+        differ = [k for k in POOL_KEYS if data.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"{d} was measured with other {', '.join(differ)} than {dirs[0]}")
+    pool, offset = [], 0
+    for d, data in zip(dirs, runs, strict=True):
+        pool += [{**run, "round": run["round"] + offset,
+                  **({"trace": str((d / run["trace"]).resolve())} if "trace" in run else {})}
+                 for run in data["runs"]]
+        offset += 1 + max(run["round"] for run in data["runs"])
+    rows = sorted(set().union(*(data["cost_s"] for data in runs)), key=int)
+    return {**first, "runs": pool, "rounds": offset, "pooled": len(runs),
+            "when": " + ".join(data["when"] for data in runs),
+            "cost_s": {r: statistics.median(float(data["cost_s"][r]) for data in runs
+                                            if r in data["cost_s"]) for r in rows}}
+
+
 def spoiled_rounds(runs: list[dict[str, Any]], max_steal: float) -> list[int]:
     """The rounds in which the hypervisor stole more than ``max_steal`` of the machine's CPU
     during any load: the server's and perf_analyzer's threads waited for cores that were not
@@ -527,26 +560,33 @@ def fit_line(result: dict[str, Any]) -> str:
 FIGURES = ("throughput", "p50_ms", "p99_ms")
 
 
+def _draw(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
+          picked: list[int]) -> dict[str, Any]:
+    """One bootstrap draw: the analysis of the rounds ``picked`` alone (no replays)."""
+    runs = [{**run, "round": j} for j, r in enumerate(picked)
+            for run in data["runs"] if run["round"] == r]
+    result = analyse(args, {**data, "runs": runs}, batch, None)
+    return {"rounds": sorted(picked), "tau_ms": result["tau_ms"],
+            "errors": {f"{row['rate']:g}": {k: row[f"error_{k}"] for k in FIGURES}
+                       for row in result["rows"]}}
+
+
 def bootstrap(args: argparse.Namespace, data: dict[str, Any], batch: BatchConfig,
-              count: int) -> dict[str, Any]:
+              count: int, jobs: int = 1) -> dict[str, Any]:
     """How often a run like this one would pass: ``count`` times, draw as many rounds as were
     measured, with replacement, and calibrate and predict from them alone (no replays). The
-    errors' spread over the draws is what the rounds' noise does to the check."""
+    errors' spread over the draws is what the rounds' noise does to the check. ``jobs``
+    processes share the draws (the draws are the same for any number)."""
     rng = random.Random(args.seed)
     rounds = sorted({run["round"] for run in data["runs"]})
-    draws = []
-    for _ in range(count):
-        picked = [rng.choice(rounds) for _ in rounds]
-        runs = [{**run, "round": j} for j, r in enumerate(picked)
-                for run in data["runs"] if run["round"] == r]
-        result = analyse(args, {**data, "runs": runs}, batch, None)
-        draws.append({"rounds": sorted(picked), "tau_ms": result["tau_ms"],
-                      "errors": {f"{row['rate']:g}": {k: row[f"error_{k}"] for k in FIGURES}
-                                 for row in result["rows"]}})
-        errs = draws[-1]["errors"]
-        print(f"draw {len(draws)}/{count}: tau {result['tau_ms']:.2f} ms, "
-              + ", ".join(f"{rate}: " + "/".join(f"{e[k] * 100:+.0f}" for k in FIGURES)
-                          for rate, e in errs.items()), flush=True)
+    picks = [[rng.choice(rounds) for _ in rounds] for _ in range(count)]
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        draws = []
+        for draw in pool.map(functools.partial(_draw, args, data, batch), picks):
+            draws.append(draw)
+            print(f"draw {len(draws)}/{count}: tau {draw['tau_ms']:.2f} ms, "
+                  + ", ".join(f"{rate}: " + "/".join(f"{e[k] * 100:+.0f}" for k in FIGURES)
+                              for rate, e in draw["errors"].items()), flush=True)
     within = [sum(abs(e) <= TOLERANCE for errs in d["errors"].values() for e in errs.values())
               for d in draws]
     figures = len(FIGURES) * len(data["rates"])
@@ -597,8 +637,9 @@ def report_text(data: dict[str, Any], result: dict[str, Any]) -> str:
              + (f" (rounds {', '.join(map(str, data['dropped_rounds']))} left out: the "
                 "hypervisor stole over the limit, `--max-steal`, of the CPU during a load)"
                 if data.get("dropped_rounds") else "")
-             + ", each load once per round in a shuffled order, "
-             f"on one server; each figure the median over the rounds (the range in brackets). "
+             + ", each load once per round in a shuffled order, on one server"
+             + (f" per run ({data['pooled']} runs pooled)" if data.get("pooled") else "")
+             + "; each figure the median over the rounds (the range in brackets). "
              f"Frontend thread {result['frontend_s'] * 1e3:.3f} ms per request (`--frontend`"
              + (f") and {result['frontend_batch_s'] * 1e3:.3f} ms per batch (`--frontend-batch`"
                 "), from its CPU at concurrency 1 and 8 ("
@@ -662,7 +703,7 @@ def main() -> int:
     p.add_argument("--policy", choices=["dynamic", "fifo"], default="dynamic")
     p.add_argument("--max-queue-delay-us", type=int, default=500)
     p.add_argument("--rates", default="200,400,800")
-    p.add_argument("--rounds", type=int, default=9,
+    p.add_argument("--rounds", type=int, default=15,
                    help="how many times each load is measured (figures: the median)")
     p.add_argument("--measure-ms", type=int, default=4000)
     p.add_argument("--cold-rate", type=float, default=25.0,
@@ -694,6 +735,8 @@ def main() -> int:
     p.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help="after the analysis, redo it N times on the rounds drawn with "
                    "replacement: how often a run like this one passes (about 2 minutes each)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="processes for the bootstrap's draws (never beside a measurement)")
     p.add_argument("--max-steal", type=float, default=0.05, metavar="SHARE",
                    help="leave out a round in which the hypervisor stole more than this share "
                    "of the CPU during any load; while measuring, add a round for it (at most "
@@ -701,14 +744,20 @@ def main() -> int:
     p.add_argument("--protocol", choices=["http", "grpc"], default="http")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
-    p.add_argument("--reuse", type=Path, metavar="DIR",
-                   help="analyse the measurements of an earlier run (its measurements.json)")
+    p.add_argument("--reuse", type=Path, nargs="+", metavar="DIR",
+                   help="analyse the measurements of an earlier run (its measurements.json); "
+                   "several runs of the same check are pooled as one run of all their rounds")
     p.add_argument("--smoke", action="store_true", help="a few seconds: checks the pieces only")
     args = p.parse_args()
     if args.reuse:
-        data = json.loads((args.reuse / "measurements.json").read_text())
+        if len(args.reuse) > 1 and not args.out:
+            p.error("pooling runs needs --out (no one run's summary.md is theirs)")
+        try:
+            data = pooled(args.reuse)
+        except ValueError as exc:
+            p.error(str(exc))
         args.policy = data["policy"]
-        out = args.out or args.reuse
+        out = args.out or args.reuse[0]
     else:
         rates = [float(r) for r in args.rates.split(",")]
         fit_rates = [float(r) for r in args.fit_rates.split(",")]
@@ -751,10 +800,10 @@ def main() -> int:
               f"{args.max_steal:.0%} of the CPU during a load; left out", flush=True)
     data = {**data, "runs": [r for r in data["runs"] if r["round"] not in dropped],
             "dropped_rounds": [r + 1 for r in dropped]}
-    result = analyse(args, data, batch, args.reuse or out)
+    result = analyse(args, data, batch, args.reuse[0] if args.reuse else out)
     print(fit_line(result))
     if args.bootstrap:
-        result["bootstrap"] = bootstrap(args, data, batch, args.bootstrap)
+        result["bootstrap"] = bootstrap(args, data, batch, args.bootstrap, args.jobs)
     text = report_text(data, result)
     print(text)
     (out / "summary.md").write_text(text)
