@@ -27,12 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sim_fidelity as sf  # noqa: E402
 
 
-def steal_ticks() -> tuple[int, int]:
-    """(stolen, all) CPU ticks of the machine so far, from /proc/stat."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return ticks[7], sum(ticks)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rates", default="200,300")
@@ -55,11 +49,12 @@ def main() -> int:
                 rng.shuffle(order)
                 for rate, ms in order:
                     time.sleep(sf.PAUSE_S)
-                    before = steal_ticks()
+                    before = sf.cpu_seconds(server.proc.pid)
                     row = sf.perf_analyzer(server.url("http"), "http",
                                            [*sf.poisson_mode(rate), "-s", "25"], ms,
                                            out / f"pa-{rnd:02d}-{rate:g}-{ms}.csv")
-                    stolen, total = (b - a for a, b in zip(before, steal_ticks(), strict=True))
+                    after = sf.cpu_seconds(server.proc.pid)
+                    stolen, total = after[3] - before[3], after[4] - before[4]
                     results.append({"round": rnd, "rate": rate, "window_ms": ms, **row,
                                     "steal": stolen / max(1, total)})
                     print(f"round {rnd + 1} {rate:g}/s {ms} ms: p50 {row['p50_ms']:.3f} "
