@@ -20,6 +20,7 @@ from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
 from nursery.handles import Directory, ModelHandle
 from nursery.messages import CacheInsert, CacheLookup, CacheOutcome, CacheStatsQuery, InferWork
 from nursery.model_config import ModelConfig
+from nursery.runtime.supervision import FaultCounter
 from nursery.shm import SharedMemoryRegistry
 from nursery.stats import StatsSnapshot
 from nursery.tracing import TraceManager, TraceSettings
@@ -162,6 +163,8 @@ class Core:
         self.cache: trio.MemorySendChannel[Any] | None = None  # the ResponseCache's inbox
         self.arrival_log: Any = None  # nursery.arrival_log.ArrivalLog with --arrival-log
         self.shm = SharedMemoryRegistry()  # regions registered through the shm extensions
+        # failures the supervision boundaries caught (frontends, manager, model versions)
+        self.faults = FaultCounter()
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -339,8 +342,10 @@ class Core:
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
-        entries: list[IndexEntry] = await self._ask_manager(
+        entries: list[IndexEntry] | NurseryError = await self._ask_manager(
             lambda reply: IndexRepository(ready_only, reply))
+        if isinstance(entries, NurseryError):
+            raise entries
         return entries
 
     async def load_model(self, name: str, config: Any = None,

@@ -122,6 +122,10 @@ def _number(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
+# the units of nursery_internal_errors_total, shown at 0 until one fails
+FAULT_UNITS = ("grpc", "http", "manager", "metrics", "model")
+
+
 def _family(lines: list[str], name: str, kind: str, help_text: str,
             samples: Iterable[tuple[str, float]]) -> None:
     rows = list(samples)
@@ -165,11 +169,13 @@ _CACHE_FAMILIES = (
 def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
            cached: frozenset[tuple[str, str]] = frozenset(),
            cache_totals: CacheTotals | None = None,
-           decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None) -> str:
+           decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None,
+           faults: Mapping[str, int] | None = None) -> str:
     """The exposition text. ``cached``: (model, version) pairs that use the response cache
     (they get the per-model cache families, and no request summary, as in Triton);
     ``cache_totals``: the cache actor's figures when a cache is configured; ``decoupled``:
-    (model, version) of decoupled models -> their first-response histogram bounds (ms)."""
+    (model, version) of decoupled models -> their first-response histogram bounds (ms);
+    ``faults``: the failures each kind of supervision boundary caught (nursery's own family)."""
     lines: list[str] = []
     for name, kind, help_text, value in _MODEL_FAMILIES:
         if name in _DURATION_FAMILIES and not options.counter_latencies:
@@ -208,6 +214,13 @@ def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
     if cache_totals is not None:
         for name, help_text, value in _CACHE_FAMILIES:
             _family(lines, name, "gauge", help_text, [("", value(cache_totals))])
+    if faults is not None:
+        counts = {unit: 0 for unit in FAULT_UNITS} | dict(faults)
+        _family(lines, "nursery_internal_errors_total", "counter",
+                "Unexpected failures that a supervision boundary caught, by the kind of unit "
+                "they cost (a request or connection of a port, a repository command, a model "
+                "version); the server kept serving",
+                ((_labels(unit=u), n) for u, n in sorted(counts.items())))
     if options.cpu and system.cpu_utilization is not None:
         _family(lines, "nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
                 [("", round(system.cpu_utilization, 6))])

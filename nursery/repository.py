@@ -141,6 +141,9 @@ def diff(old: dict[str, ModelFingerprint], new: dict[str, ModelFingerprint]) -> 
     )
 
 
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems: a model folder's name cannot be longer
+
+
 def check_model_name(name: str) -> str | None:
     """Why ``name`` cannot be a model name (a single, plain path component), or None."""
     if not name:
@@ -149,6 +152,9 @@ def check_model_name(name: str) -> str | None:
         return f"'{name}' is not a valid model name: it must be a single folder name"
     if name.startswith("."):
         return f"'{name}' is not a valid model name: it must not start with '.'"
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        return (f"'{name[:64]}...' is not a valid model name: it is longer than "
+                f"{MAX_NAME_BYTES} bytes, the longest folder name a file system allows")
     return None
 
 

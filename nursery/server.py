@@ -32,6 +32,7 @@ from nursery.protocol.http_app import build_http_app, build_quart_app
 from nursery.protocol.http_server import HttpServer, Lifespan
 from nursery.protocol.metrics_server import build_metrics_app
 from nursery.repository import scan
+from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy
 from nursery.settings import Settings
 from nursery.sysmetrics import SystemSampler
@@ -134,12 +135,12 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
 
 
 async def _run_poller(scope: trio.CancelScope, settings: Settings,
-                      manager: trio.MemorySendChannel[Any],
+                      manager: trio.MemorySendChannel[Any], faults: FaultCounter,
                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with scope:
         await repository_poller.run(repositories=settings.model_repositories, manager=manager,
                                     interval=float(settings.repository_poll_secs),
-                                    task_status=task_status)
+                                    faults=faults, task_status=task_status)
 
 
 async def _cancel_on(event: trio.Event, target: trio.CancelScope,
@@ -228,14 +229,14 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
         if settings.cache_size:
             cache_send, cache_inbox = trio.open_memory_channel[Any](math.inf)
             await root.start(partial(response_cache.run, budget=settings.cache_size,
-                                     inbox=cache_inbox))
+                                     inbox=cache_inbox, faults=core.faults))
             core.cache = cache_send
         limiter: RateLimiterClient | None = None
         if settings.rate_limit == "execution_count":
             limits_send, limits_inbox = trio.open_memory_channel[Any](math.inf)
             await root.start(partial(rate_limiter.run,
                                      policy=RateLimitPolicy(dict(settings.rate_limit_resources)),
-                                     inbox=limits_inbox))
+                                     inbox=limits_inbox, faults=core.faults))
             limiter = RateLimiterClient(limits_send)
         sampling = trio.CancelScope()
         sampler = SystemSampler(cpu=options.cpu, gpu=options.gpu)
@@ -260,8 +261,9 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                             startup_models=startup_models(settings),
                             exit_on_error=settings.exit_on_error,
                             auto_complete=settings.auto_complete,
-                            unload_timeout=settings.exit_timeout_secs,
+                            unload_timeout=settings.model_unload_timeout_secs,
                             rate_limiter=limiter,
+                            faults=core.faults,
                         )
                     )
             finally:
@@ -281,7 +283,7 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
             poller: trio.CancelScope | None = None
             if settings.model_control_mode == "poll":
                 poller = trio.CancelScope()
-                await models.start(_run_poller, poller, settings, commands.clone())
+                await models.start(_run_poller, poller, settings, commands.clone(), core.faults)
             async with commands, trio.open_nursery() as frontends:
                 binds: list[str] = []
                 if settings.allow_grpc:

@@ -37,6 +37,7 @@ class Settings:
     auto_complete: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
+    model_unload_timeout_secs: float = 30.0
     strict_readiness: bool = True
     log_verbose: int = 0
     log_info: bool = True
@@ -216,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         "After the timeout expires the server exits even if inferences are still in flight. "
         "Default is 30.",
     )
+    parser.add_argument(
+        "--model-unload-timeout-secs", type=float, default=None, metavar="<float>",
+        help="nursery only: how long an unload (or a reload's switch) waits for a model's "
+        "queued and running requests to finish before it abandons the instances still busy "
+        "(a model that never returns) and fails their requests. Default: the "
+        "--exit-timeout-secs value.",
+    )
     parser.add_argument("--log-verbose", type=int, default=0, metavar="<int>",
                         help="Set verbose logging level. Zero (0) disables verbose logging and "
                         "values >= 1 enable verbose logging.")
@@ -329,6 +337,9 @@ def settings_from_args(argv: list[str]) -> Settings:
         auto_complete=auto_complete,
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=float(args.exit_timeout_secs),
+        model_unload_timeout_secs=float(args.exit_timeout_secs
+                                        if args.model_unload_timeout_secs is None
+                                        else args.model_unload_timeout_secs),
         strict_readiness=args.strict_readiness,
         log_verbose=args.log_verbose,
         log_info=args.log_info,

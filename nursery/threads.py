@@ -37,6 +37,7 @@ class DedicatedThread:
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
+        self.abandoned = False  # a job outlived its caller's patience (see ``call``)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -63,15 +64,29 @@ class DedicatedThread:
         """Queue ``fn(*args)``; ``done(outcome)`` then runs on the trio thread."""
         self._jobs.put((fn, args, done))
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the thread and return its result. Not cancellable once
-        queued: a computation cannot be interrupted, so cancellation waits for it."""
+    async def call(self, fn: Callable[..., T], *args: Any, abandon_on_cancel: bool = False) -> T:
+        """Run ``fn(*args)`` on the thread and return its result.
+
+        A computation cannot be interrupted, so by default cancellation waits for it. With
+        ``abandon_on_cancel`` a cancellation returns at once instead: the job runs on, its
+        result is dropped when it comes, and the thread is marked :attr:`abandoned` (it may
+        never come back: a model that hangs). The owner then stops using the thread."""
         await trio.lowlevel.checkpoint_if_cancelled()
         task = trio.lowlevel.current_task()
-        self.submit(fn, args, lambda result: trio.lowlevel.reschedule(task, result))
+        waiting = [True]
+
+        def done(result: outcome.Outcome[T]) -> None:
+            if waiting[0]:
+                trio.lowlevel.reschedule(task, result)
+
+        self.submit(fn, args, done)
 
         def abort(_: Any) -> trio.lowlevel.Abort:
-            return trio.lowlevel.Abort.FAILED
+            if not abandon_on_cancel:
+                return trio.lowlevel.Abort.FAILED
+            waiting[0] = False
+            self.abandoned = True
+            return trio.lowlevel.Abort.SUCCEEDED
 
         value: T = await trio.lowlevel.wait_task_rescheduled(abort)
         return value

@@ -21,6 +21,7 @@ or a bare final flag follows when no step is left running.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Container, Mapping
@@ -31,9 +32,12 @@ import trio
 
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
+from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
 from nursery.stats import BatchReport, StatsAccumulator
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+log = logging.getLogger("nursery.ensemble")
 
 Infer = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
 OnPart = Callable[[Any], Awaitable[None]]
@@ -199,10 +203,12 @@ async def run(
     infer: Infer,
     inbox: trio.MemoryReceiveChannel[Any],
     stream: Stream | None = None,
+    faults: FaultCounter | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve requests until every sender of the inbox is gone, then let the requests in
     flight finish. With ``stream`` the ensemble is decoupled: it answers in parts."""
+    faults = faults or FaultCounter()
     stats = StatsAccumulator()
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
     closing = False
@@ -211,17 +217,21 @@ async def run(
         answer: Any
         with trio.CancelScope() as scope:
             scopes[id(work)] = scope
-            try:
-                if stream is not None:
-                    await run_decoupled_flow(plan, version, work.request, stream,
-                                             partial(_answer, work))
-                    answer = None  # every part is sent
-                else:
-                    answer = await run_flow(plan, version, work.request, infer)
-            except NurseryError as error:
-                answer = error
-            finally:
-                del scopes[id(work)]
+            # one request is the unit of failure: an unexpected error answers it INTERNAL
+            with Boundary(faults, "model", log, f"a request of ensemble '{plan.name}'") as b:
+                try:
+                    if stream is not None:
+                        await run_decoupled_flow(plan, version, work.request, stream,
+                                                 partial(_answer, work))
+                        answer = None  # every part is sent
+                    else:
+                        answer = await run_flow(plan, version, work.request, infer)
+                except NurseryError as error:
+                    answer = error
+                finally:
+                    del scopes[id(work)]
+            if b.failure is not None:
+                answer = InternalError(f"in ensemble '{plan.name}': {b.failure}")
         now = time.monotonic_ns()
         if scope.cancelled_caught:
             stats.record_failure("CANCELED")

@@ -22,7 +22,7 @@ import trio
 from nursery import batching
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
-from nursery.errors import ConfigError, InternalError, NurseryError
+from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots
 from nursery.model_config import ModelConfig
 from nursery.scheduling.rate_limit_policy import ResourceNeed
@@ -33,6 +33,9 @@ from nursery.types import InferenceResponse, Tensor
 from nursery.warmup import WarmupSample
 
 log = logging.getLogger("nursery.instance")
+
+# Seconds a cancelled worker still waits for the batches on its thread before abandoning it.
+ABANDON_GRACE = 1.0
 
 
 def _run_batch(
@@ -218,12 +221,18 @@ async def run(
     slots: int = 1,
     warmup: tuple[WarmupSample, ...] = (),
     rate_limiter: RateLimiterClient | None = None,
+    abandon_grace: float = ABANDON_GRACE,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve batches until the inbox closes; ``slots`` batches may be queued on the thread
     at once (the scheduler never sends more), so the thread can go from one to the next
     without waiting for the trio thread. With a rate limiter and resources listed for this
-    instance, each batch first waits for a grant and runs alone, holding its resources."""
+    instance, each batch first waits for a grant and runs alone, holding its resources.
+
+    Cancelled (the unload or shutdown deadline passed, or the version failed), the worker
+    gives the batches on its thread ``abandon_grace`` seconds more, then abandons the thread:
+    their requests are answered UNAVAILABLE, the thread is left to its hung job, and the
+    worker returns, so a model that never returns cannot hold up an unload or the shutdown."""
     needs, priority = resource_needs(config, placement)
     limit_key = (config.name, version, placement.index)
     limiter = rate_limiter if needs else None
@@ -234,14 +243,14 @@ async def run(
     backend: BackendInstance | None = None
     # the sequence slots' state lives with the instance and is touched only on its thread
     states = SlotStates(config) if config.sequence is not None else None
-    in_flight = 0
+    running: dict[int, ExecuteBatch] = {}  # batches on the thread, by id
     all_done = trio.Event()
     all_done.set()
 
     def finished(batch: ExecuteBatch, result: outcome.Outcome[Any]) -> None:
         # runs on the trio thread (DedicatedThread.submit), no task switch
-        nonlocal in_flight
-        in_flight -= 1
+        if running.pop(id(batch), None) is None:
+            return  # abandoned: its requests were answered already
         if limiter is not None:
             limiter.release(limit_key)
             batch_done.set()
@@ -261,16 +270,17 @@ async def run(
             scheduler.send_nowait(InstanceReady(placement.index, 1, report, held))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the scheduler is gone: we are shutting down
-        if in_flight == 0:
+        if not running:
             all_done.set()
 
     try:
         async with inbox, scheduler:
-            backend = await thread.call(factory.load, config, version_path, placement)
+            backend = await thread.call(factory.load, config, version_path, placement,
+                                        abandon_on_cancel=True)
             runner = _run_requests if hasattr(backend, "execute_requests") else _run_batch
             for sample in warmup:  # the instance is ready only once its warm-up ran
                 for _ in range(sample.count):
-                    await thread.call(_warm, backend, config, sample)
+                    await thread.call(_warm, backend, config, sample, abandon_on_cancel=True)
             log.info(
                 "model '%s' version %s: instance %s ready (%s %d)",
                 config.name, version, placement.name, placement.kind.upper(), placement.device_id,
@@ -285,24 +295,48 @@ async def run(
                 if limiter is not None:
                     await limiter.acquire(limit_key)
                     batch_done = trio.Event()
-                in_flight += 1
-                all_done = trio.Event() if in_flight == 1 else all_done
+                if not running:
+                    all_done = trio.Event()
+                running[id(batch)] = batch
                 thread.submit(runner, (backend, config, version, batch, states),
                               partial(finished, batch))
                 if limiter is not None:
                     await batch_done.wait()  # one batch at a time while holding resources
-            with trio.CancelScope(shield=True):
-                await all_done.wait()  # answered requests are never dropped
+            await all_done.wait()  # answered requests are never dropped (bounded by the
+            # version's deadline: past it, the batches still running are abandoned below)
     finally:
         with trio.CancelScope(shield=True):
-            if in_flight:
-                await all_done.wait()
-            if backend is not None:
+            if running:
+                with trio.move_on_after(abandon_grace):
+                    await all_done.wait()
+            if running or thread.abandoned:
+                if limiter is not None and running:
+                    limiter.release(limit_key)  # the grant the stuck batch held
+                _abandon(config, version, placement.name, running)
+            elif backend is not None:
                 try:
-                    await thread.call(backend.close)
+                    with trio.move_on_after(abandon_grace) as waited:
+                        await thread.call(backend.close, abandon_on_cancel=True)
+                    if waited.cancelled_caught:
+                        log.error("model '%s': instance %s did not finish closing; abandoned",
+                                  config.name, placement.name)
                 except Exception:
                     log.exception("model '%s': instance %s failed to close", config.name,
                                   placement.name)
             thread.stop()
             if limiter is not None:
                 limiter.unregister(limit_key)
+
+
+def _abandon(config: ModelConfig, version: str, instance: str,
+             running: dict[int, ExecuteBatch]) -> None:
+    """The thread is stuck in a job: answer what it held and leave it behind."""
+    requests = sum(len(b.work) for b in running.values())
+    log.error("model '%s' version %s: instance %s did not return from its model within the "
+              "timeout; abandoned its thread and failed %d request(s)", config.name, version,
+              instance, requests)
+    error = Unavailable(f"model '{config.name}' version {version}: instance {instance} did not "
+                        "return within the unload timeout and was abandoned")
+    for batch in running.values():
+        _deliver([(w, error) for w in batch.work])
+    running.clear()

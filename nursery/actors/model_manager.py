@@ -18,8 +18,9 @@ import logging
 import math
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -30,7 +31,14 @@ import trio
 from nursery import gateway
 from nursery.actors import ensemble, instance_worker, scheduler
 from nursery.backends.base import get_factory
-from nursery.errors import ConfigError, ErrorKind, InternalError, InvalidArgument, NurseryError
+from nursery.errors import (
+    ConfigError,
+    ErrorKind,
+    InternalError,
+    InvalidArgument,
+    NurseryError,
+    Unavailable,
+)
 from nursery.handles import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
 from nursery.model_config import ModelConfig, read_model_config
@@ -43,6 +51,7 @@ from nursery.repository import (
     safe_relative_path,
     scan,
 )
+from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
 from nursery.scheduling.sequence_policy import SequencePolicy
@@ -54,6 +63,10 @@ MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAV
 # Places per instance under the default scheduler: the thread holds its next request while it
 # computes (see nursery/scheduling/fifo.py).
 DEFAULT_SCHEDULER_SLOTS = 2
+# A version that fails while serving is reloaded at most RESTARTS times in RESTART_WINDOW
+# seconds (Erlang/OTP's restart intensity), then left UNAVAILABLE with the reason.
+RESTARTS = 3
+RESTART_WINDOW = 60.0
 
 # Triton's Status code strings, used in the "reason" of a failed version
 _CODE_STRINGS = {
@@ -121,6 +134,12 @@ class StartupError(Exception):
 
 
 @dataclass(eq=False)
+class _ModelLock:
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    users: int = 0
+
+
+@dataclass(eq=False)
 class _Live:
     """A running version: its handle, the manager's control channel, its cancel scope."""
 
@@ -140,7 +159,12 @@ class _Manager:
         auto_complete: bool,
         unload_timeout: float,
         rate_limiter: Any = None,
+        faults: FaultCounter | None = None,
     ) -> None:
+        self.faults = faults or FaultCounter()
+        self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
+        self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
+        self.restarts: dict[str, list[float]] = {}  # when each model's failed versions restarted
         self.rate_limiter = rate_limiter  # a RateLimiterClient with --rate-limit execution_count
         self.repositories = repositories
         self.directory = directory
@@ -158,6 +182,63 @@ class _Manager:
         # models loaded only because an ensemble needed them (never asked for by name):
         # what unloading an ensemble with unload_dependents takes along
         self.dependency_only: set[str] = set()
+
+    # -- commands (each in its own task) ----------------------------------------------------
+
+    async def serve_command(self, command: LoadModel | UnloadModel) -> None:
+        """One repository command, answered exactly once whatever happens: its result, an
+        INTERNAL error if the command failed unexpectedly, or UNAVAILABLE if the server stops
+        (or an unload cancels a load) before it is done."""
+        what = f"{'load' if isinstance(command, LoadModel) else 'unload'} of model " \
+            f"'{command.name[:100]}'"
+        result: NurseryError | None = Unavailable(f"{what} did not finish: the server is stopping")
+        try:
+            with Boundary(self.faults, "manager", log, what) as boundary:
+                result = await self._command(command)
+            if boundary.failure is not None:
+                result = InternalError(f"{what} failed: {boundary.failure}")
+        finally:
+            _reply(command.reply, result)
+
+    async def _command(self, command: LoadModel | UnloadModel) -> NurseryError | None:
+        name = command.name
+        if isinstance(command, UnloadModel):
+            scope = self.loads.get(name)
+            if scope is not None:  # an unload stops a load still in progress (hung, perhaps)
+                scope.cancel()
+            async with self._lock(name):
+                return await self.unload(name, command.unload_dependents)
+        async with self._lock(name):
+            self.dependency_only.discard(name)  # asked for by name now
+            with trio.CancelScope() as scope:
+                self.loads[name] = scope
+                try:
+                    return await self.load(name, command.config, command.files)
+                finally:
+                    if self.loads.get(name) is scope:
+                        del self.loads[name]
+            return Unavailable(f"load of model '{name}' was stopped by an unload of it")
+
+    @asynccontextmanager
+    async def _lock(self, name: str) -> AsyncIterator[None]:
+        """Commands for one model in arrival order; the lock is forgotten once unused, so
+        names that clients make up cost nothing after their command."""
+        entry = self.locks.get(name)
+        if entry is None:
+            entry = self.locks[name] = _ModelLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if not entry.users:
+                del self.locks[name]
+
+    def answer_index(self, ready_only: bool) -> list[IndexEntry] | NurseryError:
+        with Boundary(self.faults, "manager", log, "repository index") as boundary:
+            return self.index(ready_only)
+        return InternalError(f"repository index failed: {boundary.failure}")
 
     # -- state (the only writer) -----------------------------------------------------------
 
@@ -203,7 +284,8 @@ class _Manager:
         return sorted(failed)
 
     async def load(self, name: str, override: pb.ModelConfig | None = None,
-                   files: Mapping[str, bytes] | None = None) -> NurseryError | None:
+                   files: Mapping[str, bytes] | None = None,
+                   force: bool = False) -> NurseryError | None:
         """Load (or reload) every version the policy selects; versions it no longer selects
         are drained and unloaded. A model whose folder did not change since it loaded
         successfully is left as it is (unless a config override is given). Returns the error,
@@ -234,7 +316,7 @@ class _Manager:
         current = None
         if override is None and not files:
             current = await trio.to_thread.run_sync(fingerprint, location.path)
-            if current == self.loaded_from.get(name) and self._serving(name):
+            if current == self.loaded_from.get(name) and self._serving(name) and not force:
                 return None  # nothing changed since it loaded: nothing to do
         try:
             config, versions = await trio.to_thread.run_sync(
@@ -290,8 +372,14 @@ class _Manager:
                     f"failed to load '{name}', failed to poll from model repository: Invalid "
                     f"file parameter 'file:{raw_path}' must stay within model directory "
                     "(a relative path inside the model folder)")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            except OSError as exc:  # a path that is a file and a folder at once, too long, ...
+                raise InternalError(
+                    f"failed to load '{name}', failed to poll from model repository: file "
+                    f"parameter 'file:{raw_path[:200]}' cannot be written: "
+                    f"{exc.strerror or exc}") from None
         return ModelLocation(name, folder, self.override_root)
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
@@ -331,7 +419,7 @@ class _Manager:
         done = trio.Event()
         try:
             handle, control = await self.nursery.start(
-                partial(self._serve_version, location, config, version, scope, done)
+                partial(self._supervise_version, location, config, version, scope, done)
             )
         except BaseException as exc:
             if isinstance(first_error(exc), trio.Cancelled):
@@ -351,6 +439,59 @@ class _Manager:
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
         return None
+
+    async def _supervise_version(
+        self,
+        location: ModelLocation,
+        config: ModelConfig,
+        version: int,
+        scope: trio.CancelScope,
+        done: trio.Event,
+        task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
+    ) -> None:
+        """The supervision boundary of one serving version. A failure while loading goes to
+        the loader (the load fails); a failure once it serves (an actor of the version
+        crashed) marks the version UNAVAILABLE with the reason, its requests having been
+        answered by the actors as they stopped, and the model is reloaded, at most
+        ``RESTARTS`` times in ``RESTART_WINDOW`` seconds (then it stays UNAVAILABLE)."""
+        serving: list[ModelHandle] = []
+
+        class _Started:
+            def started(self, value: tuple[ModelHandle, trio.MemorySendChannel[Any]]) -> None:
+                serving.append(value[0])
+                task_status.started(value)
+
+        name = location.name
+        try:
+            await self._serve_version(location, config, version, scope, done,
+                                      task_status=_Started())  # type: ignore[arg-type]
+            return
+        except BaseException as exc:
+            if not serving:  # still loading: the loader reports the failure
+                raise
+            error = exc
+        with Boundary(self.faults, "model", log, f"model '{name}' version {version}") as b:
+            raise error  # cancellation goes on up; a failure is recorded here
+        live = self.live.get((name, version))
+        if live is not None and live.handle is serving[0]:
+            del self.live[(name, version)]
+            self._set(name, version, ModelState.UNAVAILABLE, f"Internal: {b.failure}")
+            now = trio.current_time()
+            recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW]
+            if len(recent) < RESTARTS:
+                self.restarts[name] = [*recent, now]
+                log.error("model '%s' version %d failed while serving; restarting it", name,
+                          version)
+                self.nursery.start_soon(self._restart, name)
+            else:
+                log.error("model '%s' version %d failed while serving, %d times in %.0f s: "
+                          "left UNAVAILABLE", name, version, len(recent) + 1, RESTART_WINDOW)
+
+    async def _restart(self, name: str) -> None:
+        with Boundary(self.faults, "manager", log, f"restart of model '{name}'"):
+            async with self._lock(name):
+                if name in self.restarts:  # not unloaded meanwhile (unload forgets it)
+                    await self.load(name, force=True)
 
     async def _serve_version(
         self,
@@ -454,7 +595,7 @@ class _Manager:
                     await version_nursery.start(partial(
                         ensemble.run, plan=config.ensemble, version=str(version),
                         infer=gate.infer, inbox=inbox,
-                        stream=gate.stream if config.decoupled else None))
+                        stream=gate.stream if config.decoupled else None, faults=self.faults))
                     handle = ModelHandle(config.name, version, config, intake)
                     task_status.started((handle, intake.clone()))
         finally:
@@ -543,6 +684,7 @@ class _Manager:
             if plan is not None:
                 composing |= set(plan.models())
         self.loaded_from.pop(name, None)  # unloading what is not loaded succeeds, as in Triton
+        self.restarts.pop(name, None)
         self.dependency_only.discard(name)
         async with trio.open_nursery() as nursery:
             for version in versions:
@@ -590,35 +732,37 @@ async def run(
     auto_complete: bool = True,
     unload_timeout: float = 30.0,
     rate_limiter: Any = None,
+    faults: FaultCounter | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
 
     ``task_status.started`` reports the models that failed to load. With ``exit_on_error``
     a failure raises :class:`StartupError` instead.
+
+    Commands are served concurrently, each in its own task inside a supervision boundary:
+    commands for one model run one after the other (a per-model lock, in arrival order), so a
+    slow or hung load or unload holds up only that model; the index is answered at once.
     """
     async with trio.open_nursery() as nursery:
         manager = _Manager(
             repositories, directory, nursery,
             auto_complete=auto_complete, unload_timeout=unload_timeout,
-            rate_limiter=rate_limiter,
+            rate_limiter=rate_limiter, faults=faults or FaultCounter(),
         )
         failed = await manager.load_many(startup_models)
         if failed and exit_on_error:
             await manager.unload_all()
             raise StartupError("failed to load all models")
         task_status.started(failed)
-        async with inbox:
-            async for command in inbox:
-                if isinstance(command, LoadModel):
-                    manager.dependency_only.discard(command.name)  # asked for by name now
-                    _reply(command.reply, await manager.load(command.name, command.config,
-                                                             command.files))
-                elif isinstance(command, UnloadModel):
-                    _reply(command.reply, await manager.unload(command.name,
-                                                               command.unload_dependents))
-                elif isinstance(command, IndexRepository):
-                    _reply(command.reply, manager.index(command.ready_only))  # type: ignore[arg-type]
+        async with trio.open_nursery() as commands:
+            async with inbox:
+                async for command in inbox:
+                    if isinstance(command, IndexRepository):
+                        _reply(command.reply, manager.answer_index(command.ready_only))  # type: ignore[arg-type]
+                    else:
+                        commands.start_soon(manager.serve_command, command)
+            commands.cancel_scope.cancel()  # shutting down: loads still running stop
         await manager.unload_all()
         shutil.rmtree(manager.override_root, ignore_errors=True)
 

@@ -22,6 +22,7 @@ from nursery.messages import (
     ReleaseResources,
     UnregisterInstance,
 )
+from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.rate_limit_policy import RateLimitError, RateLimitPolicy
 
 log = logging.getLogger("nursery.ratelimit")
@@ -31,31 +32,40 @@ async def run(
     *,
     policy: RateLimitPolicy,
     inbox: trio.MemoryReceiveChannel[Any],
+    faults: FaultCounter | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    faults = faults or FaultCounter()
     waiting: dict[Hashable, trio.MemorySendChannel[Any]] = {}
     task_status.started()
     async with inbox:
         async for message in inbox:
-            if isinstance(message, AcquireResources):
-                if message.key not in policy.instances:
-                    _send(message.reply, True)  # not registered: nothing to limit
-                    continue
-                waiting[message.key] = message.reply
-                policy.request(message.key)
-            elif isinstance(message, ReleaseResources):
-                policy.release(message.key)
-            elif isinstance(message, RegisterInstance):
-                try:
-                    policy.register(message.key, message.device, message.needs,
-                                    message.priority)
-                except RateLimitError as exc:
-                    _send(message.reply, ConfigError(str(exc)))
-                    continue
-                _send(message.reply, None)
-            elif isinstance(message, UnregisterInstance):
-                policy.unregister(message.key)
-                waiting.pop(message.key, None)
+            try:
+                if isinstance(message, AcquireResources):
+                    if message.key not in policy.instances:
+                        _send(message.reply, True)  # not registered: nothing to limit
+                        continue
+                    waiting[message.key] = message.reply
+                    policy.request(message.key)
+                elif isinstance(message, ReleaseResources):
+                    policy.release(message.key)
+                elif isinstance(message, RegisterInstance):
+                    try:
+                        policy.register(message.key, message.device, message.needs,
+                                        message.priority)
+                    except RateLimitError as exc:
+                        _send(message.reply, ConfigError(str(exc)))
+                        continue
+                    _send(message.reply, None)
+                elif isinstance(message, UnregisterInstance):
+                    policy.unregister(message.key)
+                    waiting.pop(message.key, None)
+            except Exception as exc:  # one command is the unit of failure
+                faults.record("ratelimiter", exc, log, "rate limiter command")
+                reply = getattr(message, "reply", None)
+                if reply is not None:  # never leave a worker waiting: it runs unlimited
+                    _send(reply, None if isinstance(message, RegisterInstance) else True)
+                continue
             while True:  # a grant nobody waits for is released at once, which may grant more
                 lost = False
                 for key in policy.grants():

@@ -17,6 +17,7 @@ import trio
 
 from nursery.actors.model_manager import LoadModel, UnloadModel
 from nursery.repository import ModelFingerprint, diff, snapshot
+from nursery.runtime.supervision import Boundary, FaultCounter
 
 log = logging.getLogger("nursery.poller")
 
@@ -33,30 +34,41 @@ async def run(
     repositories: tuple[Path, ...],
     manager: trio.MemorySendChannel[Any],
     interval: float,
+    faults: FaultCounter | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    faults = faults or FaultCounter()
     async with manager:
         last: dict[str, ModelFingerprint] = await trio.to_thread.run_sync(snapshot, repositories)
         failed: set[str] = set()
         task_status.started()
         while True:
             await trio.sleep(interval)
-            current = await trio.to_thread.run_sync(snapshot, repositories)
-            changes = diff(last, current)
-            last = current
-            retry = sorted(failed - set(changes.removed) - set(changes.added) - set(changes.changed))
-            if changes:
-                log.info("repository changed: added %s, changed %s, removed %s",
-                         list(changes.added), list(changes.changed), list(changes.removed))
-            for name in (*changes.added, *changes.changed, *retry):
-                error = await _ask(manager, LoadModel, name)
-                if error is None:
-                    failed.discard(name)
-                else:  # tried again every poll, as Triton does, until it loads
-                    failed.add(name)
-                    log.error("poll: failed to load '%s': %s", name, error.message)
-            for name in changes.removed:
-                failed.discard(name)
-                error = await _ask(manager, UnloadModel, name)
-                if error is not None:
-                    log.error("poll: failed to unload '%s': %s", name, error.message)
+            # one poll is the unit of failure: an unreadable folder costs this poll, and the
+            # next one starts from the last good snapshot
+            with Boundary(faults, "poller", log, "repository poll"):
+                last = await _poll(repositories, manager, last, failed)
+
+
+async def _poll(repositories: tuple[Path, ...], manager: trio.MemorySendChannel[Any],
+                last: dict[str, ModelFingerprint], failed: set[str]
+                ) -> dict[str, ModelFingerprint]:
+    current = await trio.to_thread.run_sync(snapshot, repositories)
+    changes = diff(last, current)
+    retry = sorted(failed - set(changes.removed) - set(changes.added) - set(changes.changed))
+    if changes:
+        log.info("repository changed: added %s, changed %s, removed %s",
+                 list(changes.added), list(changes.changed), list(changes.removed))
+    for name in (*changes.added, *changes.changed, *retry):
+        error = await _ask(manager, LoadModel, name)
+        if error is None:
+            failed.discard(name)
+        else:  # tried again every poll, as Triton does, until it loads
+            failed.add(name)
+            log.error("poll: failed to load '%s': %s", name, error.message)
+    for name in changes.removed:
+        failed.discard(name)
+        error = await _ask(manager, UnloadModel, name)
+        if error is not None:
+            log.error("poll: failed to unload '%s': %s", name, error.message)
+    return current

@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 from nursery import precise_timer
-from nursery.errors import Cancelled, NurseryError, Unavailable
+from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import (
     CacheOutcome,
     CancelWork,
@@ -37,6 +37,7 @@ from nursery.messages import (
     ReleaseSlots,
     StatsQuery,
 )
+from nursery.runtime.supervision import summary
 from nursery.scheduling.decisions import Dispatch, Reject, Release, SchedulingPolicy
 from nursery.stats import StatsAccumulator
 
@@ -65,6 +66,12 @@ class _Ordering:
             _answer(w, a)
             self._release += 1
 
+    def flush(self) -> None:
+        """Release every answer held, in order, without waiting for the ones missing."""
+        while self._held:
+            _, _, w, a = heapq.heappop(self._held)
+            _answer(w, a)
+
 
 async def run(
     *,
@@ -82,6 +89,7 @@ async def run(
     ordering = _Ordering() if preserve_ordering else None
     cancel = getattr(policy, "cancel", None)
     waker = precise_timer.create()  # the policy's sub-millisecond deadlines, on time
+    failure: BaseException | None = None
     task_status.started()
     async with inbox, trio.open_nursery() as timer_tasks:
         if waker is not None:
@@ -172,13 +180,46 @@ async def run(
                         message = inbox.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             timer_tasks.cancel_scope.cancel()
             if waker is not None:
                 waker.close()
+            if ordering is not None:
+                ordering.flush()
+            _answer_held(name, policy, inbox, stats, failure)
             with trio.CancelScope(shield=True):
                 for channel in instances:
                     await channel.aclose()
+
+
+def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
+                 inbox: trio.MemoryReceiveChannel[Any], stats: StatsAccumulator,
+                 failure: BaseException | None) -> None:
+    """The actor is stopping: every request it still holds, queued in the policy or waiting in
+    the inbox, gets an answer (none is left waiting forever), and answers that workers sent
+    back for ordered release go out as they are."""
+    if failure is None or isinstance(failure, trio.Cancelled) or (
+            isinstance(failure, BaseExceptionGroup)
+            and failure.split(trio.Cancelled)[1] is None):
+        error: NurseryError = Unavailable(f"model '{name}' is unloading")
+    else:
+        error = InternalError(f"model '{name}': the scheduler failed: {summary(failure)}")
+    held = getattr(policy, "drain", list)()
+    while True:
+        try:
+            message = inbox.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            break
+        if isinstance(message, (InferWork, StatsQuery)):
+            held.append(message)
+        elif isinstance(message, InstanceReady):
+            for work, answer in message.held:
+                _answer(work, answer)
+    for work in held:
+        _answer(work, error if isinstance(work, InferWork) else stats.snapshot(0))
 
 
 def _answer(work: Any, answer: Any) -> None:

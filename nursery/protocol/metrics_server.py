@@ -42,7 +42,7 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
                         decoupled[(m, v)] = config.first_response_buckets
             totals = await core.cache_totals()  # None without a cache
             body = metrics.render(entries, sampler.latest, options, frozenset(cached), totals,
-                                  decoupled).encode()
+                                  decoupled, core.faults.snapshot()).encode()
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})

@@ -249,6 +249,17 @@ class DynamicBatchPolicy(Generic[W]):
 
     # -- introspection -----------------------------------------------------------------------
 
+    def drain(self) -> list[W]:
+        """Remove and return every request still held (queued, delayed or to be rejected)."""
+        items = [item for item, _ in self._rejected]
+        for level in self._levels.values():
+            items += [e.item for q in (level.queue, level.delayed) for e in q]
+            level.queue.clear()
+            level.delayed.clear()
+        self._rejected = []
+        self._count = self._deadlines = 0
+        return items
+
     def pending(self) -> int:
         return self._count + len(self._rejected)
 

@@ -76,4 +76,9 @@ class SchedulingPolicy(Protocol[W]):
         """Requests queued and not yet dispatched."""
         ...
 
+    def drain(self) -> list[W]:
+        """Remove and return every request still held: the actor answers them when it stops
+        (unload deadline, failure), so no accepted request is left without an answer."""
+        ...
+
     def idle_instances(self) -> int: ...

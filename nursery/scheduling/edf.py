@@ -189,6 +189,18 @@ class EarliestDeadlinePolicy(Generic[W]):
 
     # -- introspection -----------------------------------------------------------------------
 
+    def drain(self) -> list[W]:
+        """Remove and return every request still held (queued or to be rejected)."""
+        items = [item for item, _ in self._rejected] + [e.item for e in self._queue]
+        for entry in self._queue:
+            entry.queued = False
+        self._queue.clear()
+        self._keys.clear()
+        self._expiries.clear()
+        self._per_level.clear()
+        self._rejected = []
+        return items
+
     def pending(self) -> int:
         return len(self._queue) + len(self._rejected)
 

@@ -48,6 +48,13 @@ class FifoPolicy(Generic[W]):
             decisions.append(Dispatch(instance, (self._queue.popleft(),)))
         return Poll(decisions, None)
 
+    def drain(self) -> list[W]:
+        """Remove and return every request still held (queued or waiting to be rejected)."""
+        items = [*self._rejected, *self._queue]
+        self._rejected = []
+        self._queue.clear()
+        return items
+
     def pending(self) -> int:
         return len(self._queue)
 

@@ -247,6 +247,18 @@ class SequencePolicy(Generic[W]):
 
     # -- introspection -----------------------------------------------------------------------
 
+    def drain(self) -> list[W]:
+        """Remove and return every request still held (queued in a slot or the backlog, or
+        to be rejected); the sequences are forgotten."""
+        items = [item for item, _ in self._rejected]
+        seqs = {id(s): s for s in (*self._slots.values(), *self._backlog, *self._by_id.values())}
+        for seq in seqs.values():
+            items += [r.item for r in seq.queue]
+            seq.queue.clear()
+        self._rejected = []
+        self._count = 0
+        return items
+
     def pending(self) -> int:
         return self._count + len(self._rejected)
 

@@ -1,0 +1,1 @@
+"""Runtime machinery shared by the actors: supervision boundaries."""
