@@ -60,6 +60,7 @@ import json
 import os
 import platform
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -104,6 +105,8 @@ P99_FLOOR_MS = 5.0
 ERRORS_EXPECTED = {"churn_unload_inflight", "churn_infer_after_unload", "churn_load", "churn_infer"}
 VANISH_KINDS = ("http_half_headers", "http_half_body", "http_full_rst", "grpc_preface_rst",
                 "grpc_half_rst", "grpc_infer_rst", "http_client_timeout", "grpc_client_dropped")
+# a traceback's last line, also inside an ExceptionGroup's "|" margin
+EXCEPTION_LINE = re.compile(r"^[\s|]*[A-Za-z_][\w.]*(Error|Exception|Group)\b.*:")
 # gRPC status texts that mean the transport failed, not that the server answered
 TRANSPORT_WORDS = ("socket closed", "connection reset", "failed to connect", "connection refused",
                    "broken pipe", "end of tcp", "stream removed", "rst_stream", "eof",
@@ -707,6 +710,19 @@ def proc_status(pid: int) -> dict[str, Any]:
     return values
 
 
+def machine_cpu() -> tuple[float, float, float, float]:
+    """The machine's busy, stolen and total CPU seconds since boot, and this soak process's
+    own CPU seconds: per interval they say how much of the two cores went to
+    neither the server nor the soak (other tenants of a shared machine), which is what a p99
+    jump that the server did not cause coincides with."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = sum(ticks[i] for i in (0, 1, 2, 5, 6) if i < len(ticks))
+    steal = ticks[7] if len(ticks) > 7 else 0
+    own = os.times()
+    return busy / hz, steal / hz, sum(ticks[:8]) / hz, own.user + own.system
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -729,8 +745,9 @@ def watch_process(ctx: Ctx) -> None:
         ctx.stop.set()
 
 
-COLUMNS = ["t_s", "rss_kb", "fds", "threads", "cpu_s", "http_n", "http_p50_ms", "http_p99_ms", "grpc_n",
-           "grpc_p50_ms", "grpc_p99_ms", "sent", "ok", "errors", "lost", "abandoned", "live"]
+COLUMNS = ["t_s", "rss_kb", "fds", "threads", "cpu_s", "other_cpu_pct", "steal_pct", "http_n", "http_p50_ms",
+           "http_p99_ms", "grpc_n", "grpc_p50_ms", "grpc_p99_ms", "sent", "ok", "errors", "lost", "abandoned",
+           "live"]
 
 
 def sample_loop(ctx: Ctx, interval: float, out_csv: Path) -> list[dict[str, Any]]:
@@ -740,6 +757,7 @@ def sample_loop(ctx: Ctx, interval: float, out_csv: Path) -> list[dict[str, Any]
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         next_at = time.monotonic() + interval
+        before, server_before = machine_cpu(), proc_status(ctx.server.proc.pid)["cpu_s"] or 0.0
         while not ctx.stop.is_set():
             ctx.stop.wait(max(0.0, min(next_at, ctx.deadline) - time.monotonic()))
             if ctx.stop.is_set():
@@ -750,6 +768,13 @@ def sample_loop(ctx: Ctx, interval: float, out_csv: Path) -> list[dict[str, Any]
             live = healthy(ctx)
             row: dict[str, Any] = {"t_s": round(ctx.now(), 1), **status, **ctx.tally.totals(),
                                    "live": int(live)}
+            after = machine_cpu()
+            busy, steal, total, own = (b - a for a, b in zip(before, after, strict=True))
+            server_cpu = (status["cpu_s"] or server_before) - server_before
+            if total > 0:
+                row["other_cpu_pct"] = round(100 * max(0.0, busy - server_cpu - own) / total, 1)
+                row["steal_pct"] = round(100 * steal / total, 1)
+            before, server_before = after, status["cpu_s"] or server_before
             for proto in ("http", "grpc"):
                 row[f"{proto}_n"] = len(latency[proto])
                 row[f"{proto}_p50_ms"] = _round(percentile(latency[proto], 50))
@@ -760,7 +785,8 @@ def sample_loop(ctx: Ctx, interval: float, out_csv: Path) -> list[dict[str, Any]
             print(f"[{row['t_s']:7.1f} s] rss {row['rss_kb']} kB  fds {row['fds']}  "
                   f"threads {row['threads']}  "
                   f"http p99 {row['http_p99_ms']} ms ({row['http_n']})  grpc p99 {row['grpc_p99_ms']} ms "
-                  f"({row['grpc_n']})  sent {row['sent']} lost {row['lost']} errors {row['errors']}"
+                  f"({row['grpc_n']})  others' CPU {row.get('other_cpu_pct')}%  "
+                  f"sent {row['sent']} lost {row['lost']} errors {row['errors']}"
                   f"{'' if live else '  NOT LIVE'}", flush=True)
             unhealthy = 0 if live else unhealthy + 1
             if unhealthy >= 3 and ctx.server.proc.poll() is None:
@@ -820,9 +846,11 @@ def verdict(ctx: Ctx, samples: list[dict[str, Any]], warmup: float,
                 continue
             limit = max(P99_FACTOR * ref, ref + P99_FLOOR_MS)
             worst = max(s[f"{proto}_p99_ms"] or 0 for s in measured)
+            others = (_median(last, "other_cpu_pct"), _median(measured, "other_cpu_pct"))
             checks.append((f"{proto} p99 stable", tail <= limit,
                            f"last {window:.0f} s {tail:.2f} ms vs post-warm-up median {ref:.2f} ms "
-                           f"(limit {limit:.2f} ms; worst interval {worst:.2f} ms)"))
+                           f"(limit {limit:.2f} ms; worst interval {worst:.2f} ms; other processes' "
+                           f"CPU {others[0]}% of the machine then, {others[1]}% over the run)"))
     totals = ctx.tally.totals()
     unanswered = sum(max(0, ctx.tally.unanswered(k)) for k in list(ctx.tally.kinds))
     checks.append(("zero lost requests", totals["lost"] == 0 and unanswered == 0,
@@ -909,7 +937,11 @@ def report(ctx: Ctx, args: argparse.Namespace, samples: list[dict[str, Any]],
         lines += [f"{t:8.2f} s  {what}" for t, what in ctx.events if t <= ctx.died["at"] + 0.5][-15:]
         lines += ["```"]
     if ctx.died or ctx.frozen_at is not None or not passed:
-        tail = log_text.splitlines()[-40:]
+        log_lines = log_text.splitlines()
+        causes = [line.strip(" |") for line in log_lines if EXCEPTION_LINE.match(line)]
+        if causes:
+            lines += ["", f"Last exception in the server log: `{causes[-1]}`"]
+        tail = log_lines[-40:]
         lines += ["", "Server log, last lines:", "", "```", *tail, "```"]
     lines += ["", "## Requests by kind", "",
               "| kind | sent | ok | error answers | lost | abandoned (on purpose) |",
@@ -933,12 +965,13 @@ def report(ctx: Ctx, args: argparse.Namespace, samples: list[dict[str, Any]],
         lines += ["```"]
     if samples:
         lines += ["", "## Samples", "",
-                  "| t s | RSS MiB | fds | threads | server CPU s | http p50 / p99 ms | grpc p50 / p99 ms "
-                  "| sent | lost |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| t s | RSS MiB | fds | threads | server CPU s | others' CPU % | http p50 / p99 ms "
+                  "| grpc p50 / p99 ms | sent | lost |", "|---|---|---|---|---|---|---|---|---|---|"]
         step = max(1, len(samples) // 30)
         for s in samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else []):
             rss = f"{s['rss_kb'] / 1024:.1f}" if s["rss_kb"] else "-"
             lines.append(f"| {s['t_s']:.0f} | {rss} | {s['fds']} | {s['threads']} | {s['cpu_s']} | "
+                         f"{s.get('other_cpu_pct')} | "
                          f"{s['http_p50_ms']} / {s['http_p99_ms']} | "
                          f"{s['grpc_p50_ms']} / {s['grpc_p99_ms']} | "
                          f"{s['sent']} | {s['lost']} |")
