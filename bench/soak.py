@@ -29,7 +29,8 @@ read from /proc and the interval's p50/p99 of the HTTP and gRPC infer latencies 
 The verdict (after a warm-up, the first ``--warmup`` share of the run):
   - RSS: the median of the last minute's samples at most 5% above the median of the first
     minute after warm-up (the start of the measured part, not its middle: a steady leak would be
-    halved by a median over the whole measured part);
+    halved by a median over the whole measured part); in a run too short for that, the first
+    and the last third of the measured part, so that the two windows never overlap;
   - fds and threads: last-minute median minus the post-warm-up minute's median at most 16 fds /
     8 threads (the soak's own clients hold about a dozen connections at any moment, so a wobble
     below that is traffic, a step above it is a leak);
@@ -39,8 +40,8 @@ The verdict (after a warm-up, the first ``--warmup`` share of the run):
     does not, while a real drift -- queues that grow, leak-driven GC pauses -- moves it; 5 ms is
     about one scheduler slice taken by another process, which a sub-millisecond baseline would
     otherwise turn into a false alarm);
-  - zero lost requests, no unexpected error answers on the plain infer, stream and
-    shared-memory requests, the server alive at the end (live, ready, one infer per protocol)
+  - zero lost requests, no error answers except where a request races an unload (or follows
+    it), the server alive at the end (live, ready, one infer per protocol)
     and exiting 0 on SIGTERM.
 
 If the server dies (or stops answering health checks for three intervals) the soak stops at
@@ -102,7 +103,7 @@ THREAD_TOLERANCE = 8
 P99_FACTOR = 2.0
 P99_FLOOR_MS = 5.0
 # kinds whose requests are expected to be refused now and then (a model being unloaded)
-ERRORS_EXPECTED = {"churn_unload_inflight", "churn_infer_after_unload", "churn_load", "churn_infer"}
+ERRORS_EXPECTED = {"churn_unload_inflight", "churn_infer_after_unload"}
 VANISH_KINDS = ("http_half_headers", "http_half_body", "http_full_rst", "grpc_preface_rst",
                 "grpc_half_rst", "grpc_infer_rst", "http_client_timeout", "grpc_client_dropped")
 # a traceback's last line, also inside an ExceptionGroup's "|" margin
