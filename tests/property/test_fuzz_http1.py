@@ -97,6 +97,8 @@ async def _one_connection(data: bytes, eof: bool) -> HttpServer:
     with trio.fail_after(60):  # virtual seconds: every deadline has passed long before
         async with trio.open_nursery() as nursery:
             nursery.start_soon(server._connection, trio.SocketStream(ours))
+            sweep = trio.CancelScope()
+            nursery.start_soon(server._sweep, sweep)  # it enforces the deadlines
             try:
                 await client.send_all(data)
                 if eof:
@@ -106,6 +108,7 @@ async def _one_connection(data: bytes, eof: bool) -> HttpServer:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             await client.aclose()
+            sweep.cancel()
     return server
 
 
