@@ -10,21 +10,27 @@ Why llhttp (through ``httptools``) parses the head. The head parser this module 
 regular expression per header line whose lazy value group backtracked quadratically: one header
 of a letter, 30,000 spaces and a letter took seconds of the server's only thread. The house rule
 is a well-kept, fuzzed parser where one exists, unless it costs more than 5% of a request.
-llhttp (Node.js's parser, fuzzed in OSS-Fuzz) is linear by construction (a state machine over
-the bytes) and strict by default: token methods and field names, no control characters, no
-obs-fold, no bare LF, Content-Length digits only with overflow and duplicates refused,
-Transfer-Encoding with Content-Length refused. ``python bench/http_parse.py`` measured on the
-2-core machine (µs per head, best of 5; the server spends about 200-300 µs of CPU per
-inference request at 2-5k requests/s):
+llhttp (Node.js's parser, generated from a declared grammar and fuzzed upstream) is linear by
+construction (a state machine over the bytes) and strict by default: token methods and field
+names, no control characters, no obs-fold, no bare LF, Content-Length digits only with overflow
+and duplicates refused, Transfer-Encoding with Content-Length refused.
 
-    head                                 regex (old)   httptools   linear hand parser
-    tritonclient POST .../mlp/infer          8.5          4.0            5.3
-    perf_analyzer POST .../mlp/infer         9.6          4.4            6.0
-    curl GET /v2/health/ready                5.6          3.1            3.6
-    one header "x: a" + 30,000 spaces + "b"  2,700,000    36             38
+``python bench/http_parse.py`` on the 2-core machine (2026-11-24, µs per head, best of 7
+interleaved rounds; the server spends about 200-300 µs of CPU per inference request at 2-5k
+requests/s):
 
-httptools is the cheapest of the three (about 2% of a request, less than the parser it
-replaces), so it parses every head here; a linear hand parser is the one in the benchmark.
+    head                                    regex (old)   httptools   linear hand parser
+    tritonclient POST /v2/models/mlp/infer      5.6          4.1            5.0
+    perf_analyzer POST /v2/models/mlp/infer     6.0          4.3            5.6
+    curl GET /v2/health/ready                   4.2          3.6            4.0
+    "x: a" + 2,000 spaces + "b"              15,500          7             13
+    "x: a" + 30,000 spaces + "b"          2,546,000         52            161
+
+httptools is the cheapest of the three (under 2% of a request's CPU, and less than the
+parser it replaces), so it parses every head here; the linear hand parser lives in the
+benchmark only. A raw-socket A/B of the whole server (keep-alive add_sub inferences,
+alternating rounds) put its CPU per request at or below the old server's.
+
 Around llhttp this module adds only what it leaves to the application: the head is found and
 bounded first (``MAX_HEAD`` bytes, ``MAX_HEADERS`` fields: 431), the request line must be
 single-spaced, Content-Length is at most ``MAX_LENGTH_DIGITS`` digits, only HTTP/1.0 and 1.1
