@@ -135,7 +135,6 @@ class Lifespan:
 _IDLE, _HEAD, _BODY, _HANDLING, _SENDING = range(5)
 _MAX_REFUSING = 64  # refusals (503 then close) in flight at once; past this: close at once
 _REFUSE_GRACE = 1.0  # seconds a refused connection or a final error answer may take
-_CONNECTION_LIMIT = error_body("connection limit reached")
 _INTERNAL_ERROR = error_body("Internal Server Error")
 _JSON = [(b"content-type", b"application/json")]
 
@@ -183,8 +182,31 @@ def _describe(exc: BaseException) -> str:
     """One short line: the exception's type and message, a group's leaves."""
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not break the boundary that reports it
+        text = "(no message)"
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+async def _last_answer(stream: trio.SocketStream, status: int, message: str) -> None:
+    """Send an error answer with ``connection: close``, then read what the client sent
+    meanwhile until it closes (at most ``_BIG`` bytes, at most ``_REFUSE_GRACE`` seconds for
+    all of it), so that closing with unread bytes does not reset the connection before the
+    client has read the answer. A peer that is gone is not an error."""
+    body = error_body(message)
+    try:
+        with trio.move_on_after(_REFUSE_GRACE):
+            await stream.send_all(http1.response_head(status, _JSON, len(body), False) + body)
+            await stream.send_eof()
+            drained = 0
+            while drained < _BIG:
+                data = await stream.receive_some(_BIG)
+                if not data:
+                    break
+                drained += len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
 
 
 class HttpServer:
@@ -260,10 +282,23 @@ class HttpServer:
                 conn.scope.cancel()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        """One connection, inside its supervision boundary."""
-        if len(self._connections) >= self.max_connections:
-            await self._refuse(stream)
-            return
+        """One connection. Its supervision boundary is in :meth:`_run_connection` (which answers
+        500 where it still can); this outer one only makes sure that nothing but a
+        ``BaseException`` that is not an ``Exception`` (``trio.Cancelled``...) ever leaves a
+        connection task for the server's nursery, whatever the inner one's handlers do."""
+        try:
+            if len(self._connections) >= self.max_connections:
+                await self._refuse(stream)
+            else:
+                await self._run_connection(stream)
+        except BaseException as exc:
+            unexpected, rest = _split(exc)
+            if unexpected is not None:
+                self._count(unexpected, "connection")
+            if rest is not None:
+                raise rest from None
+
+    async def _run_connection(self, stream: trio.SocketStream) -> None:
         conn = _Connection(trio.CancelScope(), stream, trio.current_time() + self.head_timeout)
         self._connections.add(conn)
         try:
@@ -291,43 +326,21 @@ class HttpServer:
                 await stream.aclose()
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
-        """Answer ``503 connection limit reached`` and close; read what the client sent
-        meanwhile (bounded in time and bytes), so that closing does not reset the connection
-        before the client has read the answer."""
+        """Answer ``503 connection limit reached`` and close (past ``_MAX_REFUSING`` answers
+        in flight: close at once)."""
         self.refused_connections += 1
-        if self._refusing >= _MAX_REFUSING:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
-            return
-        self._refusing += 1
-        try:
-            with trio.move_on_after(_REFUSE_GRACE):
-                await stream.send_all(http1.response_head(503, _JSON, len(_CONNECTION_LIMIT), False)
-                                      + _CONNECTION_LIMIT)
-                await stream.send_eof()
-                drained = 0
-                while drained < _BIG:
-                    data = await stream.receive_some(_BIG)
-                    if not data:
-                        break
-                    drained += len(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            self._refusing -= 1
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        if self._refusing < _MAX_REFUSING:
+            self._refusing += 1
+            try:
+                await _last_answer(stream, 503, "connection limit reached")
+            finally:
+                self._refusing -= 1
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
 
     async def _final_answer(self, conn: _Connection, status: int, message: str) -> None:
-        """An error answer just before closing (malformed request, deadline, internal error);
-        bounded in time, and a peer that is gone is not an error."""
-        body = error_body(message)
-        try:
-            with trio.move_on_after(_REFUSE_GRACE):
-                await conn.stream.send_all(http1.response_head(status, _JSON, len(body), False)
-                                           + body)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        """An error answer just before closing (malformed request, deadline, internal error)."""
+        await _last_answer(conn.stream, status, message)
 
     def _count(self, exc: Exception, where: str) -> None:
         """One log line per unexpected exception (the traceback at --log-verbose 1), one count."""

@@ -134,3 +134,26 @@ async def test_cancellation_passes_through_the_boundaries() -> None:
         nursery.cancel_scope.cancel()
     assert server.internal_errors == 0
     await stream.aclose()
+
+
+async def test_outer_boundary_holds_when_the_inner_one_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even an error inside the connection's own error handling stays in that connection."""
+    async with trio.open_nursery() as nursery:
+        server, port = await _start(nursery)
+        original = server._run_connection
+
+        async def broken(stream: trio.SocketStream) -> None:
+            monkeypatch.setattr(server, "_run_connection", original)  # only the first one
+            await stream.aclose()
+            raise ExceptionGroup("handler", [RuntimeError("the boundary's own bug")])
+
+        monkeypatch.setattr(server, "_run_connection", broken)
+        first = await trio.open_tcp_stream("127.0.0.1", port)
+        assert await first.receive_some(65536) == b""
+        assert server.internal_errors == 1
+        second = await trio.open_tcp_stream("127.0.0.1", port)
+        assert (await _get(second, b"/ok")).endswith(b"\r\n\r\nok")
+        await first.aclose()
+        await second.aclose()
+        nursery.cancel_scope.cancel()
