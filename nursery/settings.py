@@ -282,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--http-server", choices=["nursery", "hypercorn"], default="nursery",
         help="(nursery only) Which HTTP/1.1 implementation serves the HTTP port: nursery's own "
-        "lean server (default) or hypercorn. Both serve the same routes and answers.",
+        "lean server (default) or hypercorn. Both serve the same routes and answers; the "
+        "--http-*-timeout-secs and --http-max-connections flags apply to nursery's own only.",
     )
     parser.add_argument(
         "--grpc-server", choices=["nursery", "grpclib"], default="nursery",
