@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from nursery.protocol import http1
-from nursery.protocol.http1 import HttpError, RequestHead
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's nursery
+
+from nursery.protocol import http1  # noqa: E402
+from nursery.protocol.http1 import HttpError, RequestHead  # noqa: E402
 
 # as captured from tritonclient.http 2.x (geventhttpclient), binary tensors, MLP 1x16 FP32
 TRITONCLIENT_POST = (
