@@ -103,6 +103,12 @@ async def _watch_signals(
                 raise KeyboardInterrupt
 
 
+def _http_deadlines(settings: Settings) -> dict[str, float]:
+    return {"head_timeout": settings.http_head_timeout,
+            "body_timeout": settings.http_body_timeout,
+            "keep_alive_timeout": settings.http_keepalive_timeout}
+
+
 async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
                       shutdown: trio.Event) -> list[str]:
     """Start the HTTP frontend; it stops accepting and drains once ``shutdown`` is set."""
@@ -115,7 +121,8 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
         )
         return binds
     quart_app = build_quart_app(core)
-    server = HttpServer(core, quart_app, max_input_size=settings.http_max_input_size)
+    server = HttpServer(core, quart_app, max_input_size=settings.http_max_input_size,
+                        max_connections=settings.http_max_connections, **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         lifespan = Lifespan(quart_app)
@@ -161,7 +168,9 @@ async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
                          shutdown: trio.Event) -> list[str]:
     """The metrics endpoint on its own port; it stops accepting once ``shutdown`` is set."""
     server = HttpServer(core, build_metrics_app(core, sampler, options),
-                        max_input_size=64 * 1024, serve_infer=False)
+                        max_input_size=64 * 1024, serve_infer=False,
+                        max_connections=settings.metrics_max_connections,
+                        **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         async with trio.open_nursery() as inner:

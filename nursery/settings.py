@@ -17,6 +17,13 @@ from nursery.scheduling.rate_limit_policy import parse_resource_flag
 from nursery.tracing import TraceSettings, settings_from_config
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
+# What one client may hold on the HTTP and metrics ports (nursery only: Triton has no such
+# flags). Generous for real clients, short enough that idle or trickling ones let go.
+DEFAULT_HTTP_HEAD_TIMEOUT = 30.0
+DEFAULT_HTTP_BODY_TIMEOUT = 60.0
+DEFAULT_HTTP_KEEPALIVE_TIMEOUT = 75.0
+DEFAULT_HTTP_MAX_CONNECTIONS = 1000
+DEFAULT_METRICS_MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,11 @@ class Settings:
     rate_limit_resources: tuple[tuple[tuple[str, int | None], int], ...] = ()
     cache_size: int | None = None  # --cache-config local,size=N: the response cache's bytes
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
+    http_head_timeout: float = DEFAULT_HTTP_HEAD_TIMEOUT
+    http_body_timeout: float = DEFAULT_HTTP_BODY_TIMEOUT
+    http_keepalive_timeout: float = DEFAULT_HTTP_KEEPALIVE_TIMEOUT
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
+    metrics_max_connections: int = DEFAULT_METRICS_MAX_CONNECTIONS
     server_id: str = "triton"
     http_server: str = "nursery"
     grpc_server: str = "nursery"
@@ -242,9 +254,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="Maximum allowed HTTP request input size in bytes. Default is 64 MiB.",
     )
     parser.add_argument(
+        "--http-head-timeout-secs", type=float, default=DEFAULT_HTTP_HEAD_TIMEOUT,
+        metavar="<float>",
+        help="(nursery only) Seconds a client has to send a whole request head on the HTTP and "
+        "metrics ports: counted from the connection's opening for its first request, from "
+        "the head's first byte after that. Late: 408, then the connection closes. Default is "
+        f"{DEFAULT_HTTP_HEAD_TIMEOUT:g}.",
+    )
+    parser.add_argument(
+        "--http-body-timeout-secs", type=float, default=DEFAULT_HTTP_BODY_TIMEOUT,
+        metavar="<float>",
+        help="(nursery only) Seconds a client has to send a whole request body after its head, "
+        "and to take a whole response, on the HTTP and metrics ports. Late: 408 (a body), "
+        f"then the connection closes. Default is {DEFAULT_HTTP_BODY_TIMEOUT:g}.",
+    )
+    parser.add_argument(
+        "--http-keepalive-timeout-secs", type=float, default=DEFAULT_HTTP_KEEPALIVE_TIMEOUT,
+        metavar="<float>",
+        help="(nursery only) Seconds a kept-alive connection on the HTTP and metrics ports may "
+        f"idle between requests before it closes. Default is {DEFAULT_HTTP_KEEPALIVE_TIMEOUT:g}.",
+    )
+    parser.add_argument(
+        "--http-max-connections", type=int, default=DEFAULT_HTTP_MAX_CONNECTIONS,
+        metavar="<int>",
+        help="(nursery only) Open connections the HTTP port serves at once; one more is answered "
+        "503 'connection limit reached' and closed. Default is "
+        f"{DEFAULT_HTTP_MAX_CONNECTIONS}.",
+    )
+    parser.add_argument(
+        "--metrics-max-connections", type=int, default=DEFAULT_METRICS_MAX_CONNECTIONS,
+        metavar="<int>",
+        help="(nursery only) The same cap for the metrics port. Default is "
+        f"{DEFAULT_METRICS_MAX_CONNECTIONS}.",
+    )
+    parser.add_argument(
         "--http-server", choices=["nursery", "hypercorn"], default="nursery",
         help="(nursery only) Which HTTP/1.1 implementation serves the HTTP port: nursery's own "
-        "lean server (default) or hypercorn. Both serve the same routes and answers.",
+        "lean server (default) or hypercorn. Both serve the same routes and answers; the "
+        "--http-*-timeout-secs and --http-max-connections flags apply to nursery's own only.",
     )
     parser.add_argument(
         "--grpc-server", choices=["nursery", "grpclib"], default="nursery",
@@ -316,6 +363,11 @@ def settings_from_args(argv: list[str]) -> Settings:
             parser.error(str(exc))
     if args.metrics_interval_ms <= 0:
         parser.error("--metrics-interval-ms must be positive")
+    for flag in ("http_head_timeout_secs", "http_body_timeout_secs",
+                 "http_keepalive_timeout_secs", "http_max_connections",
+                 "metrics_max_connections"):
+        if not getattr(args, flag) > 0:  # also refuses nan
+            parser.error(f"--{flag.replace('_', '-')} must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
@@ -356,6 +408,11 @@ def settings_from_args(argv: list[str]) -> Settings:
         rate_limit=args.rate_limit,
         rate_limit_resources=tuple(resources),
         http_max_input_size=args.http_max_input_size,
+        http_head_timeout=args.http_head_timeout_secs,
+        http_body_timeout=args.http_body_timeout_secs,
+        http_keepalive_timeout=args.http_keepalive_timeout_secs,
+        http_max_connections=args.http_max_connections,
+        metrics_max_connections=args.metrics_max_connections,
         server_id=args.id,
         http_server=args.http_server,
         grpc_server=args.grpc_server,
