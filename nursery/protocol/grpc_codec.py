@@ -270,7 +270,7 @@ def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, 
             f"{datatype.value} input '{tensor.name}' of model '{model}' must be sent in "
             "raw_input_contents (it has no typed contents field)"
         )
-    values = getattr(tensor.contents, field)
+    values = getattr(tensor.contents, field) if tensor.contents is not None else []
     if len(values) != count:
         if datatype is DataType.BYTES:
             raise InvalidArgument(
