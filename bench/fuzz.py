@@ -7,7 +7,7 @@ inputs. This runner imports them all (a module that is absent or fails to import
 not fatal), runs a mutation fuzzer on every target, each target in its own child process (a
 crash of the interpreter -- a signal, the memory limit -- costs that target's run, not the
 campaign), and writes a markdown report with inputs/s and every crash and hang, each input
-saved under ``bench/results/fuzz-<date>/``.
+saved under ``bench/results/fuzz-<date>/`` (the report is its ``summary.md``).
 
     python -m bench.fuzz                        # 1,000,000 inputs per target
     python -m bench.fuzz --inputs 20000 --targets json_infer,grpc_infer
@@ -336,6 +336,8 @@ def _run_target(args: argparse.Namespace, label: str, module: str, name: str,
     log_text = log_path.read_text(errors="replace")
     if args.engine == "atheris":
         _read_atheris_log(result, log_text, out_dir, label)
+        corpus_dir = out_dir / f"corpus-{label.replace(':', '-')}"
+        result["corpus"] = sum(1 for _ in corpus_dir.iterdir()) if corpus_dir.exists() else 0
         return result
     current = out_dir / f".current-{proc.pid}"
     data = b""
@@ -469,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
             running = [pool.submit(_run_target, args, label, module, name, out_dir)
                        for label, (module, name) in pending]
             results = [f.result() for f in running]
-    report = out_dir / "report.md"
+    report = out_dir / "summary.md"
     write_report(report, args, results, notes, time.perf_counter() - start)
     print(f"report: {report}")
 
