@@ -63,14 +63,14 @@ INTERESTING = [0, 1, 7, 8, 127, 128, 255, 256, 4095, 4096, 65535, 65536, 2**31 -
 # -- discovery ------------------------------------------------------------------------------
 
 
-def discover() -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """``{"<area>:<target>": (module, target)}`` for every fuzz module, and notes on modules
-    that could not be imported."""
+def discover(modules: list[str] | None = None) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """``{"<area>:<target>": (module, target)}`` for every fuzz module (or the ``modules``
+    named), and notes on modules that could not be imported."""
     found: dict[str, tuple[str, str]] = {}
     notes: list[str] = []
-    for path in sorted(PROPERTY.glob("test_fuzz_*.py")):
-        module = f"tests.property.{path.stem}"
-        area = path.stem[len("test_fuzz_"):]
+    names = modules or [f"tests.property.{p.stem}" for p in sorted(PROPERTY.glob("test_fuzz_*.py"))]
+    for module in names:
+        area = module.rsplit(".", 1)[-1].removeprefix("test_fuzz_")
         try:
             targets = importlib.import_module(module).TARGETS
         except Exception as exc:  # a sibling's module may be half-written: report, go on
@@ -181,9 +181,23 @@ def _save(out_dir: Path, label: str, kind: str, data: bytes, text: str) -> str:
     return f"{stem}.bin"
 
 
+def _record(table: dict[str, dict[str, Any]], sig: str, message: str, data: bytes, out_dir: Path,
+            label: str, kind: str, text: str) -> None:
+    """One entry per signature: how often it was seen and its smallest input, saved."""
+    entry = table.get(sig)
+    if entry is None:
+        table[sig] = {"signature": sig, "message": message, "count": 1,
+                      "file": _save(out_dir, label, kind, data, text), "size": len(data)}
+        return
+    entry["count"] += 1
+    if len(data) < entry["size"]:  # keep the smallest reproducer
+        entry["file"] = _save(out_dir, label, kind, data, text)
+        entry["size"] = len(data)
+
+
 def run_child(args: argparse.Namespace) -> None:
     module, name = args.child.split(":", 1)
-    label = f"{module.rsplit('test_fuzz_', 1)[-1]}:{name}"
+    label = f"{module.rsplit('.', 1)[-1].removeprefix('test_fuzz_')}:{name}"
     out_dir = Path(args.out)
     if args.memory_mb:
         limit = args.memory_mb << 20
@@ -210,7 +224,7 @@ def run_child(args: argparse.Namespace) -> None:
             hits.add(frame.f_code)
 
     crashes: dict[str, dict[str, Any]] = {}
-    hangs: list[dict[str, Any]] = []
+    hangs: dict[str, dict[str, Any]] = {}
     start = time.perf_counter()
     last_beat = start
     done = 0
@@ -225,26 +239,18 @@ def run_child(args: argparse.Namespace) -> None:
             sys.setprofile(profile)
         try:
             target(data)
-        except Hang:
+        except Hang as exc:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            text = f"input ran past {args.hang_seconds} s (per-input alarm)\n"
-            hangs.append({"file": _save(out_dir, label, "hang", data, text), "size": len(data)})
+            sig = f"hang in {_signature(exc).split(' at ', 1)[1]}"  # where the alarm found it
+            text = (f"input ran past {args.hang_seconds} s (per-input alarm)\n\n"
+                    + "".join(traceback.format_exception(exc)))
+            _record(hangs, sig, f"ran past {args.hang_seconds} s", data, out_dir, label, "hang", text)
             behaviour = "hang"
         except Exception as exc:  # a bug: the target allows only documented errors
             signal.setitimer(signal.ITIMER_REAL, 0)
             sig = _signature(exc)
-            entry = crashes.get(sig)
-            if entry is None:
-                text = "".join(traceback.format_exception(exc))
-                crashes[sig] = {"signature": sig, "message": str(exc)[:300], "count": 1,
-                                "file": _save(out_dir, label, "crash", data, text),
-                                "size": len(data)}
-            else:
-                entry["count"] += 1
-                if len(data) < entry["size"]:  # keep the smallest reproducer
-                    entry["file"] = _save(out_dir, label, "crash", data,
-                                          "".join(traceback.format_exception(exc)))
-                    entry["size"] = len(data)
+            _record(crashes, sig, str(exc)[:300], data, out_dir, label, "crash",
+                    "".join(traceback.format_exception(exc)))
             behaviour = sig
         finally:
             sys.setprofile(None)
@@ -266,7 +272,7 @@ def run_child(args: argparse.Namespace) -> None:
             break
     elapsed = time.perf_counter() - start
     result = {"target": label, "engine": "mutate", "inputs": done, "seconds": elapsed,
-              "crashes": list(crashes.values()), "hangs": hangs, "corpus": len(corpus),
+              "crashes": list(crashes.values()), "hangs": list(hangs.values()), "corpus": len(corpus),
               "behaviours": len(covered)}
     (out_dir / f".result-{label.replace(':', '-')}.json").write_text(json.dumps(result))
     shared.close()
@@ -411,7 +417,7 @@ def write_report(path: Path, args: argparse.Namespace, results: list[dict[str, A
 
 
 def replay(args: argparse.Namespace) -> None:
-    found, _ = discover()
+    found, _ = discover(args.module)
     module, name = found[args.target]
     target, _ = load_target(module, name)
     data = Path(args.replay).read_bytes()
@@ -436,6 +442,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="stop a target after this long (0: run all its inputs)")
     parser.add_argument("--jobs", type=int, default=1, help="targets fuzzed at once")
     parser.add_argument("--out", default="", help="results folder (default bench/results/fuzz-<date>)")
+    parser.add_argument("--module", action="append", default=None,
+                        help="fuzz this module's TARGETS instead of tests/property/test_fuzz_*.py")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--replay", default="", help="rerun one saved input (with --target)")
     parser.add_argument("--target", default="")
@@ -446,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.replay:
         replay(args)
         return
-    found, notes = discover()
+    found, notes = discover(args.module)
     if args.targets:
         wanted = set(args.targets.split(","))
         found = {k: v for k, v in found.items() if k in wanted or k.split(":", 1)[1] in wanted}
