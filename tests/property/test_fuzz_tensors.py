@@ -59,6 +59,8 @@ def _remove_region() -> None:
 # a model folder with one version, for config validation (no model file: no auto-complete)
 _MODEL_DIR = Path(tempfile.mkdtemp(prefix="nursery_fuzz_model_")) / "m"
 (_MODEL_DIR / "1").mkdir(parents=True)
+(_MODEL_DIR / "initial_state").mkdir()
+(_MODEL_DIR / "initial_state" / "empty").write_bytes(b"")  # for sequence states' data_file
 
 
 # -- the targets ----------------------------------------------------------------------------
@@ -394,3 +396,31 @@ def test_hostile_shapes_grpc(shape: list[int], datatype: str, count: int, typed:
         blob = _grpc_seed([("X", shape, datatype)], [raw])
     grpc_infer(blob)
     grpc_infer_betterproto(blob)
+
+
+_PY_MODEL = (b'backend: "python"\ninput [{ name: "I" data_type: TYPE_FP32 dims: [ 1 ] }]\n'
+             b'output [{ name: "O" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
+_STATE = (b'sequence_batching { state [{ input_name: "S" output_name: "T" data_type: TYPE_FP32 '
+          b'dims: [ %s ] %s }] }\n')
+
+
+@pytest.mark.parametrize(("name", "blob"), [
+    # each once raised something else than the documented errors
+    ("config_pbtxt", b"max_batch_size: 0129"),  # octal digits 8 and 9: ValueError from int()
+    ("config_pbtxt", b"max_batch_size: " + b"9" * 5000),  # int() refuses over 4300 digits
+    ("config_pbtxt", _PY_MODEL + b"sequence_batching { }"),  # no strategy: AttributeError
+    ("config_pbtxt", _PY_MODEL + _STATE % (b"4611686018427387904", b"")),  # np.zeros: ValueError
+    ("config_pbtxt", _PY_MODEL + _STATE % (b"4294967296, 4294967296", b"initial_state [{ "
+                                           b"data_type: TYPE_FP32 dims: [ 4294967296, 4294967296 ] "
+                                           b'data_file: "empty" }]')),  # np.prod wrapped to 0
+    ("repository_load", b"[" * 100_000),  # RecursionError in json.loads
+    ("repository_load", _j({"parameters": {"config": "[" * 100_000}})),
+    ("grpc_infer", bytes(pb.ModelInferRequest(inputs=[pb.ModelInferRequestInferInputTensor(
+        name="X", datatype="BYTES", shape=[1])]))),  # no contents at all: AttributeError
+    ("grpc_infer", b"\x2a\x05\x2a\x03\x08\x01\x10"),  # contents with a mistyped field: RuntimeError
+    ("grpc_infer_betterproto", b"\x0a\x01\x41\x10\x01"),  # model_name then a varint field 2
+    ("binary_infer", b"9" * 5000 + b"\n{}"),  # a header length of 5000 digits
+    ("binary_infer", b"1_0\n{}"),  # int() takes underscores
+], ids=lambda v: v if isinstance(v, str) else f"{len(v)}B")
+def test_inputs_fuzzing_found(name: str, blob: bytes) -> None:
+    TARGETS[name](blob)
