@@ -17,6 +17,8 @@ copy costs about what the memcpy costs (``bench/shm_read.py`` measures it). Ever
 also checked against the region's bounds and against the object (``fstat``): a key that its
 owner truncated or removed (unlinked) while registered gives a clear error. Writes never grow
 a shrunk object (``pwritev`` past the end would extend it): they are refused the same way.
+A read's copy is as large as the read, so the object must hold that much memory (``fstat``'s
+blocks): a sparse object, truncated large and never written, is refused rather than copied.
 
 Registrations are capped (:data:`MAX_REGIONS` by default), each holding one descriptor, so a
 client cannot exhaust the server's file descriptors by registering regions.
@@ -67,7 +69,7 @@ class SystemRegion:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}
 
-    def check_alive(self) -> None:
+    def check_alive(self) -> os.stat_result:
         """The object behind the key must still hold the registered bytes."""
         try:
             st = os.fstat(self.fd)
@@ -83,6 +85,7 @@ class SystemRegion:
                 f"shared memory region '{self.name}': its key '{self.key}' now holds "
                 f"{st.st_size} bytes, fewer than the registered offset {self.offset} + byte "
                 f"size {self.byte_size}; unregister the region")
+        return st
 
     def _smaller(self, got: int, wanted: int) -> InvalidArgument:
         return InvalidArgument(
@@ -91,8 +94,17 @@ class SystemRegion:
             f"{wanted} bytes); unregister the region")
 
     def read(self, offset: int, byte_size: int) -> memoryview:
-        """A copy of ``byte_size`` bytes at ``offset`` (within the region), taken now."""
-        self.check_alive()
+        """A copy of ``byte_size`` bytes at ``offset`` (within the region), taken now.
+
+        The copy is as large as the read, so the object must hold that much memory: a sparse
+        object (``ftruncate`` to a terabyte, nothing written) would otherwise have the
+        server allocate, and fill with zeros, memory the client never committed."""
+        st = self.check_alive()
+        if st.st_blocks * 512 < byte_size:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}': its key '{self.key}' holds "
+                f"{st.st_blocks * 512} bytes of memory, fewer than the {byte_size} bytes to read "
+                "(an object never written is sparse); write the tensor into the region first")
         out = np.empty(byte_size, dtype=np.uint8)
         view = memoryview(out)
         done = 0

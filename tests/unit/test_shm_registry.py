@@ -121,3 +121,23 @@ def test_a_shrunk_region_is_a_clear_error_and_reads_are_copies(tmp_path: object)
     finally:
         reg.close()
         os.unlink(path)
+
+
+def test_a_sparse_region_is_not_read_into_server_memory() -> None:
+    """A key truncated to 1 GiB and never written holds no memory: reading it would have the
+    server allocate (and zero) a gigabyte on the client's word."""
+    name = f"nursery_unit_{uuid.uuid4().hex[:8]}"
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    reg = SharedMemoryRegistry()
+    try:
+        os.ftruncate(fd, 1 << 30)
+        os.pwrite(fd, b"abcd", 0)  # one page written, the rest a hole
+        reg.register_system("sparse", "/" + name, 0, 1 << 30)
+        assert bytes(reg.read("sparse", 0, 4)) == b"abcd"
+        with pytest.raises(InvalidArgument, match="bytes of memory, fewer than the 1073741824"):
+            reg.read("sparse", 0, 1 << 30)
+    finally:
+        reg.close()
+        os.close(fd)
+        os.unlink(path)
