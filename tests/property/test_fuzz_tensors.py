@@ -335,7 +335,7 @@ def mutated(name: str) -> st.SearchStrategy[bytes]:
     return st.builds(_apply, st.sampled_from(SEEDS[name]), edits)
 
 
-_FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+_FAST = settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
