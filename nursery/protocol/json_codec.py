@@ -296,9 +296,7 @@ def decode_request(
                     f"receiving {datatype.value} data via JSON is not supported. Please use the "
                     f"binary data format for input {name}"
                 )
-            data = _json_array(item["data"], datatype, shape, name, count) if count else np.empty(
-                shape, dtype=datatype.numpy_dtype
-            )
+            data = _json_array(item["data"], datatype, shape, name, count)
         if name in inputs:
             raise InvalidArgument(f"input '{name}' already exists in request")
         inputs[name] = Tensor(name, datatype, shape, data)
