@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import gevent
 import grpc
 import numpy as np
 import pytest
@@ -208,11 +209,13 @@ def _pending(server: ServerProcess, model: str) -> int:
 
 
 def _wait_pending(server: ServerProcess, model: str) -> None:
-    """Until the model's queue holds the request (a condition, not a duration)."""
+    """Until the model's queue holds the request (a condition, not a duration). The sleep
+    is gevent's: tritonclient.http sends from a greenlet, which runs only while this one
+    yields to gevent's hub."""
     for _ in range(600):
         if _pending(server, model) >= 1:
             return
-        time.sleep(0.01)
+        gevent.sleep(0.01)
     raise AssertionError(f"no request ever pending for {model}")
 
 
@@ -257,7 +260,9 @@ def test_region_shrunk_while_a_request_is_queued(server: ServerProcess, protocol
                 pending.get_result()
             error = info.value
         else:
-            while not results:
+            for _ in range(1200):  # the answer comes when the batcher's delay ends
+                if results:
+                    break
                 time.sleep(0.05)
             error = results[0]  # type: ignore[assignment]
             assert isinstance(error, InferenceServerException), error
