@@ -360,8 +360,8 @@ def test_seeds_are_accepted() -> None:
     assert http_app._load_parameters(_LOAD_SEEDS[0])[0] is not None
 
 
-_dims = st.lists(st.one_of(st.integers(0, 4), st.sampled_from(_INTERESTING), st.integers(-3, -1)),
-                 max_size=6)
+_dims = st.lists(st.one_of(st.integers(0, 4), st.sampled_from([*_INTERESTING, 2**20, 2**25]),
+                           st.integers(-3, -1)), max_size=6)
 _datatypes = st.sampled_from(["FP32", "BYTES", "INT8", "UINT64", "BOOL", "FP16", "BF16", "x"])
 
 
@@ -424,3 +424,43 @@ _STATE = (b'sequence_batching { state [{ input_name: "S" output_name: "T" data_t
 ], ids=lambda v: v if isinstance(v, str) else f"{len(v)}B")
 def test_inputs_fuzzing_found(name: str, blob: bytes) -> None:
     TARGETS[name](blob)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(shape=_dims, datatype=_datatypes, count=st.integers(0, 6),
+       how=st.sampled_from(["data", "binary", "shm", "grpc_raw", "grpc_typed"]))
+def test_memory_follows_the_bytes_present_not_the_shape(shape: list[int], datatype: str, count: int,
+                                                        how: str) -> None:
+    """Whatever a request declares, decoding it allocates in proportion to the bytes it
+    carries (and the region it names), never to its shape: peak traced memory stays under
+    a small constant plus a multiple of the input's size."""
+    import tracemalloc
+
+    if how.startswith("grpc"):
+        shape = [d if d < 2**63 else -1 for d in shape]
+        if how == "grpc_typed":
+            contents = (pb.InferTensorContents(bytes_contents=[b"a"] * count) if datatype == "BYTES"
+                        else pb.InferTensorContents(fp32_contents=[1.0] * count))
+            blob, target = _grpc_seed([("X", shape, datatype)], [], contents), grpc_infer
+        else:
+            raw = _strings(*[b"a"] * count) if datatype == "BYTES" else b"\1" * count * 4
+            blob, target = _grpc_seed([("X", shape, datatype)], [raw]), grpc_infer
+    else:
+        item: dict[str, Any] = {"name": "X", "shape": shape, "datatype": datatype}
+        block = b""
+        if how == "data":
+            item["data"] = ["a"] * count if datatype == "BYTES" else [1] * count
+        elif how == "binary":
+            block = _strings(*[b"a"] * count) if datatype == "BYTES" else b"\1" * count * 4
+            item["parameters"] = {"binary_data_size": len(block)}
+        else:
+            item["parameters"] = {"shared_memory_region": REGION, "shared_memory_byte_size": count * 4}
+        head = _j({"inputs": [item]})
+        blob, target = str(len(head)).encode() + b"\n" + head + block, binary_infer
+    tracemalloc.start()
+    try:
+        target(blob)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < (1 << 20) + 64 * (len(blob) + REGION_SIZE), (peak, len(blob))
