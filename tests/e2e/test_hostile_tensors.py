@@ -273,3 +273,35 @@ def test_region_shrunk_while_a_request_is_queued(server: ServerProcess, protocol
     finally:
         shm.destroy_shared_memory_region(handle)
     _assert_alive_and_serving(server)
+
+
+def test_registrations_are_capped_and_leak_no_descriptor(server: ServerProcess) -> None:
+    """Registering regions until the server's cap refuses the next one; registering a
+    taken name again, and unregistering, leave the server's descriptor count where it was."""
+    from nursery.shm import MAX_REGIONS
+
+    tag = uuid.uuid4().hex[:8]
+    key = f"/nursery_test_cap_{tag}"
+    handle = shm.create_shared_memory_region(f"cap_{tag}", key, 64)
+    client = httpclient.InferenceServerClient(server.url)
+    fds = Path(f"/proc/{server.proc.pid}/fd")
+    try:
+        assert client.is_server_live()  # this client's connection is open from here on
+        before = len(list(fds.iterdir()))
+        for i in range(MAX_REGIONS):
+            client.register_system_shared_memory(f"cap_{tag}_{i}", key, 64)
+        with pytest.raises(InferenceServerException) as info:
+            client.register_system_shared_memory(f"cap_{tag}_over", key, 64)
+        assert "failed to register shared memory region" in info.value.message()
+        assert f"holds {MAX_REGIONS} regions, its limit" in info.value.message()
+        for _ in range(20):  # a name already registered is refused before anything is opened
+            with pytest.raises(InferenceServerException, match="already in manager"):
+                client.register_system_shared_memory(f"cap_{tag}_0", key, 64)
+        assert len(list(fds.iterdir())) == before + MAX_REGIONS
+        client.unregister_system_shared_memory()
+        assert len(list(fds.iterdir())) == before
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        shm.destroy_shared_memory_region(handle)
+    _assert_alive_and_serving(server)
