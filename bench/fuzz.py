@@ -307,6 +307,21 @@ def _run_atheris(args: argparse.Namespace, module: str, name: str, label: str,
 # -- the parent: every target, the report ---------------------------------------------------
 
 
+def _remove_leftovers(pid: int) -> None:
+    """What a child named ``nursery_fuzz_<pid>_...`` in /dev/shm or the temp folder (the fuzz
+    modules' convention) and could not remove itself: killed, or ended by libFuzzer, it ran
+    no atexit handler."""
+    import shutil
+    import tempfile
+
+    for folder in (Path("/dev/shm"), Path(tempfile.gettempdir())):
+        for path in folder.glob(f"nursery_fuzz_{pid}_*"):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
 def _run_target(args: argparse.Namespace, label: str, module: str, name: str,
                 out_dir: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.fuzz", "--child", f"{module}:{name}", "--out", str(out_dir),
@@ -331,6 +346,7 @@ def _run_target(args: argparse.Namespace, label: str, module: str, name: str,
                 proc.kill()
                 proc.wait()
                 killed = f"no heartbeat for {args.kill_seconds} s: killed"
+    _remove_leftovers(proc.pid)
     elapsed = time.perf_counter() - start
     result_path = out_dir / f".result-{label.replace(':', '-')}.json"
     if args.engine == "mutate" and result_path.exists():

@@ -15,6 +15,7 @@ import atexit
 import base64
 import json
 import os
+import shutil
 import struct
 import tempfile
 from collections.abc import Callable
@@ -37,6 +38,9 @@ REGION = "r"
 REGION_SIZE = 4096
 
 # -- one real shared-memory region the decoders may read and write -----------------------
+# Temporary things are named ``nursery_fuzz_<pid>_...`` (in /dev/shm and the temp folder):
+# a campaign child that is killed, or that libFuzzer ends, never runs atexit handlers, and
+# bench/fuzz.py removes what such a child left by that name.
 
 _SHM_KEY = f"nursery_fuzz_{os.getpid()}_{os.urandom(4).hex()}"
 with open(f"/dev/shm/{_SHM_KEY}", "wb") as _f:
@@ -48,16 +52,17 @@ SHM.register_system(REGION, "/" + _SHM_KEY, 0, REGION_SIZE)
 
 
 @atexit.register
-def _remove_region() -> None:
+def _remove_temporaries() -> None:
     SHM.close()
     try:
         os.unlink(f"/dev/shm/{_SHM_KEY}")
     except FileNotFoundError:
         pass
+    shutil.rmtree(_MODEL_DIR.parent, ignore_errors=True)
 
 
 # a model folder with one version, for config validation (no model file: no auto-complete)
-_MODEL_DIR = Path(tempfile.mkdtemp(prefix="nursery_fuzz_model_")) / "m"
+_MODEL_DIR = Path(tempfile.mkdtemp(prefix=f"nursery_fuzz_{os.getpid()}_model_")) / "m"
 (_MODEL_DIR / "1").mkdir(parents=True)
 (_MODEL_DIR / "initial_state").mkdir()
 (_MODEL_DIR / "initial_state" / "empty").write_bytes(b"")  # for sequence states' data_file
