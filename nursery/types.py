@@ -160,28 +160,6 @@ def checked_count(shape: tuple[int, ...], datatype: DataType, what: str) -> int:
     return count
 
 
-def check_tensor_bytes(shape: tuple[int, ...], datatype: DataType, available: int, limit: int,
-                       what: str) -> int:
-    """The element count of a tensor whose bytes a client sends, checked BEFORE anything is
-    allocated for it: the shape must be representable (:func:`checked_count`), a fixed-size
-    tensor's byte size must be within ``limit``, and a BYTES tensor's elements must fit the
-    ``available`` wire bytes (each takes at least its 4-byte length prefix), so a request
-    declaring 2**62 strings in a few bytes is refused before a 2**62-slot array is made."""
-    count = checked_count(shape, datatype, what)
-    if datatype is DataType.BYTES:
-        if count * BYTES_PREFIX > available:
-            raise InvalidArgument(
-                f"{what}: expected {count} string elements but {available} bytes hold at most "
-                f"{available // BYTES_PREFIX}")
-        return count
-    size = count * datatype.itemsize
-    if size > limit:
-        raise InvalidArgument(
-            f"{what}: shape {list(shape)} of {datatype.value} is {size} bytes, over the "
-            f"{limit}-byte limit")
-    return count
-
-
 # -- BYTES serialization: 4-byte little-endian length, then the bytes, per element --------
 
 _LEN = struct.Struct("<I")
