@@ -205,4 +205,9 @@ def config_from_json(text: str | bytes) -> pb.ModelConfig:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigJsonError(f"failed to parse the config JSON: {exc}") from None
-    return message_from_json(data, pb.ModelConfig, "config")  # type: ignore[no-any-return]
+    except RecursionError:
+        raise ConfigJsonError("failed to parse the config JSON: nested too deeply") from None
+    try:
+        return message_from_json(data, pb.ModelConfig, "config")  # type: ignore[no-any-return]
+    except RecursionError:  # a JSON nesting just under the parser's limit, walked again here
+        raise ConfigJsonError("the config JSON is nested too deeply") from None

@@ -86,7 +86,15 @@ class CudaRegion:
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
 
+    def _check_bounds(self, offset: int, byte_size: int) -> None:
+        """The registry checked these already; a device copy out of bounds would corrupt the
+        CUDA context for every model on the device, so the region checks again itself."""
+        if offset < 0 or byte_size < 0 or offset + byte_size > self.byte_size:
+            raise InvalidArgument(
+                f"Invalid offset + byte size for shared memory region: '{self.name}'")
+
     def read_to_host(self, offset: int, byte_size: int) -> memoryview:
+        self._check_bounds(offset, byte_size)
         host = np.empty(byte_size, dtype=np.uint8)
         if byte_size:
             with self._cp.cuda.Device(self.device_id):
@@ -96,6 +104,7 @@ class CudaRegion:
 
     def write_from_host(self, offset: int, data: bytes | memoryview) -> None:
         host = np.frombuffer(data, dtype=np.uint8)
+        self._check_bounds(offset, host.size)
         if host.size:
             with self._cp.cuda.Device(self.device_id):
                 self._cp.cuda.runtime.memcpy(self._ptr + offset, host.ctypes.data, host.size,

@@ -403,12 +403,18 @@ class _Parser:
             if t.kind != "number":
                 raise self.error(f"expected a number for field '{name}', got '{t.text}'", t)
             text = t.text.rstrip("fF") if not t.text.lower().startswith(("0x", "-0x")) else t.text
-            return float(_int(text)) if _is_int(text) else float(text)
+            try:
+                return float(_int(text)) if _is_int(text) else float(text)
+            except (ValueError, OverflowError):
+                raise self.error(f"expected a number for field '{name}', got '{t.text}'", t) from None
         raise self.error(f"field '{name}' of type {proto_type} is not supported in text format", t)
 
 
 def _is_int(text: str) -> bool:
-    return re.fullmatch(r"-?(0[xX][0-9a-fA-F]+|[0-9]+)", text) is not None
+    """Hexadecimal, octal (a leading 0: digits 0-7 only) or decimal, and short enough that
+    ``int()`` is cheap and cannot refuse it: 40 digits exceed every 64-bit field anyway, and
+    the range check then names the value."""
+    return re.fullmatch(r"-?(0[xX][0-9a-fA-F]{1,40}|0[0-7]{0,40}|[1-9][0-9]{0,40})", text) is not None
 
 
 def _int(text: str) -> int:

@@ -16,10 +16,10 @@ from typing import Any
 import betterproto
 import numpy as np
 
-from nursery.errors import ConfigError, ErrorKind
+from nursery.errors import ConfigError, ErrorKind, InvalidArgument
 from nursery.protocol._generated import inference as pb
 from nursery.scheduling.sequence_policy import SequenceSchedule
-from nursery.types import DataType
+from nursery.types import DataType, checked_count
 
 START = "CONTROL_SEQUENCE_START"
 END = "CONTROL_SEQUENCE_END"
@@ -159,7 +159,9 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
             preferred_batch_sizes=tuple(sorted(value.preferred_batch_size)),
             max_queue_delay_us=value.max_queue_delay_microseconds)
     else:
-        direct = sb.direct
+        # no strategy given: Triton's default, the direct one with its defaults (reading
+        # ``sb.direct`` when no arm is set raises AttributeError in betterproto)
+        direct = value if strategy == "direct" else pb.ModelSequenceBatchingStrategyDirect()
         schedule = SequenceSchedule(
             strategy="direct", slots_per_instance=max(mbs, 1), max_batch_size=max(mbs, 1),
             idle_us=sb.max_sequence_idle_microseconds,
@@ -197,7 +199,7 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
         if -1 in dims:
             raise ConfigError(f"{where}: a state with variable-size dims needs an "
                               "'initial_state' with fixed dims")
-        initial = np.zeros(dims, dtype=datatype.numpy_dtype)
+        initial = _zeros(dims, datatype, where)
     else:
         init = s.initial_state[0]
         init_dims = tuple(int(d) for d in init.dims)
@@ -221,16 +223,33 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
             except OSError as exc:
                 raise ConfigError(f"{where}: failed to read initial state data file "
                                   f"'{path}': {exc.strerror}") from None
-            count = int(np.prod(init_dims)) if init_dims else 1
+            count = _count(init_dims, datatype, where)  # np.prod would wrap around
             expected = count * datatype.itemsize
             if len(raw) != expected:
                 raise ConfigError(f"{where}: initial state data file '{value}' has {len(raw)} "
                                   f"bytes, expected {expected}")
             initial = np.frombuffer(raw, dtype=datatype.numpy_dtype).reshape(init_dims).copy()
         elif arm == "zero_data":
-            initial = np.zeros(init_dims, dtype=datatype.numpy_dtype)
+            initial = _zeros(init_dims, datatype, where)
         else:
             raise ConfigError(f"{where}: initial state '{init.name}' must specify 'zero_data' "
                               "or 'data_file'")
     initial.setflags(write=False)
     return StateSpec(s.input_name, s.output_name, datatype, dims, initial)
+
+
+def _count(dims: tuple[int, ...], datatype: DataType, where: str) -> int:
+    try:
+        return checked_count(dims, datatype, f"{where}: dims")
+    except InvalidArgument as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _zeros(dims: tuple[int, ...], datatype: DataType, where: str) -> np.ndarray:
+    """A zero initial state, once its dims can be an array and the memory can be had (a
+    configuration may come from a client, through a repository load request)."""
+    _count(dims, datatype, where)
+    try:
+        return np.zeros(dims, dtype=datatype.numpy_dtype)
+    except MemoryError:
+        raise ConfigError(f"{where}: dims {list(dims)} are too large to allocate") from None

@@ -6,28 +6,42 @@ take inputs from and put outputs into regions through it. Names, checks and mess
 Triton's (``server/src/shared_memory_manager.cc``).
 
 A system region is a POSIX shared-memory object (``shm_open(key)``, which on Linux is the
-file ``/dev/shm/<key>``) mapped from ``offset`` for ``byte_size`` bytes. Reads hand out
-``memoryview`` slices of the mapping (no copy); every access is checked against the region's
-bounds, and against the object itself: a key that its owner truncated or removed (unlinked)
-while registered gives a clear error instead of a crash on memory that is no longer there.
+file ``/dev/shm/<key>``) of which ``byte_size`` bytes from ``offset`` are registered. The
+registry keeps ONE open file descriptor per region and no mapping: reads copy the bytes with
+``os.preadv`` into a fresh buffer, writes put them with ``os.pwritev``. A mapping would save
+that copy, but the region belongs to the client, who may shrink it at any moment: touching a
+mapped page past the file's new end is a SIGBUS that kills the whole server, and no check
+made before the access can close that race (the client may truncate between the check and
+the copy). ``preadv`` on a shrunk file is a short read, answered with a clear error; the
+copy costs about 65 µs per MiB, where the mapping cost nothing (``bench/shm_read.py``). Every access is
+also checked against the region's bounds and against the object (``fstat``): a key that its
+owner truncated or removed (unlinked) while registered gives a clear error. Writes to a
+shrunk object are refused the same way (``pwritev`` past its end would extend it).
+A read's copy is as large as the read, so the object must hold that much memory (``fstat``'s
+blocks): a sparse object, truncated large and never written, is refused rather than copied.
+
+Registrations are capped (:data:`MAX_REGIONS` by default), each holding one descriptor, so a
+client cannot exhaust the server's file descriptors by registering regions.
 CUDA regions (``nursery/cuda_shm.py``) live in the same table, as in Triton: one namespace of
 region names.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
+import numpy as np
+
+from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted
 
 SHM_DIR = Path("/dev/shm")
 RESERVED_PREFIX = "triton_python_backend_shm_region"
 _MAX_SIZE = 2**63 - 1
+MAX_REGIONS = 1024  # registered regions (system and CUDA together) per server, by default
 
 
 class Region(Protocol):
@@ -42,20 +56,20 @@ class Region(Protocol):
 
 @dataclass(eq=False)
 class SystemRegion:
+    """One registered system region: its key's open descriptor and the registered window."""
+
     name: str
     key: str
     offset: int
     byte_size: int
     fd: int
-    _map: mmap.mmap | None
-    _view: memoryview  # exactly the registered bytes
     kind: str = "system"
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}
 
-    def check_alive(self) -> None:
+    def check_alive(self) -> os.stat_result:
         """The object behind the key must still hold the registered bytes."""
         try:
             st = os.fstat(self.fd)
@@ -71,21 +85,58 @@ class SystemRegion:
                 f"shared memory region '{self.name}': its key '{self.key}' now holds "
                 f"{st.st_size} bytes, fewer than the registered offset {self.offset} + byte "
                 f"size {self.byte_size}; unregister the region")
+        return st
 
-    def view(self) -> memoryview:
-        return self._view
+    def _smaller(self, got: int, wanted: int) -> InvalidArgument:
+        return InvalidArgument(
+            f"shared memory region '{self.name}': its key '{self.key}' is smaller than the "
+            f"registered offset {self.offset} + byte size {self.byte_size} (read {got} of "
+            f"{wanted} bytes); unregister the region")
+
+    def read(self, offset: int, byte_size: int) -> memoryview:
+        """A copy of ``byte_size`` bytes at ``offset`` (within the region), taken now.
+
+        The copy is as large as the read, so the object must hold that much memory: a sparse
+        object (``ftruncate`` to a terabyte, nothing written) would otherwise have the
+        server allocate, and fill with zeros, memory the client never committed."""
+        st = self.check_alive()
+        if st.st_blocks * 512 < byte_size:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}': its key '{self.key}' holds "
+                f"{st.st_blocks * 512} bytes of memory, fewer than the {byte_size} bytes to read "
+                "(an object never written is sparse); write the tensor into the region first")
+        out = np.empty(byte_size, dtype=np.uint8)
+        view = memoryview(out)
+        done = 0
+        while done < byte_size:
+            try:
+                n = os.preadv(self.fd, [view[done:]], self.offset + offset + done)
+            except OSError as exc:
+                raise InvalidArgument(
+                    f"shared memory region '{self.name}' could not be read: {exc}") from None
+            if n == 0:  # the object shrank after the check above
+                raise self._smaller(done, byte_size)
+            done += n
+        return view
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Put ``data`` at ``offset`` (within the region), once the object still holds the
+        region. (A shrink racing this write can only make ``pwritev`` grow the client's object
+        back; it cannot hurt the server, as a store into a mapping would.)"""
+        self.check_alive()
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                n = os.pwritev(self.fd, [view[done:]], self.offset + offset + done)
+            except OSError as exc:
+                raise InvalidArgument(
+                    f"shared memory region '{self.name}' could not be written: {exc}") from None
+            if n == 0:
+                raise self._smaller(done, len(view))
+            done += n
 
     def close(self) -> None:
-        try:
-            self._view.release()
-        except BufferError:
-            pass  # a request's array is built on it; it goes with that array
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                pass  # a request still reads it; the mapping goes when its last view does
-            self._map = None
         try:
             os.close(self.fd)
         except OSError:
@@ -108,9 +159,19 @@ class SharedMemoryRegistry:
     """Registered regions by name. Thread-safe: the frontends call it from the trio thread,
     and nothing else needs to, but a lock costs nothing here."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
         self._regions: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.max_regions = max_regions
+
+    def _check_room(self, name: str) -> None:
+        """Called under the lock, before anything is opened for a new region."""
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if len(self._regions) >= self.max_regions:
+            raise ResourceExhausted(
+                f"failed to register shared memory region '{name}': the server holds "
+                f"{len(self._regions)} regions, its limit; unregister some first")
 
     # -- registration ---------------------------------------------------------------------
 
@@ -122,44 +183,35 @@ class SharedMemoryRegistry:
         if offset < 0 or byte_size < 0 or offset > _MAX_SIZE or byte_size > _MAX_SIZE:
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
         with self._lock:
-            if name in self._regions:
-                raise AlreadyExists(f"shared memory region '{name}' already in manager")
+            self._check_room(name)
             fd = _open_key(name, key)
             try:
-                size = os.fstat(fd).st_size
-                if offset + byte_size > size:
-                    raise InvalidArgument(
-                        f"failed to register shared memory region '{name}': invalid args")
-                start = offset - offset % mmap.ALLOCATIONGRANULARITY
-                length = offset - start + byte_size
-                mapping = mmap.mmap(fd, length, mmap.MAP_SHARED,
-                                    mmap.PROT_READ | mmap.PROT_WRITE, offset=start) if length else None
-                view = (memoryview(mapping)[offset - start:] if mapping is not None
-                        else memoryview(b""))
-            except InvalidArgument:
-                os.close(fd)
-                raise
-            except (OSError, ValueError) as exc:
+                st = os.fstat(fd)
+            except OSError as exc:
                 os.close(fd)
                 raise InvalidArgument(
                     f"failed to register shared memory region '{name}': unable to process "
                     f"address space: {exc}") from None
-            self._regions[name] = SystemRegion(name, key, offset, byte_size, fd, mapping, view)
+            if offset + byte_size > st.st_size:
+                os.close(fd)
+                raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+            self._regions[name] = SystemRegion(name, key, offset, byte_size, fd)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         from nursery.cuda_shm import CudaRegion  # CuPy only when CUDA regions are used
 
         with self._lock:
-            if name in self._regions:
-                raise AlreadyExists(f"shared memory region '{name}' already in manager")
+            self._check_room(name)
         self.add(CudaRegion(name, raw_handle, device_id, byte_size))
 
     def add(self, region: Any) -> None:
         """Register a region built elsewhere (CUDA regions)."""
         with self._lock:
-            if region.name in self._regions:
+            try:
+                self._check_room(region.name)
+            except (AlreadyExists, ResourceExhausted):
                 region.close()
-                raise AlreadyExists(f"shared memory region '{region.name}' already in manager")
+                raise
             self._regions[region.name] = region
 
     def unregister(self, name: str, kind: str = "system") -> None:
@@ -208,8 +260,7 @@ class SharedMemoryRegistry:
 
     def lookup(self, name: str, offset: int, byte_size: int) -> Any:
         """The region ``name`` after Triton's bounds checks for ``[offset, offset+byte_size)``."""
-        with self._lock:
-            region = self._regions.get(name)
+        region = self._regions.get(name)  # one dict read: atomic, with or without the lock
         if region is None:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
         if offset < 0 or offset >= region.byte_size:
@@ -220,16 +271,22 @@ class SharedMemoryRegistry:
         return region
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
-        """A view of ``byte_size`` bytes at ``offset`` in a system region (no copy)."""
-        region = self.lookup(name, offset, byte_size)
-        if region.kind != "system":
-            return region.read_to_host(offset, byte_size)  # type: ignore[no-any-return]
-        region.check_alive()
-        return region.view()[offset : offset + byte_size]  # type: ignore[no-any-return]
+        """A copy of ``byte_size`` bytes at ``offset`` in a region, taken now: what a queued
+        request carries is its own, whatever the region's owner does next."""
+        with self._lock:  # an unregister elsewhere must not close (and reuse) the fd mid-read
+            region = self.lookup(name, offset, byte_size)
+            if region.kind != "system":
+                return region.read_to_host(offset, byte_size)  # type: ignore[no-any-return]
+            return region.read(offset, byte_size)  # type: ignore[no-any-return]
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
               output: str) -> None:
         """Put an output's bytes at ``offset``; it must fit the ``byte_size`` the request gave."""
+        with self._lock:
+            self._write(name, offset, byte_size, data, output)
+
+    def _write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
+               output: str) -> None:
         region = self.lookup(name, offset, byte_size)
         if len(data) > byte_size:
             raise InternalError(
@@ -238,8 +295,7 @@ class SharedMemoryRegistry:
         if region.kind != "system":
             region.write_from_host(offset, data)
             return
-        region.check_alive()
-        region.view()[offset : offset + len(data)] = memoryview(data).cast("B")
+        region.write(offset, data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,38 @@ def element_count(shape: tuple[int, ...]) -> int:
     return n
 
 
+MAX_DIMS = 64  # numpy's limit on an array's rank
+MAX_ARRAY_BYTES = 2**63 - 1  # numpy's limit on an array's byte size (its intp)
+BYTES_PREFIX = 4  # a BYTES element's length prefix: the least wire bytes one element takes
+
+
+def checked_count(shape: tuple[int, ...], datatype: DataType, what: str) -> int:
+    """The element count of ``shape``, once numpy could hold such an array at all.
+
+    A client's shape is a claim, not an allocation: ``[0, 2**62, 4]`` holds no element yet
+    numpy refuses even its empty array (the product of the other dimensions overflows its
+    byte size), and a rank over :data:`MAX_DIMS` cannot be built either. Python integers do
+    not overflow, so the products here are exact; the check stops at the first dimension
+    that passes the limit, so a long shape of huge numbers costs no big-integer work.
+    """
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(
+            f"{what}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} supported")
+    limit = MAX_ARRAY_BYTES // datatype.numpy_dtype.itemsize
+    count = 1
+    nonzero = 1
+    for d in shape:
+        if d < 0:
+            raise InvalidArgument(f"{what}: shape {list(shape)} has a negative dimension")
+        count *= d
+        if d:
+            nonzero *= d
+            if nonzero > limit:
+                raise InvalidArgument(
+                    f"{what}: shape {list(shape)} of {datatype.value} is too large for a tensor")
+    return count
+
+
 # -- BYTES serialization: 4-byte little-endian length, then the bytes, per element --------
 
 _LEN = struct.Struct("<I")
@@ -151,9 +183,13 @@ def deserialize_bytes_tensor(
 ) -> np.ndarray:
     """Parse exactly ``count`` length-prefixed elements; the buffer must be used up."""
     view = memoryview(buffer)
-    out = np.empty(count, dtype=object)
     pos = 0
     end = len(view)
+    if count * BYTES_PREFIX > end:  # before the array: the count is the client's word
+        raise InvalidArgument(
+            f"{what}: expected {count} string elements but {end} bytes hold at most "
+            f"{end // BYTES_PREFIX}")
+    out = np.empty(count, dtype=object)
     for i in range(count):
         if pos + 4 > end:
             raise InvalidArgument(
@@ -194,7 +230,7 @@ def tensor_from_bytes(
     buffer: bytes | memoryview, datatype: DataType, shape: tuple[int, ...], what: str
 ) -> np.ndarray:
     """A numpy view (no copy) over wire bytes, checked against shape and datatype."""
-    count = element_count(shape)
+    count = checked_count(shape, datatype, what)
     if datatype is DataType.BYTES:
         return deserialize_bytes_tensor(buffer, count, what).reshape(shape)
     expected = count * datatype.itemsize

@@ -22,7 +22,7 @@ from nursery.types import (
     InferenceResponse,
     RequestedOutput,
     Tensor,
-    element_count,
+    checked_count,
     serialize_bytes_tensor,
     tensor_from_bytes,
     tensor_to_bytes,
@@ -174,6 +174,8 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
                 f"input '{name}' of model '{model}' has a negative dimension in shape "
                 f"{list(shape)}"
             )
+        count = checked_count(
+            shape, datatype, f"{prefix}unexpected shape for input '{name}' for model '{model}'")
         has_contents = tensor.contents is not None and (
             isinstance(tensor, InputTensor) or betterproto.serialized_on_wire(tensor.contents))
         binding = (shm_binding(_arms(tensor.parameters), name)
@@ -187,8 +189,11 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
                     f"'{name}' for model '{model}'")
             if shm is None:
                 raise InvalidArgument("shared memory is not available on this endpoint")
+            shm.lookup(binding.region, binding.offset, binding.byte_size)
+            if datatype is not DataType.BYTES:  # the sizes agree before any byte is copied
+                _check_size(binding.byte_size, count, datatype, name, model, prefix)
             block = shm.read(binding.region, binding.offset, binding.byte_size)
-            data = _fixed_size(block, datatype, shape, name, model, prefix)
+            data = _fixed_size(block, datatype, shape, count, name, model, prefix)
         elif raw:
             if has_contents:
                 raise InvalidArgument(
@@ -202,9 +207,9 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
                 )
             block = raw[i]
             i += 1
-            data = _fixed_size(block, datatype, shape, name, model, prefix)
+            data = _fixed_size(block, datatype, shape, count, name, model, prefix)
         else:
-            data = _typed_contents(tensor, datatype, shape, model, prefix)
+            data = _typed_contents(tensor, datatype, shape, count, model, prefix)
         if name in inputs:
             raise InvalidArgument(f"input '{name}' already exists in request")
         inputs[name] = Tensor(name, datatype, shape, data)
@@ -235,29 +240,37 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
     )
 
 
-def _fixed_size(block: bytes | memoryview, datatype: DataType, shape: tuple[int, ...], name: str,
-                model: str, prefix: str) -> np.ndarray:
-    if datatype is DataType.BYTES:
-        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
-    expected = element_count(shape) * datatype.itemsize
-    if len(block) != expected:
+def _check_size(size: int, count: int, datatype: DataType, name: str, model: str,
+                prefix: str) -> None:
+    expected = count * datatype.itemsize
+    if size != expected:
         raise InvalidArgument(
             f"{prefix}input byte size mismatch for input '{name}' for model "
-            f"'{model}'. Expected {expected}, got {len(block)}"
+            f"'{model}'. Expected {expected}, got {size}"
         )
+
+
+def _fixed_size(block: bytes | memoryview, datatype: DataType, shape: tuple[int, ...], count: int,
+                name: str, model: str, prefix: str) -> np.ndarray:
+    """``block``'s bytes as the tensor; ``count`` is ``shape``'s checked element count, and a
+    BYTES block must hold at least 4 bytes per element before its array is made."""
+    if datatype is DataType.BYTES:
+        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
+    _check_size(len(block), count, datatype, name, model, prefix)
     return np.frombuffer(block, dtype=datatype.numpy_dtype).reshape(shape)
 
 
 def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, datatype: DataType,
-                    shape: tuple[int, ...], model: str, prefix: str) -> np.ndarray:
+                    shape: tuple[int, ...], count: int, model: str, prefix: str) -> np.ndarray:
+    """Typed ``contents`` (already parsed: bounded by the message) as the tensor; the count
+    must match before an array is made."""
     field = _CONTENTS_FIELD.get(datatype)
-    count = element_count(shape)
     if field is None:
         raise InvalidArgument(
             f"{datatype.value} input '{tensor.name}' of model '{model}' must be sent in "
             "raw_input_contents (it has no typed contents field)"
         )
-    values = getattr(tensor.contents, field)
+    values = getattr(tensor.contents, field) if tensor.contents is not None else []
     if len(values) != count:
         if datatype is DataType.BYTES:
             raise InvalidArgument(

@@ -112,6 +112,17 @@ def check(data: bytes | memoryview, cls: Any, pos: int = 0, end: int | None = No
             raise WireError("field runs past the end of the message")
 
 
+def parse_message(data: bytes | memoryview, cls: Any) -> Any:
+    """``data`` as a betterproto ``cls`` message, after :func:`check`; every way betterproto
+    fails on bytes that do not fit the schema (a RuntimeError for a wrong wire type, among
+    others) becomes a :class:`WireError`."""
+    check(data, cls)
+    try:
+        return cls().parse(bytes(data))
+    except (EOFError, ValueError, IndexError, RuntimeError, struct.error) as exc:
+        raise WireError(f"{cls.__name__}: {exc}") from None
+
+
 
 # -- the inference hot path --------------------------------------------------------------
 
@@ -243,7 +254,7 @@ def _input(data: memoryview, span: Any) -> InputTensor:
         elif number == 4 and wire == 2:
             _map_entry(data, value, tensor.parameters)
         elif number == 5 and wire == 2:
-            tensor.contents = pb.InferTensorContents().parse(bytes(data[value[0] : value[1]]))
+            tensor.contents = parse_message(data[value[0] : value[1]], pb.InferTensorContents)
     return tensor
 
 
@@ -369,9 +380,8 @@ class StrictProtoCodec(ProtoCodec):
         try:
             if message_type is pb.ModelInferRequest:  # the hot path: hand-written decoder
                 return decode_infer_request(data)
-            check(data, message_type)
-            return message_type().parse(data)
-        except (WireError, EOFError, ValueError, IndexError, UnicodeDecodeError):
+            return parse_message(data, message_type)
+        except (WireError, UnicodeDecodeError):
             raise grpclib.GRPCError(grpclib.const.Status.INTERNAL,
                                     "Unable to parse request") from None
 

@@ -51,6 +51,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except ValueError as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument("failed to parse the request JSON buffer: nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return data

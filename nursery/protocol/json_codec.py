@@ -23,7 +23,7 @@ from nursery.types import (
     InferenceResponse,
     RequestedOutput,
     Tensor,
-    element_count,
+    checked_count,
     tensor_from_bytes,
     tensor_to_bytes,
 )
@@ -93,10 +93,12 @@ def _flatten(data: Any, out: list[Any], depth: int = 0) -> None:
             out.append(item)
 
 
-def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str) -> np.ndarray:
+def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str,
+                count: int) -> np.ndarray:
+    """``data`` (already parsed: its size is bounded by the body) as an array of ``count``
+    elements (the caller checked ``shape``)."""
     if not isinstance(data, list):
         data = [data]
-    count = element_count(shape)
     if datatype is DataType.BYTES:
         flat = _flat(data)
         if len(flat) != count:
@@ -257,7 +259,9 @@ def decode_request(
             datatype = DataType.from_protocol(dt_text)
         except InvalidArgument:
             raise InvalidArgument(f"invalid datatype for input {name}") from None
-        count = element_count(shape)
+        prefix = f"[request id: {request_id or '<id_unknown>'}] "
+        count = checked_count(
+            shape, datatype, f"{prefix}unexpected shape for input '{name}' for model '{model_name}'")
         if not has_shm and datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:
             raise InvalidArgument(
                 f"input '{name}' declares shape {list(shape)} of {datatype.value}, "
@@ -265,7 +269,7 @@ def decode_request(
                 "(--http-max-input-size)"
             )
         if has_shm:
-            data = _shm_input(iparams, name, datatype, shape, model_name, request_id, shm)
+            data = _shm_input(iparams, name, datatype, shape, count, model_name, request_id, shm)
         elif has_binary:
             size = iparams["binary_data_size"]
             if type(size) is not int or size < 0:
@@ -292,9 +296,7 @@ def decode_request(
                     f"receiving {datatype.value} data via JSON is not supported. Please use the "
                     f"binary data format for input {name}"
                 )
-            data = _json_array(item["data"], datatype, shape, name) if count else np.empty(
-                shape, dtype=datatype.numpy_dtype
-            )
+            data = _json_array(item["data"], datatype, shape, name, count)
         if name in inputs:
             raise InvalidArgument(f"input '{name}' already exists in request")
         inputs[name] = Tensor(name, datatype, shape, data)
@@ -362,20 +364,22 @@ def _shm_binding(params: dict[str, Any]) -> ShmBinding:
 
 
 def _shm_input(params: dict[str, Any], name: str, datatype: DataType, shape: tuple[int, ...],
-               model: str, request_id: str, shm: SharedMemoryRegistry | None) -> np.ndarray:
-    """An input read from a registered region: a view of exactly its bytes (no copy)."""
+               count: int, model: str, request_id: str,
+               shm: SharedMemoryRegistry | None) -> np.ndarray:
+    """An input read from a registered region: a copy of exactly its bytes, taken now (the
+    region's owner may shrink it while the request waits), after the sizes agree."""
     if shm is None:
         raise InvalidArgument("shared memory is not available on this endpoint")
     binding = _shm_binding(params)
+    if datatype is not DataType.BYTES and binding.byte_size != count * datatype.itemsize:
+        shm.lookup(binding.region, binding.offset, binding.byte_size)  # Triton checks it first
+        raise InvalidArgument(
+            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input "
+            f"'{name}' for model '{model}'. Expected {count * datatype.itemsize}, got "
+            f"{binding.byte_size}")
     block = shm.read(binding.region, binding.offset, binding.byte_size)
     if datatype is DataType.BYTES:
         return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
-    count = element_count(shape)
-    expected = count * datatype.itemsize
-    if binding.byte_size != expected:
-        raise InvalidArgument(
-            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input "
-            f"'{name}' for model '{model}'. Expected {expected}, got {binding.byte_size}")
     return np.frombuffer(block, dtype=datatype.numpy_dtype, count=count).reshape(shape)
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
+from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted
 from nursery.shm import SharedMemoryRegistry
 
 SIZE = 8192
@@ -76,3 +76,68 @@ def test_registration_errors(registry: SharedMemoryRegistry, key: str) -> None:
     assert bytes(view[:2]) == bytes([0, 1])  # still readable: the mapping outlives the view
     registry.unregister("second")  # twice is fine, as in Triton
     assert [r["name"] for r in registry.status()] == ["r"]
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_registrations_are_capped_and_hold_one_fd_each(key: str) -> None:
+    reg = SharedMemoryRegistry(max_regions=2)
+    before = _open_fds()
+    reg.register_system("a", key, 0, 8)
+    reg.register_system("b", key, 0, 8)
+    assert _open_fds() == before + 2
+    with pytest.raises(ResourceExhausted, match="failed to register shared memory region 'c'"):
+        reg.register_system("c", key, 0, 8)
+    for _ in range(50):  # re-registering, refused or not, never leaks a descriptor
+        with pytest.raises(AlreadyExists):
+            reg.register_system("a", key, 0, 8)
+        reg.unregister("b")
+        reg.register_system("b", key, 0, 8)
+    assert _open_fds() == before + 2
+    reg.close()
+    assert _open_fds() == before
+
+
+def test_a_shrunk_region_is_a_clear_error_and_reads_are_copies(tmp_path: object) -> None:
+    name = f"nursery_unit_{uuid.uuid4().hex[:8]}"
+    path = f"/dev/shm/{name}"
+    with open(path, "wb") as f:
+        f.write(bytes(range(256)) * 64)
+    reg = SharedMemoryRegistry()
+    try:
+        reg.register_system("s", "/" + name, 4096, 8192)
+        taken = reg.read("s", 0, 8192)  # a queued request's input
+        fd = os.open(path, os.O_RDWR)
+        os.ftruncate(fd, 100)  # the owner shrinks the object under the registration
+        os.close(fd)
+        assert bytes(taken[:4]) == bytes([0, 1, 2, 3])  # still the request's own bytes
+        with pytest.raises(InvalidArgument, match="now holds 100 bytes"):
+            reg.read("s", 0, 16)
+        with pytest.raises(InvalidArgument, match="now holds 100 bytes"):
+            reg.write("s", 0, 16, b"x" * 16, "OUT")
+        assert os.path.getsize(path) == 100  # a refused write never grows the object
+    finally:
+        reg.close()
+        os.unlink(path)
+
+
+def test_a_sparse_region_is_not_read_into_server_memory() -> None:
+    """A key truncated to 1 GiB and never written holds no memory: reading it would have the
+    server allocate (and zero) a gigabyte on the client's word."""
+    name = f"nursery_unit_{uuid.uuid4().hex[:8]}"
+    path = f"/dev/shm/{name}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    reg = SharedMemoryRegistry()
+    try:
+        os.ftruncate(fd, 1 << 30)
+        os.pwrite(fd, b"abcd", 0)  # one page written, the rest a hole
+        reg.register_system("sparse", "/" + name, 0, 1 << 30)
+        assert bytes(reg.read("sparse", 0, 4)) == b"abcd"
+        with pytest.raises(InvalidArgument, match="bytes of memory, fewer than the 1073741824"):
+            reg.read("sparse", 0, 1 << 30)
+    finally:
+        reg.close()
+        os.close(fd)
+        os.unlink(path)
