@@ -101,7 +101,7 @@ def decompress(data: bytes, encoding: str, limit: int) -> bytes:
             room = limit - len(out)
             chunk = inflater.decompress(pending, min(_INFLATE_STEP, room + 1))
             if len(chunk) > room:
-                raise too_large(f"more than {limit}", limit)
+                raise too_large(f"more than {limit} bytes decompressed", limit)
             out += chunk
             pending = inflater.unconsumed_tail
             if not pending and len(chunk) < _INFLATE_STEP:
