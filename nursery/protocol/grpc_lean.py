@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -304,6 +305,11 @@ def _seconds(ms: int) -> float:
 
 def h2_server_for(app: GrpcApp, settings: Settings) -> H2Server:
     """The HTTP/2 server with the gRPC flags' limits, keepalive and ping policy."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and settings.grpc_max_connections > soft // 2:
+        log.warning("--grpc-max-connections %d is more than half of this process's file "
+                    "descriptor limit (%d): connections may fail to open before the cap "
+                    "refuses them", settings.grpc_max_connections, soft)
     return H2Server(
         app,
         max_connections=settings.grpc_max_connections,
