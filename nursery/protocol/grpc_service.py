@@ -7,6 +7,7 @@ place (:func:`_status`), with the codes of ``status_map``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,10 +26,20 @@ from nursery.protocol import grpc_codec, stats_codec
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
 from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
+from nursery.protocol.h2_server import only_gone
 from nursery.protocol.status_map import GRPC_STATUS
 from nursery.types import InferenceResponse
 
 NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
+INTERNAL_MESSAGE = "Internal Server Error"
+
+log = logging.getLogger("nursery.grpc")
+
+
+def log_internal_error(where: str, exc: BaseException) -> None:
+    """The default report of an unexpected exception: one line, the traceback at debug."""
+    log.error("gRPC internal error in %s: %s: %s", where, type(exc).__name__, str(exc)[:160])
+    log.debug("gRPC internal error in %s", where, exc_info=exc)
 
 
 def _status(error: NurseryError) -> grpclib.GRPCError:
@@ -68,6 +79,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         self.core = core
         self.draining = draining
         self.native = False  # True on the lean server (grpc_lean.py): handlers run on trio
+        # where an unexpected exception in one request of a stream is reported (the lean
+        # server counts it in H2Server.internal_errors)
+        self.on_internal_error: Callable[[str, BaseException], None] = log_internal_error
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a trio function from this asyncio handler; errors become gRPC statuses."""
@@ -167,6 +181,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         shm = self.core.shm
 
+        def unexpected(exc: Exception) -> bytes:
+            """One request's boundary: an unexpected exception fails that request only."""
+            self.on_internal_error("a ModelStreamInfer request", exc)
+            return encode_stream_response(None, INTERNAL_MESSAGE)
+
         async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
             try:
                 response = await self.core.wait(work, answer, handle)
@@ -174,6 +193,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
                 message = encode_stream_response(None, error.message)
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                message = unexpected(exc)
             finally:
                 self.draining.leave()
             await reply(message)
@@ -193,6 +214,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
                 message = encode_stream_response(None, error.message)
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                message = unexpected(exc)
             finally:
                 self.draining.leave()
                 if trace is not None:
@@ -204,6 +227,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 await self._stream_decoupled(request, handle, lock, send)
             except NurseryError as error:
                 await reply(encode_stream_response(None, error.message))
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                if only_gone(exc):  # the client went away mid-stream
+                    raise
+                await reply(unexpected(exc))
             finally:
                 self.draining.leave()
 
@@ -234,6 +261,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 except NurseryError as error:
                     self.draining.leave()
                     nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the request's boundary
+                    self.draining.leave()
+                    nursery.start_soon(reply, unexpected(exc))
                     continue
                 nursery.start_soon(finish, work, answer, handle, outputs)
 

@@ -568,7 +568,7 @@ class Connection:
                 raise fatal from None
         finally:
             self._forget(stream)
-            if not stream.reset and not self.closed:
+            if not stream.reset and not self.closed and not self.scope.cancel_called:
                 if not stream.local_closed:  # the application ended without finishing
                     code = INTERNAL_ERROR
                 elif not stream.remote_closed:  # answered, but the client is still sending

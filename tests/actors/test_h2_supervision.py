@@ -17,8 +17,10 @@ import pytest
 import trio
 import trio.testing
 
+from nursery.errors import NotFound
 from nursery.protocol._generated import inference as pb
 from nursery.protocol.grpc_lean import GrpcApp
+from nursery.protocol.grpc_service import Draining, InferenceService
 from nursery.protocol.grpc_wire import StrictProtoCodec
 from nursery.protocol.h2_server import (
     ACK,
@@ -286,3 +288,49 @@ async def test_continuation_flood_is_bounded(autojump_clock: trio.testing.MockCl
         goaway = await peer.until(GOAWAY)
     assert goaway_code(goaway) == ENHANCE_YOUR_CALM
     assert server.internal_errors == 0
+
+
+class StubCore:
+    """Just enough of a Core for ModelStreamInfer to reach ``resolve``: model "boom" fails
+    unexpectedly (a bug), any other is unknown (an ordinary error)."""
+
+    shm = None
+
+    class tracer:  # noqa: N801 - an attribute namespace
+        active = False
+
+    def resolve(self, name: str, version: str = "") -> object:
+        if name == "boom":
+            raise RuntimeError("a bug")
+        raise NotFound(f"Request for unknown model: '{name}' is not found")
+
+
+async def test_stream_request_failing_unexpectedly_fails_alone(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """In ModelStreamInfer the unit of failure is the request: "Internal Server Error" as its
+    error_message, counted, and the stream goes on."""
+    inference = InferenceService(StubCore(), Draining())  # type: ignore[arg-type]
+    inference.native = True
+    server = H2Server(GrpcApp([inference], StrictProtoCodec()))
+    inference.on_internal_error = server.internal_error
+    headers = encode_headers([(b":method", b"POST"),
+                              (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
+                              (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    body = b""
+    for name in ("boom", "nope", "boom"):
+        message = bytes(pb.ModelInferRequest(model_name=name))
+        body += b"\0" + len(message).to_bytes(4, "big") + message
+    async with connected(server) as peer:
+        await peer.send(frame(HEADERS, END_HEADERS, 1, headers) + frame(DATA, END_STREAM, 1, body))
+        answers = []
+        while len(answers) < 3:
+            data = (await peer.until(DATA))[3]
+            while data:
+                length = int.from_bytes(data[1:5], "big")
+                answers.append(pb.ModelStreamInferResponse().parse(data[5:5 + length]).error_message)
+                data = data[5 + length:]
+        trailers = dict(hpack.Decoder().decode((await peer.until(HEADERS))[3]))  # (head skipped)
+    assert sorted(answers) == ["Internal Server Error", "Internal Server Error",
+                               "Request for unknown model: 'nope' is not found"]
+    assert trailers["grpc-status"] == "0"
+    assert server.internal_errors == 2
