@@ -135,6 +135,7 @@ class Call:
         self.reply: bytes | None = None  # a unary reply, sent with the trailers
         self._buf = bytearray()
         self._ended = False
+        self._received = False  # a message has arrived
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -154,7 +155,10 @@ class Call:
         if not await self._fill(5):
             if self._buf:
                 raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
+            if not self._received and not self.handler.cardinality.client_streaming:
+                raise grpclib.GRPCError(Status.INTERNAL, "Missing request message")
             return None
+        self._received = True
         buf = self._buf
         compressed, length = parse_prefix(buf, self.max_input)
         if not await self._fill(5 + length):
@@ -216,6 +220,20 @@ class Call:
             await self.stream.send_headers(trailers, end_stream=True)
         else:  # Trailers-Only
             await self.stream.send_headers(HEAD + trailers, end_stream=True)
+
+
+def status_answer(exc: BaseException) -> grpclib.GRPCError | None:
+    """The first GRPCError of an exception group whose leaves are all GRPCErrors or a
+    departed peer; None when anything else is in it."""
+    if isinstance(exc, BaseExceptionGroup):
+        found = None
+        for leaf in exc.exceptions:
+            answer = status_answer(leaf)
+            if answer is None and not only_gone(leaf):
+                return None
+            found = found or answer
+        return found
+    return exc if isinstance(exc, grpclib.GRPCError) else None
 
 
 async def _abort(stream: Stream, http_status: int, status: Status | None = None,
@@ -289,8 +307,9 @@ class GrpcApp:
             assert rest is not None
             if only_gone(rest):
                 return  # the client or the connection went away: nobody to answer
-            if isinstance(rest, grpclib.GRPCError):  # a group holding a status answer
-                status, message = rest.status, rest.message
+            answer = status_answer(rest)
+            if answer is not None:  # a status raised in a task of the handler's nursery
+                status, message = answer.status, answer.message
             else:
                 stream.conn.server.internal_error(f"gRPC method {headers.get(':path')}", rest)
                 status, message = Status.INTERNAL, "Internal Server Error"

@@ -17,7 +17,6 @@ import pytest
 import trio
 import trio.testing
 
-from nursery.errors import NotFound
 from nursery.protocol._generated import inference as pb
 from nursery.protocol.grpc_lean import GrpcApp
 from nursery.protocol.grpc_service import Draining, InferenceService
@@ -44,7 +43,7 @@ from nursery.protocol.h2_server import (
     frame,
     split_fatal,
 )
-from tests.property.test_fuzz_h2 import REQUEST_HEADERS, echo_app
+from tests.property.test_fuzz_h2 import REQUEST_HEADERS, StubCore, echo_app
 
 Frame = tuple[int, int, int, bytes]
 
@@ -288,21 +287,6 @@ async def test_continuation_flood_is_bounded(autojump_clock: trio.testing.MockCl
         goaway = await peer.until(GOAWAY)
     assert goaway_code(goaway) == ENHANCE_YOUR_CALM
     assert server.internal_errors == 0
-
-
-class StubCore:
-    """Just enough of a Core for ModelStreamInfer to reach ``resolve``: model "boom" fails
-    unexpectedly (a bug), any other is unknown (an ordinary error)."""
-
-    shm = None
-
-    class tracer:  # noqa: N801 - an attribute namespace
-        active = False
-
-    def resolve(self, name: str, version: str = "") -> object:
-        if name == "boom":
-            raise RuntimeError("a bug")
-        raise NotFound(f"Request for unknown model: '{name}' is not found")
 
 
 async def test_stream_request_failing_unexpectedly_fails_alone(

@@ -14,6 +14,12 @@ decoder's documented error (the oracle shared with bench/'s long campaign):
   rest is a request body of 5-byte-prefixed messages read by :class:`Call`, with a 64 KiB
   limit; documented error: ``grpclib.GRPCError``. The messages are taken as bytes
   (:class:`BytesCodec`): protobuf decoding has its own targets (test_fuzz_tensors.py).
+- ``grpc_calls``: like ``h2_frames``, but the connection serves the real gRPC application
+  (``GrpcApp`` with ``InferenceService``) over :class:`StubCore`; every answer must be a gRPC
+  status or a stream's ``error_message``: the only unexpected exceptions reaching a boundary
+  may be the core's planted :class:`PlantedBug` (model "boom"). No documented error.
+
+``SEEDS`` holds valid inputs of each target for the mutation campaign (bench/fuzz.py).
 """
 
 from __future__ import annotations
@@ -31,8 +37,11 @@ from grpclib.const import Status
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nursery.errors import NotFound
 from nursery.protocol._generated import inference as pb
-from nursery.protocol.grpc_lean import Call
+from nursery.protocol.grpc_lean import Call, GrpcApp
+from nursery.protocol.grpc_service import Draining, InferenceService
+from nursery.protocol.grpc_wire import StrictProtoCodec
 from nursery.protocol.h2_server import (
     CONTINUATION,
     DATA,
@@ -157,10 +166,75 @@ def grpc_message_framing(data: bytes) -> None:
         pass
 
 
+class PlantedBug(Exception):
+    """What :class:`StubCore` raises for model "boom": a stand-in for a bug in the core."""
+
+
+class StubCore:
+    """Just enough of a Core for the RPCs to reach it: model "boom" fails unexpectedly (a
+    planted bug, to show the boundaries), any other model is unknown (an ordinary error)."""
+
+    shm = None
+
+    class tracer:  # noqa: N801 - an attribute namespace
+        active = False
+
+    def resolve(self, name: str, version: str = "") -> object:
+        if name == "boom":
+            raise PlantedBug("a bug")
+        raise NotFound(f"Request for unknown model: '{name}' is not found")
+
+    def server_live(self) -> bool:
+        return True
+
+    def server_ready(self) -> bool:
+        return True
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return False
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def grpc_server(max_input: int = FRAMING_LIMIT) -> tuple[H2Server, list[BaseException]]:
+    """The gRPC application over :class:`StubCore`, and the list where the exceptions its
+    boundaries stop are recorded (besides ``internal_errors``)."""
+    inference = InferenceService(StubCore(), Draining())  # type: ignore[arg-type]
+    inference.native = True
+    server = H2Server(GrpcApp([inference], StrictProtoCodec(), max_input), max_frame=16384)
+    stopped: list[BaseException] = []
+    count = server.internal_error
+
+    def record(where: str, exc: BaseException) -> None:
+        stopped.extend(_leaves(exc))
+        count(where, exc)
+
+    server.internal_error = record  # type: ignore[method-assign]
+    inference.on_internal_error = record
+    return server, stopped
+
+
+async def _grpc_calls(data: bytes) -> None:
+    server, stopped = grpc_server()
+    await converse(server, PREFACE + frame(SETTINGS, 0, 0) + data)
+    unexpected = [e for e in stopped if not isinstance(e, PlantedBug)]
+    if unexpected:
+        raise AssertionError(f"internal errors: {unexpected!r}")
+
+
+def grpc_calls(data: bytes) -> None:
+    trio.run(_grpc_calls, data, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "h2_frames": h2_frames,
     "hpack_block": hpack_block,
     "grpc_message_framing": grpc_message_framing,
+    "grpc_calls": grpc_calls,
 }
 
 
@@ -248,15 +322,16 @@ def test_compressed_messages_inflate_up_to_the_limit(encoding: str, size: int) -
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.booleans())
 def test_declared_length_refused_before_buffering(length: int, compressed: bool) -> None:
-    """A prefix declaring more than the limit is refused at once, whatever follows."""
+    """A prefix declaring more than the limit is refused at once, whatever follows; one
+    within it never is (RESOURCE_EXHAUSTED)."""
     body = bytes([compressed]) + length.to_bytes(4, "big") + b"\0" * 16
     encoding = "gzip" if compressed else "identity"
-    with pytest.raises(grpclib.GRPCError) as err:
+    status = None
+    try:
         trio.run(read_messages, encoding, body)
-    if length > FRAMING_LIMIT:
-        assert err.value.status is Status.RESOURCE_EXHAUSTED
-    else:
-        assert err.value.status is Status.INTERNAL  # incomplete or undecodable
+    except grpclib.GRPCError as err:
+        status = err.status
+    assert (status is Status.RESOURCE_EXHAUSTED) == (length > FRAMING_LIMIT)
 
 
 def test_a_gzip_bomb_is_refused_after_the_limit_only() -> None:
@@ -268,3 +343,105 @@ def test_a_gzip_bomb_is_refused_after_the_limit_only() -> None:
     with pytest.raises(grpclib.GRPCError) as err:
         trio.run(read_messages, "gzip", body)
     assert err.value.status is Status.RESOURCE_EXHAUSTED
+
+
+# -- gRPC calls on the real application --------------------------------------------------------
+
+SERVICE = b"/inference.GRPCInferenceService/"
+
+
+def call_headers(path: bytes, content_type: bytes = b"application/grpc", timeout: bytes | None = None,
+                 encoding: bytes | None = None, method: bytes = b"POST") -> bytes:
+    headers = [(b":method", method), (b":scheme", b"http"), (b":path", path),
+               (b":authority", b"a"), (b"content-type", content_type), (b"te", b"trailers")]
+    if timeout is not None:
+        headers.append((b"grpc-timeout", timeout))
+    if encoding is not None:
+        headers.append((b"grpc-encoding", encoding))
+    return encode_headers(headers)
+
+
+def prefixed(message: bytes, flag: int = 0) -> bytes:
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+
+
+def infer_message(name: str) -> bytes:
+    return bytes(pb.ModelInferRequest(model_name=name, inputs=[
+        pb.ModelInferRequestInferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 2])],
+        raw_input_contents=[b"\0" * 8]))
+
+
+messages = st.one_of(
+    st.builds(lambda name, flag: prefixed(infer_message(name), flag),
+              st.sampled_from(["boom", "nope", ""]), st.sampled_from([0, 0, 1, 2])),
+    st.builds(lambda enc, name: prefixed(_compress(enc, infer_message(name)), 1),
+              st.sampled_from(["gzip", "deflate"]), st.sampled_from(["boom", "nope"])),
+    st.builds(prefixed, st.just(b"")),
+    st.builds(lambda n: n.to_bytes(5, "big"), st.integers(0, 2**40 - 1)),  # a bare prefix
+)
+calls = st.tuples(
+    st.sampled_from([SERVICE + b"ModelInfer", SERVICE + b"ModelStreamInfer", SERVICE + b"ServerLive",
+                     SERVICE + b"ModelReady", SERVICE + b"Nope", b"/x"]),
+    st.sampled_from([b"application/grpc", b"application/grpc+proto", b"text/plain"]),
+    st.one_of(st.none(), st.sampled_from([b"1S", b"", b"99999999H", b"5m", b"x1", b"123456789S"])),
+    st.one_of(st.none(), st.sampled_from([b"gzip", b"deflate", b"br", b"identity"])),
+    st.lists(messages, max_size=3),
+    st.sampled_from(["end", "open", "reset"]),
+)
+
+
+def _conversation(spec: list[tuple[bytes, bytes, bytes | None, bytes | None, list[bytes], str]]) -> bytes:
+    out = []
+    for i, (path, content_type, timeout, encoding, body, ending) in enumerate(spec):
+        sid = 2 * i + 1
+        out.append(frame(HEADERS, END_HEADERS, sid, call_headers(path, content_type, timeout, encoding)))
+        out.append(frame(DATA, END_STREAM if ending != "open" else 0, sid, b"".join(body)))
+        if ending == "reset":
+            out.append(frame(RST_STREAM, 0, sid, (8).to_bytes(4, "big")))
+    return b"".join(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(calls, min_size=1, max_size=4))
+def test_grpc_calls_are_answered_without_internal_errors(
+        spec: list[tuple[bytes, bytes, bytes | None, bytes | None, list[bytes], str]]) -> None:
+    """Valid and invalid calls (statuses, deadlines, encodings, truncated and oversized
+    messages, resets): every one answered by a status; only the planted bug of model "boom"
+    reaches a boundary."""
+    grpc_calls(_conversation(spec))
+
+
+SEEDS: dict[str, list[bytes]] = {
+    "h2_frames": [
+        frame(HEADERS, END_HEADERS, 1, REQUEST_HEADERS) + frame(DATA, END_STREAM, 1, b"hello"),
+        frame(HEADERS, 0, 1, REQUEST_HEADERS[:10]) + frame(CONTINUATION, END_HEADERS, 1, REQUEST_HEADERS[10:])
+        + frame(DATA, END_STREAM, 1, b"x" * 100),
+        frame(PING, 0, 0, b"12345678")
+        + frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (1 << 20).to_bytes(4, "big"))
+        + frame(WINDOW_UPDATE, 0, 0, (1000).to_bytes(4, "big")),
+        frame(HEADERS, END_HEADERS, 1, REQUEST_HEADERS) + frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big"))
+        + frame(PRIORITY, 0, 3, b"\0\0\0\1\x10") + frame(GOAWAY, 0, 0, b"\0" * 8),
+    ],
+    "hpack_block": [REQUEST_HEADERS, hpack.Encoder().encode([(":method", "POST"), (":path", "/x"),
+                                                              ("te", "trailers"), ("x-custom", "v" * 50)])],
+    "grpc_message_framing": [b"\0" + prefixed(b"abc") + prefixed(b""),
+                             b"\1" + prefixed(_compress("gzip", b"m" * 300), 1),
+                             b"\2" + prefixed(_compress("deflate", b"m" * 300), 1)],
+    "grpc_calls": [
+        _conversation([(SERVICE + b"ModelInfer", b"application/grpc", None, None,
+                        [prefixed(infer_message("nope"))], "end")]),
+        _conversation([(SERVICE + b"ModelStreamInfer", b"application/grpc", b"5S", b"gzip",
+                        [prefixed(_compress("gzip", infer_message("nope")), 1),
+                         prefixed(infer_message("nope"))], "end")]),
+        _conversation([(SERVICE + b"ServerLive", b"application/grpc+proto", None, None,
+                        [prefixed(b"")], "end"),
+                       (SERVICE + b"ModelReady", b"application/grpc", None, None, [prefixed(b"\n\x01m")],
+                        "reset")]),
+    ],
+}
+
+
+def test_seeds_are_valid_inputs() -> None:
+    for name, seeds in SEEDS.items():
+        for seed in seeds:
+            TARGETS[name](seed)
