@@ -193,6 +193,23 @@ def test_reset_after_an_unread_infer_reply(server: ServerProcess, size: int) -> 
     assert "internal error" not in server.log()
 
 
+def test_reset_in_the_middle_of_a_stream(server: ServerProcess) -> None:
+    """ModelStreamInfer: requests answered but unread, one cut in half, then a reset."""
+    headers = encode_headers([(b":method", b"POST"), (b":scheme", b"http"),
+                              (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
+                              (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
+                              (b"te", b"trailers")])
+    body = _prefixed(_infer_message(1000)) * 20
+    sock = _open(server)
+    sock.sendall(frame(HEADERS, END_HEADERS, 1, headers) + frame(DATA, 0, 1, body)
+                 + frame(DATA, 0, 1, _prefixed(_infer_message(1000))[:100]))
+    time.sleep(0.3)
+    _reset(sock)
+    time.sleep(0.3)
+    _serves(server)
+    assert "internal error" not in server.log()
+
+
 # -- message size and compression ----------------------------------------------------------
 
 def test_gzip_bomb_is_refused_without_inflating_it(server: ServerProcess) -> None:
