@@ -32,6 +32,10 @@ from nursery.types import InferenceResponse
 
 NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
 INTERNAL_MESSAGE = "Internal Server Error"
+# requests of one ModelStreamInfer stream in flight at once (as many as a connection's
+# concurrent unary calls); beyond it the stream is not read until one is answered, so the
+# client is held back by flow control instead of queueing without bound
+MAX_STREAM_IN_FLIGHT = 4096
 
 log = logging.getLogger("nursery.grpc")
 
@@ -234,39 +238,53 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             finally:
                 self.draining.leave()
 
+        in_flight = trio.Semaphore(MAX_STREAM_IN_FLIGHT)
+
+        async def bounded(fn: Callable[..., Any], *args: Any) -> None:
+            """One request's task: its place in ``in_flight`` is freed when it ends."""
+            try:
+                await fn(*args)
+            finally:
+                in_flight.release()
+
         async with trio.open_nursery() as nursery:
             while True:
                 message = await receive()
                 if message is None:
                     break
+                try:
+                    in_flight.acquire_nowait()
+                except trio.WouldBlock:
+                    await in_flight.acquire()
                 # validated and queued here, in the order the stream carries them (the
                 # requests of a sequence must reach the scheduler in order); answered as
                 # they finish
                 try:
                     self.draining.enter()
                 except NurseryError as error:
-                    nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message, shm)
                     if handle.config.decoupled:  # responses as they come
-                        nursery.start_soon(decoupled, request, handle)
+                        nursery.start_soon(bounded, decoupled, request, handle)
                         continue
                     outputs = grpc_codec.decode_shm_outputs(message, shm)
                     if handle.config.sequence is None:  # no order to keep: the full path
-                        nursery.start_soon(infer, request, handle, outputs)  # (cache, tracing)
+                        # (cache, tracing)
+                        nursery.start_soon(bounded, infer, request, handle, outputs)
                         continue
                     work, answer = self.core.submit(request, handle)
                 except NurseryError as error:
                     self.draining.leave()
-                    nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
                 except Exception as exc:  # noqa: BLE001 - the request's boundary
                     self.draining.leave()
-                    nursery.start_soon(reply, unexpected(exc))
+                    nursery.start_soon(bounded, reply, unexpected(exc))
                     continue
-                nursery.start_soon(finish, work, answer, handle, outputs)
+                nursery.start_soon(bounded, finish, work, answer, handle, outputs)
 
     async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
                                 send: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 
 import grpclib.const
 import hpack
@@ -17,6 +18,8 @@ import pytest
 import trio
 import trio.testing
 
+from nursery.errors import NotFound
+from nursery.protocol import grpc_service
 from nursery.protocol._generated import inference as pb
 from nursery.protocol.grpc_lean import GrpcApp
 from nursery.protocol.grpc_service import Draining, InferenceService
@@ -318,3 +321,46 @@ async def test_stream_request_failing_unexpectedly_fails_alone(
                                "Request for unknown model: 'nope' is not found"]
     assert trailers["grpc-status"] == "0"
     assert server.internal_errors == 2
+
+
+async def test_stream_requests_in_flight_are_bounded(
+        autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_STREAM_IN_FLIGHT unanswered requests, a ModelStreamInfer stream is not read
+    further until one is answered."""
+    monkeypatch.setattr(grpc_service, "MAX_STREAM_IN_FLIGHT", 2)
+    release = trio.Event()
+
+    class HeldCore(StubCore):
+        started = 0
+
+        def resolve(self, name: str, version: str = "") -> object:
+            return SimpleNamespace(name=name, config=SimpleNamespace(decoupled=False, sequence=None))
+
+        async def infer(self, request: object, handle: object) -> object:
+            HeldCore.started += 1
+            await release.wait()
+            raise NotFound("done")
+
+    inference = InferenceService(HeldCore(), Draining())  # type: ignore[arg-type]
+    inference.native = True
+    server = H2Server(GrpcApp([inference], StrictProtoCodec()))
+    headers = encode_headers([(b":method", b"POST"),
+                              (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),
+                              (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    message = bytes(pb.ModelInferRequest(model_name="m", inputs=[
+        pb.ModelInferRequestInferInputTensor(name="INPUT0", datatype="FP32", shape=[1])],
+        raw_input_contents=[b"\0" * 4]))
+    body = (b"\0" + len(message).to_bytes(4, "big") + message) * 5
+    async with connected(server) as peer:
+        await peer.send(frame(HEADERS, END_HEADERS, 1, headers) + frame(DATA, END_STREAM, 1, body))
+        await trio.sleep(10)
+        assert HeldCore.started == 2
+        release.set()
+        answers = 0
+        while answers < 5:
+            data = (await peer.until(DATA))[3]
+            while data:
+                answers += 1
+                data = data[5 + int.from_bytes(data[1:5], "big"):]
+    assert HeldCore.started == 5
+    assert server.internal_errors == 0
