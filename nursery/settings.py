@@ -65,6 +65,7 @@ class Settings:
     grpc_max_connections: int = 1000
     grpc_idle_timeout: int = 300000
     grpc_handshake_timeout: int = 10000
+    grpc_write_timeout: int = 60000
     server_id: str = "triton"
     http_server: str = "nursery"
     grpc_server: str = "nursery"
@@ -315,6 +316,9 @@ def _grpc_flags(parser: argparse.ArgumentParser) -> None:
     ms("--grpc-handshake-timeout", 10000, "(nursery only) A gRPC connection whose HTTP/2 "
        "preface and first SETTINGS do not arrive within this time (in milliseconds) is closed; "
        "0 never. Default is 10000 (10 seconds).")
+    ms("--grpc-write-timeout", 60000, "(nursery only) A gRPC connection whose client leaves a "
+       "piece of a response (at most 256 KiB) unread for this long (in milliseconds) is closed; "
+       "0 never. Default is 60000 (1 minute).")
 
 
 def _non_negative(text: str) -> int:
@@ -436,6 +440,7 @@ def settings_from_args(argv: list[str]) -> Settings:
         grpc_max_connections=args.grpc_max_connections,
         grpc_idle_timeout=args.grpc_idle_timeout,
         grpc_handshake_timeout=args.grpc_handshake_timeout,
+        grpc_write_timeout=args.grpc_write_timeout,
         server_id=args.id,
         http_server=args.http_server,
         grpc_server=args.grpc_server,

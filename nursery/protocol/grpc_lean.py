@@ -340,6 +340,7 @@ def h2_server_for(app: GrpcApp, settings: Settings) -> H2Server:
         max_pings_without_data=settings.grpc_http2_max_pings_without_data,
         min_recv_ping_interval=settings.grpc_http2_min_recv_ping_interval_without_data / 1000,
         max_ping_strikes=settings.grpc_http2_max_ping_strikes,
+        write_timeout=_seconds(settings.grpc_write_timeout),
     )
 
 

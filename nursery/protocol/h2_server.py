@@ -25,7 +25,8 @@ one count in :attr:`H2Server.internal_errors`; ``trio.Cancelled`` and other Base
 always propagate. Limits (rule 9): the client preface and first SETTINGS must arrive within
 ``handshake_timeout``; a connection without open streams is closed with GOAWAY after
 ``idle_timeout``; keepalive PINGs every ``keepalive_time`` must be acknowledged within
-``keepalive_timeout``; PINGs faster than gRPC's ping policy allows are strikes, and too many end
+``keepalive_timeout``; a client that leaves a piece of a response (at most 256 KiB) unread for
+``write_timeout`` is closed; PINGs faster than gRPC's ping policy allows are strikes, and too many end
 the connection with GOAWAY ENHANCE_YOUR_CALM; connections beyond ``max_connections`` are refused
 at once (GOAWAY, then close); header blocks are capped in bytes and in CONTINUATION frames.
 """
@@ -69,6 +70,7 @@ DEFAULT_FRAME = 16384
 
 _U32 = struct.Struct(">I")
 _READ = 256 * 1024
+_WRITE_STEP = 256 * 1024  # a large write goes out in pieces of this size (see Connection.write)
 MAX_CONTINUATIONS = 256  # CONTINUATION frames in one header block (each may be empty)
 KEEPALIVE = b"nursery!"  # the opaque data of our keepalive PINGs
 NO_CALLS_PING_INTERVAL = 7200.0  # gRPC: pings on a connection without calls, at most every 2 h
@@ -267,13 +269,24 @@ class Connection:
         self.ping_strikes = 0
         self.pings_without_data = 0  # our keepalive PINGs since we last sent data
         self.ping_ack: trio.Event | None = None  # set when our keepalive PING is acknowledged
+        self.writing_since = math.inf  # when the write in progress (its current piece) began
 
     async def write(self, data: bytes) -> None:
         """Write whole frames. A write cut by a cancellation may have left a frame half sent:
-        then the connection can carry nothing more and is closed."""
+        then the connection can carry nothing more and is closed. ``writing_since`` tells the
+        watchdog how long the peer has left the current piece (at most ``_WRITE_STEP`` bytes)
+        unread."""
         async with self.lock:
             try:
-                await self.sock.send_all(data)
+                if len(data) <= _WRITE_STEP:
+                    self.writing_since = trio.current_time()
+                    await self.sock.send_all(data)
+                else:
+                    view = memoryview(data)
+                    for pos in range(0, len(data), _WRITE_STEP):
+                        self.writing_since = trio.current_time()
+                        await self.sock.send_all(view[pos:pos + _WRITE_STEP])
+                self.writing_since = math.inf
             except trio.Cancelled:
                 self.broken = True
                 self.scope.cancel()
@@ -357,16 +370,25 @@ class Connection:
             return
         next_ping = trio.current_time() + server.keepalive_time
         while True:
-            if self.streams:  # busy: wake when idle again, or for the next keepalive PING
-                with trio.move_on_at(next_ping):
+            # wake for the next keepalive PING, when idle again (busy) or at the idle deadline
+            # (idle), and at least every write_timeout to look at the write in progress
+            look = trio.current_time() + server.write_timeout
+            if self.streams:
+                with trio.move_on_at(min(next_ping, look)):
                     await self.idle.wait()
             else:
-                await trio.sleep_until(min(next_ping, self.idle_since + server.idle_timeout))
+                await trio.sleep_until(min(next_ping, look, self.idle_since + server.idle_timeout))
                 if not self.streams and \
                         trio.current_time() >= self.idle_since + server.idle_timeout:
                     log.info("gRPC connection closed: idle for %g s", server.idle_timeout)
                     await self.close_gracefully(NO_ERROR, "max_idle")
                     return
+            if trio.current_time() - self.writing_since >= server.write_timeout:
+                log.info("gRPC connection closed: the client read nothing for %g s",
+                         server.write_timeout)
+                self.broken = True  # a write is stuck half done: nothing more can be sent
+                self.scope.cancel()
+                return
             if trio.current_time() >= next_ping:
                 if self.streams or server.keepalive_permit_without_calls:
                     await self.keepalive()
@@ -706,7 +728,7 @@ class H2Server:
                  idle_timeout: float = 300.0, keepalive_time: float = 7200.0,
                  keepalive_timeout: float = 20.0, keepalive_permit_without_calls: bool = False,
                  max_pings_without_data: int = 2, min_recv_ping_interval: float = 300.0,
-                 max_ping_strikes: int = 2) -> None:
+                 max_ping_strikes: int = 2, write_timeout: float = 60.0) -> None:
         self.app = app
         self.max_streams = max_streams
         self.stream_window = stream_window
@@ -722,6 +744,7 @@ class H2Server:
         self.max_pings_without_data = max_pings_without_data
         self.min_recv_ping_interval = min_recv_ping_interval
         self.max_ping_strikes = max_ping_strikes
+        self.write_timeout = write_timeout
         self.closing = False
         self.connections: set[Connection] = set()
         self._accepting: trio.CancelScope | None = None

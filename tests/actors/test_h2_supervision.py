@@ -364,3 +364,28 @@ async def test_stream_requests_in_flight_are_bounded(
                 data = data[5 + int.from_bytes(data[1:5], "big"):]
     assert HeldCore.started == 5
     assert server.internal_errors == 0
+
+
+async def test_a_client_that_reads_nothing_is_closed(autojump_clock: trio.testing.MockClock) -> None:
+    """A client that stops reading while a response is written: the connection closes once
+    a piece of it has waited ``write_timeout`` (the watchdog looks every ``write_timeout``)."""
+    server = H2Server(echo_app, write_timeout=30, keepalive_time=10_000)
+    client, inside = trio.testing.lockstep_stream_pair()  # a write waits for the reader
+    ended: list[float] = []
+
+    async def serve() -> None:
+        await server._connection(inside)
+        ended.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        peer = Peer(client)
+        await peer.send(PREFACE + frame(SETTINGS, 0, 0))
+        while (f := await peer.next()) is not None and f[:2] != (SETTINGS, ACK):
+            pass
+        await peer.send(frame(HEADERS, END_HEADERS, 1, REQUEST_HEADERS)
+                        + frame(DATA, END_STREAM, 1, b"x" * 1000))
+        asked = trio.current_time()
+        await trio.sleep(1000)  # reading nothing
+        assert ended and 30 <= ended[0] - asked <= 60
+    assert server.internal_errors == 0

@@ -63,11 +63,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
 @pytest.fixture(scope="module")
 def clocks(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     """Short clocks: idle 600 ms, handshake 600 ms, keepalive PINGs every 2 s (with or
-    without calls), to be acknowledged within 300 ms."""
+    without calls), to be acknowledged within 300 ms; a response left unread 500 ms."""
     repo = _repo(tmp_path_factory.mktemp("repo"))
     with running_server(repo, "--grpc-idle-timeout", "600", "--grpc-handshake-timeout", "600",
                         "--grpc-keepalive-time", "2000", "--grpc-keepalive-timeout", "300",
                         "--grpc-keepalive-permit-without-calls", "true",
+                        "--grpc-write-timeout", "500",
                         tmp_path_factory=tmp_path_factory) as proc:
         yield proc
 
@@ -306,6 +307,27 @@ def test_unanswered_keepalive_ping_closes_the_connection(clocks: ServerProcess) 
         frames = _frames(sock)
     assert any(f[0] == PING and not f[1] & 1 for f in frames)
     assert not any(f[0] == GOAWAY for f in frames)  # closed for the timeout, not for idleness
+    _serves(clocks)
+
+
+def test_a_client_that_reads_nothing_is_closed(clocks: ServerProcess) -> None:
+    """Two calls with 3.6 MB answers to a client with a tiny receive buffer that reads
+    nothing: more than the kernel's buffers hold, so a write stalls; the connection is
+    closed at the write timeout and the server serves on."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", clocks.grpc_port))
+    wide = frame(SETTINGS, 0, 0, struct.pack(">HI", 0x4, 2**31 - 1)) \
+        + frame(WINDOW_UPDATE, 0, 0, (2**31 - 1 - 65535).to_bytes(4, "big"))
+    message = _prefixed(_infer_message(900_000))
+    with sock:
+        sock.sendall(PREFACE + wide + _call(message, 1) + _call(message, 3))
+        for _ in range(300):  # until the server gives up on us
+            if "read nothing" in clocks.log():
+                break
+            time.sleep(0.1)
+    assert "read nothing" in clocks.log()
     _serves(clocks)
 
 

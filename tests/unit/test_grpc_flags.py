@@ -24,6 +24,7 @@ def test_defaults_are_triton_and_grpc_core_defaults() -> None:
             s.grpc_http2_max_ping_strikes) == (2, 300000, 2)
     assert s.grpc_max_input_size == s.http_max_input_size == 64 * 1024 * 1024
     assert (s.grpc_max_connections, s.grpc_idle_timeout, s.grpc_handshake_timeout) == (1000, 300000, 10000)
+    assert s.grpc_write_timeout == 60000
 
 
 def test_flags_reach_the_server_in_seconds() -> None:
@@ -32,7 +33,7 @@ def test_flags_reach_the_server_in_seconds() -> None:
                   "--grpc-http2-min-recv-ping-interval-without-data", "10000",
                   "--grpc-http2-max-pings-without-data", "0", "--grpc-max-connections", "7",
                   "--grpc-idle-timeout", "0", "--grpc-handshake-timeout", "2000",
-                  "--grpc-max-input-size", "1024")
+                  "--grpc-max-input-size", "1024", "--grpc-write-timeout", "30000")
     server = h2_server_for(GrpcApp([], StrictProtoCodec(), s.grpc_max_input_size), s)
     assert (server.keepalive_time, server.keepalive_timeout) == (1.5, 0.25)
     assert server.keepalive_permit_without_calls is True
@@ -41,6 +42,7 @@ def test_flags_reach_the_server_in_seconds() -> None:
     assert server.max_connections == 7
     assert server.idle_timeout == math.inf  # 0: never
     assert server.handshake_timeout == 2.0
+    assert server.write_timeout == 30.0
     assert server.app.max_input == 1024  # type: ignore[attr-defined]
 
 
