@@ -298,7 +298,7 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                 if settings.allow_grpc:
                     grpc_binds = await frontends.start(
                         serve_grpc, core, settings.grpc_address, settings.grpc_port, shutdown,
-                        settings.grpc_server,
+                        settings.grpc_server, settings,
                     )
                     for bind in grpc_binds:
                         log.info("Started GRPCInferenceService at %s", bind)

@@ -24,6 +24,7 @@ DEFAULT_HTTP_BODY_TIMEOUT = 60.0
 DEFAULT_HTTP_KEEPALIVE_TIMEOUT = 75.0
 DEFAULT_HTTP_MAX_CONNECTIONS = 1000
 DEFAULT_METRICS_MAX_CONNECTIONS = 64
+DEFAULT_GRPC_MAX_INPUT_SIZE = DEFAULT_HTTP_MAX_INPUT_SIZE
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,18 @@ class Settings:
     http_keepalive_timeout: float = DEFAULT_HTTP_KEEPALIVE_TIMEOUT
     http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
     metrics_max_connections: int = DEFAULT_METRICS_MAX_CONNECTIONS
+    # the gRPC port: Triton's keepalive flags (milliseconds), then nursery's own limits
+    grpc_keepalive_time: int = 7200000
+    grpc_keepalive_timeout: int = 20000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300000
+    grpc_http2_max_ping_strikes: int = 2
+    grpc_max_input_size: int = DEFAULT_GRPC_MAX_INPUT_SIZE
+    grpc_max_connections: int = 1000
+    grpc_idle_timeout: int = 300000
+    grpc_handshake_timeout: int = 10000
+    grpc_write_timeout: int = 60000
     server_id: str = "triton"
     http_server: str = "nursery"
     grpc_server: str = "nursery"
@@ -253,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE, metavar="<int>",
         help="Maximum allowed HTTP request input size in bytes. Default is 64 MiB.",
     )
+    _grpc_flags(parser)
     parser.add_argument(
         "--http-head-timeout-secs", type=float, default=DEFAULT_HTTP_HEAD_TIMEOUT,
         metavar="<float>",
@@ -312,6 +326,76 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, action="append", default=None, metavar="<value>",
                             help=f"Accepted for compatibility; {feature} is not active yet.")
     return parser
+
+
+def _grpc_flags(parser: argparse.ArgumentParser) -> None:
+    """Triton's gRPC keepalive flags (milliseconds, gRPC core's defaults) and nursery's own
+    limits of the gRPC port (served by --grpc-server=nursery)."""
+    def ms(flag: str, default: int, help: str) -> None:
+        parser.add_argument(flag, type=_non_negative, default=default, metavar="<integer>",
+                            help=help)
+
+    ms("--grpc-keepalive-time", 7200000, "The period (in milliseconds) after which a keepalive "
+       "ping is sent on the transport. Default is 7200000 (2 hours).")
+    ms("--grpc-keepalive-timeout", 20000, "The period (in milliseconds) the sender of the "
+       "keepalive ping waits for an acknowledgement. If it does not receive an acknowledgment "
+       "within this time, it will close the connection. Default is 20000 (20 seconds).")
+    parser.add_argument(
+        "--grpc-keepalive-permit-without-calls", type=_bool, nargs="?", const=True,
+        default=False, metavar="<boolean>",
+        help="Allows keepalive pings to be sent even if there are no calls in flight "
+        "(0 : false; 1 : true). Default is 0 (false).")
+    ms("--grpc-http2-max-pings-without-data", 2, "The maximum number of pings that can be sent "
+       "when there is no data/header frame to be sent. Setting it to 0 allows sending pings "
+       "without such a restriction. Default is 2.")
+    ms("--grpc-http2-min-recv-ping-interval-without-data", 300000, "If there are no "
+       "data/header frames being sent on the transport, the minimum time (in milliseconds) "
+       "expected between receiving successive pings; a ping sooner than that is a ping "
+       "strike. Default is 300000 (5 minutes).")
+    ms("--grpc-http2-max-ping-strikes", 2, "Maximum number of bad pings that the server will "
+       "tolerate before sending an HTTP2 GOAWAY frame and closing the transport. Setting it to "
+       "0 allows the server to accept any number of bad pings. Default is 2.")
+    parser.add_argument(
+        "--grpc-max-input-size", type=_positive, default=DEFAULT_GRPC_MAX_INPUT_SIZE,
+        metavar="<int>",
+        help="(nursery only) Maximum allowed gRPC request message size in bytes, checked on "
+        "the declared length before the message is read and on the inflated size of a "
+        "compressed one (RESOURCE_EXHAUSTED beyond it). Default is 64 MiB.")
+    parser.add_argument(
+        "--grpc-max-connections", type=_positive, default=1000, metavar="<int>",
+        help="(nursery only) Maximum number of open connections on the gRPC port; one more is "
+        "answered GOAWAY and closed at once. Default is 1000.")
+    ms("--grpc-idle-timeout", 300000, "(nursery only) A gRPC connection without a call in "
+       "flight for this long (in milliseconds) is closed with GOAWAY; 0 never. Default is "
+       "300000 (5 minutes).")
+    ms("--grpc-handshake-timeout", 10000, "(nursery only) A gRPC connection whose HTTP/2 "
+       "preface and first SETTINGS do not arrive within this time (in milliseconds) is closed; "
+       "0 never. Default is 10000 (10 seconds).")
+    ms("--grpc-write-timeout", 60000, "(nursery only) A gRPC connection whose client leaves a "
+       "piece of a response (at most 256 KiB) unread for this long (in milliseconds) is closed; "
+       "0 never. Default is 60000 (1 minute).")
+
+
+def _non_negative(text: str) -> int:
+    value = _strict_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _strict_int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def _strict_int(text: str) -> int:
+    """An integer of at most 19 digits (no 4000-digit numbers to parse)."""
+    digits = text.strip()
+    if not digits.isdigit() or len(digits) > 19:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'")
+    return int(digits)
 
 
 def settings_from_args(argv: list[str]) -> Settings:
@@ -413,6 +497,18 @@ def settings_from_args(argv: list[str]) -> Settings:
         http_keepalive_timeout=args.http_keepalive_timeout_secs,
         http_max_connections=args.http_max_connections,
         metrics_max_connections=args.metrics_max_connections,
+        grpc_keepalive_time=args.grpc_keepalive_time,
+        grpc_keepalive_timeout=args.grpc_keepalive_timeout,
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        grpc_http2_min_recv_ping_interval_without_data=(
+            args.grpc_http2_min_recv_ping_interval_without_data),
+        grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        grpc_max_input_size=args.grpc_max_input_size,
+        grpc_max_connections=args.grpc_max_connections,
+        grpc_idle_timeout=args.grpc_idle_timeout,
+        grpc_handshake_timeout=args.grpc_handshake_timeout,
+        grpc_write_timeout=args.grpc_write_timeout,
         server_id=args.id,
         http_server=args.http_server,
         grpc_server=args.grpc_server,

@@ -8,12 +8,20 @@ grpclib's (``grpclib.server.request_handler``): the same HTTP statuses for a wro
 content-type or ``te``; UNIMPLEMENTED for an unknown method; ``grpc-timeout`` honoured with
 DEADLINE_EXCEEDED; errors as ``grpc-status``/``grpc-message`` trailers, Trailers-Only when
 nothing was sent yet. A stream reset by the client cancels its handler, which abandons the core
-request as an HTTP disconnect does.
+request as an HTTP disconnect does. An unexpected exception in a handler (an exception group
+included) is answered INTERNAL and counted in the server's ``internal_errors``.
+
+Sizes (docs/architecture.md, rule 9): a message's declared length (the 5-byte prefix) is checked
+against ``--grpc-max-input-size`` before a byte of it is buffered, and a compressed message is
+inflated in steps of at most ``_INFLATE_STEP`` bytes, refused with RESOURCE_EXHAUSTED as soon
+as its output would pass the same limit: a small gzip body never becomes a large allocation.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import resource
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -34,8 +42,10 @@ from nursery.protocol.h2_server import (
     StreamReset,
     encode_headers,
     only_gone,
+    split_fatal,
     timeout_seconds,
 )
+from nursery.settings import DEFAULT_GRPC_MAX_INPUT_SIZE, Settings
 
 log = logging.getLogger("nursery.grpc")
 
@@ -47,6 +57,7 @@ OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
 # grpclib's percent-encoding of grpc-message: printable ASCII except '%' stays as it is
 _UNQUOTED = "".join(chr(i) for i in range(0x20, 0x7F) if chr(i) != "%")
 _SPECIAL = {"te", "content-type", "user-agent"}
+_INFLATE_STEP = 1024 * 1024  # the most one decompress() call may produce
 
 
 def status_headers(status: Status, message: str | None) -> list[tuple[bytes, bytes]]:
@@ -56,14 +67,65 @@ def status_headers(status: Status, message: str | None) -> list[tuple[bytes, byt
     return headers
 
 
+def too_large(size: int | str, limit: int) -> grpclib.GRPCError:
+    """gRPC's answer to a message over the limit (grpc core's status and wording)."""
+    return grpclib.GRPCError(Status.RESOURCE_EXHAUSTED,
+                             f"Received message larger than max ({size} vs. {limit})")
+
+
+def parse_prefix(prefix: bytes | bytearray, limit: int) -> tuple[bool, int]:
+    """The compressed flag and the length of a gRPC message's 5-byte prefix; a length over
+    ``limit`` is refused here, before any of the message is buffered."""
+    flag = prefix[0]
+    if flag > 1:
+        raise grpclib.GRPCError(Status.INTERNAL, f"Invalid compressed-flag {flag} in message")
+    length = int.from_bytes(prefix[1:5], "big")
+    if length > limit:
+        raise too_large(length, limit)
+    return bool(flag), length
+
+
+def decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    """A message compressed with ``encoding`` (grpc-encoding), inflated in steps of at most
+    ``_INFLATE_STEP`` bytes: refused with RESOURCE_EXHAUSTED once the output would pass
+    ``limit``, so at most ``limit`` bytes are ever allocated for it."""
+    if encoding == "identity":
+        raise grpclib.GRPCError(Status.INTERNAL, "Compressed message without a grpc-encoding header")
+    if encoding not in _ENCODINGS:
+        raise grpclib.GRPCError(
+            Status.UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported")
+    inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
+    out = bytearray()
+    pending = data
+    try:
+        while True:
+            room = limit - len(out)
+            chunk = inflater.decompress(pending, min(_INFLATE_STEP, room + 1))
+            if len(chunk) > room:
+                raise too_large(f"more than {limit} bytes decompressed", limit)
+            out += chunk
+            pending = inflater.unconsumed_tail
+            if not pending and len(chunk) < _INFLATE_STEP:
+                break  # all input consumed and the inflater ran dry
+    except zlib.error:
+        raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message") from None
+    if not inflater.eof:
+        raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message")
+    if inflater.unused_data:
+        raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message")
+    return bytes(out)
+
+
 class Call:
     """One RPC, as a grpclib handler sees its ``Stream``."""
 
     def __init__(self, stream: Stream, handler: grpclib.const.Handler, codec: StrictProtoCodec,
-                 encoding: str, metadata: dict[str, str], deadline: float | None) -> None:
+                 encoding: str, metadata: dict[str, str], deadline: float | None,
+                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE) -> None:
         self.stream = stream
         self.handler = handler
         self.codec = codec
+        self.max_input = max_input
         self.encoding = encoding
         self.metadata = metadata
         self.deadline = deadline
@@ -73,6 +135,7 @@ class Call:
         self.reply: bytes | None = None  # a unary reply, sent with the trailers
         self._buf = bytearray()
         self._ended = False
+        self._received = False  # a message has arrived
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -92,40 +155,19 @@ class Call:
         if not await self._fill(5):
             if self._buf:
                 raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
+            if not self._received and not self.handler.cardinality.client_streaming:
+                raise grpclib.GRPCError(Status.INTERNAL, "Missing request message")
             return None
+        self._received = True
         buf = self._buf
-        compressed = buf[0]
-        length = int.from_bytes(buf[1:5], "big")
-        if length > self.codec.max_message:
-            raise grpclib.GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"Received message larger than max ({length} vs. {self.codec.max_message})")
+        compressed, length = parse_prefix(buf, self.max_input)
         if not await self._fill(5 + length):
             raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
         data = bytes(buf[5:5 + length])
         del buf[:5 + length]
         if compressed:
-            data = self._decompress(data)
+            data = decompress(data, self.encoding, self.max_input)
         return self.codec.decode(data, self.handler.request_type)
-
-    def _decompress(self, data: bytes) -> bytes:
-        if self.encoding == "identity":
-            raise grpclib.GRPCError(
-                Status.INTERNAL, "Compressed message without a grpc-encoding header")
-        if self.encoding not in _ENCODINGS:
-            raise grpclib.GRPCError(
-                Status.UNIMPLEMENTED, f"Compression algorithm '{self.encoding}' is not supported")
-        limit = self.codec.max_message
-        inflater = zlib.decompressobj(31 if self.encoding == "gzip" else 15)
-        try:
-            out = inflater.decompress(data, limit + 1)
-        except zlib.error:
-            raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message") from None
-        if len(out) > limit:
-            raise grpclib.GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"Received message larger than max (more than {limit})")
-        return out
 
     def __aiter__(self) -> Call:
         return self
@@ -180,6 +222,20 @@ class Call:
             await self.stream.send_headers(HEAD + trailers, end_stream=True)
 
 
+def status_answer(exc: BaseException) -> grpclib.GRPCError | None:
+    """The first GRPCError of an exception group whose leaves are all GRPCErrors or a
+    departed peer; None when anything else is in it."""
+    if isinstance(exc, BaseExceptionGroup):
+        found = None
+        for leaf in exc.exceptions:
+            answer = status_answer(leaf)
+            if answer is None and not only_gone(leaf):
+                return None
+            found = found or answer
+        return found
+    return exc if isinstance(exc, grpclib.GRPCError) else None
+
+
 async def _abort(stream: Stream, http_status: int, status: Status | None = None,
                  message: str | None = None) -> None:
     headers = [(b":status", str(http_status).encode())]
@@ -193,11 +249,13 @@ async def _abort(stream: Stream, http_status: int, status: Status | None = None,
 class GrpcApp:
     """Routes each HTTP/2 stream to its service method (the grpclib handler mapping)."""
 
-    def __init__(self, services: Iterable[Any], codec: StrictProtoCodec) -> None:
+    def __init__(self, services: Iterable[Any], codec: StrictProtoCodec,
+                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE) -> None:
         self.mapping: dict[str, grpclib.const.Handler] = {}
         for service in services:
             self.mapping.update(service.__mapping__())
         self.codec = codec
+        self.max_input = max_input
 
     async def __call__(self, stream: Stream) -> None:
         headers = dict(stream.headers)
@@ -229,7 +287,7 @@ class GrpcApp:
         metadata = {k: v for k, v in stream.headers
                     if not k.startswith((":", "grpc-")) and k not in _SPECIAL}
         call = Call(stream, handler, self.codec, headers.get("grpc-encoding", "identity"),
-                    metadata, deadline)
+                    metadata, deadline, self.max_input)
         status, message = Status.OK, None
         try:
             with trio.move_on_at(deadline if deadline is not None else float("inf")) as scope:
@@ -240,20 +298,50 @@ class GrpcApp:
             status, message = error.status, error.message
         except StreamReset:
             return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise
-        except BaseExceptionGroup as group:
-            if only_gone(group):
-                return
-            if not isinstance(group, Exception):
+        except BaseException as exc:  # the call's boundary: groups split, Cancelled kept
+            fatal, rest = split_fatal(exc)
+            if fatal is exc:
                 raise
-            log.exception("error in gRPC method %s", headers.get(":path"))
-            status, message = Status.UNKNOWN, "Internal Server Error"
-        except Exception:
-            log.exception("error in gRPC method %s", headers.get(":path"))
-            status, message = Status.UNKNOWN, "Internal Server Error"
+            if fatal is not None:
+                raise fatal from None
+            assert rest is not None
+            if only_gone(rest):
+                return  # the client or the connection went away: nobody to answer
+            answer = status_answer(rest)
+            if answer is not None:  # a status raised in a task of the handler's nursery
+                status, message = answer.status, answer.message
+            else:
+                stream.conn.server.internal_error(f"gRPC method {headers.get(':path')}", rest)
+                status, message = Status.INTERNAL, "Internal Server Error"
         if not call.done:
             await call.send_trailing_metadata(status=status, status_message=message)
+
+
+def _seconds(ms: int) -> float:
+    """A millisecond flag in seconds; 0 or less (or Triton's INT_MAX) turns the clock off."""
+    return math.inf if ms <= 0 or ms >= 2**31 - 1 else ms / 1000
+
+
+def h2_server_for(app: GrpcApp, settings: Settings) -> H2Server:
+    """The HTTP/2 server with the gRPC flags' limits, keepalive and ping policy."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and settings.grpc_max_connections > soft // 2:
+        log.warning("--grpc-max-connections %d is more than half of this process's file "
+                    "descriptor limit (%d): connections may fail to open before the cap "
+                    "refuses them", settings.grpc_max_connections, soft)
+    return H2Server(
+        app,
+        max_connections=settings.grpc_max_connections,
+        handshake_timeout=_seconds(settings.grpc_handshake_timeout),
+        idle_timeout=_seconds(settings.grpc_idle_timeout),
+        keepalive_time=_seconds(settings.grpc_keepalive_time),
+        keepalive_timeout=_seconds(settings.grpc_keepalive_timeout),
+        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+        max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+        min_recv_ping_interval=settings.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        max_ping_strikes=settings.grpc_http2_max_ping_strikes,
+        write_timeout=_seconds(settings.grpc_write_timeout),
+    )
 
 
 async def serve_lean(
@@ -261,14 +349,19 @@ async def serve_lean(
     host: str,
     port: int,
     shutdown: trio.Event,
+    settings: Settings | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The gRPC port on the lean server; shutdown as ``grpc_server.serve_grpc``: refuse new
-    inference RPCs, let those in flight finish, then GOAWAY and close."""
+    inference RPCs, let those in flight finish, then GOAWAY and close. ``settings`` gives the
+    port's limits and keepalive (the defaults when None)."""
     draining = Draining()
     inference = InferenceService(core, draining)
     inference.native = True
-    server = H2Server(GrpcApp([inference, HealthService(core)], StrictProtoCodec()))
+    options = settings if settings is not None else Settings(model_repositories=())
+    app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size)
+    server = h2_server_for(app, options)
+    inference.on_internal_error = server.internal_error
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(server.serve, host, port)
         task_status.started(binds)

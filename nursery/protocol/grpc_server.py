@@ -17,6 +17,7 @@ from grpclib.server import Server
 from nursery.core import Core
 from nursery.protocol.grpc_service import Draining, HealthService, InferenceService
 from nursery.protocol.grpc_wire import StrictProtoCodec
+from nursery.settings import Settings
 
 log = logging.getLogger("nursery.grpc")
 
@@ -27,12 +28,13 @@ async def serve_grpc(
     port: int,
     shutdown: trio.Event,
     impl: str = "nursery",
+    settings: Settings | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     if impl == "nursery":  # the lean HTTP/2 server (grpc_lean.py); "grpclib" below
         from nursery.protocol.grpc_lean import serve_lean
 
-        await serve_lean(core, host, port, shutdown, task_status=task_status)
+        await serve_lean(core, host, port, shutdown, settings, task_status=task_status)
         return
     draining = Draining()
     async with trio_asyncio.open_loop():

@@ -7,6 +7,7 @@ place (:func:`_status`), with the codes of ``status_map``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,10 +26,24 @@ from nursery.protocol import grpc_codec, stats_codec
 from nursery.protocol._generated import inference as pb
 from nursery.protocol._generated.grpc.health import v1 as health_pb
 from nursery.protocol.grpc_wire import FINAL_RESPONSE, encode_stream_response
+from nursery.protocol.h2_server import only_gone
 from nursery.protocol.status_map import GRPC_STATUS
 from nursery.types import InferenceResponse
 
 NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
+INTERNAL_MESSAGE = "Internal Server Error"
+# requests of one ModelStreamInfer stream in flight at once (as many as a connection's
+# concurrent unary calls); beyond it the stream is not read until one is answered, so the
+# client is held back by flow control instead of queueing without bound
+MAX_STREAM_IN_FLIGHT = 4096
+
+log = logging.getLogger("nursery.grpc")
+
+
+def log_internal_error(where: str, exc: BaseException) -> None:
+    """The default report of an unexpected exception: one line, the traceback at debug."""
+    log.error("gRPC internal error in %s: %s: %s", where, type(exc).__name__, str(exc)[:160])
+    log.debug("gRPC internal error in %s", where, exc_info=exc)
 
 
 def _status(error: NurseryError) -> grpclib.GRPCError:
@@ -68,6 +83,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         self.core = core
         self.draining = draining
         self.native = False  # True on the lean server (grpc_lean.py): handlers run on trio
+        # where an unexpected exception in one request of a stream is reported (the lean
+        # server counts it in H2Server.internal_errors)
+        self.on_internal_error: Callable[[str, BaseException], None] = log_internal_error
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a trio function from this asyncio handler; errors become gRPC statuses."""
@@ -167,6 +185,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         shm = self.core.shm
 
+        def unexpected(exc: Exception) -> bytes:
+            """One request's boundary: an unexpected exception fails that request only."""
+            self.on_internal_error("a ModelStreamInfer request", exc)
+            return encode_stream_response(None, INTERNAL_MESSAGE)
+
         async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
             try:
                 response = await self.core.wait(work, answer, handle)
@@ -174,6 +197,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
                 message = encode_stream_response(None, error.message)
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                message = unexpected(exc)
             finally:
                 self.draining.leave()
             await reply(message)
@@ -193,6 +218,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
                 message = encode_stream_response(None, error.message)
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                message = unexpected(exc)
             finally:
                 self.draining.leave()
                 if trace is not None:
@@ -204,38 +231,60 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 await self._stream_decoupled(request, handle, lock, send)
             except NurseryError as error:
                 await reply(encode_stream_response(None, error.message))
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                if only_gone(exc):  # the client went away mid-stream
+                    raise
+                await reply(unexpected(exc))
             finally:
                 self.draining.leave()
+
+        in_flight = trio.Semaphore(MAX_STREAM_IN_FLIGHT)
+
+        async def bounded(fn: Callable[..., Any], *args: Any) -> None:
+            """One request's task: its place in ``in_flight`` is freed when it ends."""
+            try:
+                await fn(*args)
+            finally:
+                in_flight.release()
 
         async with trio.open_nursery() as nursery:
             while True:
                 message = await receive()
                 if message is None:
                     break
+                try:
+                    in_flight.acquire_nowait()
+                except trio.WouldBlock:
+                    await in_flight.acquire()
                 # validated and queued here, in the order the stream carries them (the
                 # requests of a sequence must reach the scheduler in order); answered as
                 # they finish
                 try:
                     self.draining.enter()
                 except NurseryError as error:
-                    nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message, shm)
                     if handle.config.decoupled:  # responses as they come
-                        nursery.start_soon(decoupled, request, handle)
+                        nursery.start_soon(bounded, decoupled, request, handle)
                         continue
                     outputs = grpc_codec.decode_shm_outputs(message, shm)
                     if handle.config.sequence is None:  # no order to keep: the full path
-                        nursery.start_soon(infer, request, handle, outputs)  # (cache, tracing)
+                        # (cache, tracing)
+                        nursery.start_soon(bounded, infer, request, handle, outputs)
                         continue
                     work, answer = self.core.submit(request, handle)
                 except NurseryError as error:
                     self.draining.leave()
-                    nursery.start_soon(reply, encode_stream_response(None, error.message))
+                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
-                nursery.start_soon(finish, work, answer, handle, outputs)
+                except Exception as exc:  # noqa: BLE001 - the request's boundary
+                    self.draining.leave()
+                    nursery.start_soon(bounded, reply, unexpected(exc))
+                    continue
+                nursery.start_soon(bounded, finish, work, answer, handle, outputs)
 
     async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
                                 send: Any) -> None:

@@ -16,11 +16,26 @@ the application consumes the data, so a stream that nobody reads holds at most i
 A protocol error from the peer (a malformed frame, a lying length, a broken header block,
 a window overflow) ends that connection with GOAWAY and nothing else. ``close`` sends GOAWAY to
 every connection and stops accepting.
+
+Supervision (docs/architecture.md, rule 8): each connection and each stream is a boundary. A
+peer that goes away (EOF, a TCP reset, a broken pipe) ends its connection quietly; anything
+unexpected, exception groups included, ends only its stream (RST_STREAM INTERNAL_ERROR, which a
+gRPC client reads as INTERNAL) or its connection (GOAWAY INTERNAL_ERROR), with one log line and
+one count in :attr:`H2Server.internal_errors`; ``trio.Cancelled`` and other BaseExceptions
+always propagate. Limits (rule 9): the client preface and first SETTINGS must arrive within
+``handshake_timeout``; a connection without open streams is closed with GOAWAY after
+``idle_timeout``; keepalive PINGs every ``keepalive_time`` must be acknowledged within
+``keepalive_timeout``; a client that leaves a piece of a response (at most 256 KiB) unread for
+``write_timeout`` is closed; PINGs faster than gRPC's ping policy allows are strikes, and too many end
+the connection with GOAWAY ENHANCE_YOUR_CALM; connections beyond ``max_connections`` are refused
+at once (GOAWAY, then close); header blocks are capped in bytes and in CONTINUATION frames.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
+import math
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -55,6 +70,11 @@ DEFAULT_FRAME = 16384
 
 _U32 = struct.Struct(">I")
 _READ = 256 * 1024
+_WRITE_STEP = 256 * 1024  # a large write goes out in pieces of this size (see Connection.write)
+MAX_CONTINUATIONS = 256  # CONTINUATION frames in one header block (each may be empty)
+KEEPALIVE = b"nursery!"  # the opaque data of our keepalive PINGs
+NO_CALLS_PING_INTERVAL = 7200.0  # gRPC: pings on a connection without calls, at most every 2 h
+SHORT = 1.0  # seconds allowed for a farewell write (GOAWAY, RST_STREAM) to a peer
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes | bytearray | memoryview = b""
@@ -103,6 +123,15 @@ class StreamReset(Exception):
     """The stream was reset (by the peer, or the connection is gone)."""
 
 
+def decode_header_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[str, str]]:
+    """A request's header block decoded; any fault in it is the connection's
+    COMPRESSION_ERROR (:class:`ConnectionError`), never another exception."""
+    try:
+        return decoder.decode(block)
+    except (hpack.exceptions.HPACKError, UnicodeDecodeError, IndexError, ValueError) as exc:
+        raise ConnectionError(COMPRESSION_ERROR, f"bad header block: {str(exc)[:80]}") from None
+
+
 class Stream:
     """One request stream, as the application sees it."""
 
@@ -141,7 +170,7 @@ class Stream:
     async def send_headers(self, block: bytes, end_stream: bool = False) -> None:
         if self.reset or self.local_closed:
             raise StreamReset
-        await self.conn.write(self._headers_frames(block, end_stream))
+        await self.conn.write_data(self._headers_frames(block, end_stream))
 
     def _headers_frames(self, block: bytes, end_stream: bool) -> bytes:
         if end_stream:
@@ -173,7 +202,7 @@ class Stream:
                 conn.send_window -= n
                 if end_stream:
                     self.local_closed = True
-                await conn.write(frame(DATA, END_STREAM if end_stream else 0, self.id, view))
+                await conn.write_data(frame(DATA, END_STREAM if end_stream else 0, self.id, view))
                 return
             room = min(self.send_window, conn.send_window, conn.peer_frame, n)
             if room <= 0:
@@ -181,7 +210,7 @@ class Stream:
                 continue
             self.send_window -= room
             conn.send_window -= room
-            await conn.write(frame(DATA, 0, self.id, view[:room]))
+            await conn.write_data(frame(DATA, 0, self.id, view[:room]))
             view = view[room:]
 
     async def send_response(self, head: bytes, data: bytes, trailers: bytes) -> None:
@@ -195,7 +224,7 @@ class Stream:
             self.conn.send_window -= n
             out = self._headers_frames(head, False) + frame(DATA, 0, self.id, data) \
                 + self._headers_frames(trailers, True)
-            await self.conn.write(out)
+            await self.conn.write_data(out)
             return
         await self.send_headers(head)
         await self.send_data(data)
@@ -230,11 +259,54 @@ class Connection:
         self.goaway_sent = False
         self.idle = trio.Event()  # no stream open
         self.idle.set()
+        self.idle_since = trio.current_time()
         self.closed = False
+        self.broken = False  # a write was cut: the framing is lost, nothing more can be sent
+        self.handshaken = trio.Event()  # the preface and the first SETTINGS arrived
+        # gRPC's ping policy: the clock restarts whenever we send data, headers or a window
+        # update (``write_data``)
+        self.last_ping = -math.inf  # when the peer's last PING came
+        self.ping_strikes = 0
+        self.pings_without_data = 0  # our keepalive PINGs since we last sent data
+        self.ping_ack: trio.Event | None = None  # set when our keepalive PING is acknowledged
+        self.writing_since = math.inf  # when the write in progress (its current piece) began
 
     async def write(self, data: bytes) -> None:
+        """Write whole frames. A write cut by a cancellation may have left a frame half sent:
+        then the connection can carry nothing more and is closed. ``writing_since`` tells the
+        watchdog how long the peer has left the current piece (at most ``_WRITE_STEP`` bytes)
+        unread."""
         async with self.lock:
-            await self.sock.send_all(data)
+            try:
+                if len(data) <= _WRITE_STEP:
+                    self.writing_since = trio.current_time()
+                    await self.sock.send_all(data)
+                else:
+                    view = memoryview(data)
+                    for pos in range(0, len(data), _WRITE_STEP):
+                        self.writing_since = trio.current_time()
+                        await self.sock.send_all(view[pos:pos + _WRITE_STEP])
+                self.writing_since = math.inf
+            except trio.Cancelled:
+                self.broken = True
+                self.scope.cancel()
+                raise
+
+    async def write_data(self, data: bytes) -> None:
+        """``write`` for data, headers and window updates: these restart gRPC's ping clock."""
+        self.last_ping = -math.inf
+        self.ping_strikes = self.pings_without_data = 0
+        await self.write(data)
+
+    async def write_quietly(self, data: bytes) -> None:
+        """A farewell frame: shielded, bounded in time, and nothing if the peer is gone."""
+        if self.broken:
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(SHORT):
+            try:
+                await self.write(data)
+            except GONE:
+                pass
 
     async def window_opened(self) -> None:
         event = self.window_event
@@ -255,19 +327,104 @@ class Connection:
             n, stream.uncredited = stream.uncredited, 0
             stream.recv_window += n
             try:
-                await self.write(frame(WINDOW_UPDATE, 0, stream.id, _U32.pack(n)))
+                await self.write_data(frame(WINDOW_UPDATE, 0, stream.id, _U32.pack(n)))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 raise StreamReset from None
 
     async def goaway(self, code: int = NO_ERROR, message: str = "") -> None:
+        """Send GOAWAY once (shielded, bounded in time, quiet if the peer is gone)."""
         if self.goaway_sent:
             return
         self.goaway_sent = True
         payload = _U32.pack(self.last_id) + _U32.pack(code) + message.encode()[:256]
-        try:
-            await self.write(frame(GOAWAY, 0, 0, payload))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        await self.write_quietly(frame(GOAWAY, 0, 0, payload))
+
+    async def close_gracefully(self, code: int, message: str) -> None:
+        """GOAWAY, then our end of the TCP stream; the peer gets ``SHORT`` seconds to close
+        its end (so that what it sent meanwhile does not turn our close into a reset), then
+        the connection is cancelled."""
+        await self.goaway(code, message)
+        if not self.broken:
+            with trio.CancelScope(shield=True), trio.move_on_after(SHORT):
+                async with self.lock:
+                    try:
+                        await self.sock.send_eof()
+                    except (*GONE, OSError):
+                        pass
+        with trio.move_on_after(SHORT):
+            await trio.sleep_forever()
+        self.scope.cancel()
+
+    # -- deadlines and keepalive -----------------------------------------------------------
+
+    async def watchdog(self) -> None:
+        """The connection's clocks: the handshake deadline, the idle timeout and keepalive
+        PINGs. Runs beside the reading loop; ends the connection when a clock runs out."""
+        server = self.server
+        with trio.move_on_after(server.handshake_timeout):
+            await self.handshaken.wait()
+        if not self.handshaken.is_set():
+            log.info("gRPC connection closed: no HTTP/2 preface and SETTINGS within %g s",
+                     server.handshake_timeout)
+            self.scope.cancel()
+            return
+        next_ping = trio.current_time() + server.keepalive_time
+        while True:
+            # wake for the next keepalive PING, when idle again (busy) or at the idle deadline
+            # (idle), and at least every write_timeout to look at the write in progress
+            look = trio.current_time() + server.write_timeout
+            if self.streams:
+                with trio.move_on_at(min(next_ping, look)):
+                    await self.idle.wait()
+            else:
+                await trio.sleep_until(min(next_ping, look, self.idle_since + server.idle_timeout))
+                if not self.streams and \
+                        trio.current_time() >= self.idle_since + server.idle_timeout:
+                    log.info("gRPC connection closed: idle for %g s", server.idle_timeout)
+                    await self.close_gracefully(NO_ERROR, "max_idle")
+                    return
+            if trio.current_time() - self.writing_since >= server.write_timeout:
+                log.info("gRPC connection closed: the client read nothing for %g s",
+                         server.write_timeout)
+                self.broken = True  # a write is stuck half done: nothing more can be sent
+                self.scope.cancel()
+                return
+            if trio.current_time() >= next_ping:
+                if self.streams or server.keepalive_permit_without_calls:
+                    await self.keepalive()
+                next_ping = trio.current_time() + server.keepalive_time
+
+    async def keepalive(self) -> None:
+        """One keepalive PING; no acknowledgement within ``keepalive_timeout`` closes the
+        connection. As gRPC, at most ``max_pings_without_data`` PINGs are sent while we send
+        nothing else (0: no such limit)."""
+        server = self.server
+        if server.max_pings_without_data and \
+                self.pings_without_data >= server.max_pings_without_data:
+            return
+        self.pings_without_data += 1
+        ack = self.ping_ack = trio.Event()
+        with trio.move_on_after(server.keepalive_timeout):
+            await self.write(frame(PING, 0, 0, KEEPALIVE))
+            await ack.wait()
+            return
+        log.info("gRPC connection closed: keepalive PING not acknowledged within %g s",
+                 server.keepalive_timeout)
+        self.scope.cancel()
+
+    def _ping_received(self) -> None:
+        """gRPC's ping policy: a PING sooner than the allowed interval after the previous one,
+        with no data sent between them, is a strike; more than ``max_ping_strikes`` end the
+        connection (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings")."""
+        server = self.server
+        now = trio.current_time()
+        interval = server.min_recv_ping_interval if (
+            self.streams or server.keepalive_permit_without_calls) else NO_CALLS_PING_INTERVAL
+        allowed, self.last_ping = self.last_ping + interval, now
+        if allowed > now:
+            self.ping_strikes += 1
+            if self.ping_strikes > server.max_ping_strikes:
+                raise ConnectionError(ENHANCE_YOUR_CALM, "too_many_pings")
 
     # -- the reading loop ------------------------------------------------------------------
 
@@ -292,7 +449,7 @@ class Connection:
                          + frame(WINDOW_UPDATE, 0, 0, _U32.pack(grow)))
         first = True
         block: bytearray | None = None  # a header block awaiting CONTINUATION
-        block_stream = block_flags = 0
+        block_stream = block_flags = block_frames = 0
         pos = 0
         while True:
             while len(buf) - pos >= 9:
@@ -309,11 +466,13 @@ class Connection:
                     if kind != SETTINGS or flags & ACK:
                         raise ConnectionError(PROTOCOL_ERROR, "the preface must be followed by SETTINGS")
                     first = False
+                    self.handshaken.set()
                 if block is not None:
                     if kind != CONTINUATION or stream_id != block_stream:
                         raise ConnectionError(PROTOCOL_ERROR, "expected CONTINUATION")
                     block += payload
-                    if len(block) > 4 * server.max_header_list:
+                    block_frames += 1
+                    if len(block) > 4 * server.max_header_list or block_frames > MAX_CONTINUATIONS:
                         raise ConnectionError(ENHANCE_YOUR_CALM, "header block too large")
                     if flags & END_HEADERS:
                         self._headers(block_stream, block_flags, bytes(block), nursery)
@@ -327,6 +486,7 @@ class Connection:
                         self._headers(stream_id, flags, fragment, nursery)
                     else:
                         block, block_stream, block_flags = bytearray(fragment), stream_id, flags
+                        block_frames = 0
                 elif kind == SETTINGS:
                     await self._settings(stream_id, flags, payload)
                 elif kind == WINDOW_UPDATE:
@@ -337,7 +497,11 @@ class Connection:
                     if stream_id != 0:
                         raise ConnectionError(PROTOCOL_ERROR, "PING on a stream")
                     if not flags & ACK:
+                        if server.max_ping_strikes:
+                            self._ping_received()
                         await self.write(frame(PING, ACK, 0, payload))
+                    elif payload == KEEPALIVE and self.ping_ack is not None:
+                        self.ping_ack.set()
                 elif kind == RST_STREAM:
                     if length != 4:
                         raise ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
@@ -384,10 +548,7 @@ class Connection:
         return payload[start:end]
 
     def _headers(self, stream_id: int, flags: int, block: bytes, nursery: trio.Nursery) -> None:
-        try:  # decoded always: the dynamic table must follow the peer's
-            headers = self.decoder.decode(block)
-        except (hpack.exceptions.HPACKError, UnicodeDecodeError, IndexError) as exc:
-            raise ConnectionError(COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        headers = decode_header_block(self.decoder, block)  # always: the table follows the peer's
         end = bool(flags & END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
@@ -411,34 +572,40 @@ class Connection:
         nursery.start_soon(self._serve_stream, stream)
 
     async def _refuse(self, stream: Stream) -> None:
-        try:
-            await self.write(frame(RST_STREAM, 0, stream.id, _U32.pack(REFUSED_STREAM)))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        await self.write_quietly(frame(RST_STREAM, 0, stream.id, _U32.pack(REFUSED_STREAM)))
 
     async def _serve_stream(self, stream: Stream) -> None:
+        """The stream's supervision boundary: whatever the application raises ends this
+        stream only (Cancelled and other BaseExceptions propagate)."""
         try:
             with stream.scope:
                 await self.server.app(stream)
-                if not stream.local_closed:  # the application ended without finishing
-                    await stream.send_reset(INTERNAL_ERROR)
-        except (StreamReset, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except BaseExceptionGroup as group:  # from the application's nurseries
-            if not only_gone(group):
+        except BaseException as exc:
+            fatal, rest = split_fatal(exc)
+            if rest is not None and not only_gone(rest):
+                self.server.internal_error(f"stream {stream.id}", rest)
+            if fatal is exc:
                 raise
+            if fatal is not None:
+                raise fatal from None
         finally:
-            self.streams.pop(stream.id, None)
-            if not self.streams:
-                self.idle.set()
-            if not stream.remote_closed and not stream.reset and not self.closed:
-                # the response is complete but the client is still sending: stop it
-                stream.reset = True
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    try:
-                        await self.write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
+            self._forget(stream)
+            if not stream.reset and not self.closed and not self.scope.cancel_called:
+                if not stream.local_closed:  # the application ended without finishing
+                    code = INTERNAL_ERROR
+                elif not stream.remote_closed:  # answered, but the client is still sending
+                    code = NO_ERROR
+                else:
+                    code = -1
+                if code >= 0:
+                    stream.reset = stream.local_closed = True
+                    await self.write_quietly(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
+
+    def _forget(self, stream: Stream) -> None:
+        self.streams.pop(stream.id, None)
+        if not self.streams and not self.idle.is_set():
+            self.idle_since = trio.current_time()
+            self.idle.set()
 
     def _drop(self, stream: Stream) -> None:
         """The peer reset the stream: abandon its work."""
@@ -446,9 +613,7 @@ class Connection:
         stream.local_closed = True
         stream.readable.set()
         stream.scope.cancel()
-        self.streams.pop(stream.id, None)
-        if not self.streams:
-            self.idle.set()
+        self._forget(stream)
 
     async def _data(self, stream_id: int, flags: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -462,7 +627,7 @@ class Connection:
         if self.uncredited >= self.server.connection_window // 4:
             grant, self.uncredited = self.uncredited, 0
             self.recv_window += grant
-            await self.write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(grant)))
+            await self.write_data(frame(WINDOW_UPDATE, 0, 0, _U32.pack(grant)))
         if flags & PADDED:
             if not payload or payload[0] >= n:
                 raise ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
@@ -558,16 +723,40 @@ class H2Server:
 
     def __init__(self, app: Application, *, max_streams: int = 4096,
                  stream_window: int = 4 * 1024 * 1024, connection_window: int = 16 * 1024 * 1024,
-                 max_frame: int = 1024 * 1024, max_header_list: int = 64 * 1024) -> None:
+                 max_frame: int = 1024 * 1024, max_header_list: int = 64 * 1024,
+                 max_connections: int = 1000, handshake_timeout: float = 10.0,
+                 idle_timeout: float = 300.0, keepalive_time: float = 7200.0,
+                 keepalive_timeout: float = 20.0, keepalive_permit_without_calls: bool = False,
+                 max_pings_without_data: int = 2, min_recv_ping_interval: float = 300.0,
+                 max_ping_strikes: int = 2, write_timeout: float = 60.0) -> None:
         self.app = app
         self.max_streams = max_streams
         self.stream_window = stream_window
         self.connection_window = connection_window
         self.max_frame = max_frame
         self.max_header_list = max_header_list
+        self.max_connections = max_connections
+        self.handshake_timeout = handshake_timeout  # seconds; the rest likewise
+        self.idle_timeout = idle_timeout
+        self.keepalive_time = keepalive_time
+        self.keepalive_timeout = keepalive_timeout
+        self.keepalive_permit_without_calls = keepalive_permit_without_calls
+        self.max_pings_without_data = max_pings_without_data
+        self.min_recv_ping_interval = min_recv_ping_interval
+        self.max_ping_strikes = max_ping_strikes
+        self.write_timeout = write_timeout
         self.closing = False
         self.connections: set[Connection] = set()
         self._accepting: trio.CancelScope | None = None
+        self.internal_errors = 0  # unexpected exceptions stopped at a stream or connection
+        self.refused_connections = 0  # connections beyond ``max_connections``
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """Count and log (one line; the traceback at debug level) an unexpected exception
+        that a boundary stopped."""
+        self.internal_errors += 1
+        log.error("gRPC internal error in %s: %s", where, describe(exc))
+        log.debug("gRPC internal error in %s", where, exc_info=exc)
 
     async def serve(self, host: str, port: int,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -591,28 +780,69 @@ class H2Server:
             conn.scope.cancel()
 
     async def _connection(self, sock: trio.SocketStream) -> None:
-        conn = Connection(self, sock)
-        self.connections.add(conn)
+        """The connection's supervision boundary: nothing but Cancelled (and the like) leaves
+        it, so one connection never ends the others or the server."""
         try:
-            with conn.scope:
-                async with trio.open_nursery() as streams:
-                    try:
-                        await conn.run(streams)
-                    except ConnectionError as exc:
-                        log.info("gRPC connection closed: %s", exc.message)
-                        with trio.move_on_after(1):
-                            await conn.goaway(exc.code, exc.message)
-                    finally:  # the peer left or broke the protocol: abandon its streams
-                        conn.close_streams()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            if len(self.connections) >= self.max_connections:
+                await self._refuse_connection(sock)
+                return
+            conn = Connection(self, sock)
+            self.connections.add(conn)
+            try:
+                await self._serve_connection(conn)
+            finally:
+                self.connections.discard(conn)
+        except BaseException as exc:
+            fatal, rest = split_fatal(exc)
+            if rest is not None and not only_gone(rest):
+                self.internal_error("connection", rest)
+            if fatal is exc:
+                raise
+            if fatal is not None:
+                raise fatal from None
         finally:
-            self.connections.discard(conn)
             with trio.CancelScope(shield=True):
                 await sock.aclose()
 
+    async def _serve_connection(self, conn: Connection) -> None:
+        with conn.scope:
+            async with trio.open_nursery() as streams:
+                clocks = trio.CancelScope()
 
-GONE = (StreamReset, trio.BrokenResourceError, trio.ClosedResourceError)
+                async def watch() -> None:
+                    with clocks:
+                        await conn.watchdog()
+
+                streams.start_soon(watch)
+                try:
+                    await conn.run(streams)
+                except ConnectionError as exc:
+                    log.info("gRPC connection closed: %s", exc.message)
+                    await conn.goaway(exc.code, exc.message)
+                except GONE:
+                    pass  # the peer went away (a reset, a broken pipe)
+                except Exception as exc:  # noqa: BLE001 - the boundary: this connection only
+                    self.internal_error("connection", exc)
+                    await conn.goaway(INTERNAL_ERROR, "internal error")
+                finally:  # the peer left or broke the protocol: abandon its streams
+                    clocks.cancel()
+                    conn.close_streams()
+
+    async def _refuse_connection(self, sock: trio.SocketStream) -> None:
+        """Beyond the cap: our SETTINGS and GOAWAY (no stream processed), then close. Nothing
+        is read, so the socket is held for at most ``SHORT`` seconds."""
+        self.refused_connections += 1
+        if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
+            log.warning("gRPC connection refused: %d connections open (--grpc-max-connections); "
+                        "%d refused so far", len(self.connections), self.refused_connections)
+        payload = _U32.pack(0) + _U32.pack(REFUSED_STREAM) + b"too many connections"
+        with trio.move_on_after(SHORT):
+            await sock.send_all(frame(SETTINGS, 0, 0) + frame(GOAWAY, 0, 0, payload))
+
+
+# the stream or the peer went away: not an error of ours (trio's SocketStream reports a reset
+# as BrokenResourceError; the builtin ConnectionError family covers raw sockets)
+GONE = (StreamReset, trio.BrokenResourceError, trio.ClosedResourceError, builtins.ConnectionError)
 
 
 def only_gone(exc: BaseException) -> bool:
@@ -621,6 +851,31 @@ def only_gone(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(only_gone(e) for e in exc.exceptions)
     return isinstance(exc, GONE)
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    return not isinstance(exc, (Exception, BaseExceptionGroup))
+
+
+def split_fatal(exc: BaseException) -> tuple[BaseException | None, Exception | None]:
+    """``exc`` split into what must propagate (trio.Cancelled, KeyboardInterrupt, SystemExit:
+    any BaseException that is not an Exception, wherever it sits in a group) and what a
+    supervision boundary handles (the Exceptions)."""
+    if isinstance(exc, BaseExceptionGroup):
+        fatal, rest = exc.split(_is_fatal)
+        return fatal, rest  # type: ignore[return-value]
+    if isinstance(exc, Exception):
+        return None, exc
+    return exc, None
+
+
+def describe(exc: BaseException) -> str:
+    """A short one-line account of an exception (a group: its leaves)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions[:4]) + (
+            f"; and {len(exc.exceptions) - 4} more" if len(exc.exceptions) > 4 else "")
+    text = str(exc).replace("\n", " ")
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
 
 
 def timeout_seconds(value: str) -> float:
@@ -632,4 +887,5 @@ def timeout_seconds(value: str) -> float:
     return int(digits) * units[unit]
 
 
-__all__ = ["H2Server", "Stream", "StreamReset", "only_gone", "encode_headers", "frame", "timeout_seconds"]
+__all__ = ["H2Server", "Stream", "StreamReset", "describe", "encode_headers", "frame", "only_gone",
+           "split_fatal", "timeout_seconds"]
