@@ -122,7 +122,8 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
         return binds
     quart_app = build_quart_app(core)
     server = HttpServer(core, quart_app, max_input_size=settings.http_max_input_size,
-                        max_connections=settings.http_max_connections, **_http_deadlines(settings))
+                        max_connections=settings.http_max_connections, faults=core.faults,
+                        **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         lifespan = Lifespan(quart_app)
@@ -169,7 +170,7 @@ async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
     """The metrics endpoint on its own port; it stops accepting once ``shutdown`` is set."""
     server = HttpServer(core, build_metrics_app(core, sampler, options),
                         max_input_size=64 * 1024, serve_infer=False,
-                        max_connections=settings.metrics_max_connections,
+                        max_connections=settings.metrics_max_connections, faults=core.faults,
                         **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:

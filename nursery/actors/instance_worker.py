@@ -260,7 +260,12 @@ async def run(
         except BaseException as exc:  # _run_batch catches Exception; this is the rest
             responses = InternalError(f"model '{config.name}' failed to execute: {exc!r}")
             report = None
-        pairs = _answers(batch.work, responses)
+        try:
+            pairs = _answers(batch.work, responses)
+        except Exception as exc:  # never raise here: a callback's error would end trio
+            log.exception("model '%s' version %s: answers of a batch", config.name, version)
+            pairs = _answers(batch.work, InternalError(
+                f"model '{config.name}' returned answers that do not fit its requests: {exc}"))
         held: tuple[tuple[InferWork, Any], ...] = ()
         if batch.ordered:
             held = tuple(pairs)  # the scheduler releases them in arrival order
@@ -269,7 +274,7 @@ async def run(
         try:
             scheduler.send_nowait(InstanceReady(placement.index, 1, report, held))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the scheduler is gone: we are shutting down
+            _deliver(list(held))  # the scheduler is gone: the answers go out unordered
         if not running:
             all_done.set()
 

@@ -165,6 +165,8 @@ class _Manager:
         self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
         self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
         self.restarts: dict[str, list[float]] = {}  # when each model's failed versions restarted
+        self.restarting: set[trio.CancelScope] = set()  # restarts in progress
+        self.stopping = False  # unload_all has begun: nothing is started any more
         self.rate_limiter = rate_limiter  # a RateLimiterClient with --rate-limit execution_count
         self.repositories = repositories
         self.directory = directory
@@ -478,7 +480,9 @@ class _Manager:
             self._set(name, version, ModelState.UNAVAILABLE, f"Internal: {b.failure}")
             now = trio.current_time()
             recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW]
-            if len(recent) < RESTARTS:
+            if self.stopping:
+                pass  # the server is stopping: nothing to restart
+            elif len(recent) < RESTARTS:
                 self.restarts[name] = [*recent, now]
                 log.error("model '%s' version %d failed while serving; restarting it", name,
                           version)
@@ -488,10 +492,17 @@ class _Manager:
                           "left UNAVAILABLE", name, version, len(recent) + 1, RESTART_WINDOW)
 
     async def _restart(self, name: str) -> None:
-        with Boundary(self.faults, "manager", log, f"restart of model '{name}'"):
-            async with self._lock(name):
-                if name in self.restarts:  # not unloaded meanwhile (unload forgets it)
-                    await self.load(name, force=True)
+        """Reload a model whose version failed; the shutdown cancels restarts in progress, so
+        nothing comes back to life behind ``unload_all``."""
+        with trio.CancelScope() as scope, \
+                Boundary(self.faults, "manager", log, f"restart of model '{name}'"):
+            self.restarting.add(scope)
+            try:
+                async with self._lock(name):
+                    if name in self.restarts and not self.stopping:  # not unloaded meanwhile
+                        await self.load(name, force=True)
+            finally:
+                self.restarting.discard(scope)
 
     async def _serve_version(
         self,
@@ -713,6 +724,9 @@ class _Manager:
         log.info("successfully unloaded '%s' version %d", name, version)
 
     async def unload_all(self) -> None:
+        self.stopping = True
+        for scope in self.restarting:
+            scope.cancel()
         # ensembles first: their requests in flight still need the models they are made of
         ensembles = {n for (n, _), live in self.live.items()
                      if live.handle.config.ensemble is not None}

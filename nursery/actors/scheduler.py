@@ -90,12 +90,14 @@ async def run(
     cancel = getattr(policy, "cancel", None)
     waker = precise_timer.create()  # the policy's sub-millisecond deadlines, on time
     failure: BaseException | None = None
+    message: Any = None
     task_status.started()
     async with inbox, trio.open_nursery() as timer_tasks:
         if waker is not None:
             timer_tasks.start_soon(waker.serve)
         try:
             while True:
+                message = None  # the message being handled, if a failure comes
                 now = trio.current_time()
                 poll = policy.poll(now)
                 dropped = False
@@ -182,6 +184,9 @@ async def run(
                         break
         except BaseException as exc:
             failure = exc
+            if isinstance(message, (InferWork, StatsQuery)):
+                _answer(message, InternalError(f"model '{name}': the scheduler failed while "
+                                               "taking this request"))
             raise
         finally:
             timer_tasks.cancel_scope.cancel()
@@ -218,6 +223,7 @@ def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
         elif isinstance(message, InstanceReady):
             for work, answer in message.held:
                 _answer(work, answer)
+    inbox.close()  # from here on a sender learns at once that nobody will take its message
     for work in held:
         _answer(work, error if isinstance(work, InferWork) else stats.snapshot(0))
 

@@ -361,6 +361,7 @@ async def serve_lean(
     options = settings if settings is not None else Settings(model_repositories=())
     app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size)
     server = h2_server_for(app, options)
+    server.faults = core.faults  # counted in nursery_internal_errors_total{unit="grpc"}
     inference.on_internal_error = server.internal_error
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(server.serve, host, port)

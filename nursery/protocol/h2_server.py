@@ -45,6 +45,7 @@ import hpack.exceptions
 import trio
 
 from nursery.protocol.listeners import open_listeners
+from nursery.runtime.supervision import FaultCounter
 
 log = logging.getLogger("nursery.grpc")
 
@@ -749,12 +750,15 @@ class H2Server:
         self.connections: set[Connection] = set()
         self._accepting: trio.CancelScope | None = None
         self.internal_errors = 0  # unexpected exceptions stopped at a stream or connection
+        self.faults: FaultCounter | None = None  # the server's counter, when serving one
         self.refused_connections = 0  # connections beyond ``max_connections``
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """Count and log (one line; the traceback at debug level) an unexpected exception
         that a boundary stopped."""
         self.internal_errors += 1
+        if self.faults is not None:
+            self.faults.count("grpc")
         log.error("gRPC internal error in %s: %s", where, describe(exc))
         log.debug("gRPC internal error in %s", where, exc_info=exc)
 

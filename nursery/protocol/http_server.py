@@ -49,6 +49,7 @@ from nursery.protocol import http1
 from nursery.protocol.http_infer import Response, error_response, infer_response, too_large
 from nursery.protocol.listeners import open_listeners
 from nursery.protocol.status_map import error_body
+from nursery.runtime.supervision import FaultCounter
 
 log = logging.getLogger("nursery.http")
 
@@ -217,8 +218,10 @@ class HttpServer:
     def __init__(self, core: Core, app: ASGIApp, *, max_input_size: int,
                  keep_alive_timeout: float = 75.0, head_timeout: float = 30.0,
                  body_timeout: float = 60.0, max_connections: int = 1000,
-                 sweep_interval: float = 0.1, serve_infer: bool = True) -> None:
+                 sweep_interval: float = 0.1, serve_infer: bool = True,
+                 faults: FaultCounter | None = None) -> None:
         self.core = core
+        self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
         self.app = app
         self.max_input_size = max_input_size
@@ -345,6 +348,7 @@ class HttpServer:
     def _count(self, exc: Exception, where: str) -> None:
         """One log line per unexpected exception (the traceback at --log-verbose 1), one count."""
         self.internal_errors += 1
+        self.faults.count("http" if self.serve_infer else "metrics")
         log.error("internal error in an HTTP %s: %s", where, _describe(exc))
         log.debug("the internal error's traceback", exc_info=exc)
 

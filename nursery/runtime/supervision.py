@@ -53,12 +53,16 @@ class FaultCounter:
     def record(self, unit: str, exc: BaseException, log: logging.Logger, what: str) -> str:
         """Count and log one failure of ``what`` (a unit of kind ``unit``); returns the short
         description that the unit's error answer may carry."""
-        self._counts[unit] = self._counts.get(unit, 0) + 1
+        self.count(unit)
         text = summary(exc)
         log.error("internal error in %s: %s", what, text)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("traceback of the internal error in %s", what, exc_info=exc)
         return text
+
+    def count(self, unit: str) -> None:
+        """One failure of a ``unit`` that its boundary has logged itself."""
+        self._counts[unit] = self._counts.get(unit, 0) + 1
 
     def snapshot(self) -> dict[str, int]:
         return dict(self._counts)
