@@ -37,7 +37,7 @@ from nursery.messages import (
     ReleaseSlots,
     StatsQuery,
 )
-from nursery.runtime.supervision import summary
+from nursery.runtime.supervision import describe
 from nursery.scheduling.decisions import Dispatch, Reject, Release, SchedulingPolicy
 from nursery.stats import StatsAccumulator
 
@@ -211,7 +211,7 @@ def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
             and failure.split(trio.Cancelled)[1] is None):
         error: NurseryError = Unavailable(f"model '{name}' is unloading")
     else:
-        error = InternalError(f"model '{name}': the scheduler failed: {summary(failure)}")
+        error = InternalError(f"model '{name}': the scheduler failed: {describe(failure)}")
     held = getattr(policy, "drain", list)()
     while True:
         try:

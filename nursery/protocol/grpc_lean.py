@@ -42,9 +42,9 @@ from nursery.protocol.h2_server import (
     StreamReset,
     encode_headers,
     only_gone,
-    split_fatal,
     timeout_seconds,
 )
+from nursery.runtime.supervision import split_unexpected
 from nursery.settings import DEFAULT_GRPC_MAX_INPUT_SIZE, Settings
 
 log = logging.getLogger("nursery.grpc")
@@ -299,7 +299,7 @@ class GrpcApp:
         except StreamReset:
             return
         except BaseException as exc:  # the call's boundary: groups split, Cancelled kept
-            fatal, rest = split_fatal(exc)
+            rest, fatal = split_unexpected(exc)
             if fatal is exc:
                 raise
             if fatal is not None:

@@ -45,7 +45,8 @@ import hpack.exceptions
 import trio
 
 from nursery.protocol.listeners import open_listeners
-from nursery.runtime.supervision import FaultCounter
+from nursery.runtime import supervision
+from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 
 log = logging.getLogger("nursery.grpc")
 
@@ -582,7 +583,7 @@ class Connection:
             with stream.scope:
                 await self.server.app(stream)
         except BaseException as exc:
-            fatal, rest = split_fatal(exc)
+            rest, fatal = split_unexpected(exc)
             if rest is not None and not only_gone(rest):
                 self.server.internal_error(f"stream {stream.id}", rest)
             if fatal is exc:
@@ -797,7 +798,7 @@ class H2Server:
             finally:
                 self.connections.discard(conn)
         except BaseException as exc:
-            fatal, rest = split_fatal(exc)
+            rest, fatal = split_unexpected(exc)
             if rest is not None and not only_gone(rest):
                 self.internal_error("connection", rest)
             if fatal is exc:
@@ -852,34 +853,7 @@ GONE = (StreamReset, trio.BrokenResourceError, trio.ClosedResourceError, builtin
 def only_gone(exc: BaseException) -> bool:
     """True when ``exc`` (an exception group included) says only that the stream or the
     connection went away."""
-    if isinstance(exc, BaseExceptionGroup):
-        return all(only_gone(e) for e in exc.exceptions)
-    return isinstance(exc, GONE)
-
-
-def _is_fatal(exc: BaseException) -> bool:
-    return not isinstance(exc, (Exception, BaseExceptionGroup))
-
-
-def split_fatal(exc: BaseException) -> tuple[BaseException | None, Exception | None]:
-    """``exc`` split into what must propagate (trio.Cancelled, KeyboardInterrupt, SystemExit:
-    any BaseException that is not an Exception, wherever it sits in a group) and what a
-    supervision boundary handles (the Exceptions)."""
-    if isinstance(exc, BaseExceptionGroup):
-        fatal, rest = exc.split(_is_fatal)
-        return fatal, rest  # type: ignore[return-value]
-    if isinstance(exc, Exception):
-        return None, exc
-    return exc, None
-
-
-def describe(exc: BaseException) -> str:
-    """A short one-line account of an exception (a group: its leaves)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(describe(e) for e in exc.exceptions[:4]) + (
-            f"; and {len(exc.exceptions) - 4} more" if len(exc.exceptions) > 4 else "")
-    text = str(exc).replace("\n", " ")
-    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
+    return supervision.only_gone(exc, GONE)
 
 
 def timeout_seconds(value: str) -> float:
@@ -891,5 +865,5 @@ def timeout_seconds(value: str) -> float:
     return int(digits) * units[unit]
 
 
-__all__ = ["H2Server", "Stream", "StreamReset", "describe", "encode_headers", "frame", "only_gone",
-           "split_fatal", "timeout_seconds"]
+__all__ = ["H2Server", "Stream", "StreamReset", "encode_headers", "frame", "only_gone",
+           "timeout_seconds"]

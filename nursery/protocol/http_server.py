@@ -49,7 +49,7 @@ from nursery.protocol import http1
 from nursery.protocol.http_infer import Response, error_response, infer_response, too_large
 from nursery.protocol.listeners import open_listeners
 from nursery.protocol.status_map import error_body
-from nursery.runtime.supervision import FaultCounter
+from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 
 log = logging.getLogger("nursery.http")
 
@@ -168,28 +168,6 @@ def _client_gone(stream: trio.SocketStream) -> bool:
             return True  # reset or closed
 
 
-def _split(exc: BaseException) -> tuple[Exception | None, BaseException | None]:
-    """(the unexpected part: every ``Exception``, to answer and count; the rest, to re-raise:
-    ``trio.Cancelled``, ``KeyboardInterrupt``, ...). Groups are split, not judged whole."""
-    if isinstance(exc, BaseExceptionGroup):
-        unexpected, rest = exc.split(Exception)
-        return unexpected, rest  # type: ignore[return-value]
-    if isinstance(exc, Exception):
-        return exc, None
-    return None, exc
-
-
-def _describe(exc: BaseException) -> str:
-    """One short line: the exception's type and message, a group's leaves."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    try:
-        text = str(exc)
-    except Exception:  # a broken __str__ must not break the boundary that reports it
-        text = "(no message)"
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
-
-
 async def _last_answer(stream: trio.SocketStream, status: int, message: str) -> None:
     """Send an error answer with ``connection: close``, then read what the client sent
     meanwhile until it closes (at most ``_BIG`` bytes, at most ``_REFUSE_GRACE`` seconds for
@@ -295,7 +273,7 @@ class HttpServer:
             else:
                 await self._run_connection(stream)
         except BaseException as exc:
-            unexpected, rest = _split(exc)
+            unexpected, rest = split_unexpected(exc)
             if unexpected is not None:
                 self._count(unexpected, "connection")
             if rest is not None:
@@ -316,7 +294,7 @@ class HttpServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the peer reset or went away: nothing to answer
         except BaseException as exc:
-            unexpected, rest = _split(exc)
+            unexpected, rest = split_unexpected(exc)
             if unexpected is not None:
                 self._count(unexpected, "connection")
                 if conn.phase in (_HEAD, _BODY, _HANDLING):  # nothing of an answer sent yet
@@ -349,7 +327,7 @@ class HttpServer:
         """One log line per unexpected exception (the traceback at --log-verbose 1), one count."""
         self.internal_errors += 1
         self.faults.count("http" if self.serve_infer else "metrics")
-        log.error("internal error in an HTTP %s: %s", where, _describe(exc))
+        log.error("internal error in an HTTP %s: %s", where, describe(exc))
         log.debug("the internal error's traceback", exc_info=exc)
 
     async def _serve(self, conn: _Connection, client: Any, server: Any) -> None:
@@ -387,7 +365,7 @@ class HttpServer:
 
     def _request_failed(self, exc: BaseException, head: http1.RequestHead) -> Response:
         """The request's supervision boundary: the unexpected becomes a 500."""
-        unexpected, rest = _split(exc)
+        unexpected, rest = split_unexpected(exc)
         if unexpected is not None:
             self._count(unexpected, f"request ({head.method.decode('latin-1')} "
                                     f"{head.path[:200].decode('latin-1')}), answered 500")

@@ -32,16 +32,37 @@ def leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
-def only_gone(exc: BaseException) -> bool:
+def only_gone(exc: BaseException, gone: tuple[type[BaseException], ...] = GONE) -> bool:
     """True when ``exc`` (a group included) says only that a peer went away."""
-    return all(isinstance(e, GONE) for e in leaves(exc))
+    return all(isinstance(e, gone) for e in leaves(exc))
 
 
-def summary(exc: BaseException, limit: int = 200) -> str:
-    """One short line naming the first leaf: ``ValueError: bad value``."""
-    first = next(leaves(exc), exc)
-    text = f"{type(first).__name__}: {first}" if str(first) else type(first).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def split_unexpected(exc: BaseException) -> tuple[Exception | None, BaseException | None]:
+    """``exc`` split in two: the part a boundary handles (every ``Exception``, to answer and
+    count) and the part that must go on up (``trio.Cancelled``, ``KeyboardInterrupt``: any
+    ``BaseException`` that is not an ``Exception``, wherever it sits in a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        unexpected, rest = exc.split(Exception)
+        return unexpected, rest  # type: ignore[return-value]
+    if isinstance(exc, Exception):
+        return exc, None
+    return None, exc
+
+
+def describe(exc: BaseException, limit: int = 200) -> str:
+    """A short one-line account of an exception, ``ValueError: bad value``; a group's first
+    four leaves."""
+    if isinstance(exc, BaseExceptionGroup):
+        parts = [describe(e, limit) for e in exc.exceptions[:4]]
+        more = len(exc.exceptions) - 4
+        return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    try:
+        text = str(exc).replace("\n", " ")
+    except Exception:  # a broken __str__ must not break the boundary that reports it
+        text = "(no message)"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class FaultCounter:
@@ -54,7 +75,7 @@ class FaultCounter:
         """Count and log one failure of ``what`` (a unit of kind ``unit``); returns the short
         description that the unit's error answer may carry."""
         self.count(unit)
-        text = summary(exc)
+        text = describe(exc)
         log.error("internal error in %s: %s", what, text)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("traceback of the internal error in %s", what, exc_info=exc)
@@ -90,17 +111,14 @@ class Boundary:
                  tb: TracebackType | None) -> bool:
         if exc is None:
             return False
-        if isinstance(exc, Exception):
-            self.failure = self.faults.record(self.unit, exc, self.log, self.what)
+        unexpected, rest = split_unexpected(exc)
+        if unexpected is not None:
+            self.failure = self.faults.record(self.unit, unexpected, self.log, self.what)
+        if rest is None:
             return True
-        if isinstance(exc, BaseExceptionGroup):
-            failed, rest = exc.split(Exception)
-            if failed is not None:
-                self.failure = self.faults.record(self.unit, failed, self.log, self.what)
-            if rest is None:
-                return True
-            raise rest
-        return False
+        if rest is exc:
+            return False
+        raise rest
 
 
-__all__ = ["GONE", "Boundary", "FaultCounter", "leaves", "only_gone", "summary"]
+__all__ = ["GONE", "Boundary", "FaultCounter", "describe", "leaves", "only_gone", "split_unexpected"]

@@ -44,8 +44,8 @@ from nursery.protocol.h2_server import (
     Stream,
     encode_headers,
     frame,
-    split_fatal,
 )
+from nursery.runtime.supervision import split_unexpected
 from tests.property.test_fuzz_h2 import REQUEST_HEADERS, StubCore, echo_app
 
 Frame = tuple[int, int, int, bytes]
@@ -163,13 +163,13 @@ async def test_cancellation_is_never_swallowed() -> None:
             raise
     inner = ExceptionGroup("inner", [KeyError("k")])
     group = BaseExceptionGroup("mixed", [cancelled[0], ValueError("x"), inner])
-    fatal, rest = split_fatal(group)
+    rest, fatal = split_unexpected(group)
     assert fatal is not None and [type(e) for e in fatal.exceptions] == [trio.Cancelled]  # type: ignore[attr-defined]
     assert rest is not None and isinstance(rest, ExceptionGroup)
-    assert split_fatal(cancelled[0]) == (cancelled[0], None)
-    assert split_fatal(KeyboardInterrupt())[1] is None
+    assert split_unexpected(cancelled[0]) == (None, cancelled[0])
+    assert split_unexpected(KeyboardInterrupt())[0] is None
     error = ValueError("v")
-    assert split_fatal(error) == (None, error)
+    assert split_unexpected(error) == (error, None)
 
 
 async def test_server_shutdown_cancels_a_busy_stream(autojump_clock: trio.testing.MockClock) -> None:
