@@ -147,12 +147,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """Drop the module named '' that decoding a ModelInferResponse with the generated grpclib
-    stubs leaves in ``sys.modules`` (the repository root, imported as a package by the
+def _drop_bogus_module() -> None:
+    """Drop the module named '' that decoding protobuf messages with the generated betterproto
+    classes can leave in ``sys.modules`` (the repository root, imported as a package by the
     betterproto machinery): torch's lazy imports walk ``sys.modules`` through
-    ``inspect.getmodule`` and fail on it, so in-process torch tests that run after
-    ``test_grpclib_client_from_our_stubs`` would break."""
+    ``inspect.getmodule`` and fail on it, so torch tests (and the collection of modules that
+    import torch) after such a decode would break."""
     bogus = sys.modules.get("")
     if bogus is not None and getattr(bogus, "__name__", None) == "":
         del sys.modules[""]
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    _drop_bogus_module()  # a test module may decode protobuf at import (fuzz seeds)
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _drop_bogus_module()
