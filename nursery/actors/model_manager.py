@@ -50,7 +50,6 @@ from nursery.repository import (
     safe_relative_path,
     scan,
 )
-from nursery.runtime.heap import resettle_heap, settle_heap
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
@@ -437,7 +436,6 @@ class _Manager:
         self.live[(name, version)] = _Live(handle, control, scope, done)
         self._set(name, version, ModelState.READY, "", handle)
         log.info("successfully loaded '%s' version %d", name, version)
-        settle_heap()  # the model's objects join the heap the collector skips (runtime/heap.py)
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
         return None
@@ -683,7 +681,6 @@ class _Manager:
         live.control.close()
         live.scope.deadline = trio.current_time() + self.unload_timeout
         await live.done.wait()
-        resettle_heap()  # the version's cycles are freed, not kept frozen
 
     async def unload(self, name: str, dependents: bool = False) -> NurseryError | None:
         """Unload every version of ``name``. With ``dependents`` (Triton's
