@@ -42,7 +42,8 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m nursery serve`` in a subprocess on free loopback ports."""
 
-    def __init__(self, repo: Path | list[Path], *extra: str, log_path: Path) -> None:
+    def __init__(self, repo: Path | list[Path], *extra: str, log_path: Path,
+                 cwd: Path = ROOT) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
@@ -59,7 +60,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 

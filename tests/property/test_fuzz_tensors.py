@@ -375,6 +375,12 @@ _datatypes = st.sampled_from(["FP32", "BYTES", "INT8", "UINT64", "BOOL", "FP16",
        how=st.sampled_from(["data", "binary", "shm"]))
 def test_hostile_shapes_http(shape: list[int], datatype: str, count: int, how: str) -> None:
     """Declared shapes of every size against a few elements present, on every input path."""
+    binary_infer(_http_body(shape, datatype, count, how))
+
+
+def _http_body(shape: list[int], datatype: str, count: int, how: str) -> bytes:
+    """A one-input HTTP request (the ``binary_infer`` target's framing) declaring ``shape``
+    with ``count`` elements present: in ``data``, in a binary block, or in shared memory."""
     item: dict[str, Any] = {"name": "X", "shape": shape, "datatype": datatype}
     block = b""
     if how == "data":
@@ -385,7 +391,7 @@ def test_hostile_shapes_http(shape: list[int], datatype: str, count: int, how: s
     else:
         item["parameters"] = {"shared_memory_region": REGION, "shared_memory_byte_size": count * 4}
     head = _j({"inputs": [item]})
-    binary_infer(str(len(head)).encode() + b"\n" + head + block)
+    return str(len(head)).encode() + b"\n" + head + block
 
 
 @_FAST
@@ -451,17 +457,7 @@ def test_memory_follows_the_bytes_present_not_the_shape(shape: list[int], dataty
             raw = _strings(*[b"a"] * count) if datatype == "BYTES" else b"\1" * count * 4
             blob, target = _grpc_seed([("X", shape, datatype)], [raw]), grpc_infer
     else:
-        item: dict[str, Any] = {"name": "X", "shape": shape, "datatype": datatype}
-        block = b""
-        if how == "data":
-            item["data"] = ["a"] * count if datatype == "BYTES" else [1] * count
-        elif how == "binary":
-            block = _strings(*[b"a"] * count) if datatype == "BYTES" else b"\1" * count * 4
-            item["parameters"] = {"binary_data_size": len(block)}
-        else:
-            item["parameters"] = {"shared_memory_region": REGION, "shared_memory_byte_size": count * 4}
-        head = _j({"inputs": [item]})
-        blob, target = str(len(head)).encode() + b"\n" + head + block, binary_infer
+        blob, target = _http_body(shape, datatype, count, how), binary_infer
     tracemalloc.start()
     try:
         target(blob)

@@ -1,0 +1,121 @@
+"""Before and after: two checkouts of nursery under perf_analyzer, in interleaved rounds.
+
+For a change that must not cost throughput (issue 21 asks that no HTTP or gRPC row be more
+than 5% slower), this serves the same repository from a base revision (a git worktree made
+under a temporary folder) and from the working tree, one server at a time, and measures each
+(protocol, model, concurrency) in alternating order for ``--rounds`` rounds. It reports, per
+row, the median infer/s of each side with the spread (min-max) and the median ratio, and the
+server's CPU per request (from /proc, user + system of the server process).
+
+    python bench/ab_perf.py --base 3c53c53 --rounds 3
+    python bench/ab_perf.py --base HEAD~5 --protocols http-bin,grpc --models mlp --concurrency 1,16
+
+The machine is noisy: only ratios from one run mean anything, and a ratio within the spread of
+the rounds is a tie.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import PERF_ANALYZER, ServerProcess, make_models  # noqa: E402
+
+
+def server_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
+         window_ms: int) -> tuple[float, float]:
+    """(infer/s, server CPU µs per request) of one perf_analyzer measurement."""
+    url = server.url if protocol != "grpc" else f"127.0.0.1:{server.grpc_port}"
+    args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc" if protocol == "grpc" else "http",
+            "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
+            "--stability-percentage", "50", "--max-trials", "4"]
+    if protocol == "http":  # JSON tensors (perf_analyzer's default is the binary extension)
+        args += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
+    before, served = server_cpu(server.proc.pid), _successes(server, model)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER.parent / "lib")})
+    spent = server_cpu(server.proc.pid) - before
+    requests = _successes(server, model) - served
+    rate = 0.0
+    for line in out.stdout.splitlines():
+        if line.startswith(f"Concurrency: {concurrency},"):
+            rate = float(line.split("throughput:")[1].split("infer/sec")[0])
+    if rate == 0.0 or requests <= 0:
+        raise RuntimeError(f"perf_analyzer failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return rate, spent / requests * 1e6
+
+
+def _successes(server: ServerProcess, model: str) -> int:
+    """Requests the server has answered for ``model`` (its statistics extension)."""
+    with urllib.request.urlopen(f"http://{server.url}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.load(r)
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the revision to compare with")
+    parser.add_argument("--protocols", default="http,http-bin,grpc")
+    parser.add_argument("--models", default="add_sub,mlp")
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window-ms", type=int, default=2000)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="nursery-ab-"))
+    base = tmp / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base],
+                   check=True, capture_output=True)
+    repo = tmp / "repo"
+    make_models.write_add_sub(repo, max_batch_size=64)
+    make_models.write_mlp(repo, max_batch_size=64)
+    sides = {"base": base, "new": ROOT}
+    rows = [(p, m, int(c)) for p in args.protocols.split(",") for m in args.models.split(",")
+            for c in args.concurrency.split(",")]
+    results: dict[tuple[str, str, str, int], list[tuple[float, float]]] = {}
+    try:
+        for r in range(args.rounds):
+            order = list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))
+            for name, root in order:
+                server = ServerProcess(repo, "--allow-metrics", "false",
+                                       log_path=tmp / f"{name}-{r}.log", cwd=root)
+                server.wait_ready()
+                try:
+                    for row in rows:
+                        results.setdefault((name, *row), []).append(perf(server, *row, args.window_ms))
+                finally:
+                    server.stop()
+                print(f"round {r + 1} {name} done", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                       capture_output=True)
+    print(f"\nbase {args.base} vs the working tree, {args.rounds} interleaved rounds, "
+          f"{args.window_ms} ms windows; infer/s median (min-max), server CPU µs/request median\n")
+    print("| protocol | model | c | base infer/s | new infer/s | new/base | base CPU µs | new CPU µs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        b = results[("base", *row)]
+        n = results[("new", *row)]
+        br, nr = [x for x, _ in b], [x for x, _ in n]
+        print(f"| {row[0]} | {row[1]} | {row[2]} | {statistics.median(br):.0f} ({min(br):.0f}-"
+              f"{max(br):.0f}) | {statistics.median(nr):.0f} ({min(nr):.0f}-{max(nr):.0f}) | "
+              f"{statistics.median(nr) / statistics.median(br):.2f} | "
+              f"{statistics.median(c for _, c in b):.0f} | {statistics.median(c for _, c in n):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
