@@ -1048,6 +1048,9 @@ def main() -> int:
         log_text = server.log_path.read_text(errors="replace")
         log_lines = log_text.splitlines()
         (out / "server.log").write_text("\n".join(log_lines[-2000:]) + "\n")
+        # every warning and error of the whole run (glog's W/E lines), with what follows each
+        problems = [line for line in log_lines if line[:1] in ("W", "E")]
+        (out / "server-problems.log").write_text("\n".join(problems[-5000:]) + "\n")
         checks = verdict(ctx, samples, args.warmup, final)
         text = report(ctx, args, samples, checks, out, log_text, stuck)
         print(text)
