@@ -430,6 +430,9 @@ def stream_worker(ctx: Ctx, rate: float, seed: int, per_stream: int = 20) -> Non
                                               request_id=request_id, enable_empty_final_response=True)
                 except Exception as exc:  # noqa: BLE001
                     outcome, message = classify(exc)
+                    cause = _stream_error(answers)  # why the stream broke, if it said
+                    if cause:
+                        message = f"{message} (the stream's error: {cause})"
                     (ctx.tally.error if outcome == "error" else ctx.tally.lost)("stream", message)
                     broken = True
                     break
@@ -658,7 +661,11 @@ def vanish_worker(ctx: Ctx, rate: float) -> None:
                     pass
                 _quietly(client.close)
             elif kind == "grpc_client_dropped":
-                client = grpcclient.InferenceServerClient(ctx.grpc_url)
+                # its own TCP connection: grpcio shares one between channels to the same target,
+                # and closing this channel mid-call closed the socket under the other clients'
+                # streams ("Stream removed (Socket closed)"), which the soak counted as lost
+                client = grpcclient.InferenceServerClient(
+                    ctx.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
                 client.async_infer("add_sub", grpc_inputs({"INPUT0": x, "INPUT1": x}),
                                    callback=lambda result, error: None)
                 client.close()  # cancels the call in flight
@@ -670,6 +677,18 @@ def vanish_worker(ctx: Ctx, rate: float) -> None:
         else:
             ctx.tally.abandoned(f"vanish_{kind}")
         ctx.pace(rate, started)
+
+
+def _stream_error(answers: queue.Queue[tuple[Any, Any]]) -> str:
+    """The error a broken stream's callback delivered (tritonclient marks the stream dead
+    on an RpcError and reports it only through the callback), or ''."""
+    while True:
+        try:
+            _, error = answers.get_nowait()
+        except queue.Empty:
+            return ""
+        if error is not None:
+            return f"{error.status() or ''} {error.message() or error}".strip()[:200]
 
 
 def _quietly(fn: Callable[..., Any], *args: Any) -> None:
