@@ -43,7 +43,7 @@ def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
     url = server.url if protocol != "grpc" else f"127.0.0.1:{server.grpc_port}"
     args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc" if protocol == "grpc" else "http",
             "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
-            "--stability-percentage", "50", "--max-trials", "4"]
+            "--stability-percentage", "50", "--max-trials", "4", "--input-data", "zero"]
     if protocol == "http":  # JSON tensors (perf_analyzer's default is the binary extension)
         args += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     before, served = server_cpu(server.proc.pid), _successes(server, model)
