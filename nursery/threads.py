@@ -38,6 +38,7 @@ class DedicatedThread:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
         self.abandoned = False  # a job outlived its caller's patience (see ``call``)
+        self.caught_up = trio.Event()  # set when such a job has come back after all
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -78,6 +79,9 @@ class DedicatedThread:
         def done(result: outcome.Outcome[T]) -> None:
             if waiting[0]:
                 trio.lowlevel.reschedule(task, result)
+            else:  # the job its caller gave up on came back after all
+                self.abandoned = False
+                self.caught_up.set()
 
         self.submit(fn, args, done)
 
@@ -86,6 +90,7 @@ class DedicatedThread:
                 return trio.lowlevel.Abort.FAILED
             waiting[0] = False
             self.abandoned = True
+            self.caught_up = trio.Event()
             return trio.lowlevel.Abort.SUCCEEDED
 
         value: T = await trio.lowlevel.wait_task_rescheduled(abort)

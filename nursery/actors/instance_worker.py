@@ -314,6 +314,9 @@ async def run(
             if running:
                 with trio.move_on_after(abandon_grace):
                     await all_done.wait()
+            if thread.abandoned:  # a load or warm-up call that the cancellation gave up on
+                with trio.move_on_after(abandon_grace):
+                    await thread.caught_up.wait()
             if running or thread.abandoned:
                 if limiter is not None and running:
                     limiter.release(limit_key)  # the grant the stuck batch held
