@@ -212,7 +212,7 @@ def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
         error: NurseryError = Unavailable(f"model '{name}' is unloading")
     else:
         error = InternalError(f"model '{name}': the scheduler failed: {describe(failure)}")
-    held = getattr(policy, "drain", list)()
+    held = policy.drain()
     while True:
         try:
             message = inbox.receive_nowait()
