@@ -21,8 +21,8 @@ import numpy as np
 import trio
 
 from nursery.actors import model_manager
+from nursery.actors.directory import Directory
 from nursery.core import Core
-from nursery.handles import Directory
 from nursery.types import InferenceRequest, Tensor
 
 

@@ -39,10 +39,10 @@ def serve(mode: str, port: int) -> None:
     import trio
     from grpclib.server import Server
 
+    from nursery.actors.directory import Directory
     from nursery.core import Core
-    from nursery.handles import Directory
-    from nursery.protocol._generated import inference as pb
-    from nursery.protocol.grpc_service import Draining, InferenceService
+    from nursery.protocol.grpc.service import Draining, InferenceService
+    from nursery.schema import inference as pb
 
     core = Core(Directory())
     core.accepting = True
@@ -93,7 +93,7 @@ def serve(mode: str, port: int) -> None:
 async def drive(port: int, calls: int, concurrency: int) -> float:
     from grpclib.client import Channel
 
-    from nursery.protocol._generated import inference as pb
+    from nursery.schema import inference as pb
 
     channel = Channel("127.0.0.1", port)
     stub = pb.GrpcInferenceServiceStub(channel)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What parsing one HTTP/1.1 request head costs: the regex parser nursery had, llhttp through
-``httptools`` (what ``nursery/protocol/http1.py`` uses now) and a linear hand parser.
+``httptools`` (what ``nursery/protocol/http/http1.py`` uses now) and a linear hand parser.
 
     python bench/http_parse.py [--n 20000] [--repeat 7]
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's nursery
 
-from nursery.protocol import http1  # noqa: E402
-from nursery.protocol.http1 import HttpError, RequestHead  # noqa: E402
+from nursery.protocol.http import http1
+from nursery.protocol.http.http1 import HttpError, RequestHead  # noqa: E402
 
 # as captured from tritonclient.http 2.x (geventhttpclient), binary tensors, MLP 1x16 FP32
 TRITONCLIENT_POST = (

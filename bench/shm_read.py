@@ -21,7 +21,7 @@ import uuid
 
 import numpy as np
 
-from nursery.shm import SharedMemoryRegistry
+from nursery.shm.system import SharedMemoryRegistry
 
 
 def main() -> None:

@@ -90,6 +90,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nursery.backends.base import get_factory  # noqa: E402
 from nursery.scheduling.batch_policy import BatchConfig  # noqa: E402
 from nursery.simulate import arrivals, cost, policies, report  # noqa: E402
 from nursery.simulate.engine import simulate  # noqa: E402
@@ -779,9 +780,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         repo = make_repo(Path(tmp_name), data["policy"], data["delay_us"])
-        from nursery.model_config import read_model_config
+        from nursery.config.model import read_model_config
 
-        config, _ = read_model_config(repo / "mlp", "mlp")
+        config, _ = read_model_config(repo / "mlp", "mlp", backends=get_factory)
         batch = config.batching or BatchConfig(max_batch_size=config.max_batch_size)
         if not args.reuse:
             table = cost.profile(repo / "mlp", "mlp", runs=50)

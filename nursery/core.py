@@ -13,17 +13,19 @@ from typing import Any
 
 import trio
 
-from nursery import __version__, cuda_shm, sequence_batching
+from nursery import __version__
+from nursery.actors.directory import Directory, ModelHandle
 from nursery.actors.model_manager import IndexEntry, IndexRepository, LoadModel, UnloadModel
-from nursery.cache_store import frozen_copy, request_key
+from nursery.config.model import ModelConfig
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
-from nursery.handles import Directory, ModelHandle
+from nursery.execution import sequence as sequence_batching
 from nursery.messages import CacheInsert, CacheLookup, CacheOutcome, CacheStatsQuery, InferWork
-from nursery.model_config import ModelConfig
+from nursery.observability.stats import StatsSnapshot
+from nursery.observability.tracing import TraceManager, TraceSettings
 from nursery.runtime.supervision import FaultCounter
-from nursery.shm import SharedMemoryRegistry
-from nursery.stats import StatsSnapshot
-from nursery.tracing import TraceManager, TraceSettings
+from nursery.scheduling.cache_store import frozen_copy, request_key
+from nursery.shm import cuda as cuda_shm
+from nursery.shm.system import SharedMemoryRegistry
 from nursery.types import InferenceRequest, InferenceResponse
 
 SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id changes it
@@ -159,9 +161,9 @@ class Core:
         self.accepting = False  # ready for traffic: set once start-up loading is done
         self.manager: trio.MemorySendChannel[Any] | None = None  # the ModelManager's inbox
         self.tracer = TraceManager(TraceSettings())  # the server replaces it from its flags
-        self.log_manager: Any = None  # nursery.logsettings.LogManager, set by the server
+        self.log_manager: Any = None  # nursery.observability.logs.LogManager, set by the server
         self.cache: trio.MemorySendChannel[Any] | None = None  # the ResponseCache's inbox
-        self.arrival_log: Any = None  # nursery.arrival_log.ArrivalLog with --arrival-log
+        self.arrival_log: Any = None  # nursery.observability.arrival_log.ArrivalLog with --arrival-log
         self.shm = SharedMemoryRegistry()  # regions registered through the shm extensions
         # failures the supervision boundaries caught (frontends, manager, model versions)
         self.faults = FaultCounter()

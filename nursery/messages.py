@@ -4,7 +4,7 @@ A message that needs an answer carries its own reply channel (a one-shot
 ``trio.MemorySendChannel`` of capacity 1). The requester closes its receive end when it stops
 waiting (client gone, deadline passed); the scheduler sees that through the channel's
 statistics and drops the request without spending model time on it. A request to a decoupled
-model carries an unbounded channel instead, which takes ``nursery.gateway.Part`` messages
+model carries an unbounded channel instead, which takes ``nursery.actors.model_client.Part`` messages
 (response or error, and whether it is the last) until the final one; a bare error is final.
 """
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import trio
 
     from nursery.errors import NurseryError
-    from nursery.stats import BatchReport, StatsSnapshot
+    from nursery.observability.stats import BatchReport, StatsSnapshot
     from nursery.types import InferenceRequest, InferenceResponse
 
     Reply = InferenceResponse | NurseryError

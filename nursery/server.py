@@ -19,24 +19,25 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from nursery import gateway, stats
+from nursery.actors import model_client as gateway
 from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
+from nursery.actors.directory import Directory
 from nursery.actors.rate_limiter import RateLimiterClient
-from nursery.arrival_log import ArrivalLog
+from nursery.config.repository import scan
 from nursery.core import Core
-from nursery.handles import Directory
-from nursery.metrics import MetricsOptions
-from nursery.protocol.grpc_server import serve_grpc
-from nursery.protocol.http_app import build_http_app, build_quart_app
-from nursery.protocol.http_server import HttpServer, Lifespan
-from nursery.protocol.metrics_server import build_metrics_app
-from nursery.repository import scan
+from nursery.observability import stats
+from nursery.observability.arrival_log import ArrivalLog
+from nursery.observability.metrics import MetricsOptions
+from nursery.observability.system import SystemSampler
+from nursery.observability.tracing import TraceManager
+from nursery.protocol.grpc.server import serve_grpc
+from nursery.protocol.http.metrics import build_metrics_app
+from nursery.protocol.http.routes import build_http_app, build_quart_app
+from nursery.protocol.http.server import HttpServer, Lifespan
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy
 from nursery.settings import Settings
-from nursery.sysmetrics import SystemSampler
-from nursery.tracing import TraceManager
 
 log = logging.getLogger("nursery.server")
 

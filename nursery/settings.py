@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nursery.cache_store import parse_cache_config
+from nursery.observability.tracing import TraceSettings, settings_from_config
+from nursery.scheduling.cache_store import parse_cache_config
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
-from nursery.tracing import TraceSettings, settings_from_config
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
 # What one client may hold on the HTTP and metrics ports (nursery only: Triton has no such

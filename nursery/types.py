@@ -271,7 +271,7 @@ class InferenceRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     timeout_us: int = 0
-    # a nursery.tracing.Trace when sampled for tracing; None: not sampled yet; False: sampled
+    # a nursery.observability.tracing.Trace when sampled for tracing; None: not sampled yet; False: sampled
     # by the frontend and not traced
     trace: Any = None
     sequence_id: int | str = 0  # correlation ID: uint64 or string; 0 / "" = none

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate the betterproto code in nursery/protocol/_generated from protos/.
+"""Regenerate the betterproto code in nursery/schema from protos/.
 
     python scripts/gen_protos.py            # rewrite the committed code
     python scripts/gen_protos.py --check    # exit 1 if the committed code is stale
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
-TARGET = ROOT / "nursery" / "protocol" / "_generated"
+TARGET = ROOT / "nursery" / "schema"
 HEADER = "# Generated from protos/ by scripts/gen_protos.py. Do not edit.\n"
 
 

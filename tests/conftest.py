@@ -138,7 +138,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     expression is given (``pytest -m gpu`` selects exactly them, anywhere)."""
     if config.option.markexpr:
         return
-    from nursery.backends.base import gpu_count
+    from nursery.runtime.devices import gpu_count
 
     if gpu_count() > 0:
         return

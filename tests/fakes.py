@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import trio
 
-from nursery.backends.base import InstancePlacement
 from nursery.errors import InternalError
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady
-from nursery.stats import BatchReport
+from nursery.observability.stats import BatchReport
+from nursery.runtime.devices import InstancePlacement
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 

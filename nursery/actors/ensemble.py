@@ -14,7 +14,7 @@ A *decoupled* ensemble (``model_transaction_policy { decoupled: true }``, requir
 model is decoupled) runs as Triton's does, by iteration (the pure
 :class:`~nursery.scheduling.ensemble_plan.IterFlow`): every response of a step feeds the steps
 after it once more, and every time the ensemble outputs are complete for an iteration the
-ensemble sends a response, as a stream of :class:`~nursery.gateway.Part` on the request's
+ensemble sends a response, as a stream of :class:`~nursery.actors.model_client.Part` on the request's
 reply channel (the protocol of a decoupled model); the last response carries the final flag,
 or a bare final flag follows when no step is left running.
 """
@@ -32,9 +32,9 @@ import trio
 
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
+from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
-from nursery.stats import BatchReport, StatsAccumulator
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 log = logging.getLogger("nursery.ensemble")
@@ -131,9 +131,9 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                              stream: Stream, emit: Callable[[Any], None]) -> None:
     """One request through a decoupled ensemble: ``emit`` gets each
-    :class:`~nursery.gateway.Part` of the answer, the last one final. Raises the first
+    :class:`~nursery.actors.model_client.Part` of the answer, the last one final. Raises the first
     failing step's error (no further part is emitted then)."""
-    from nursery.gateway import Part
+    from nursery.actors.model_client import Part
 
     flow = IterFlow(plan)
     send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)

@@ -19,18 +19,19 @@ import numpy as np
 import outcome
 import trio
 
-from nursery import batching
 from nursery.actors.rate_limiter import RateLimiterClient
-from nursery.backends.base import BackendFactory, BackendInstance, InstancePlacement
+from nursery.backends.base import BackendFactory, BackendInstance
+from nursery.config.model import ModelConfig
+from nursery.config.warmup import WarmupSample
 from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
+from nursery.execution import batch as batching
+from nursery.execution.sequence import SlotStates
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots
-from nursery.model_config import ModelConfig
+from nursery.observability.stats import BatchReport
+from nursery.runtime.devices import InstancePlacement
+from nursery.runtime.threads import DedicatedThread
 from nursery.scheduling.rate_limit_policy import ResourceNeed
-from nursery.sequence_batching import SlotStates
-from nursery.stats import BatchReport
-from nursery.threads import DedicatedThread
 from nursery.types import InferenceResponse, Tensor
-from nursery.warmup import WarmupSample
 
 log = logging.getLogger("nursery.instance")
 

@@ -27,9 +27,20 @@ from typing import Any
 
 import trio
 
-from nursery import gateway
 from nursery.actors import ensemble, instance_worker, scheduler
+from nursery.actors import model_client as gateway
+from nursery.actors.directory import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
 from nursery.backends.base import get_factory
+from nursery.config.model import ModelConfig, read_model_config
+from nursery.config.repository import (
+    ModelFingerprint,
+    ModelLocation,
+    check_model_name,
+    fingerprint,
+    safe_relative_path,
+    scan,
+)
+from nursery.config.warmup import warmup_samples
 from nursery.errors import (
     ConfigError,
     ErrorKind,
@@ -38,23 +49,12 @@ from nursery.errors import (
     NurseryError,
     Unavailable,
 )
-from nursery.handles import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
-from nursery.model_config import ModelConfig, read_model_config
-from nursery.protocol._generated import inference as pb
-from nursery.repository import (
-    ModelFingerprint,
-    ModelLocation,
-    check_model_name,
-    fingerprint,
-    safe_relative_path,
-    scan,
-)
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
 from nursery.scheduling.sequence_policy import SequencePolicy
-from nursery.warmup import warmup_samples
+from nursery.schema import inference as pb
 
 log = logging.getLogger("nursery.manager")
 
@@ -321,7 +321,8 @@ class _Manager:
                 return None  # nothing changed since it loaded: nothing to do
         try:
             config, versions = await trio.to_thread.run_sync(
-                partial(read_model_config, location.path, name, auto_complete=self.auto_complete,
+                partial(read_model_config, location.path, name, backends=get_factory,
+                        auto_complete=self.auto_complete,
                         proto=override),
                 limiter=self.config_limiter,
             )

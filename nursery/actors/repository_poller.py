@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from nursery.actors.model_manager import LoadModel, UnloadModel
-from nursery.repository import ModelFingerprint, diff, snapshot
+from nursery.config.repository import ModelFingerprint, diff, snapshot
 from nursery.runtime.supervision import Boundary, FaultCounter
 
 log = logging.getLogger("nursery.poller")

@@ -15,9 +15,9 @@ from typing import Any
 
 import trio
 
-from nursery.cache_store import CacheTotals, LruStore, entry_size
 from nursery.messages import CacheInsert, CacheLookup, CacheStatsQuery
 from nursery.runtime.supervision import FaultCounter
+from nursery.scheduling.cache_store import CacheTotals, LruStore, entry_size
 
 log = logging.getLogger("nursery.cache")
 

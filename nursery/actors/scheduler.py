@@ -24,7 +24,6 @@ from typing import Any
 
 import trio
 
-from nursery import precise_timer
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import (
     CacheOutcome,
@@ -37,9 +36,10 @@ from nursery.messages import (
     ReleaseSlots,
     StatsQuery,
 )
+from nursery.observability.stats import StatsAccumulator
+from nursery.runtime import timer as precise_timer
 from nursery.runtime.supervision import describe
 from nursery.scheduling.decisions import Dispatch, Reject, Release, SchedulingPolicy
-from nursery.stats import StatsAccumulator
 
 log = logging.getLogger("nursery.scheduler")
 

@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nursery.backends.base import InstancePlacement
 from nursery.errors import ConfigError, InternalError, InvalidArgument
+from nursery.runtime.devices import InstancePlacement
 from nursery.types import DataType
 
 if TYPE_CHECKING:
-    from nursery.model_config import ModelConfig, TensorSpec
-    from nursery.protocol._generated import inference as pb
+    from nursery.config.model import ModelConfig, TensorSpec
+    from nursery.schema import inference as pb
 
 log = logging.getLogger("nursery.backends.pytorch")
 

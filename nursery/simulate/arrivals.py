@@ -7,7 +7,7 @@
 - :func:`sequences`: sequences (START ... END, one correlation ID each) for the sequence
   batcher;
 - :func:`read_trace`: a recorded trace, one arrival a line: the JSON lines the server writes
-  with ``--arrival-log`` (``nursery/arrival_log.py``), or CSV with a header naming the same
+  with ``--arrival-log`` (``nursery/observability/arrival_log.py``), or CSV with a header naming the same
   fields. Times are seconds; the first arrival becomes time 0.
 
 Every process is deterministic for its seed.

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nursery.backends.base import get_factory
+from nursery.config.model import read_model_config
 from nursery.errors import NurseryError
 from nursery.scheduling.batch_policy import BatchConfig
 from nursery.simulate import arrivals, cost, policies, report
@@ -189,9 +191,8 @@ def _requests(args: argparse.Namespace, rate: float) -> list[arrivals.SimRequest
 def run(args: argparse.Namespace) -> int:
     model = None
     if args.model:
-        from nursery.model_config import read_model_config
-
-        model, _ = read_model_config(Path(args.model_repository) / args.model, args.model)
+        model, _ = read_model_config(Path(args.model_repository) / args.model, args.model,
+                                     backends=get_factory)
     elif args.max_batch_size is None:
         raise ValueError("give --model NAME (its config.pbtxt) or --max-batch-size N")
     batch = _batch_config(args, model)

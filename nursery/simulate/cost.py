@@ -7,7 +7,7 @@ or us; a bare number is seconds) or as a JSON file ``{"1": 0.0004, "8": 0.0011}`
 
 :func:`profile` measures one: it loads a model of the repository through its real backend (the
 same ``BackendFactory`` the instance worker uses), builds batches of random inputs, and times
-what an instance thread does for a batch (``nursery.batching.gather_inputs``, the backend's
+what an instance thread does for a batch (``nursery.execution.batch.gather_inputs``, the backend's
 ``execute`` and ``split_outputs``), taking the median of several runs per size.
 """
 
@@ -24,6 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from nursery.backends.base import get_factory
+from nursery.config.model import read_model_config
+from nursery.execution.batch import gather_inputs, output_names, split_outputs
+from nursery.runtime.devices import InstancePlacement
+from nursery.types import DataType, InferenceRequest, Tensor
 
 _UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
 
@@ -262,12 +268,7 @@ def default_sizes(max_batch_size: int) -> list[int]:
 def profile(model_path: Path, model_name: str, *, sizes: Sequence[int] | None = None,
             runs: int = 20, seed: int = 0) -> CostTable:
     """Measure a real model of the repository at a few batch sizes (in this process)."""
-    from nursery.backends.base import InstancePlacement, get_factory
-    from nursery.batching import gather_inputs, output_names, split_outputs
-    from nursery.model_config import read_model_config
-    from nursery.types import DataType, InferenceRequest, Tensor
-
-    config, versions = read_model_config(model_path, model_name)
+    config, versions = read_model_config(model_path, model_name, backends=get_factory)
     version = versions[-1]
     sizes = list(sizes or default_sizes(max(1, config.max_batch_size)))
     if config.max_batch_size == 0 and sizes != [1]:

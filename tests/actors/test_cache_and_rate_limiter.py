@@ -13,9 +13,9 @@ import trio.testing
 
 from nursery.actors import rate_limiter, response_cache
 from nursery.actors.rate_limiter import RateLimiterClient
-from nursery.cache_store import CacheTotals, frozen_copy
 from nursery.errors import ConfigError
 from nursery.messages import CacheInsert, CacheLookup, CacheStatsQuery
+from nursery.scheduling.cache_store import CacheTotals, frozen_copy
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy, ResourceNeed
 from nursery.types import DataType, InferenceResponse, Tensor
 

@@ -19,12 +19,9 @@ import trio
 import trio.testing
 
 from nursery.errors import NotFound
-from nursery.protocol import grpc_service
-from nursery.protocol._generated import inference as pb
-from nursery.protocol.grpc_lean import GrpcApp
-from nursery.protocol.grpc_service import Draining, InferenceService
-from nursery.protocol.grpc_wire import StrictProtoCodec
-from nursery.protocol.h2_server import (
+from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
+from nursery.protocol.grpc import service as grpc_service
+from nursery.protocol.grpc.h2 import (
     ACK,
     CONTINUATION,
     DATA,
@@ -45,7 +42,10 @@ from nursery.protocol.h2_server import (
     encode_headers,
     frame,
 )
+from nursery.protocol.grpc.lean import GrpcApp
+from nursery.protocol.grpc.service import Draining, InferenceService
 from nursery.runtime.supervision import split_unexpected
+from nursery.schema import inference as pb
 from tests.property.test_fuzz_h2 import REQUEST_HEADERS, StubCore, echo_app
 
 Frame = tuple[int, int, int, bytes]

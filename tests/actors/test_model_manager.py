@@ -14,10 +14,10 @@ import pytest
 import trio
 
 from nursery.actors import model_manager
+from nursery.actors.directory import Directory, ModelState
 from nursery.backends.base import register_backend
 from nursery.core import Core
 from nursery.errors import InternalError, NotFound, Unavailable
-from nursery.handles import Directory, ModelState
 from tests.fakes import FAKE_CONFIG, FakeFactory, make_request, write_fake_model
 
 

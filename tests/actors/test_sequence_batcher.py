@@ -15,10 +15,10 @@ import trio
 import trio.testing
 
 from nursery.actors import model_manager
+from nursery.actors.directory import Directory
 from nursery.backends.base import register_backend
 from nursery.core import Core
 from nursery.errors import NurseryError
-from nursery.handles import Directory
 from tests.property.test_sequence_actor import CONFIG, AccumulatorFactory, _request
 
 NOT_STARTED = ("inference request for sequence {} to model 'acc' must specify the START flag "

@@ -1,4 +1,4 @@
-"""The lean HTTP/2 gRPC server (nursery/protocol/h2_server.py, grpc_lean.py) at the protocol's
+"""The lean HTTP/2 gRPC server (nursery/protocol/grpc/h2.py, grpc_lean.py) at the protocol's
 edges: cancellation, deadlines, large messages through flow control, compression, unknown
 methods, malformed frames (raw sockets), PING, and draining on shutdown; grpcio clients
 (NVIDIA's tritonclient.grpc) and hand-written frames against ``python -m nursery serve``."""
@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from nursery.protocol.h2_server import PREFACE, frame
+from nursery.protocol.grpc.h2 import PREFACE, frame
 from tests.conftest import ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e

@@ -178,7 +178,7 @@ def test_grpclib_client_from_our_stubs(grpc_url: str) -> None:
     """The design card's grpclib users: our generated stubs, typed ``contents`` this time."""
     from grpclib.client import Channel
 
-    from nursery.protocol._generated import inference as pb
+    from nursery.schema import inference as pb
 
     async def main() -> None:
         host, port = grpc_url.split(":")
@@ -281,8 +281,8 @@ def test_stream_cancel_leaves_server_healthy(client: grpcclient.InferenceServerC
 def test_oversize_message_is_refused() -> None:
     import grpclib
 
-    from nursery.protocol._generated import inference as pb
-    from nursery.protocol.grpc_wire import StrictProtoCodec
+    from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
+    from nursery.schema import inference as pb
 
     codec = StrictProtoCodec(max_message=100)
     with pytest.raises(grpclib.GRPCError) as err:

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from nursery.protocol.h2_server import (
+from nursery.protocol.grpc.h2 import (
     DATA,
     END_HEADERS,
     END_STREAM,

@@ -278,7 +278,7 @@ def test_region_shrunk_while_a_request_is_queued(server: ServerProcess, protocol
 def test_registrations_are_capped_and_leak_no_descriptor(server: ServerProcess) -> None:
     """Registering regions until the server's cap refuses the next one; registering a
     taken name again, and unregistering, leave the server's descriptor count where it was."""
-    from nursery.shm import MAX_REGIONS
+    from nursery.shm.system import MAX_REGIONS
 
     tag = uuid.uuid4().hex[:8]
     key = f"/nursery_test_cap_{tag}"

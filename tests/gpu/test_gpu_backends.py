@@ -18,8 +18,9 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from nursery.backends.base import InstancePlacement
-from nursery.model_config import read_model_config
+from nursery.backends.base import get_factory
+from nursery.config.model import read_model_config
+from nursery.runtime.devices import InstancePlacement
 from tests.conftest import ServerProcess, make_models
 from tests.shm_client import cuda_shm
 
@@ -134,7 +135,7 @@ def test_two_instances_run_concurrently_on_their_own_streams(gpu_repo: Path) -> 
     non-default streams, and correct answers while both compute at once."""
     from nursery.backends import pytorch
 
-    config, _ = read_model_config(gpu_repo / "mlp_torch_gpu", "mlp_torch_gpu")
+    config, _ = read_model_config(gpu_repo / "mlp_torch_gpu", "mlp_torch_gpu", backends=get_factory)
     instances: dict[int, pytorch.PyTorchInstance] = {}
     results: dict[int, np.ndarray] = {}
     x = _x(32, seed=5)

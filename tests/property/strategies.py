@@ -8,7 +8,7 @@ import betterproto
 import numpy as np
 from hypothesis import strategies as st
 
-from nursery.pbtext import FieldInfo, fields_of, mark_present
+from nursery.config.pbtext import FieldInfo, fields_of, mark_present
 
 _INT_RANGES = {
     "int32": (-(2**31), 2**31 - 1), "sint32": (-(2**31), 2**31 - 1),

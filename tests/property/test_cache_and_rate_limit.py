@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nursery.cache_store import LruStore, parse_cache_config, request_key
+from nursery.scheduling.cache_store import LruStore, parse_cache_config, request_key
 from nursery.scheduling.rate_limit_policy import (
     GLOBAL,
     RateLimitError,

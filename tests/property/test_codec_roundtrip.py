@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nursery.errors import InternalError, InvalidArgument, NurseryError
-from nursery.protocol import binary_tensor, json_codec
+from nursery.protocol.codecs import binary_tensor
+from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.types import (
     DataType,
     InferenceResponse,

@@ -16,8 +16,8 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 from hypothesis import HealthCheck, given, settings
 
-from nursery import pbtext
-from nursery.protocol._generated import inference as pb
+from nursery.config import pbtext
+from nursery.schema import inference as pb
 from tests.property.strategies import message_bytes
 
 ROOT = Path(__file__).resolve().parents[2]

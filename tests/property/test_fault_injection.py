@@ -31,13 +31,13 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nursery import batching
 from nursery.actors import instance_worker, model_manager, scheduler
+from nursery.actors.directory import Directory
 from nursery.actors.model_manager import IndexRepository, LoadModel
 from nursery.backends.base import register_backend
 from nursery.core import Core
 from nursery.errors import NurseryError
-from nursery.handles import Directory
+from nursery.execution import batch as batching
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy

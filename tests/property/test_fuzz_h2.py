@@ -38,11 +38,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nursery.errors import NotFound
-from nursery.protocol._generated import inference as pb
-from nursery.protocol.grpc_lean import Call, GrpcApp
-from nursery.protocol.grpc_service import Draining, InferenceService
-from nursery.protocol.grpc_wire import StrictProtoCodec
-from nursery.protocol.h2_server import (
+from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
+from nursery.protocol.grpc.h2 import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -62,6 +59,9 @@ from nursery.protocol.h2_server import (
     encode_headers,
     frame,
 )
+from nursery.protocol.grpc.lean import Call, GrpcApp
+from nursery.protocol.grpc.service import Draining, InferenceService
+from nursery.schema import inference as pb
 
 FRAMING_LIMIT = 64 * 1024
 _ENCODINGS = ("identity", "gzip", "deflate")

@@ -29,8 +29,8 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nursery.protocol import http1
-from nursery.protocol.http_server import HttpServer
+from nursery.protocol.http import http1
+from nursery.protocol.http.server import HttpServer
 
 CHUNK_LIMIT = 4096
 

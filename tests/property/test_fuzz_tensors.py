@@ -27,11 +27,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nursery import model_config
+from nursery.backends.base import get_factory
+from nursery.config import model as model_config
 from nursery.errors import NurseryError
-from nursery.protocol import binary_tensor, grpc_codec, grpc_wire, http_app, http_infer, json_codec
-from nursery.protocol._generated import inference as pb
-from nursery.shm import SharedMemoryRegistry
+from nursery.protocol.codecs import binary_tensor, grpc_wire
+from nursery.protocol.codecs import grpc_messages as grpc_codec
+from nursery.protocol.codecs import json_tensors as json_codec
+from nursery.protocol.http import infer as http_infer
+from nursery.protocol.http import routes as http_app
+from nursery.schema import inference as pb
+from nursery.shm.system import SharedMemoryRegistry
 
 MAX_BYTES = 1 << 20  # the targets' --http-max-input-size
 REGION = "r"
@@ -167,7 +172,8 @@ def config_pbtxt(data: bytes) -> None:
         return  # read_config_proto answers a ConfigError for it
     try:
         proto = model_config.parse_config_text(text, "m")
-        model_config.read_model_config(_MODEL_DIR, "m", auto_complete=False, proto=proto)
+        model_config.read_model_config(_MODEL_DIR, "m", backends=get_factory, auto_complete=False,
+                                       proto=proto)
     except NurseryError:
         return
 
@@ -180,7 +186,8 @@ def repository_load(data: bytes) -> None:
         return
     if config is not None:
         try:
-            model_config.read_model_config(_MODEL_DIR, "m", auto_complete=False, proto=config)
+            model_config.read_model_config(_MODEL_DIR, "m", backends=get_factory,
+                                           auto_complete=False, proto=config)
         except NurseryError:
             return
 
@@ -360,7 +367,7 @@ def test_seeds_are_accepted() -> None:
     for blob in _GRPC_SEEDS:
         grpc_codec.decode_request(_CODEC.decode(blob, pb.ModelInferRequest), SHM)
     for blob in _CONFIG_SEEDS[:2]:
-        model_config.read_model_config(_MODEL_DIR, "m", auto_complete=False,
+        model_config.read_model_config(_MODEL_DIR, "m", backends=get_factory, auto_complete=False,
                                        proto=model_config.parse_config_text(blob.decode(), "m"))
     assert http_app._load_parameters(_LOAD_SEEDS[0])[0] is not None
 

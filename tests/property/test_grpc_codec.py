@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nursery.errors import InvalidArgument, NurseryError
-from nursery.protocol import grpc_codec
-from nursery.protocol._generated import inference as pb
-from nursery.protocol.grpc_wire import WireError, decode_infer_request
+from nursery.protocol.codecs import grpc_messages as grpc_codec
+from nursery.protocol.codecs.grpc_wire import WireError, decode_infer_request
+from nursery.schema import inference as pb
 from nursery.types import (
     DataType,
     InferenceRequest,

@@ -8,9 +8,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nursery.config_json import config_from_json, config_to_json
-from nursery.protocol._generated import inference as pb
-from nursery.repository import ModelFingerprint, diff, safe_relative_path
+from nursery.config.json_form import config_from_json, config_to_json
+from nursery.config.repository import ModelFingerprint, diff, safe_relative_path
+from nursery.schema import inference as pb
 from tests.property.strategies import message_bytes
 
 names = st.text(alphabet="abcdefg", min_size=1, max_size=3)

@@ -19,8 +19,8 @@ import trio.testing
 from nursery.actors import scheduler
 from nursery.errors import Unavailable
 from nursery.messages import CloseIntake, ExecuteBatch, InferWork, StatsQuery
+from nursery.observability.stats import StatsSnapshot
 from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy, QueuePolicy
-from nursery.stats import StatsSnapshot
 from tests.fakes import ExecutionLog, fake_worker, make_work
 
 COMPUTE = 0.1

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from nursery import cuda_shm
 from nursery.backends import tensorrt
-from nursery.backends.base import InstancePlacement
+from nursery.backends.base import get_factory
+from nursery.config.model import read_model_config
 from nursery.errors import ConfigError, Unsupported
-from nursery.model_config import read_model_config
+from nursery.runtime.devices import InstancePlacement
+from nursery.shm import cuda as cuda_shm
 from tests.conftest import make_models
 
 
@@ -28,7 +29,7 @@ def _trt_model(tmp_path: Path) -> Path:
 
 def test_tensorrt_on_a_cpu_instance_is_refused(tmp_path: Path) -> None:
     folder = _trt_model(tmp_path)
-    config, _ = read_model_config(folder, "plan")
+    config, _ = read_model_config(folder, "plan", backends=get_factory)
     with pytest.raises(ConfigError, match="TensorRT engines run only on a GPU"):
         tensorrt.FACTORY.load(config, folder / "1", InstancePlacement("g", 0, "cpu", 0))
 
@@ -36,7 +37,7 @@ def test_tensorrt_on_a_cpu_instance_is_refused(tmp_path: Path) -> None:
 def test_tensorrt_without_the_package_says_so(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     folder = _trt_model(tmp_path)
-    config, _ = read_model_config(folder, "plan")
+    config, _ = read_model_config(folder, "plan", backends=get_factory)
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import fails, as without the package
     with pytest.raises(ConfigError, match="needs the 'tensorrt' and 'cupy-cuda12x' packages"):
         tensorrt.FACTORY.load(config, folder / "1", InstancePlacement("g", 0, "gpu", 0))
@@ -55,7 +56,7 @@ def test_cuda_region_without_cupy_is_unsupported(monkeypatch: pytest.MonkeyPatch
 
 def test_no_gpu_package_is_imported_by_serving_cpu_models() -> None:
     code = ("import sys, nursery.server, nursery.backends.onnxruntime, nursery.backends.pytorch, "
-            "nursery.backends.tensorrt, nursery.shm, nursery.cuda_shm; "
+            "nursery.backends.tensorrt, nursery.shm.system, nursery.shm.cuda; "
             "print(sorted(m for m in ('torch', 'tensorrt', 'cupy', 'pynvml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from nursery.protocol.grpc_lean import GrpcApp, h2_server_for
-from nursery.protocol.grpc_wire import StrictProtoCodec
+from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
+from nursery.protocol.grpc.lean import GrpcApp, h2_server_for
 from nursery.settings import Settings, settings_from_args
 
 

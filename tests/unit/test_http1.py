@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nursery.protocol import http1
+from nursery.protocol.http import http1
 
 
 def test_parse_simple_head() -> None:

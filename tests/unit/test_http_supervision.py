@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from nursery.protocol.http_server import HttpServer
+from nursery.protocol.http.server import HttpServer
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from nursery.config_json import config_to_json
+from nursery.backends.base import get_factory
+from nursery.config.json_form import config_to_json
+from nursery.config.model import read_model_config
 from nursery.errors import ConfigError
-from nursery.model_config import read_model_config
 from tests.conftest import make_models
 
 
@@ -28,7 +29,7 @@ def _write(repo: Path, name: str, config: str | None, model: bool = True,
 
 def test_add_sub_normalized_like_triton(tmp_path: Path) -> None:
     folder = make_models.write_add_sub(tmp_path, max_batch_size=8)
-    config, versions = read_model_config(folder, "add_sub")
+    config, versions = read_model_config(folder, "add_sub", backends=get_factory)
     assert versions == [1]
     assert config.backend == "onnxruntime" and config.platform == "onnxruntime_onnx"
     assert config.max_batch_size == 8
@@ -48,7 +49,7 @@ def test_add_sub_normalized_like_triton(tmp_path: Path) -> None:
 
 def test_missing_config_is_auto_completed(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", None)
-    config, _ = read_model_config(folder, "m")
+    config, _ = read_model_config(folder, "m", backends=get_factory)
     assert config.name == "m"
     assert config.max_batch_size == 4
     assert config.scheduler == "dynamic"
@@ -63,7 +64,7 @@ def test_missing_config_is_auto_completed(tmp_path: Path) -> None:
 
 def test_partial_config_completed(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", 'backend: "onnxruntime"\nmax_batch_size: 2\n')
-    config, _ = read_model_config(folder, "m")
+    config, _ = read_model_config(folder, "m", backends=get_factory)
     assert config.max_batch_size == 2
     assert len(config.outputs) == 2
 
@@ -71,7 +72,7 @@ def test_partial_config_completed(tmp_path: Path) -> None:
 def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", None)
     with pytest.raises(ConfigError, match="config.pbtxt is missing and auto-complete is disabled"):
-        read_model_config(folder, "m", auto_complete=False)
+        read_model_config(folder, "m", backends=get_factory, auto_complete=False)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +154,7 @@ def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
 def test_bad_configs_name_model_file_and_field(tmp_path: Path, config: str, message: str) -> None:
     folder = _write(tmp_path, "m", config)
     with pytest.raises(ConfigError) as err:
-        read_model_config(folder, "m")
+        read_model_config(folder, "m", backends=get_factory)
     assert "model 'm'" in str(err.value)
     assert message in str(err.value)
 
@@ -162,25 +163,25 @@ def test_non_utf8_config(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", None)
     (folder / "config.pbtxt").write_bytes(b"name: \xff\xfe")
     with pytest.raises(ConfigError, match="not UTF-8"):
-        read_model_config(folder, "m")
+        read_model_config(folder, "m", backends=get_factory)
 
 
 def test_no_model_file(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", "max_batch_size: 2", model=False)
     with pytest.raises(ConfigError, match="no version folder holds a known model file"):
-        read_model_config(folder, "m")
+        read_model_config(folder, "m", backends=get_factory)
 
 
 def test_version_policies(tmp_path: Path) -> None:
     base = "platform: 'onnxruntime_onnx'\nmax_batch_size: 2\n"
     folder = _write(tmp_path, "a", base, versions=(1, 2, 10))
-    assert read_model_config(folder, "a")[1] == [10]
+    assert read_model_config(folder, "a", backends=get_factory)[1] == [10]
     (folder / "config.pbtxt").write_text(base + "version_policy { all {} }")
-    assert read_model_config(folder, "a")[1] == [1, 2, 10]
+    assert read_model_config(folder, "a", backends=get_factory)[1] == [1, 2, 10]
     (folder / "config.pbtxt").write_text(base + "version_policy { latest { num_versions: 2 } }")
-    assert read_model_config(folder, "a")[1] == [2, 10]
+    assert read_model_config(folder, "a", backends=get_factory)[1] == [2, 10]
     (folder / "config.pbtxt").write_text(base + "version_policy { specific { versions: [1, 5] } }")
-    assert read_model_config(folder, "a")[1] == [1]
+    assert read_model_config(folder, "a", backends=get_factory)[1] == [1]
 
 
 def test_model_not_batchable_with_max_batch_size(tmp_path: Path) -> None:
@@ -188,19 +189,19 @@ def test_model_not_batchable_with_max_batch_size(tmp_path: Path) -> None:
     make_models.write_model(tmp_path, "m", make_models.build_identity("FP32", [2, 3]),
                             "max_batch_size: 4")
     with pytest.raises(ConfigError, match="model does not support batching"):
-        read_model_config(folder, "m")
+        read_model_config(folder, "m", backends=get_factory)
 
 
 def test_config_inputs_checked_against_model_at_load(tmp_path: Path) -> None:
-    from nursery.backends.base import InstancePlacement
     from nursery.backends.onnxruntime import FACTORY
+    from nursery.runtime.devices import InstancePlacement
 
     folder = _write(tmp_path, "m", (
         "max_batch_size: 8\n"
         "input [{name: 'INPUT0' data_type: TYPE_FP32 dims: [16]}, {name: 'WRONG' "
         "data_type: TYPE_FP32 dims: [16]}]\n"
         "output [{name: 'OUTPUT0' data_type: TYPE_FP32 dims: [16]}]"))
-    config, _ = read_model_config(folder, "m")
+    config, _ = read_model_config(folder, "m", backends=get_factory)
     with pytest.raises(ConfigError, match="unexpected inference input 'WRONG', allowed inputs "
                                           "are: INPUT0, INPUT1"):
         FACTORY.load(config, folder / "1", InstancePlacement("m_0", 0, "cpu", 0))

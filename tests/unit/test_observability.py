@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nursery import metrics, stats
 from nursery.errors import InvalidArgument, Unsupported
-from nursery.logsettings import LogManager, LogSettings
-from nursery.stats import BatchReport, StatsAccumulator
-from nursery.sysmetrics import GpuSample, SystemSample, cpu_utilization, read_cpu_times, read_memory
-from nursery.tracing import TraceManager, TraceSettings, settings_from_config
+from nursery.observability import metrics, stats
+from nursery.observability.logs import LogManager, LogSettings
+from nursery.observability.stats import BatchReport, StatsAccumulator
+from nursery.observability.system import GpuSample, SystemSample, cpu_utilization, read_cpu_times, read_memory
+from nursery.observability.tracing import TraceManager, TraceSettings, settings_from_config
 
 
 def _families(text: str) -> dict[str, object]:
@@ -251,8 +251,8 @@ def test_grafana_dashboard_uses_only_metrics_we_serve(monkeypatch: pytest.Monkey
 
 
 def test_response_stats_in_both_shapes() -> None:
-    from nursery.protocol import stats_codec
-    from nursery.protocol._generated import inference as pb
+    from nursery.protocol.codecs import stats as stats_codec
+    from nursery.schema import inference as pb
 
     acc = StatsAccumulator()
     acc.record_response(0, "success", 2000, 5_000_000, (1.0, 10.0))

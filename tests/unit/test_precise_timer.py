@@ -1,4 +1,4 @@
-"""The scheduler's precise wake-up (``nursery/precise_timer.py``): a timerfd that makes trio's
+"""The scheduler's precise wake-up (``nursery/runtime/timer.py``): a timerfd that makes trio's
 epoll return at a sub-millisecond deadline instead of the next whole millisecond."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from nursery import precise_timer
+from nursery.runtime import timer as precise_timer
 
 
 def test_a_virtual_clock_keeps_trios_own_timing() -> None:

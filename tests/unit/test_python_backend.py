@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import trio
 
-from nursery.backends import python as python_backend
-from nursery.backends import python_utils as pb_utils
-from nursery.backends.base import InstancePlacement
+from nursery.actors.model_client import Part
+from nursery.backends.base import get_factory
+from nursery.backends.python import backend as python_backend
+from nursery.backends.python import pb_utils
+from nursery.config.model import read_model_config
 from nursery.errors import ErrorKind, InternalError, NurseryError
-from nursery.gateway import Part
 from nursery.messages import InferWork
-from nursery.model_config import read_model_config
+from nursery.runtime.devices import InstancePlacement
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 
@@ -91,7 +92,7 @@ AUTO = """
 
 def test_auto_complete_config_fills_the_typed_config(tmp_path: Path) -> None:
     path = write_model(tmp_path, "auto", 'backend: "python"\n', AUTO)
-    config, versions = read_model_config(path, "auto")
+    config, versions = read_model_config(path, "auto", backends=get_factory)
     assert versions == [1]
     assert config.max_batch_size == 4 and config.batching is not None and config.decoupled
     assert config.inputs[0].name == "IN" and config.inputs[0].datatype is DataType.INT32
@@ -145,7 +146,7 @@ async def test_execute_answers_become_responses_or_errors(tmp_path: Path) -> Non
     config_text = ('backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT64 dims: [1] } ]\n'
                    'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
     path = write_model(tmp_path, "b", config_text, BEHAVIOUR)
-    config, _ = read_model_config(path, "b")
+    config, _ = read_model_config(path, "b", backends=get_factory)
     placement = InstancePlacement("b_0", 0, "cpu", 0)
     instance = python_backend.FACTORY.load(config, path / "1", placement)
     assert instance._model.args["model_instance_name"] == "b_0"  # the default group "b"
@@ -173,7 +174,7 @@ async def test_decoupled_model_must_return_none(tmp_path: Path) -> None:
                    'input [ { name: "IN" data_type: TYPE_INT64 dims: [1] } ]\n'
                    'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
     path = write_model(tmp_path, "d", config_text, BEHAVIOUR)
-    config, _ = read_model_config(path, "d")
+    config, _ = read_model_config(path, "d", backends=get_factory)
     instance = python_backend.FACTORY.load(config, path / "1", InstancePlacement("d_0", 0, "cpu", 0))
     answers, _ = await run_one(instance, 7)
     assert "is using the decoupled mode and the execute function must return None" in (
@@ -191,7 +192,7 @@ def test_initialize_failure_is_a_load_failure(tmp_path: Path) -> None:
     config_text = ('backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT64 dims: [1] } ]\n'
                    'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
     path = write_model(tmp_path, "f", config_text, source)
-    config, _ = read_model_config(path, "f")
+    config, _ = read_model_config(path, "f", backends=get_factory)
     with pytest.raises(NurseryError) as raised:
         python_backend.FACTORY.load(config, path / "1", InstancePlacement("f_0", 0, "cpu", 0))
     assert raised.value.kind is ErrorKind.INTERNAL

@@ -13,16 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nursery.backends import pytorch
-from nursery.backends.base import InstancePlacement
+from nursery.backends.base import get_factory
+from nursery.config.model import read_model_config
 from nursery.errors import ConfigError, InvalidArgument
-from nursery.model_config import read_model_config
+from nursery.runtime.devices import InstancePlacement
 from tests.conftest import make_models
 
 CPU = InstancePlacement("g", 0, "cpu", 0)
 
 
 def _load(repo: Path, name: str, placement: InstancePlacement = CPU) -> pytorch.PyTorchInstance:
-    config, versions = read_model_config(repo / name, name)
+    config, versions = read_model_config(repo / name, name, backends=get_factory)
     return pytorch.FACTORY.load(config, repo / name / str(versions[-1]), placement)
 
 
@@ -155,7 +156,7 @@ def test_missing_model_file(tmp_path: Path) -> None:
     (tmp_path / "nofile" / "1").mkdir(parents=True)
     (tmp_path / "nofile" / "config.pbtxt").write_text(make_models.torch_config(
         "nofile", [("INPUT__0", "FP32", [1])], [("OUTPUT__0", "FP32", [1])], 0))
-    config, _ = read_model_config(tmp_path / "nofile", "nofile")
+    config, _ = read_model_config(tmp_path / "nofile", "nofile", backends=get_factory)
     with pytest.raises(ConfigError, match="unable to find .*model.pt"):
         pytorch.FACTORY.load(config, tmp_path / "nofile" / "1", CPU)
 

@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from nursery.config.sequence import ControlSpec, SequenceConfig, StateSpec
 from nursery.errors import InternalError, InvalidArgument
-from nursery.protocol import binary_tensor, grpc_codec, json_codec
-from nursery.protocol._generated import inference as pb
+from nursery.execution.sequence import SlotStates
+from nursery.protocol.codecs import binary_tensor
+from nursery.protocol.codecs import grpc_messages as grpc_codec
+from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.scheduling.sequence_policy import SequenceSchedule, SlotRow
-from nursery.sequence_batching import SlotStates
-from nursery.sequence_config import ControlSpec, SequenceConfig, StateSpec
+from nursery.schema import inference as pb
 from nursery.types import DataType, InferenceRequest, Tensor
 
 BODY = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}]}

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted
-from nursery.shm import SharedMemoryRegistry
+from nursery.shm.system import SharedMemoryRegistry
 
 SIZE = 8192
 REGION_OFFSET = 4096 + 100  # not page aligned: the registry maps from the page below

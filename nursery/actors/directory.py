@@ -1,0 +1,174 @@
+"""Model handles and the table of live models the frontends read.
+
+The ModelManager is the only writer: it publishes a new immutable :class:`ModelTable` into
+the :class:`Directory` whenever a version changes state. Frontends (through the core) only
+read the current table and hold :class:`ModelHandle` objects, which carry a scheduler's
+intake channel and the model's frozen configuration.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import trio
+
+from nursery.config.model import ModelConfig
+from nursery.errors import InvalidArgument, NotFound, Unavailable
+from nursery.messages import CancelWork, InferWork, StatsQuery
+from nursery.observability.stats import StatsSnapshot
+
+
+class ModelState(enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True, eq=False)
+class ModelHandle:
+    """What a frontend needs to send requests to one model version."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    intake: trio.MemorySendChannel[InferWork] = field(repr=False)
+
+    @property
+    def version_str(self) -> str:
+        return str(self.version)
+
+    def submit(self, work: InferWork) -> None:
+        """Queue a request, or raise UNAVAILABLE at once (the model is unloading). The intake
+        never blocks: the scheduler takes every message at once and its policy bounds its
+        queue, rejecting what does not fit."""
+        try:
+            self.intake.send_nowait(work)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise Unavailable(
+                f"model '{self.name}' version {self.version} is unloading"
+            ) from None
+
+
+    def cancel(self, work: InferWork) -> None:
+        """The requester gave up on ``work``: the scheduler drops it if still queued."""
+        try:
+            self.intake.send_nowait(CancelWork(work))  # type: ignore[arg-type]
+        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
+            pass
+
+    def report(self, message: object) -> None:
+        """A fact for the scheduler's statistics (e.g. a response-cache outcome)."""
+        try:
+            self.intake.send_nowait(message)  # type: ignore[arg-type]
+        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
+            pass
+
+    async def query_stats(self) -> StatsSnapshot:
+        send, receive = trio.open_memory_channel[StatsSnapshot](1)
+        try:
+            self.intake.send_nowait(StatsQuery(send))  # type: ignore[arg-type]
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return StatsSnapshot()
+        with receive:
+            return await receive.receive()
+
+
+@dataclass(frozen=True)
+class VersionStatus:
+    version: int
+    state: ModelState
+    reason: str = ""
+    handle: ModelHandle | None = None
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    versions: Mapping[int, VersionStatus]
+    reason: str = ""  # a failure that happened before any version was known (bad config)
+    config: ModelConfig | None = None
+    latest: ModelHandle | None = field(init=False, default=None)  # highest READY version
+
+    def __post_init__(self) -> None:
+        ready = self.ready_versions()
+        if ready:
+            object.__setattr__(self, "latest", self.versions[ready[-1]].handle)
+
+    def ready_versions(self) -> list[int]:
+        return sorted(v for v, s in self.versions.items() if s.state is ModelState.READY)
+
+
+@dataclass(frozen=True)
+class ModelTable:
+    models: Mapping[str, ModelEntry] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def parse_version(text: str) -> int:
+    """A request's version string; "" means the server's choice (-1)."""
+    if text == "":
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        value = -2
+    if value < 0 or not text.isdigit():
+        raise InvalidArgument(
+            f"failed to get model version from specified version string '{text}' (details: "
+            "not an integral number), version should be an integral value > 0"
+        )
+    return value
+
+
+class Directory:
+    """The current :class:`ModelTable`; replaced, never mutated, by the ModelManager."""
+
+    def __init__(self) -> None:
+        self.table = ModelTable()
+
+    def publish(self, table: ModelTable) -> None:
+        self.table = table
+
+    def entry(self, name: str) -> ModelEntry | None:
+        return self.table.models.get(name)
+
+    def resolve(self, name: str, version: str) -> ModelHandle:
+        """The handle serving ``name``/``version`` (Triton's errors when there is none)."""
+        entry = self.table.models.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if not version:
+            if entry.latest is None:
+                raise NotFound(f"Request for unknown model: '{name}' has no available versions")
+            return entry.latest
+        wanted = parse_version(version)
+        status = entry.versions.get(wanted)
+        if status is None:
+            raise NotFound(f"Request for unknown model: '{name}' version {wanted} is not found")
+        if status.state is not ModelState.READY:
+            raise Unavailable(
+                f"Request for unknown model: '{name}' version {wanted} is not at ready state"
+            )
+        assert status.handle is not None
+        return status.handle
+
+    def is_ready(self, name: str, version: str) -> bool:
+        try:
+            self.resolve(name, version)
+        except (NotFound, Unavailable, InvalidArgument):
+            return False
+        return True
+
+    def all_ready(self) -> bool:
+        """Strict readiness: every known model has a READY version (or was unloaded)."""
+        for entry in self.table.models.values():
+            for status in entry.versions.values():
+                if status.state is not ModelState.READY and status.reason != "unloaded":
+                    return False
+            if not entry.versions and entry.reason:
+                return False
+        return True

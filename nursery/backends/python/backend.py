@@ -1,0 +1,405 @@
+"""Python backend (``backend: "python"``): runs Triton ``model.py`` files unchanged.
+
+Each model instance imports its own copy of ``model.py`` (Triton gives every instance its own
+stub process, so module globals are per instance), creates ``TritonPythonModel`` and calls
+``initialize(args)`` on the instance's own thread; ``execute(requests)`` and ``finalize()`` run
+there too. ``import triton_python_backend_utils as pb_utils`` resolves to
+:mod:`nursery.backends.python.pb_utils`.
+
+Unlike the tensor backends, this one takes whole requests (``execute_requests``): a batch is
+the list of requests the model's ``execute`` receives, each answered on its own. Answers:
+
+- a returned ``InferenceResponse`` per request (its ``error`` becomes that request's error);
+- or, through ``request.get_response_sender()``, responses sent from any thread: a decoupled
+  model sends any number and then ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; each goes to the
+  requester as it is sent (a :class:`nursery.actors.model_client.Part` on the request's unbounded reply
+  channel, through the trio token);
+- an exception from ``execute`` fails every request of the call with Triton's message
+  ("Failed to process the request(s) for model instance ..."), never the instance.
+
+A model whose ``initialize`` raises fails to load, with the traceback in the reason.
+``auto_complete_config`` (static, optional) completes the configuration at load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import logging
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import trio
+
+from nursery.actors.model_client import Part
+from nursery.backends.python import pb_utils
+from nursery.errors import ConfigError, InternalError, NurseryError
+from nursery.runtime.devices import InstancePlacement
+from nursery.runtime.threads import current_token
+from nursery.schema import inference as pb
+from nursery.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:
+    from nursery.config.model import ModelConfig
+    from nursery.messages import InferWork
+
+log = logging.getLogger("nursery.backends.python")
+
+UTILS_MODULE = "triton_python_backend_utils"
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_module_ids = itertools.count()
+_path_lock = threading.Lock()
+_OWN_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def register_utils() -> None:
+    """Make ``import triton_python_backend_utils`` find nursery's implementation."""
+    sys.modules.setdefault(UTILS_MODULE, pb_utils)
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as Triton's Python backend reports it: ``Type: message``, then the
+    frames, innermost first (``At:\\n  file(line): function``)."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(_OWN_DIR)]  # the model's frames only
+    if frames:
+        lines = [f"  {f.filename}({f.lineno}): {f.name}" for f in reversed(frames)]
+        text += "\n\nAt:\n" + "\n".join(lines) + "\n"
+    return text
+
+
+def _model_file(config_filename: str, version_path: Path) -> Path:
+    return version_path / (config_filename or "model.py")
+
+
+def import_model(path: Path, model_name: str) -> ModuleType:
+    """A fresh copy of ``model.py`` (its folder is on ``sys.path`` for sibling imports)."""
+    register_utils()
+    if not path.exists():
+        raise ConfigError(f"model '{model_name}': unable to find '{path}'")
+    folder = str(path.parent)
+    with _path_lock:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    name = f"_nursery_python_model_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"model '{model_name}': cannot import '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(
+            f"model '{model_name}': failed to import '{path}': {describe(exc)}") from exc
+    if not hasattr(module, "TritonPythonModel"):
+        raise ConfigError(
+            f"model '{model_name}': '{path}' defines no class 'TritonPythonModel'")
+    return module
+
+
+def instance_name(config: ModelConfig, placement: InstancePlacement) -> str:
+    """Triton's instance name: ``<group name>_<index within the group>``."""
+    start = 0
+    for group in config.instance_groups:
+        size = group.count * max(len(group.gpus), 1) if group.kind == "gpu" else group.count
+        if placement.index < start + size:
+            return f"{group.name}_{placement.index - start}"
+        start += size
+    return placement.name
+
+
+class ResponseSender:
+    """``request.get_response_sender()``: usable from any thread; each response goes to the
+    requester at once (decoupled), or the one final response (not decoupled)."""
+
+    def __init__(self, deliver: Callable[[Any], None], request: InferenceRequest,
+                 instance: PythonInstance, cancelled: Callable[[], bool]) -> None:
+        self._deliver = deliver
+        self._request = request
+        self._instance = instance
+        self._cancelled = cancelled
+        self._held: Any = None
+        self.closed = False
+
+    def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
+        if self.closed:
+            raise pb_utils.TritonModelException(
+                "Unable to send response. Response sender has been closed.")
+        final = bool(flags & _FINAL)
+        if response is None and not final:
+            raise pb_utils.TritonModelException(
+                "Inference Response object must be provided when the response flags is not "
+                "equal to TRITONSERVER_RESPONSE_COMPLETE_FINAL.")
+        answer = None if response is None else self._instance.convert(response, self._request)
+        if final:
+            self.closed = True
+        if self._instance.decoupled:
+            if isinstance(answer, NurseryError):
+                self._deliver(Part(None, answer, final))
+            else:
+                self._deliver(Part(answer, None, final))
+            return
+        if answer is not None:
+            if self._held is not None:
+                raise pb_utils.TritonModelException(
+                    "Non-decoupled model cannot send more than one response.")
+            self._held = answer
+        if final:
+            self._deliver(self._held if self._held is not None else InternalError(
+                f"model '{self._instance.model_name}' sent the final flag without a response"))
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+
+def _put(reply: trio.MemorySendChannel[Any], item: Any) -> None:
+    try:
+        reply.send_nowait(item)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        pass  # the requester stopped waiting
+
+
+class PythonInstance:
+    """One ``TritonPythonModel``; every call runs on the instance worker's thread."""
+
+    def __init__(self, model: Any, config: ModelConfig, version: str, name: str) -> None:
+        self._model = model
+        self.config = config
+        self.version = version
+        self.model_name = config.name
+        self.instance_name = name
+        self.decoupled = config.decoupled
+        self._token = current_token()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._all_outputs = [o.name for o in config.outputs]
+        self._output_set = frozenset(self._all_outputs)
+        # implicit state outputs (sequence models) go back to the instance worker, which keeps
+        # them for the slot and never sends them
+        self._state_outputs = frozenset(config.sequence.state_outputs
+                                        if config.sequence is not None else ())
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def convert(self, response: Any, request: InferenceRequest) -> InferenceResponse | NurseryError:
+        """A model's ``InferenceResponse`` as nursery's response, or its error."""
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return InternalError(
+                "Expected an 'InferenceResponse' object in the execute function return list, "
+                f"found type '{type(response).__name__}'.")
+        if response.has_error():
+            return pb_utils.error_to_nursery(response.error())
+        wanted = request.requested_outputs
+        names = {o.name for o in wanted} if wanted else self._output_set
+        if self._state_outputs:
+            names = names | self._state_outputs
+        outputs = []
+        for tensor in response.output_tensors():
+            if tensor.name() not in names:
+                continue  # Triton returns only what was asked for (default: the config's)
+            try:
+                outputs.append(tensor._unwrap())
+            except NurseryError as exc:
+                return InternalError(f"model '{self.model_name}' output '{tensor.name()}': "
+                                     f"{exc.message}")
+        return InferenceResponse(self.model_name, self.version, outputs, id=request.id,
+                                 parameters=dict(response._parameters))
+
+    def _failure(self, exc: BaseException) -> NurseryError:
+        return InternalError(  # Triton 2.51's words (it names the instance "model")
+            f"Failed to process the request(s) for model '{self.instance_name}', "
+            f"message: {describe(exc)}")
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """This instance's asyncio loop (for ``async def`` models), created on first use. Its
+        executor runs ``async_exec`` BLS calls, each waiting on its target: allow many."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.set_default_executor(ThreadPoolExecutor(
+                max_workers=64, thread_name_prefix=f"{self.instance_name}-bls"))
+        return self._loop
+
+    def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
+        result = self._model.execute(requests)
+        if type(result) is not list and inspect.isawaitable(result):  # async def execute:
+            # run it on this thread's own loop
+            result = self._event_loop().run_until_complete(result)
+        return result
+
+    def execute_requests(self, work: Sequence[InferWork]) -> list[Any]:
+        """Run ``execute`` on these requests; one answer per request, ``None`` where the
+        response sender already answered (or will)."""
+        senders = []
+        requests = []
+        token = self._token
+        for item in work:
+            request = item.request
+            reply = item.reply
+
+            def deliver(answer: Any, reply: Any = reply) -> None:
+                token.run_sync_soon(_put, reply, answer)
+
+            sender = ResponseSender(deliver, request, self, item.abandoned)
+            senders.append(sender)
+            names = [o.name for o in request.requested_outputs] or self._all_outputs
+            requests.append(pb_utils.InferenceRequest._served(request, names, sender))
+        return self._execute(requests, senders, [w.request for w in work])
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest], senders: list[ResponseSender],
+                 originals: list[InferenceRequest]) -> list[Any]:
+        try:
+            result = self._call_execute(requests)
+        except Exception as exc:
+            error = self._failure(exc)
+            log.error("%s", error.message)  # Triton logs it too (an error path, not the hot one)
+            return self._close_open(senders, error)
+        if self.decoupled:
+            if result is not None:
+                return self._close_open(senders, InternalError(
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                    "execute function must return None."))
+            return [None] * len(senders)
+        if result is None:
+            return self._close_open(senders, InternalError(
+                f"Python model '{self.instance_name}' returned no responses: a model that is "
+                "not decoupled must return one InferenceResponse per request, or send one "
+                "with TRITONSERVER_RESPONSE_COMPLETE_FINAL through the request's response "
+                "sender."))
+        if not isinstance(result, list | tuple) or len(result) != len(requests):
+            size = len(result) if isinstance(result, list | tuple) else 1
+            return self._close_open(senders, InternalError(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                f"InferenceResponse(s) size is:{size}"))
+        answers: list[Any] = []
+        for sender, request, response in zip(senders, originals, result, strict=True):
+            if sender.closed:
+                answers.append(None)  # answered through the sender already
+            else:
+                sender.closed = True
+                answers.append(self.convert(response, request))
+        return answers
+
+    @staticmethod
+    def _close_open(senders: list[ResponseSender], error: NurseryError) -> list[Any]:
+        answers: list[Any] = []
+        for sender in senders:
+            answers.append(None if sender.closed else error)
+            sender.closed = True
+        return answers
+
+    def execute(self, inputs: Mapping[str, np.ndarray],
+                output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        """One request from plain arrays (warm-up samples): the outputs, or the error raised."""
+        from nursery.types import Tensor, datatype_of_array
+
+        request = InferenceRequest(self.model_name, self.version, {
+            n: Tensor(n, datatype_of_array(a), tuple(a.shape), a) for n, a in inputs.items()})
+        got: list[Any] = []
+
+        def keep(answer: Any) -> None:
+            got.append(answer.response if isinstance(answer, Part) else answer)
+
+        sender = ResponseSender(keep, request, self, lambda: False)
+        pb_request = pb_utils.InferenceRequest._served(request, list(output_names), sender)
+        answers = self._execute([pb_request], [sender], [request])
+        for answer in [*got, *answers]:
+            if isinstance(answer, NurseryError):
+                raise answer
+            if isinstance(answer, InferenceResponse):
+                return {t.name: t.data for t in answer.outputs}
+        return {}
+
+    def close(self) -> None:
+        finalize = getattr(self._model, "finalize", None)
+        try:
+            if finalize is not None:
+                result = finalize()
+                if inspect.isawaitable(result):
+                    self._event_loop().run_until_complete(result)
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+
+
+class PythonFactory:
+    name = "python"
+    platform = ""
+    default_filename = "model.py"
+
+    def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
+        """Triton calls the model's static ``auto_complete_config`` with the configuration
+        as read; what it completes (max_batch_size, inputs, outputs, dynamic batching, the
+        transaction policy) goes back into ``config``."""
+        from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
+
+        path = _model_file(config.default_model_filename, version_path)
+        module = import_model(path, config.name)
+        complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
+        if complete is None:
+            return
+        helper = pb_utils.ModelConfig(json.loads(json.dumps(config_to_json(config))))
+        try:
+            result = complete(helper)
+        except Exception as exc:
+            raise ConfigError(
+                f"model '{config.name}': auto_complete_config failed: {describe(exc)}") from exc
+        data = (result if result is not None else helper).as_dict()
+        try:
+            done: pb.ModelConfig = message_from_json(data, pb.ModelConfig, "config")
+        except ConfigJsonError as exc:
+            raise ConfigError(
+                f"model '{config.name}': auto_complete_config produced an invalid "
+                f"configuration: {exc}") from None
+        config.max_batch_size = done.max_batch_size
+        config.input = done.input
+        config.output = done.output
+        if "dynamic_batching" in data and "sequence_batching" not in data:
+            config.dynamic_batching = done.dynamic_batching
+        if "model_transaction_policy" in data:
+            config.model_transaction_policy = done.model_transaction_policy
+
+    def load(self, config: ModelConfig, version_path: Path,
+             placement: InstancePlacement) -> PythonInstance:
+        path = _model_file(config.default_model_filename, version_path)
+        module = import_model(path, config.name)
+        name = instance_name(config, placement)
+        args = {
+            "model_config": json.dumps(dict(config.json)),
+            "model_instance_kind": placement.kind.upper(),
+            "model_instance_name": name,
+            "model_instance_device_id": str(placement.device_id),
+            "model_repository": str(config.path),
+            "model_version": version_path.name,
+            "model_name": config.name,
+        }
+        try:
+            model = module.TritonPythonModel()
+            initialize = getattr(model, "initialize", None)
+            if initialize is not None:
+                result = initialize(args)
+                if inspect.isawaitable(result):
+                    loop = asyncio.new_event_loop()
+                    try:
+                        loop.run_until_complete(result)
+                    finally:
+                        loop.close()
+        except Exception as exc:
+            log.error("Failed to initialize Python stub: %s", describe(exc))
+            raise InternalError(describe(exc)) from exc  # the load failure reason, as Triton
+        return PythonInstance(model, config, version_path.name, name)
+
+
+FACTORY = PythonFactory()

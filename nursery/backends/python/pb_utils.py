@@ -1,0 +1,634 @@
+"""``triton_python_backend_utils``: the API a Triton ``model.py`` imports as ``pb_utils``.
+
+The Python backend registers this module under that name in ``sys.modules`` before it imports
+a model, so ``import triton_python_backend_utils as pb_utils`` works unchanged. It offers what
+Triton's Python models use: ``Tensor``, ``InferenceRequest`` (served requests and BLS calls
+with ``exec`` / ``async_exec``), ``InferenceResponse``, the response sender of decoupled
+models, ``TritonError`` with its codes, ``TritonModelException``, ``Logger``, the
+``ModelConfig`` helper of ``auto_complete_config`` and the small helpers
+(``get_input_tensor_by_name`` ...). Requests and responses wrap nursery's own types: tensors
+pass through as the same numpy arrays, without copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nursery.errors import ErrorKind, NurseryError
+from nursery.types import DataType, RequestedOutput
+from nursery.types import InferenceRequest as _Request
+from nursery.types import InferenceResponse as _Response
+from nursery.types import Tensor as _Tensor
+
+if TYPE_CHECKING:
+    from nursery.backends.python.backend import ResponseSender
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs; every output is host memory here."""
+
+    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU,
+                 preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+TRITON_STRING_TO_NUMPY = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+_log = logging.getLogger("nursery.python_model")
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class TritonError:
+    """An error a model puts in a response (or a BLS call returns); ``code`` as in Triton."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class TritonModelException(Exception):  # noqa: N818 - Triton's name
+    """What a model raises to fail its requests (the message reaches the client)."""
+
+    def __init__(self, msg: str = "") -> None:
+        super().__init__(msg)
+        self._msg = msg
+
+    def message(self) -> str:
+        return self._msg
+
+
+_KIND_OF_CODE = {
+    TritonError.UNKNOWN: ErrorKind.UNKNOWN,
+    TritonError.INTERNAL: ErrorKind.INTERNAL,
+    TritonError.NOT_FOUND: ErrorKind.NOT_FOUND,
+    TritonError.INVALID_ARG: ErrorKind.INVALID_ARG,
+    TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE,
+    TritonError.UNSUPPORTED: ErrorKind.UNSUPPORTED,
+    TritonError.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS,
+    TritonError.CANCELLED: ErrorKind.CANCELLED,
+}
+_CODE_OF_KIND = {v: k for k, v in _KIND_OF_CODE.items()}
+
+
+def error_to_nursery(error: Any) -> NurseryError:
+    if isinstance(error, TritonError):
+        return NurseryError(error.message(), _KIND_OF_CODE.get(error.code(), ErrorKind.INTERNAL))
+    return NurseryError(str(error), ErrorKind.INTERNAL)
+
+
+def error_from_nursery(error: NurseryError) -> TritonError:
+    return TritonError(error.message, _CODE_OF_KIND.get(error.kind, TritonError.INTERNAL))
+
+
+# -- datatypes ------------------------------------------------------------------------------
+
+_NUMPY_OF_CODE = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8,
+    7: np.int16, 8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64,
+    13: np.object_,
+}
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _NUMPY_OF_CODE.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    try:
+        dt = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dt.kind in ("O", "S", "U"):
+        return 13
+    for code, np_type in _NUMPY_OF_CODE.items():
+        if code != 13 and dt == np.dtype(np_type):
+            return code
+    return None
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
+    if input_tensor.size == 0:
+        return ()
+    parts = []
+    for item in input_tensor.reshape(-1):
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    out = []
+    offset = 0
+    view = memoryview(encoded_tensor).cast("B")
+    while offset < len(view):
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        out.append(bytes(view[offset:offset + length]))
+        offset += length
+    return np.array(out, dtype=np.object_)
+
+
+# -- tensors --------------------------------------------------------------------------------
+
+
+class _Capsule:
+    """Lets numpy import a bare DLPack capsule (a CPU tensor)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+class Tensor:
+    """A named tensor over a numpy array (the array itself, not a copy)."""
+
+    __slots__ = ("_name", "_array", "_datatype", "_wire")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        if array.dtype.kind == "U" or array.dtype == np.void:
+            raise TritonModelException(
+                "Tensor dtype used for numpy_array is not support by Python backend. Please use "
+                "np.object_ instead.")
+        if array.dtype.kind == "S":
+            array = array.astype(np.object_)
+        if triton_dtype is not None:
+            wanted = triton_to_numpy_type(triton_dtype)
+            if wanted is not None and array.dtype != np.dtype(wanted):
+                array = array.view(wanted)
+        self._name = name
+        self._array = array
+        self._datatype: DataType | None = None
+        self._wire = False
+
+    @classmethod
+    def _wrap(cls, tensor: _Tensor) -> Tensor:
+        obj = cls.__new__(cls)
+        obj._name = tensor.name
+        obj._array = tensor.data
+        obj._datatype = tensor.datatype
+        obj._wire = True
+        return obj
+
+    def _unwrap(self) -> _Tensor:
+        from nursery.types import datatype_of_array
+
+        datatype = self._datatype or datatype_of_array(self._array)
+        return _Tensor(self._name, datatype, tuple(self._array.shape), self._array)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        array = self._array
+        if self._wire and not array.flags.writeable:
+            # a view over the request's wire bytes; Triton's models may write into their
+            # inputs (its arrays live in writable shared memory): copy once, on first use
+            array = self._array = array.copy()
+            self._wire = False
+        return array
+
+    def triton_dtype(self) -> int | None:
+        if self._datatype is not None:
+            return self._datatype.config_value
+        return numpy_to_triton_type(self._array.dtype)
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
+        return Tensor(name, np.from_dlpack(source))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def get_input_tensor_by_name(inference_request: Any, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor  # type: ignore[no-any-return]
+    return None
+
+
+def get_output_tensor_by_name(inference_response: Any, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor  # type: ignore[no-any-return]
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for item in model_config.get("input", []):
+        if item["name"] == name:
+            return item  # type: ignore[no-any-return]
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for item in model_config.get("output", []):
+        if item["name"] == name:
+            return item  # type: ignore[no-any-return]
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    policy = model_config.get("model_transaction_policy")
+    return bool(policy and policy.get("decoupled"))
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None,
+                 parameters: dict[str, Any] | str | None = None) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._outputs = output_tensors
+        self._error = error
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters = parameters or {}
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    @classmethod
+    def _from_nursery(cls, response: _Response) -> InferenceResponse:
+        return cls([Tensor._wrap(t) for t in response.outputs], None,
+                   dict(response.parameters))
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+class InferenceRequest:
+    """A request the model serves (built by the backend), or a BLS request the model builds
+    to call another model (``exec`` / ``async_exec``)."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        parameters: dict[str, Any] | str | None = None,
+        **_ignored: Any,  # preferred_memory, trace: no meaning on the CPU-only path
+    ) -> None:
+        self._model_name = model_name
+        self._inputs = list(inputs or [])
+        self._requested = list(requested_output_names or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        self._parameters = dict(parameters or {})
+        self._sender: ResponseSender | None = None
+
+    @classmethod
+    def _served(cls, request: _Request, requested: list[str], sender: ResponseSender,
+                ) -> InferenceRequest:
+        params = request.parameters
+        obj = cls(
+            model_name=request.model_name,
+            inputs=[Tensor._wrap(t) for t in request.inputs.values()],
+            requested_output_names=requested,
+            request_id=request.id,
+            correlation_id=request.sequence_id or params.get("sequence_id", 0),
+            flags=(TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+                   if request.sequence_start or params.get("sequence_start") else 0)
+            | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+               if request.sequence_end or params.get("sequence_end") else 0),
+            timeout=request.timeout_us,
+            parameters={k: v for k, v in params.items()
+                        if k not in ("sequence_id", "sequence_start", "sequence_end",
+                                     "priority", "timeout", "binary_data_output")},
+        )
+        obj._sender = sender
+        return obj
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters, default=str)
+
+    def get_response_sender(self) -> ResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "a response sender is only available for requests the model is serving")
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        return self._sender is not None and self._sender.is_cancelled()
+
+    def set_release_flags(self, flags: int) -> None:
+        """Accepted for compatibility; requests are released when execute returns."""
+
+    # -- BLS ---------------------------------------------------------------------------------
+
+    def _to_nursery(self) -> _Request:
+        inputs = {}
+        for tensor in self._inputs:
+            t = tensor._unwrap()
+            inputs[t.name] = t
+        params = dict(self._parameters)
+        if self._correlation_id:
+            params["sequence_id"] = self._correlation_id
+        return _Request(
+            model_name=self._model_name,
+            model_version="" if self._model_version in (-1, None) else str(self._model_version),
+            inputs=inputs,
+            requested_outputs=tuple(RequestedOutput(n) for n in self._requested),
+            id=self._request_id,
+            parameters=params,
+            timeout_us=self._timeout,
+        )
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on its model through that model's scheduler and wait for the
+        answer. Errors come back in the response (``has_error()``), never raised. With
+        ``decoupled=True``, an iterator over the responses."""
+        from nursery.actors import model_client as gateway
+
+        try:
+            request = self._to_nursery()
+            gw = gateway.current()
+            if decoupled:
+                return _responses(gw.stream_from_thread(request), self._model_name)
+            return InferenceResponse._from_nursery(gw.infer_from_thread(request))
+        except NurseryError as exc:
+            failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
+            return iter([failed]) if decoupled else failed
+
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
+        """``exec`` for ``async def execute``: an awaitable; other calls proceed meanwhile."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.exec, decoupled)
+
+
+def _bls_error(model: str, error: NurseryError) -> NurseryError:
+    """Triton's words when the target model is not there (unknown, or no ready version)."""
+    if error.kind in (ErrorKind.NOT_FOUND, ErrorKind.UNAVAILABLE) and "unknown model" in (
+            error.message):
+        return NurseryError(
+            f"Model {model} - Error when running inference: Failed for execute the inference "
+            f"request. Model '{model}' is not ready.", error.kind)
+    return error
+
+
+def _responses(parts: Iterator[Any], model: str) -> Iterator[InferenceResponse]:
+    for part in parts:
+        if part.error is not None:
+            yield InferenceResponse([], error_from_nursery(_bls_error(model, part.error)))
+        elif part.response is not None:
+            yield InferenceResponse._from_nursery(part.response)
+        else:
+            yield InferenceResponse([])  # the empty final response
+
+
+# -- logging --------------------------------------------------------------------------------
+
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+class Logger:
+    """Triton's model logger: lines go to the server log."""
+
+    _LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
+               LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
+
+    @staticmethod
+    def log(message: str, level: int = LogLevel.INFO) -> None:
+        _log.log(Logger._LEVELS.get(level, logging.INFO), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+
+# -- auto-complete --------------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The configuration ``auto_complete_config`` may complete (Triton's rules and messages):
+    max_batch_size, inputs, outputs, the dynamic batcher, the transaction policy."""
+
+    def __init__(self, model_config: str | dict[str, Any]) -> None:
+        cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+        cfg.setdefault("max_batch_size", 0)
+        cfg.setdefault("input", [])
+        cfg.setdefault("output", [])
+        self._model_config = cfg
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = int(self._model_config.get("max_batch_size", 0))
+        if current > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config "
+                f"function for model '{self._name()}' specified max_batch_size {max_batch_size}")
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def get_max_batch_size(self) -> int:
+        return int(self._model_config.get("max_batch_size", 0))
+
+    def set_dynamic_batching(self) -> None:
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{other}', but "
+                    f"auto-complete-config function for model '{self._name()}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'")
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model "
+                    f"'{self._name()}' contains property other than 'decoupled'.")
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            new = bool(transaction_policy_dict["decoupled"])
+            if "decoupled" in policy and bool(policy["decoupled"]) != new:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._name()}', which is already set to '{bool(policy['decoupled'])}'.")
+            policy["decoupled"] = new
+
+    def _add(self, what: str, item: dict[str, Any]) -> None:
+        valid = ("name", "data_type", "dims", "optional")
+        label = item.get("name", "")
+        for key in item:
+            if key not in valid:
+                raise ValueError(
+                    f"{what} '{label}' in auto-complete-config function for model "
+                    f"'{self._name()}' contains property other than 'name', 'data_type', "
+                    "'dims' and 'optional'.")
+        for key in ("name", "data_type", "dims"):
+            if key not in item:
+                if key == "name":
+                    raise ValueError(f"{what} in auto-complete-config function for model "
+                                     f"'{self._name()}' is missing 'name' property.")
+                raise ValueError(f"{what} '{label}' in auto-complete-config function for "
+                                 f"model '{self._name()}' is missing '{key}' property.")
+        for existing in self._model_config[what]:
+            if existing["name"] != item["name"]:
+                continue
+            old_type = existing.get("data_type", "TYPE_INVALID")
+            if old_type != "TYPE_INVALID" and old_type != item["data_type"]:
+                raise ValueError(
+                    f"unable to load model '{self._name()}', configuration expects datatype "
+                    f"{old_type} for {what} '{label}', model provides {item['data_type']}")
+            old_dims = [int(d) for d in existing.get("dims", [])]
+            if old_dims and old_dims != [int(d) for d in item["dims"]]:
+                raise ValueError(
+                    f"model '{self._name()}', tensor '{label}': the model expects dims "
+                    f"{list(item['dims'])} but the model configuration specifies dims {old_dims}")
+            existing.update(item)
+            return
+        self._model_config[what].append(dict(item))
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's signature
+        self._add("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output)
+
+    def get_input_by_name(self, name: str) -> dict[str, Any] | None:
+        return get_input_config_by_name(self._model_config, name)
+
+    def get_output_by_name(self, name: str) -> dict[str, Any] | None:
+        return get_output_config_by_name(self._model_config, name)

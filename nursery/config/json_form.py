@@ -1,0 +1,213 @@
+"""A model configuration as JSON, exactly in the shape Triton's ``/config`` endpoint returns.
+
+Protobuf JSON with the original snake_case names; every scalar, repeated and map field printed
+even when default; unset sub-messages and oneof members left out (perf_analyzer reads the
+scheduler kind from which keys are present); enums by name; 64-bit integers as strings except
+for the fields Triton turns back into numbers.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+
+import betterproto
+
+from nursery.config.pbtext import fields_of, is_present
+from nursery.schema import inference as pb
+
+_INT64 = {"int64", "uint64", "sint64", "fixed64", "sfixed64"}
+
+# Triton (model_config_utils.cc) rewrites these 64-bit fields as JSON numbers.
+_NUMERIC_INT64: set[tuple[type, str]] = {
+    (pb.ModelInput, "dims"),
+    (pb.ModelOutput, "dims"),
+    (pb.ModelTensorReshape, "shape"),
+    (pb.ModelVersionPolicySpecific, "versions"),
+    (pb.ModelDynamicBatching, "max_queue_delay_microseconds"),
+    (pb.ModelDynamicBatching, "priority_levels"),
+    (pb.ModelDynamicBatching, "default_priority_level"),
+    (pb.ModelQueuePolicy, "default_timeout_microseconds"),
+    (pb.ModelSequenceBatching, "max_sequence_idle_microseconds"),
+    (pb.ModelSequenceBatchingStrategyOldest, "max_queue_delay_microseconds"),
+    (pb.ModelSequenceBatchingStrategyDirect, "max_queue_delay_microseconds"),
+    (pb.ModelSequenceBatchingState, "dims"),
+    (pb.ModelEnsemblingStep, "model_version"),
+    (pb.ModelWarmupInput, "dims"),
+}
+
+
+def _scalar(value: Any, proto_type: str, numeric: bool) -> Any:
+    if proto_type == "enum":
+        return value.name if getattr(value, "name", None) else int(value)
+    if proto_type in _INT64:
+        return int(value) if numeric else str(int(value))
+    if proto_type == "bytes":
+        return base64.b64encode(value).decode()
+    if proto_type in ("float", "double"):
+        if math.isnan(value) or math.isinf(value):
+            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return value
+    return value
+
+
+def message_to_json(message: betterproto.Message) -> dict[str, Any]:
+    cls = type(message)
+    out: dict[str, Any] = {}
+    for info in fields_of(cls).values():
+        numeric = (cls, info.name) in _NUMERIC_INT64
+        if info.proto_type == "message":
+            if info.repeated:
+                out[info.proto_name] = [message_to_json(m) for m in getattr(message, info.name)]
+            elif is_present(message, info):
+                out[info.proto_name] = message_to_json(getattr(message, info.name))
+            continue
+        if info.group is not None and not is_present(message, info):
+            continue
+        value = getattr(message, info.name)
+        if info.proto_type == "map":
+            assert info.map_types is not None
+            vtype = info.map_types[1]
+            out[info.proto_name] = {
+                str(k): message_to_json(v) if vtype == "message" else _scalar(v, vtype, False)
+                for k, v in value.items()
+            }
+        elif info.repeated:
+            out[info.proto_name] = [_scalar(v, info.proto_type, numeric) for v in value]
+        else:
+            out[info.proto_name] = _scalar(value, info.proto_type, numeric)
+    return out
+
+
+def config_to_json(config: pb.ModelConfig) -> dict[str, Any]:
+    return message_to_json(config)
+
+
+# -- JSON -> configuration (a load request's "config" override) -----------------------------
+
+_INTS = {"int32", "int64", "uint32", "uint64", "sint32", "sint64", "fixed32", "fixed64",
+         "sfixed32", "sfixed64"}
+
+
+class ConfigJsonError(ValueError):
+    pass
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _json_scalar(value: Any, proto_type: str, cls: Any, where: str) -> Any:
+    if proto_type == "string":
+        if not isinstance(value, str):
+            raise ConfigJsonError(f"{where}: expected a string, got {json_type(value)}")
+        return value
+    if proto_type == "bool":
+        if not isinstance(value, bool):
+            raise ConfigJsonError(f"{where}: expected true or false, got {json_type(value)}")
+        return value
+    if proto_type in _INTS:
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+        if type(value) is not int:
+            raise ConfigJsonError(f"{where}: expected an integer, got {json_type(value)}")
+        return value
+    if proto_type in ("float", "double"):
+        if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+            return float(value.replace("Infinity", "inf"))
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigJsonError(f"{where}: expected a number, got {json_type(value)}")
+        return float(value)
+    if proto_type == "enum":
+        if isinstance(value, str):
+            for member in cls:
+                if member.name.lower() == value.lower():
+                    return member
+            names = ", ".join(m.name for m in cls)
+            raise ConfigJsonError(f"{where}: unknown value '{value}' (one of: {names})")
+        if type(value) is int:
+            try:
+                return cls(value)
+            except ValueError:
+                raise ConfigJsonError(f"{where}: unknown enum value {value}") from None
+        raise ConfigJsonError(f"{where}: expected an enum name, got {json_type(value)}")
+    if proto_type == "bytes":
+        try:
+            return base64.b64decode(value, validate=True)
+        except Exception:
+            raise ConfigJsonError(f"{where}: expected base64 bytes") from None
+    raise ConfigJsonError(f"{where}: unsupported field type {proto_type}")
+
+
+def json_type(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def message_from_json(data: Any, cls: type[betterproto.Message], where: str) -> Any:
+    from nursery.config.pbtext import fields_of, mark_present
+
+    if not isinstance(data, dict):
+        raise ConfigJsonError(f"{where}: expected an object, got {json_type(data)}")
+    schema = fields_of(cls)
+    by_json = {_camel(name): info for name, info in schema.items()}
+    message = cls()
+    mark_present(message)
+    groups: dict[str, str] = {}
+    for key, value in data.items():
+        info = schema.get(key) or by_json.get(key)
+        if info is None:
+            raise ConfigJsonError(f"{where}: unknown field '{key}' in {cls.__name__}")
+        here = f"{where}.{info.proto_name}"
+        if value is None:
+            continue
+        if info.group is not None:
+            if info.group in groups:
+                raise ConfigJsonError(f"{here}: '{groups[info.group]}' of oneof '{info.group}' "
+                                      "is already set")
+            groups[info.group] = info.proto_name
+        if info.proto_type == "map":
+            assert info.map_types is not None
+            if not isinstance(value, dict):
+                raise ConfigJsonError(f"{here}: expected an object, got {json_type(value)}")
+            key_type, value_type = info.map_types
+            out = {}
+            for k, v in value.items():
+                mk = _json_scalar(k, key_type, None, f"{here}[{k}]") if key_type != "string" else k
+                out[mk] = (message_from_json(v, info.cls, f"{here}[{k}]") if value_type == "message"
+                           else _json_scalar(v, value_type, info.cls, f"{here}[{k}]"))
+            setattr(message, info.name, out)
+        elif info.repeated:
+            if not isinstance(value, list):
+                raise ConfigJsonError(f"{here}: expected an array, got {json_type(value)}")
+            if info.proto_type == "message":
+                setattr(message, info.name,
+                        [message_from_json(v, info.cls, f"{here}[{i}]") for i, v in enumerate(value)])
+            else:
+                setattr(message, info.name,
+                        [_json_scalar(v, info.proto_type, info.cls, f"{here}[{i}]")
+                         for i, v in enumerate(value)])
+        elif info.proto_type == "message":
+            setattr(message, info.name, message_from_json(value, info.cls, here))
+        else:
+            setattr(message, info.name, _json_scalar(value, info.proto_type, info.cls, here))
+    return message
+
+
+def config_from_json(text: str | bytes) -> pb.ModelConfig:
+    """A ModelConfig from protobuf JSON (snake_case or lowerCamelCase names, enums by name in
+    any case, 64-bit integers as numbers or strings, unknown fields rejected)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigJsonError(f"failed to parse the config JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigJsonError("failed to parse the config JSON: nested too deeply") from None
+    try:
+        return message_from_json(data, pb.ModelConfig, "config")  # type: ignore[no-any-return]
+    except RecursionError:  # a JSON nesting just under the parser's limit, walked again here
+        raise ConfigJsonError("the config JSON is nested too deeply") from None

@@ -1,0 +1,522 @@
+"""A model's configuration: read ``config.pbtxt`` once, complete it, validate it, freeze it.
+
+``read_model_config`` turns a model folder into a frozen :class:`ModelConfig`:
+
+1. parse ``config.pbtxt`` (protobuf text format) into the typed ``pb.ModelConfig``;
+2. fill ``name``, ``platform`` and ``backend`` as Triton does (the backend from the model
+   file when the config names none);
+3. let the backend auto-complete what the model file knows (inputs, outputs,
+   ``max_batch_size``), unless auto-complete is disabled;
+4. normalize: default version policy, instance groups, preferred batch sizes, pinned memory;
+5. validate, with errors that name the model, the file and the field.
+
+Nothing downstream reads the text or the message's raw fields again: actors get the frozen
+:class:`ModelConfig`, whose ``proto`` is kept (read-only) for the ``/config`` answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import betterproto
+
+from nursery.config import pbtext
+from nursery.config.json_form import config_to_json
+from nursery.config.platforms import (
+    BACKEND_TO_PLATFORM,
+    DEFAULT_FILENAMES,
+    PLATFORM_TO_BACKEND,
+    SUFFIX_TO_BACKEND,
+    detect_backend,
+)
+from nursery.config.repository import available_versions, select_versions
+from nursery.config.sequence import SequenceConfig, sequence_config
+from nursery.errors import ConfigError, InvalidArgument
+from nursery.runtime.devices import InstancePlacement, gpu_count
+from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
+from nursery.scheduling.ensemble_plan import EnsemblePlan
+from nursery.schema import inference as pb
+from nursery.types import DataType
+
+log = logging.getLogger("nursery.config")
+
+CONFIG_FILENAME = "config.pbtxt"
+SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]  # without the batch dimension; -1 = variable
+    optional: bool = False
+    is_shape_tensor: bool = False
+    reshape: tuple[int, ...] | None = None
+    label_filename: str = ""
+
+    def full_shape(self, max_batch_size: int) -> list[int]:
+        """The shape as metadata reports it: ``-1`` prepended when the model batches."""
+        return [-1, *self.dims] if max_batch_size > 0 else list(self.dims)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    name: str
+    kind: str  # "cpu", "gpu" or "model"
+    count: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instance_groups: tuple[InstanceGroup, ...]
+    scheduler: str  # "default", "dynamic", "sequence" or "ensemble"
+    decoupled: bool
+    default_model_filename: str
+    parameters: Mapping[str, str]
+    path: Path
+    proto: pb.ModelConfig = field(repr=False, compare=False)
+    batching: BatchConfig | None = None  # the dynamic batcher's settings, when configured
+    sequence: SequenceConfig | None = None  # the sequence batcher's settings, when configured
+    ensemble: EnsemblePlan | None = None  # an ensemble's validated step graph
+    input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
+    shape_checked_inputs: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    has_optional_inputs: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # inputs whose shapes must agree for requests to share a batch (Triton's
+        # enforce_equal_shape_tensors: variable dims, no ragged batching; shape tensors)
+        object.__setattr__(self, "shape_checked_inputs", tuple(
+            t.name for t in self.inputs if t.is_shape_tensor or (-1 in t.dims)))
+        object.__setattr__(self, "has_optional_inputs", any(t.optional for t in self.inputs))
+        object.__setattr__(self, "input_map", MappingProxyType({t.name: t for t in self.inputs}))
+        object.__setattr__(self, "output_map", MappingProxyType({t.name: t for t in self.outputs}))
+        object.__setattr__(self, "json", config_to_json(self.proto))
+
+    @functools.cached_property
+    def uses_response_cache(self) -> bool:
+        """``response_cache { enable: true }`` on a model the cache may serve (never decoupled
+        or sequence models, as in Triton)."""
+        return bool(self.proto.response_cache.enable) and not self.decoupled and (
+            self.scheduler != "sequence")
+
+    @functools.cached_property
+    def first_response_buckets(self) -> tuple[float, ...]:
+        """Bounds (ms) of ``nv_inference_first_response_histogram_ms``: Triton's defaults, or
+        ``model_metrics { metric_control { histogram_options { buckets } } }``."""
+        for control in self.proto.model_metrics.metric_control:
+            if control.metric_identifier.family == "nv_inference_first_response_histogram_ms":
+                return tuple(sorted(control.histogram_options.buckets))
+        return (100.0, 500.0, 2000.0, 5000.0)
+
+    @property
+    def platform_name(self) -> str:
+        """What model metadata reports as ``platform``: the platform, else the backend."""
+        return self.platform or self.backend
+
+    def model_filename(self) -> str:
+        return self.default_model_filename or DEFAULT_FILENAMES.get(self.backend, "")
+
+    def placements(self) -> list[InstancePlacement]:
+        """One placement per model instance, in group order.
+
+        A KIND_GPU group on a machine without a usable GPU runs on the CPU instead (logged
+        once per model): nursery must serve wherever it is started.
+        """
+        out: list[InstancePlacement] = []
+        gpus_here = gpu_count()
+        warned = False
+        for group in self.instance_groups:
+            devices: tuple[int, ...] = group.gpus if group.kind == "gpu" else (0,)
+            for device in devices:
+                for _ in range(group.count):
+                    kind = "cpu" if group.kind != "gpu" else "gpu"
+                    if kind == "gpu" and device >= gpus_here:
+                        if not warned:
+                            log.warning(
+                                "model '%s': instance group '%s' asks for GPU %d but %s; "
+                                "running it on the CPU", self.name, group.name, device,
+                                "no GPU is available" if gpus_here == 0
+                                else f"only {gpus_here} GPU(s) are present",
+                            )
+                            warned = True
+                        kind, device = "cpu", 0
+                    out.append(InstancePlacement(group.name, len(out), kind, device))
+        return out
+
+
+class AutoCompleter(Protocol):
+    def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None: ...
+
+
+BackendLookup = Callable[[str, str], AutoCompleter]  # (backend name, model name) -> its factory
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAME) -> pb.ModelConfig:
+    try:
+        return pbtext.parse(text, pb.ModelConfig())  # type: ignore[return-value]
+    except pbtext.TextFormatError as exc:
+        raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
+
+
+def read_config_proto(model_path: Path, model_name: str, auto_complete: bool) -> pb.ModelConfig:
+    path = model_path / CONFIG_FILENAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if not auto_complete:
+            raise ConfigError(
+                f"model '{model_name}': {CONFIG_FILENAME} is missing and auto-complete is "
+                "disabled (--disable-auto-complete-config / --strict-model-config=true)"
+            ) from None
+        return pb.ModelConfig()
+    except OSError as exc:
+        raise ConfigError(f"model '{model_name}': cannot read {CONFIG_FILENAME}: {exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"model '{model_name}': {CONFIG_FILENAME} is not UTF-8 text (byte {exc.start})"
+        ) from None
+    return parse_config_text(text, model_name)
+
+
+def read_model_config(
+    model_path: Path,
+    model_name: str,
+    *,
+    backends: BackendLookup,
+    auto_complete: bool = True,
+    proto: pb.ModelConfig | None = None,
+) -> tuple[ModelConfig, list[int]]:
+    """The frozen configuration of a model folder and the versions its policy selects.
+
+    ``backends`` finds the backend a configuration names (an unknown one fails the model), whose
+    factory then auto-completes the configuration from the model file (the caller's registry,
+    :func:`nursery.backends.base.get_factory` in the server: configuration never imports backends).
+
+    ``proto`` replaces the file's configuration (a load request's ``config`` override).
+    Blocking (reads files; auto-complete may open the model): call it off the trio thread.
+    """
+    if proto is None:
+        proto = read_config_proto(model_path, model_name, auto_complete)
+    where = f"model '{model_name}'"
+    if not proto.name:
+        proto.name = model_name
+    elif proto.name != model_name:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'name' is '{proto.name}' but the model folder is "
+            f"'{model_name}'; they must match"
+        )
+    versions_on_disk = available_versions(model_path)
+    _fill_backend(proto, model_path, versions_on_disk, where)
+    if not _present(proto, "version_policy"):
+        policy = pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1))
+        proto.version_policy = policy
+    versions = select_versions(proto.version_policy, versions_on_disk)
+    if not versions:
+        raise ConfigError(
+            f"{where}: no version to serve: found versions {versions_on_disk or 'none'} in "
+            f"'{model_path}', and the version policy selects none of them (a version is a "
+            "numbered folder holding the model file)"
+        )
+    if proto.platform == "ensemble":
+        auto_complete = False  # nothing to complete from: an ensemble has no model file
+    else:
+        factory = backends(proto.backend, model_name)
+    if auto_complete:
+        version_path = model_path / str(versions[-1])
+        try:
+            factory.auto_complete(proto, version_path)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"{where}: auto-complete from the model file failed: {exc}") from exc
+    _normalize(proto)
+    config = _freeze(proto, model_path, where)
+    return config, versions
+
+
+def _present(message: betterproto.Message, name: str) -> bool:
+    return pbtext.is_present(message, pbtext.fields_of(type(message))[name])
+
+
+def _fill_backend(
+    proto: pb.ModelConfig, model_path: Path, versions: list[int], where: str
+) -> None:
+    if proto.platform == "ensemble":
+        if proto.backend:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: an ensemble names no 'backend'")
+        return  # no backend and no model file: its steps are other models
+    if not proto.backend and proto.platform:
+        backend = PLATFORM_TO_BACKEND.get(proto.platform)
+        if backend is None:
+            raise ConfigError(
+                f"{where}: {CONFIG_FILENAME}: unknown platform '{proto.platform}' (known: "
+                f"{', '.join(sorted(PLATFORM_TO_BACKEND))}, ensemble)"
+            )
+        proto.backend = backend
+    if not proto.backend:
+        version_paths = [model_path / str(v) for v in reversed(versions)]
+        if proto.default_model_filename:
+            for path in version_paths:
+                if (path / proto.default_model_filename).exists():
+                    suffix = Path(proto.default_model_filename).suffix
+                    proto.backend = SUFFIX_TO_BACKEND.get(suffix, "")
+                    break
+        if not proto.backend:
+            detected = detect_backend(version_paths)
+            if detected is None:
+                raise ConfigError(
+                    f"{where}: {CONFIG_FILENAME} names no 'backend' or 'platform', and no "
+                    f"version folder holds a known model file "
+                    f"({', '.join(DEFAULT_FILENAMES.values())})"
+                )
+            proto.backend = detected
+    if not proto.default_model_filename and proto.backend in DEFAULT_FILENAMES:
+        proto.default_model_filename = DEFAULT_FILENAMES[proto.backend]
+    if not proto.platform and proto.backend in BACKEND_TO_PLATFORM:
+        proto.platform = BACKEND_TO_PLATFORM[proto.backend]
+    elif proto.platform and PLATFORM_TO_BACKEND.get(proto.platform, proto.backend) != proto.backend:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: platform '{proto.platform}' does not match backend "
+            f"'{proto.backend}'"
+        )
+
+
+def _normalize(proto: pb.ModelConfig) -> None:
+    """Triton's NormalizeModelConfig and NormalizeInstanceGroup."""
+    scheduling, sched_value = betterproto.which_one_of(proto, "scheduling_choice")
+    if scheduling == "dynamic_batching":
+        if not sched_value.preferred_batch_size and proto.max_batch_size > 0:
+            sched_value.preferred_batch_size.append(proto.max_batch_size)
+    elif scheduling == "sequence_batching":
+        if sched_value.max_sequence_idle_microseconds == 0:
+            sched_value.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+        strategy, oldest = betterproto.which_one_of(sched_value, "strategy_choice")
+        if strategy == "oldest" and not oldest.preferred_batch_size and proto.max_batch_size > 0:
+            oldest.preferred_batch_size.append(proto.max_batch_size)
+    if scheduling != "ensemble_scheduling":
+        opt = proto.optimization
+        for name in ("input_pinned_memory", "output_pinned_memory"):
+            if not _present(opt, name):
+                buf = pb.ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
+                setattr(opt, name, buf)
+        pbtext.mark_present(opt)
+        proto.optimization = opt
+        if not proto.instance_group:
+            proto.instance_group.append(pb.ModelInstanceGroup(name=proto.name))
+        gpus = gpu_count()
+        for i, group in enumerate(proto.instance_group):
+            if not group.name:
+                group.name = f"{proto.name}_{i}"
+            if group.kind == pb.ModelInstanceGroupKind.KIND_AUTO:
+                group.kind = (
+                    pb.ModelInstanceGroupKind.KIND_GPU if gpus else pb.ModelInstanceGroupKind.KIND_CPU
+                )
+            if group.count < 1:
+                # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime
+                cpu = group.kind == pb.ModelInstanceGroupKind.KIND_CPU
+                group.count = 2 if cpu and proto.backend in _TWO_CPU_INSTANCES else 1
+            if group.kind == pb.ModelInstanceGroupKind.KIND_GPU and not group.gpus:
+                group.gpus.extend(range(max(gpus, 1)))
+
+
+_TWO_CPU_INSTANCES = {"onnxruntime", "tensorflow"}
+
+_KIND_NAMES = {
+    pb.ModelInstanceGroupKind.KIND_CPU: "cpu",
+    pb.ModelInstanceGroupKind.KIND_GPU: "gpu",
+    pb.ModelInstanceGroupKind.KIND_MODEL: "model",
+}
+
+
+def _tensor_specs(
+    tensors: list[pb.ModelInput] | list[pb.ModelOutput], what: str, where: str
+) -> tuple[TensorSpec, ...]:
+    specs: list[TensorSpec] = []
+    seen: set[str] = set()
+    for t in tensors:
+        if not t.name:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: every model {what} must have a 'name'")
+        label = f"{where}: {CONFIG_FILENAME}: {what} '{t.name}'"
+        if t.name in seen:
+            raise ConfigError(f"{label} is specified more than once")
+        seen.add(t.name)
+        if t.data_type == pb.DataType.TYPE_INVALID:
+            raise ConfigError(f"{label} must specify 'data_type'")
+        try:
+            datatype = DataType.from_config(t.data_type)
+        except InvalidArgument as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+        if not t.dims:
+            raise ConfigError(f"{label} must specify 'dims'")
+        for d in t.dims:
+            if d < 1 and d != -1:
+                raise ConfigError(
+                    f"{label}: dimension {d} in 'dims' {list(t.dims)} is invalid; a dimension "
+                    "must be an integer >= 1, or -1 for a variable-size dimension"
+                )
+        reshape: tuple[int, ...] | None = None
+        if pbtext.is_present(t, pbtext.fields_of(type(t))["reshape"]):
+            reshape = tuple(t.reshape.shape)
+        specs.append(
+            TensorSpec(
+                name=t.name,
+                datatype=datatype,
+                dims=tuple(int(d) for d in t.dims),
+                optional=bool(getattr(t, "optional", False)),
+                is_shape_tensor=t.is_shape_tensor,
+                reshape=reshape,
+                label_filename=getattr(t, "label_filename", ""),
+            )
+        )
+    return tuple(specs)
+
+
+def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
+    if proto.max_batch_size < 0:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'max_batch_size' must be >= 0, got {proto.max_batch_size}"
+        )
+    inputs = _tensor_specs(proto.input, "input", where)
+    outputs = _tensor_specs(proto.output, "output", where)
+    if not inputs:
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no inputs")
+    if not outputs:
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no outputs")
+    groups = []
+    for g in proto.instance_group:
+        kind = _KIND_NAMES.get(g.kind)
+        if kind is None:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has no kind")
+        if g.gpus and kind != "gpu":
+            raise ConfigError(
+                f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has kind "
+                f"KIND_{kind.upper()} but specifies one or more GPUs"
+            )
+        for gpu in g.gpus:
+            if gpu < 0:
+                raise ConfigError(
+                    f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' names GPU {gpu}"
+                )
+        groups.append(InstanceGroup(g.name, kind, g.count, tuple(g.gpus)))
+    scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
+    scheduler = {
+        "dynamic_batching": "dynamic",
+        "sequence_batching": "sequence",
+        "ensemble_scheduling": "ensemble",
+    }.get(scheduling, "default")
+    batching = _batch_config(proto, where) if scheduling == "dynamic_batching" else None
+    sequence = (sequence_config(proto, model_path, where)
+                if scheduling == "sequence_batching" else None)
+    ensemble = None
+    if (scheduling == "ensemble_scheduling") != (proto.platform == "ensemble"):
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'ensemble_scheduling' goes with platform 'ensemble' "
+            "(and an ensemble needs 'ensemble_scheduling')")
+    if scheduling == "ensemble_scheduling":
+        from nursery.scheduling.ensemble_plan import EnsembleStep
+
+        ensemble = EnsemblePlan.build(
+            proto.name, [t.name for t in inputs], [t.name for t in outputs],
+            [EnsembleStep(s.model_name,
+                          int(s.model_version) if s.model_version > 0 else -1,  # unset: the latest
+                          MappingProxyType(dict(s.input_map)),
+                          MappingProxyType(dict(s.output_map)))
+             for s in proto.ensemble_scheduling.step])
+        groups = []
+    which, latest = betterproto.which_one_of(proto.version_policy, "policy_choice")
+    if which == "latest" and latest.num_versions < 1:
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: version_policy latest must have num_versions >= 1"
+        )
+    parameters = {k: v.string_value for k, v in proto.parameters.items()}
+    if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
+        raise ConfigError(f"{where}: Response Cache does not currently support model "
+                          f"'{proto.name}' with 'decoupled' transaction policy.")
+    return ModelConfig(
+        name=proto.name,
+        platform=proto.platform,
+        backend=proto.backend,
+        max_batch_size=proto.max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        instance_groups=tuple(groups),
+        scheduler=scheduler,
+        decoupled=proto.model_transaction_policy.decoupled,
+        default_model_filename=proto.default_model_filename,
+        parameters=MappingProxyType(parameters),
+        path=model_path,
+        proto=proto,
+        batching=batching,
+        sequence=sequence,
+        ensemble=ensemble,
+    )
+
+
+def _queue_policy(p: pb.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        reject_on_timeout=p.timeout_action == pb.ModelQueuePolicyTimeoutAction.REJECT,
+        default_timeout_us=p.default_timeout_microseconds,
+        allow_timeout_override=p.allow_timeout_override,
+        max_queue_size=p.max_queue_size,
+    )
+
+
+def _batch_config(proto: pb.ModelConfig, where: str) -> BatchConfig:
+    """The dynamic_batching block, validated with Triton's rules and messages."""
+    db = proto.dynamic_batching
+    name = proto.name
+    label = f"{where}: {CONFIG_FILENAME}"
+    for size in db.preferred_batch_size:
+        if size < 1:
+            raise ConfigError(f"{label}: dynamic batching preferred size must be positive for {name}")
+        if size > max(proto.max_batch_size, 0):
+            raise ConfigError(f"{label}: dynamic batching preferred size must be <= max batch size "
+                              f"for {name} (preferred {size}, max_batch_size {proto.max_batch_size})")
+    levels = db.priority_levels
+    if levels:
+        if not 1 <= db.default_priority_level <= levels:
+            raise ConfigError(f"{label}: default priority level must be in range [1, {levels}] "
+                              f"for {name}")
+        for level in db.priority_queue_policy:
+            if not 1 <= level <= levels:
+                raise ConfigError(f"{label}: priority queue policy must have priority level in "
+                                  f"range [1, {levels}] for {name}")
+    policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+    if db.preserve_ordering:
+        if levels > 1:
+            raise ConfigError(f"{label}: Only one priority level is allowed when "
+                              f"'preserve_ordering' is true for {name}")
+        for p in policies:
+            if p.default_timeout_microseconds and p.timeout_action == pb.ModelQueuePolicyTimeoutAction.DELAY:
+                raise ConfigError(f"{label}: Queue policy can not have DELAY as timeout action "
+                                  f"when 'preserve_ordering' is true for {name}")
+    return BatchConfig(
+        max_batch_size=proto.max_batch_size,
+        preferred_batch_sizes=tuple(sorted(db.preferred_batch_size)),
+        max_queue_delay_us=db.max_queue_delay_microseconds,
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=levels,
+        default_priority_level=db.default_priority_level if levels else 0,
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        level_policies={int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()},
+    )

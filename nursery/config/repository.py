@@ -1,0 +1,172 @@
+"""Pure functions over model repositories: find models, their versions, the version policy.
+
+Layout (Triton's): ``<repo>/<model>/config.pbtxt`` and numbered version folders
+``<repo>/<model>/<n>/`` holding the model file (``model.onnx`` and so on).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import betterproto
+
+from nursery.errors import ConfigError
+from nursery.schema import inference as pb
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLocation:
+    name: str
+    path: Path  # the model's folder
+    repository: Path  # the repository root it was found in
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryScan:
+    models: dict[str, ModelLocation]
+    # models found in more than one repository: Triton refuses to load either copy
+    duplicates: dict[str, tuple[Path, ...]]
+
+
+def scan(repositories: tuple[Path, ...] | list[Path]) -> RepositoryScan:
+    """Every model folder in the given repositories (hidden folders skipped)."""
+    found: dict[str, list[ModelLocation]] = {}
+    for repo in repositories:
+        try:
+            entries = sorted(os.scandir(repo), key=lambda e: e.name)
+        except OSError as exc:
+            raise ConfigError(f"failed to read model repository '{repo}': {exc.strerror}") from exc
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            found.setdefault(entry.name, []).append(
+                ModelLocation(entry.name, Path(entry.path), Path(repo))
+            )
+    models = {name: locs[0] for name, locs in found.items() if len(locs) == 1}
+    duplicates = {
+        name: tuple(loc.repository for loc in locs) for name, locs in found.items() if len(locs) > 1
+    }
+    return RepositoryScan(models, duplicates)
+
+
+def available_versions(model_path: Path) -> list[int]:
+    """Numbered version folders of a model, ascending (non-numeric folders are ignored)."""
+    versions = []
+    try:
+        entries = list(os.scandir(model_path))
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+            versions.append(int(entry.name))
+        elif entry.is_dir() and entry.name == "0":
+            versions.append(0)
+    return sorted(versions)
+
+
+def select_versions(policy: pb.ModelVersionPolicy, available: list[int]) -> list[int]:
+    """Apply a version policy (``latest``, ``all`` or ``specific``) to the versions on disk."""
+    which, value = betterproto.which_one_of(policy, "policy_choice")
+    if which == "all":
+        return sorted(available)
+    if which == "specific":
+        wanted = set(value.versions)
+        return sorted(v for v in available if v in wanted)
+    num = value.num_versions if which == "latest" else 1
+    return sorted(available)[-max(num, 1) :] if available else []
+
+
+# -- snapshots and changes (poll mode, and "reload only if changed") ------------------------
+
+MAX_FILES_PER_MODEL = 10_000  # a fingerprint never walks an unbounded tree
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFingerprint:
+    """What a model folder holds: every file's relative path, size and modification time."""
+
+    files: tuple[tuple[str, int, int], ...]
+
+
+def fingerprint(model_path: Path) -> ModelFingerprint:
+    entries: list[tuple[str, int, int]] = []
+    stack = [model_path]
+    while stack and len(entries) < MAX_FILES_PER_MODEL:
+        folder = stack.pop()
+        try:
+            items = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in items:
+            if entry.name.startswith("."):
+                continue
+            try:
+                if entry.is_dir():
+                    stack.append(Path(entry.path))
+                    continue
+                st = entry.stat()  # follows symlinks: a replaced target counts as a change
+            except OSError:
+                continue
+            rel = os.path.relpath(entry.path, model_path)
+            entries.append((rel, st.st_size, st.st_mtime_ns))
+    return ModelFingerprint(tuple(sorted(entries)))
+
+
+def snapshot(repositories: tuple[Path, ...] | list[Path]) -> dict[str, ModelFingerprint]:
+    """Every model of the repositories (duplicates included, under their name) and its files."""
+    found = scan(repositories)
+    out = {name: fingerprint(loc.path) for name, loc in found.models.items()}
+    for name in found.duplicates:
+        out[name] = ModelFingerprint((("<duplicate>", 0, 0),))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryChanges:
+    added: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.removed)
+
+
+def diff(old: dict[str, ModelFingerprint], new: dict[str, ModelFingerprint]) -> RepositoryChanges:
+    return RepositoryChanges(
+        added=tuple(sorted(set(new) - set(old))),
+        changed=tuple(sorted(n for n in set(new) & set(old) if new[n] != old[n])),
+        removed=tuple(sorted(set(old) - set(new))),
+    )
+
+
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems: a model folder's name cannot be longer
+
+
+def check_model_name(name: str) -> str | None:
+    """Why ``name`` cannot be a model name (a single, plain path component), or None."""
+    if not name:
+        return "the model name is empty"
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return f"'{name}' is not a valid model name: it must be a single folder name"
+    if name.startswith("."):
+        return f"'{name}' is not a valid model name: it must not start with '.'"
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        return (f"'{name[:64]}...' is not a valid model name: it is longer than "
+                f"{MAX_NAME_BYTES} bytes, the longest folder name a file system allows")
+    return None
+
+
+def safe_relative_path(path: str) -> str | None:
+    """``path`` normalised if it stays inside the folder it is relative to, else None."""
+    if not path or "\0" in path or path.startswith(("/", "\\")) or ":" in path.split("/")[0]:
+        return None
+    parts = []
+    for part in path.replace("\\", "/").split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            return None
+        parts.append(part)
+    return "/".join(parts) if parts else None

@@ -1,0 +1,163 @@
+"""Sequence batches on the instance thread: control tensors, implicit state, padding rows.
+
+The scheduler's policy gives every batch one :class:`SlotRow` per row. The instance worker
+that owns the slots keeps each slot's state (:class:`SlotStates`, touched only on its own
+thread): a START row begins from the configured initial state, other rows from what the model
+returned for that slot last time; after the run the slot keeps the model's state output, and
+an END row (or a ``ReleaseSlots`` notice for an idle or ended sequence) drops it. Padding rows
+(``direct`` strategy, a slot with nothing queued) get zero inputs, READY false, and leave the
+slot's state untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nursery.config.model import ModelConfig
+from nursery.config.sequence import END, READY, START, SequenceConfig
+from nursery.errors import InternalError, InvalidArgument
+from nursery.execution import batch as batching
+from nursery.scheduling.sequence_policy import SlotRow
+from nursery.types import DataType, InferenceRequest, InferenceResponse
+
+
+def check_request(request: InferenceRequest, config: ModelConfig, batch_size: int) -> None:
+    """Triton's checks of a request to a sequence model, in its order and words."""
+    seq = config.sequence
+    assert seq is not None
+    model = config.name
+    if batch_size > 1:
+        raise InvalidArgument(f"inference request to model '{model}' must specify batch-size 1 "
+                              "due to requirements of sequence batcher")
+    corrid = request.sequence_id
+    if corrid == 0 or corrid == "":
+        raise InvalidArgument(f"inference request to model '{model}' must specify a non-zero or "
+                              "non-empty correlation ID")
+    if seq.corrid is not None:
+        name, datatype = seq.corrid
+        if isinstance(corrid, str) != (datatype is DataType.BYTES):
+            kind = "string" if isinstance(corrid, str) else "unsigned integer"
+            raise InvalidArgument(
+                f"inference request to model '{model}' has a {kind} correlation ID, but the "
+                f"model's CONTROL_SEQUENCE_CORRID input '{name}' is "
+                f"{datatype.config_name}")
+
+
+class SlotStates:
+    """The implicit state of each sequence slot of one instance."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        assert config.sequence is not None
+        self.config = config
+        self.seq: SequenceConfig = config.sequence
+        self.batching = config.max_batch_size > 0
+        self._states: dict[int, dict[str, np.ndarray]] = {}  # slot -> input name -> array
+
+    def release(self, slots: Sequence[int]) -> None:
+        for slot in slots:
+            self._states.pop(slot, None)
+
+    def held(self) -> dict[int, dict[str, np.ndarray]]:
+        return self._states
+
+    # -- one batch -----------------------------------------------------------------------
+
+    def gather(self, requests: Sequence[InferenceRequest],
+               rows: Sequence[SlotRow]) -> dict[str, np.ndarray]:
+        config = self.config
+        n = len(rows)
+        arrays: dict[str, np.ndarray] = {}
+        first = requests[0]
+        for spec in config.inputs:
+            if spec.name not in first.inputs:
+                continue
+            template = first.inputs[spec.name].data
+            parts = []
+            for row in rows:
+                if row.ready:
+                    tensor = requests[row.item].inputs.get(spec.name)
+                    if tensor is None:
+                        raise InternalError(f"optional input '{spec.name}' is given by only "
+                                            "some requests of a batch")
+                    parts.append(tensor.data)
+                else:
+                    parts.append(np.zeros_like(template))
+            array = parts[0] if n == 1 else np.concatenate(parts, axis=0)
+            if spec.reshape is not None:
+                target = (array.shape[0], *spec.reshape) if self.batching else spec.reshape
+                array = array.reshape(target)
+            arrays[spec.name] = array
+        for control in self.seq.controls:
+            values = [self._flag(control.kind, row) for row in rows]
+            arrays[control.name] = self._control(
+                [control.true if v else control.false for v in values], control.datatype)
+        if self.seq.corrid is not None:
+            name, datatype = self.seq.corrid
+            ids = [row.corrid if row.ready else (b"" if datatype is DataType.BYTES else 0)
+                   for row in rows]
+            arrays[name] = self._corrid(ids, datatype)
+        for state in self.seq.states:
+            parts = []
+            for row in rows:
+                held = self._states.get(row.slot)
+                if (row.ready and row.start) or held is None:
+                    parts.append(state.initial)
+                else:
+                    parts.append(held[state.input_name])
+            if self.batching:
+                arrays[state.input_name] = np.stack(parts)
+            else:
+                arrays[state.input_name] = parts[0]
+        return arrays
+
+    def _flag(self, kind: str, row: SlotRow) -> bool:
+        if kind == READY:
+            return row.ready
+        if not row.ready:
+            return False
+        return row.start if kind == START else row.end if kind == END else False
+
+    def _control(self, values: list[Any], datatype: DataType) -> np.ndarray:
+        array = np.array(values, dtype=datatype.numpy_dtype)
+        return array.reshape(len(values), 1) if self.batching else array.reshape(1)
+
+    def _corrid(self, ids: list[Any], datatype: DataType) -> np.ndarray:
+        if datatype is DataType.BYTES:
+            array = np.array([i.encode() if isinstance(i, str) else i for i in ids], dtype=object)
+        else:  # a 32-bit control carries the ID's low-order 32 bits, as in Triton
+            bits = 64 if datatype.itemsize == 8 else 32
+            raw = np.array([int(i) & ((1 << bits) - 1) for i in ids],
+                           dtype=np.uint64 if bits == 64 else np.uint32)
+            array = raw.view(datatype.numpy_dtype)
+        return array.reshape(len(ids), 1) if self.batching else array.reshape(1)
+
+    def output_names(self, requests: Sequence[InferenceRequest]) -> list[str]:
+        names = batching.output_names(requests, self.config)
+        return names + [n for n in self.seq.state_outputs if n not in names]
+
+    def scatter(self, requests: Sequence[InferenceRequest], rows: Sequence[SlotRow],
+                results: dict[str, np.ndarray], version: str) -> list[InferenceResponse]:
+        """Keep each ready row's state output for its slot; answer the real requests."""
+        for state in self.seq.states:
+            out = results.pop(state.output_name, None)
+            if out is None:
+                raise InternalError(f"model '{self.config.name}' did not produce its state "
+                                    f"output '{state.output_name}'")
+            out = np.asarray(out)
+            for index, row in enumerate(rows):
+                if not row.ready:
+                    continue
+                value = np.array(out[index] if self.batching else out, copy=True)
+                self._states.setdefault(row.slot, {})[state.input_name] = value
+        for row in rows:
+            if row.ready and row.end:
+                self._states.pop(row.slot, None)  # the sequence is over: its state goes
+        real = [i for i, row in enumerate(rows) if row.ready]
+        if len(real) != len(rows) and self.batching:
+            index = np.array(real)
+            results = {name: np.asarray(array)[index] for name, array in results.items()}
+        return batching.split_outputs(requests, [1] * len(requests), results, self.config,
+                                      version)

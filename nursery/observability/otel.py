@@ -1,0 +1,131 @@
+"""OpenTelemetry trace mode (``--trace-config mode=opentelemetry``), as Triton exports it.
+
+Each finished :class:`~nursery.observability.tracing.Trace` becomes three spans sent over OTLP/HTTP: a top
+level span ``InferRequest`` (receive to send, with the frontend's stamps as events), a model
+span named after the model (``REQUEST_START`` to ``REQUEST_END``, with ``QUEUE_START``), and a
+``compute`` span (``COMPUTE_START`` to ``COMPUTE_END``, with the input-end and output-start
+stamps). Each carries ``triton.model_name``, ``triton.model_version`` and
+``triton.request_id`` attributes. Stamps are taken on the monotonic clock and moved to the
+wall clock once, when the exporter starts. A ``traceparent`` header on the request makes the
+top span a child of the caller's span (context propagation).
+
+Settings (``--trace-config opentelemetry,<key>=<value>``): ``url`` (default
+``http://localhost:4318/v1/traces``), ``resource`` (``key=value``, repeatable; default
+``service.name=triton-inference-server``), ``bsp_max_queue_size`` (2048),
+``bsp_schedule_delay`` (5000 ms), ``bsp_max_export_batch_size`` (512).
+
+The OpenTelemetry SDK and its OTLP/HTTP exporter are optional (the ``otel`` extra) and
+imported only in this mode; the SDK's batch span processor exports from its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("nursery.trace")
+
+_FRONTEND = ("HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END",
+             "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END")
+
+
+@dataclass(frozen=True)
+class OtelSettings:
+    url: str = "http://localhost:4318/v1/traces"
+    resource: tuple[tuple[str, str], ...] = field(
+        default_factory=lambda: (("service.name", "triton-inference-server"),))
+    bsp_max_queue_size: int = 2048
+    bsp_schedule_delay: int = 5000
+    bsp_max_export_batch_size: int = 512
+
+    @classmethod
+    def from_entries(cls, entries: list[tuple[str, str]]) -> OtelSettings:
+        values: dict[str, Any] = {}
+        resource: list[tuple[str, str]] = []
+        for key, value in entries:
+            if key == "url":
+                values["url"] = value
+            elif key == "resource":
+                k, sep, v = value.partition("=")
+                if not sep:
+                    raise ValueError(f"opentelemetry,resource expects key=value, got '{value}'")
+                resource.append((k, v))
+            elif key in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
+                try:
+                    values[key] = int(value)
+                except ValueError:
+                    raise ValueError(f"opentelemetry,{key} expects a number, got '{value}'") from None
+            else:
+                raise ValueError(f"unknown opentelemetry trace setting '{key}'")
+        if resource:
+            values["resource"] = tuple(resource)
+        return cls(**values)
+
+
+class OtelExporter:
+    """Turns finished traces into spans and hands them to the SDK's batch processor."""
+
+    def __init__(self, settings: OtelSettings) -> None:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+        except ImportError as exc:
+            raise ValueError("--trace-config mode=opentelemetry needs the OpenTelemetry SDK and "
+                             "its OTLP/HTTP exporter: pip install 'nursery[otel]'") from exc
+        self.provider = TracerProvider(resource=Resource.create(dict(settings.resource)))
+        self.provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=settings.url),
+            max_queue_size=settings.bsp_max_queue_size,
+            schedule_delay_millis=settings.bsp_schedule_delay,
+            max_export_batch_size=settings.bsp_max_export_batch_size))
+        self.tracer = self.provider.get_tracer("nursery")
+        self.propagator = TraceContextTextMapPropagator()
+        self.offset = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock
+        log.info("OpenTelemetry tracing: exporting to %s", settings.url)
+
+    def export(self, trace: Any) -> None:
+        from opentelemetry import trace as otel
+
+        if not trace.stamps:
+            return
+        at = {name: ns + self.offset for name, ns in trace.stamps}
+        first = min(at.values())
+        last = max(at.values())
+        attrs = {"triton.model_name": trace.model_name,
+                 "triton.model_version": int(trace.model_version),
+                 "triton.request_id": trace.request_id}
+        parent = None
+        if trace.traceparent:
+            parent = self.propagator.extract({"traceparent": trace.traceparent})
+        top = self.tracer.start_span("InferRequest", context=parent, start_time=first,
+                                     attributes=attrs)
+        for name in _FRONTEND:
+            if name in at:
+                top.add_event(name, timestamp=at[name])
+        top_ctx = otel.set_span_in_context(top)
+        model = self.tracer.start_span(trace.model_name, context=top_ctx,
+                                       start_time=at.get("REQUEST_START", first),
+                                       attributes=attrs)
+        for name in ("REQUEST_START", "QUEUE_START", "REQUEST_END"):
+            if name in at:
+                model.add_event(name, timestamp=at[name])
+        if "COMPUTE_START" in at:
+            compute = self.tracer.start_span("compute", context=otel.set_span_in_context(model),
+                                             start_time=at["COMPUTE_START"], attributes=attrs)
+            for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+                         "COMPUTE_END"):
+                if name in at:
+                    compute.add_event(name, timestamp=at[name])
+            compute.end(end_time=at.get("COMPUTE_END", last))
+        model.end(end_time=at.get("REQUEST_END", last))
+        top.end(end_time=last)
+
+    def close(self) -> None:
+        self.provider.shutdown()  # flushes what is queued

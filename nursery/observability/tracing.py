@@ -1,0 +1,382 @@
+"""Request tracing as Triton does it: settings, sampling, timestamps, and the trace file.
+
+Settings (Triton's trace extension): ``trace_level`` (``OFF``, or any of ``TIMESTAMPS`` and
+``TENSORS``), ``trace_rate`` (trace one request in N), ``trace_count`` (traces left to take,
+-1 for no limit), ``log_frequency`` (write the file every N traces; 0: at shutdown),
+``trace_file`` and ``trace_mode`` (``triton``). Global settings start from the command line;
+a model may override any of them, the rest follow the global ones; clearing a setting
+(``null``) falls back to the command line's value (global) or the global one (model).
+
+A sampled request carries a :class:`Trace` (``InferenceRequest.trace``): the frontend, the
+core and the instance worker stamp it at the stages of the house plan (``HTTP_RECV_START`` ...
+``REQUEST_START``, ``QUEUE_START``, ``COMPUTE_START``, ``COMPUTE_INPUT_END``,
+``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, ``REQUEST_END`` ... ``HTTP_SEND_START``), each
+``time.monotonic_ns()``, as Triton's steady-clock stamps. Finished traces go to their file in
+Triton's JSON shape: for each trace one object with ``id``, ``model_name``, ``model_version``
+(and ``request_id``), then one with its ``timestamps``, then one per traced tensor.
+
+Untraced requests pay one attribute check; nothing here runs unless a level is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from nursery.errors import InvalidArgument, Unsupported
+
+log = logging.getLogger("nursery.trace")
+
+LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    trace_file: str = ""
+    trace_level: tuple[str, ...] = ("OFF",)
+    trace_rate: int = 1000
+    trace_count: int = -1
+    log_frequency: int = 0
+    trace_mode: str = "triton"
+    # --trace-config opentelemetry,<key>=<value> entries (start-up only, not in the extension)
+    otel: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def on(self) -> bool:
+        return any(level != "OFF" for level in self.trace_level)
+
+    @property
+    def tensors(self) -> bool:
+        return "TENSORS" in self.trace_level
+
+    def to_json(self) -> dict[str, Any]:
+        if self.trace_mode == "opentelemetry":  # Triton shows no file settings in this mode
+            return {"trace_level": list(self.trace_level), "trace_rate": str(self.trace_rate),
+                    "trace_count": str(self.trace_count), "trace_mode": self.trace_mode}
+        return {"trace_file": self.trace_file, "trace_level": list(self.trace_level),
+                "trace_rate": str(self.trace_rate), "trace_count": str(self.trace_count),
+                "log_frequency": str(self.log_frequency), "trace_mode": self.trace_mode}
+
+
+def _one(key: str, value: Any) -> str:
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise InvalidArgument(f"expecting a single value for '{key}', got {len(value)}")
+        value = value[0]
+    if not isinstance(value, str):
+        raise InvalidArgument(f"expecting a string for '{key}'")
+    return value
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    text = _one(key, value)
+    try:
+        number = int(text)
+    except ValueError:
+        raise InvalidArgument(f"Unable to parse '{key}', got: {text}") from None
+    if number < minimum:
+        raise InvalidArgument(f"'{key}' must be >= {minimum}, got: {text}")
+    return number
+
+
+def parse_setting(key: str, value: Any) -> Any:
+    """One setting from the extension's JSON (a string, or a list of strings) to its type."""
+    if key == "trace_level":
+        levels = value if isinstance(value, list) else [value]
+        if not levels or not all(isinstance(v, str) for v in levels):
+            raise InvalidArgument("expecting a list of strings for 'trace_level'")
+        for level in levels:
+            if level not in LEVELS:
+                raise InvalidArgument(f"Unsupported trace level '{level}' (expected OFF, "
+                                      "TIMESTAMPS or TENSORS)")
+        chosen = tuple(dict.fromkeys(v for v in levels if v != "OFF"))
+        return chosen or ("OFF",)
+    if key == "trace_rate":
+        return _int(key, value, 1)
+    if key == "trace_count":
+        return _int(key, value, -1)
+    if key == "log_frequency":
+        return _int(key, value, 0)
+    if key == "trace_file":
+        return _one(key, value)
+    if key == "trace_mode":
+        mode = _one(key, value)
+        if mode not in ("triton", "opentelemetry"):
+            raise InvalidArgument(f"unknown trace mode '{mode}' (expected triton or "
+                                  "opentelemetry)")
+        return mode
+    raise InvalidArgument(f"unknown trace setting '{key}'")
+
+
+def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
+    """``--trace-config`` entries (``[mode,]setting=value``) and the deprecated flags, as
+    Triton reads them."""
+    values: dict[str, Any] = {}
+    levels: list[str] = []
+    otel: list[tuple[str, str]] = []
+    for entry in entries:
+        mode, _, rest = entry.partition(",") if "," in entry else ("", "", entry)
+        if mode and mode not in ("triton", "opentelemetry"):
+            raise ValueError(f"unknown trace mode '{mode}' in --trace-config {entry}")
+        key, sep, value = rest.partition("=")
+        if not sep:
+            raise ValueError(f"--trace-config expects <setting>=<value>, got '{entry}'")
+        key = key.strip().replace("-", "_")
+        if mode == "opentelemetry":
+            otel.append((key, value))
+            continue
+        mapped = {"rate": "trace_rate", "level": "trace_level", "count": "trace_count",
+                  "mode": "trace_mode", "file": "trace_file", "log_frequency": "log_frequency"}
+        if key not in mapped:
+            raise ValueError(f"unknown trace setting '{key}' in --trace-config {entry}")
+        if mapped[key] == "trace_level":
+            levels.append(value.upper())
+        else:
+            try:
+                values[mapped[key]] = parse_setting(mapped[key], value)
+            except (InvalidArgument, Unsupported) as exc:
+                raise ValueError(f"--trace-config {entry}: {exc.message}") from None
+    if levels:
+        try:
+            values["trace_level"] = parse_setting("trace_level", levels)
+        except InvalidArgument as exc:
+            raise ValueError(f"--trace-config: {exc.message}") from None
+    if otel:
+        from nursery.observability.otel import OtelSettings
+
+        OtelSettings.from_entries(otel)  # report bad settings at the command line
+        values["otel"] = tuple(otel)
+    return replace(TraceSettings(), **values)
+
+
+class Trace:
+    """The record of one sampled request (written by the trio thread and one instance
+    thread, never at the same time: the request moves from one to the other)."""
+
+    __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "tensors",
+                 "traceparent", "_sink", "_tensor_level")
+
+    def __init__(self, trace_id: int, model_name: str, sink: Any, tensors: bool) -> None:
+        self.id = trace_id
+        self.model_name = model_name
+        self.model_version = -1
+        self.request_id = ""
+        self.stamps: list[tuple[str, int]] = []
+        self.tensors: list[dict[str, Any]] = []
+        self.traceparent = ""  # W3C trace context from the client (OpenTelemetry mode)
+        self._sink = sink
+        self._tensor_level = tensors
+
+    def stamp(self, name: str, ns: int | None = None) -> None:
+        self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
+
+    def tensor(self, activity: str, name: str, datatype: str, array: Any) -> None:
+        if not self._tensor_level:
+            return
+        flat = np.asarray(array).reshape(-1)
+        if flat.dtype == object:
+            data = ",".join(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                            for v in flat.tolist())
+        else:
+            data = ",".join(str(v) for v in flat.tolist())
+        self.tensors.append({"id": self.id, "activity": activity, "tensor": {
+            "name": name, "data": data, "shape": ",".join(str(d) for d in np.shape(array)),
+            "dtype": datatype}})
+
+    def finish(self) -> None:
+        self._sink.add(self)
+
+    def records(self) -> list[dict[str, Any]]:
+        head: dict[str, Any] = {"id": self.id, "model_name": self.model_name,
+                                "model_version": self.model_version}
+        if self.request_id:
+            head["request_id"] = self.request_id
+        out = [head, {"id": self.id, "timestamps": [{"name": n, "ns": ns}
+                                                      for n, ns in self.stamps]}]
+        return out + self.tensors
+
+
+class _Sink:
+    """Where finished traces of one file go: buffered, written every ``log_frequency``
+    traces to ``file.N`` (or at :meth:`flush` to ``file``)."""
+
+    def __init__(self, path: str, log_frequency: int) -> None:
+        self.path = path
+        self.log_frequency = log_frequency
+        self.index = 0
+        self.buffer: list[dict[str, Any]] = []
+        self.traces = 0
+        self.lock = threading.Lock()  # traces finish on the trio thread; flush at shutdown
+
+    def add(self, trace: Trace) -> None:
+        with self.lock:
+            self.buffer.extend(trace.records())
+            self.traces += 1
+            if self.log_frequency and self.traces >= self.log_frequency:
+                self._write(f"{self.path}.{self.index}")
+                self.index += 1
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.buffer or not self.log_frequency:
+                name = self.path if not self.log_frequency else f"{self.path}.{self.index}"
+                if self.buffer:
+                    self._write(name)
+
+    def _write(self, name: str) -> None:
+        records, self.buffer, self.traces = self.buffer, [], 0
+        if not self.path:
+            return  # tracing with no file: nothing to keep
+        try:
+            with open(name, "w") as f:
+                json.dump(records, f)
+        except OSError as exc:
+            log.error("failed to write trace file '%s': %s", name, exc)
+
+
+class _OtelSink:
+    """Finished traces go to OpenTelemetry (``trace_mode`` opentelemetry)."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.exporter = exporter
+
+    def add(self, trace: Trace) -> None:
+        try:
+            self.exporter.export(trace)
+        except Exception:
+            log.exception("failed to export a trace to OpenTelemetry")
+
+    def flush(self) -> None:
+        self.exporter.close()
+
+
+class _Sampler:
+    """The counters of one settings holder (global, or a model with its own settings)."""
+
+    __slots__ = ("seen", "remaining")
+
+    def __init__(self, count: int) -> None:
+        self.seen = 0
+        self.remaining = count
+
+
+class TraceManager:
+    """Global and per-model trace settings and the sampling decision (trio thread only)."""
+
+    def __init__(self, startup: TraceSettings) -> None:
+        self.startup = startup
+        self.global_overrides: dict[str, Any] = {}
+        self.model_overrides: dict[str, dict[str, Any]] = {}
+        self._samplers: dict[str, _Sampler] = {}
+        self._sinks: dict[tuple[str, int], _Sink] = {}
+        self._next_id = 1
+        self.active = False
+        self._otel: _OtelSink | None = None
+        if startup.trace_mode == "opentelemetry":
+            from nursery.observability.otel import OtelExporter, OtelSettings
+
+            self._otel = _OtelSink(OtelExporter(OtelSettings.from_entries(list(startup.otel))))
+        self._refresh()
+
+    # -- settings ----------------------------------------------------------------------------
+
+    def global_settings(self) -> TraceSettings:
+        settings = replace(self.startup, **self.global_overrides)
+        sampler = self._samplers.get("")
+        if sampler is not None and settings.trace_count >= 0:
+            settings = replace(settings, trace_count=sampler.remaining)
+        return settings
+
+    def settings(self, model: str = "") -> TraceSettings:
+        base = self.global_settings()
+        if not model or model not in self.model_overrides:
+            return base
+        settings = replace(base, **self.model_overrides[model])
+        sampler = self._samplers.get(model)
+        if sampler is not None and settings.trace_count >= 0:
+            settings = replace(settings, trace_count=sampler.remaining)
+        return settings
+
+    def update(self, model: str, changes: dict[str, Any]) -> TraceSettings:
+        """Apply the extension's update (``None`` clears a setting); all or nothing."""
+        if self._otel is not None:
+            raise Unsupported("trace settings can not be updated through network protocol in "
+                              "opentelemetry trace mode")
+        parsed: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key not in KEYS:
+                raise InvalidArgument(f"unknown trace setting '{key}'")
+            if key == "trace_file" and value is not None:
+                raise Unsupported("trace file location can not be updated through network "
+                                  "protocol")
+            if key == "trace_mode" and value is not None:
+                raise Unsupported("trace mode can not be updated through network protocol")
+            parsed[key] = None if value is None else parse_setting(key, value)
+        target = self.global_overrides if not model else self.model_overrides.setdefault(model, {})
+        if model and not changes:
+            self.model_overrides.pop(model, None)  # an empty update clears the model's settings
+        for key, value in parsed.items():
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+        if model and model in self.model_overrides and not self.model_overrides[model]:
+            del self.model_overrides[model]
+        # counts restart from the new settings
+        if "trace_count" in parsed or "trace_rate" in parsed or "trace_level" in parsed:
+            self._samplers.pop(model, None)
+        self._refresh()
+        return self.settings(model)
+
+    def _refresh(self) -> None:
+        self.active = self.global_settings().on or any(
+            self.settings(m).on for m in self.model_overrides)
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    def start(self, model: str, traceparent: str = "") -> Trace | None:
+        """A new trace for this request of ``model`` when the settings sample it. In
+        OpenTelemetry mode a request that carries a ``traceparent`` is always traced."""
+        if not self.active:
+            return None
+        owner = model if model in self.model_overrides else ""
+        settings = self.settings(owner)
+        if not settings.on:
+            return None
+        forced = bool(traceparent) and self._otel is not None
+        sampler = self._samplers.get(owner)
+        if sampler is None:
+            sampler = self._samplers[owner] = _Sampler(settings.trace_count)
+        if not forced:
+            sampler.seen += 1
+            if sampler.remaining == 0 or sampler.seen % settings.trace_rate:
+                return None
+            if sampler.remaining > 0:
+                sampler.remaining -= 1
+        sink: Any = self._otel
+        if sink is None:
+            key = (settings.trace_file, settings.log_frequency)
+            sink = self._sinks.get(key)
+            if sink is None:
+                sink = self._sinks[key] = _Sink(*key)
+        trace = Trace(self._next_id, model, sink, settings.tensors)
+        trace.traceparent = traceparent if forced else ""
+        self._next_id += 1
+        return trace
+
+    def close(self) -> None:
+        """Write what is buffered (at shutdown)."""
+        for sink in self._sinks.values():
+            sink.flush()
+        if self._otel is not None:
+            self._otel.flush()
+
+
+__all__ = ["TraceManager", "TraceSettings", "Trace", "settings_from_config", "KEYS"]

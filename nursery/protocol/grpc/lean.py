@@ -1,0 +1,375 @@
+"""gRPC on the lean HTTP/2 server (``h2_server.py``): the same services, no asyncio.
+
+grpclib's services are reused as they are: each method's handler (``__mapping__``) is called
+with :class:`Call`, a small stand-in for ``grpclib.server.Stream`` (``recv_message``,
+``send_message``, ``send_trailing_metadata``, ``metadata``, ``deadline``), so every RPC has one
+implementation whichever server hosts it. The request checks and status answers follow
+grpclib's (``grpclib.server.request_handler``): the same HTTP statuses for a wrong method,
+content-type or ``te``; UNIMPLEMENTED for an unknown method; ``grpc-timeout`` honoured with
+DEADLINE_EXCEEDED; errors as ``grpc-status``/``grpc-message`` trailers, Trailers-Only when
+nothing was sent yet. A stream reset by the client cancels its handler, which abandons the core
+request as an HTTP disconnect does. An unexpected exception in a handler (an exception group
+included) is answered INTERNAL and counted in the server's ``internal_errors``.
+
+Sizes (docs/architecture.md, rule 9): a message's declared length (the 5-byte prefix) is checked
+against ``--grpc-max-input-size`` before a byte of it is buffered, and a compressed message is
+inflated in steps of at most ``_INFLATE_STEP`` bytes, refused with RESOURCE_EXHAUSTED as soon
+as its output would pass the same limit: a small gzip body never becomes a large allocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import zlib
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote
+
+import grpclib
+import grpclib.const
+import grpclib.exceptions
+import trio
+from grpclib.const import Status
+
+from nursery.core import Core
+from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
+from nursery.protocol.grpc.h2 import (
+    H2Server,
+    Stream,
+    StreamReset,
+    encode_headers,
+    only_gone,
+    timeout_seconds,
+)
+from nursery.protocol.grpc.service import Draining, HealthService, InferenceService
+from nursery.runtime.supervision import split_unexpected
+from nursery.settings import DEFAULT_GRPC_MAX_INPUT_SIZE, Settings
+
+log = logging.getLogger("nursery.grpc")
+
+_CONTENT_TYPES = {"application/grpc", "application/grpc+proto"}
+_ENCODINGS = ("identity", "gzip", "deflate")
+HEAD = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                       (b"grpc-accept-encoding", b",".join(e.encode() for e in _ENCODINGS))])
+OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
+# grpclib's percent-encoding of grpc-message: printable ASCII except '%' stays as it is
+_UNQUOTED = "".join(chr(i) for i in range(0x20, 0x7F) if chr(i) != "%")
+_SPECIAL = {"te", "content-type", "user-agent"}
+_INFLATE_STEP = 1024 * 1024  # the most one decompress() call may produce
+
+
+def status_headers(status: Status, message: str | None) -> list[tuple[bytes, bytes]]:
+    headers = [(b"grpc-status", str(status.value).encode())]
+    if message:
+        headers.append((b"grpc-message", quote(message, safe=_UNQUOTED).encode("ascii")))
+    return headers
+
+
+def too_large(size: int | str, limit: int) -> grpclib.GRPCError:
+    """gRPC's answer to a message over the limit (grpc core's status and wording)."""
+    return grpclib.GRPCError(Status.RESOURCE_EXHAUSTED,
+                             f"Received message larger than max ({size} vs. {limit})")
+
+
+def parse_prefix(prefix: bytes | bytearray, limit: int) -> tuple[bool, int]:
+    """The compressed flag and the length of a gRPC message's 5-byte prefix; a length over
+    ``limit`` is refused here, before any of the message is buffered."""
+    flag = prefix[0]
+    if flag > 1:
+        raise grpclib.GRPCError(Status.INTERNAL, f"Invalid compressed-flag {flag} in message")
+    length = int.from_bytes(prefix[1:5], "big")
+    if length > limit:
+        raise too_large(length, limit)
+    return bool(flag), length
+
+
+def decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    """A message compressed with ``encoding`` (grpc-encoding), inflated in steps of at most
+    ``_INFLATE_STEP`` bytes: refused with RESOURCE_EXHAUSTED once the output would pass
+    ``limit``, so at most ``limit`` bytes are ever allocated for it."""
+    if encoding == "identity":
+        raise grpclib.GRPCError(Status.INTERNAL, "Compressed message without a grpc-encoding header")
+    if encoding not in _ENCODINGS:
+        raise grpclib.GRPCError(
+            Status.UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported")
+    inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
+    out = bytearray()
+    pending = data
+    try:
+        while True:
+            room = limit - len(out)
+            chunk = inflater.decompress(pending, min(_INFLATE_STEP, room + 1))
+            if len(chunk) > room:
+                raise too_large(f"more than {limit} bytes decompressed", limit)
+            out += chunk
+            pending = inflater.unconsumed_tail
+            if not pending and len(chunk) < _INFLATE_STEP:
+                break  # all input consumed and the inflater ran dry
+    except zlib.error:
+        raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message") from None
+    if not inflater.eof:
+        raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message")
+    if inflater.unused_data:
+        raise grpclib.GRPCError(Status.INTERNAL, "Unable to decompress message")
+    return bytes(out)
+
+
+class Call:
+    """One RPC, as a grpclib handler sees its ``Stream``."""
+
+    def __init__(self, stream: Stream, handler: grpclib.const.Handler, codec: StrictProtoCodec,
+                 encoding: str, metadata: dict[str, str], deadline: float | None,
+                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE) -> None:
+        self.stream = stream
+        self.handler = handler
+        self.codec = codec
+        self.max_input = max_input
+        self.encoding = encoding
+        self.metadata = metadata
+        self.deadline = deadline
+        self.user_agent = metadata.get("user-agent")
+        self.head_sent = False
+        self.done = False
+        self.reply: bytes | None = None  # a unary reply, sent with the trailers
+        self._buf = bytearray()
+        self._ended = False
+        self._received = False  # a message has arrived
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def _fill(self, n: int) -> bool:
+        buf = self._buf
+        while len(buf) < n:
+            if self._ended:
+                return False
+            chunk = await self.stream.receive_data()
+            if not chunk:
+                self._ended = True
+                return False
+            buf += chunk
+        return True
+
+    async def recv_message(self) -> Any:
+        if not await self._fill(5):
+            if self._buf:
+                raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
+            if not self._received and not self.handler.cardinality.client_streaming:
+                raise grpclib.GRPCError(Status.INTERNAL, "Missing request message")
+            return None
+        self._received = True
+        buf = self._buf
+        compressed, length = parse_prefix(buf, self.max_input)
+        if not await self._fill(5 + length):
+            raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
+        data = bytes(buf[5:5 + length])
+        del buf[:5 + length]
+        if compressed:
+            data = decompress(data, self.encoding, self.max_input)
+        return self.codec.decode(data, self.handler.request_type)
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.recv_message()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send_initial_metadata(self, *, metadata: Any = None) -> None:
+        if self.head_sent:
+            raise grpclib.exceptions.ProtocolError("Initial metadata was already sent")
+        block = HEAD
+        if metadata:
+            block += encode_headers([(k.encode(), v.encode()) for k, v in dict(metadata).items()])
+        self.head_sent = True
+        await self.stream.send_headers(block)
+
+    async def send_message(self, message: Any) -> None:
+        data = self.codec.encode(message, self.handler.reply_type)
+        framed = b"\x00" + len(data).to_bytes(4, "big") + data
+        if not self.handler.cardinality.server_streaming:
+            if self.reply is not None:
+                raise grpclib.exceptions.ProtocolError("Message was already sent")
+            self.reply = framed  # sent with the trailers, in one write
+            return
+        if not self.head_sent:
+            await self.send_initial_metadata()
+        await self.stream.send_data(framed)
+
+    async def send_trailing_metadata(self, *, status: Status = Status.OK,
+                                     status_message: str | None = None,
+                                     status_details: Any = None, metadata: Any = None) -> None:
+        if self.done:
+            raise grpclib.exceptions.ProtocolError("Trailing metadata was already sent")
+        self.done = True
+        if status is Status.OK and self.reply is None \
+                and not self.handler.cardinality.server_streaming:
+            status, status_message = Status.UNKNOWN, "Internal Server Error"
+        headers = status_headers(status, status_message)
+        if metadata:
+            headers += [(k.encode(), v.encode()) for k, v in dict(metadata).items()]
+        trailers = encode_headers(headers)
+        if self.reply is not None and status is Status.OK:
+            await self.stream.send_response(HEAD, self.reply, trailers)
+        elif self.head_sent:
+            await self.stream.send_headers(trailers, end_stream=True)
+        else:  # Trailers-Only
+            await self.stream.send_headers(HEAD + trailers, end_stream=True)
+
+
+def status_answer(exc: BaseException) -> grpclib.GRPCError | None:
+    """The first GRPCError of an exception group whose leaves are all GRPCErrors or a
+    departed peer; None when anything else is in it."""
+    if isinstance(exc, BaseExceptionGroup):
+        found = None
+        for leaf in exc.exceptions:
+            answer = status_answer(leaf)
+            if answer is None and not only_gone(leaf):
+                return None
+            found = found or answer
+        return found
+    return exc if isinstance(exc, grpclib.GRPCError) else None
+
+
+async def _abort(stream: Stream, http_status: int, status: Status | None = None,
+                 message: str | None = None) -> None:
+    headers = [(b":status", str(http_status).encode())]
+    if http_status == 200:
+        headers.append((b"content-type", b"application/grpc"))
+    if status is not None:
+        headers += status_headers(status, message)
+    await stream.send_headers(encode_headers(headers), end_stream=True)
+
+
+class GrpcApp:
+    """Routes each HTTP/2 stream to its service method (the grpclib handler mapping)."""
+
+    def __init__(self, services: Iterable[Any], codec: StrictProtoCodec,
+                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE) -> None:
+        self.mapping: dict[str, grpclib.const.Handler] = {}
+        for service in services:
+            self.mapping.update(service.__mapping__())
+        self.codec = codec
+        self.max_input = max_input
+
+    async def __call__(self, stream: Stream) -> None:
+        headers = dict(stream.headers)
+        if headers.get(":method") != "POST":
+            await _abort(stream, 405)
+            return
+        content_type = headers.get("content-type")
+        if content_type is None:
+            await _abort(stream, 415, Status.UNKNOWN, "Missing content-type header")
+            return
+        if content_type not in _CONTENT_TYPES:
+            await _abort(stream, 415, Status.UNKNOWN, "Unacceptable content-type header")
+            return
+        if headers.get("te") != "trailers":
+            await _abort(stream, 400, Status.UNKNOWN, 'Required "te: trailers" header is missing')
+            return
+        handler = self.mapping.get(headers.get(":path", ""))
+        if handler is None:
+            await _abort(stream, 200, Status.UNIMPLEMENTED, "Method not found")
+            return
+        deadline = None
+        timeout = headers.get("grpc-timeout")
+        if timeout is not None:
+            try:
+                deadline = trio.current_time() + timeout_seconds(timeout)
+            except ValueError:
+                await _abort(stream, 200, Status.UNKNOWN, "Invalid grpc-timeout header")
+                return
+        metadata = {k: v for k, v in stream.headers
+                    if not k.startswith((":", "grpc-")) and k not in _SPECIAL}
+        call = Call(stream, handler, self.codec, headers.get("grpc-encoding", "identity"),
+                    metadata, deadline, self.max_input)
+        status, message = Status.OK, None
+        try:
+            with trio.move_on_at(deadline if deadline is not None else float("inf")) as scope:
+                await handler.func(call)
+            if scope.cancelled_caught:
+                status, message = Status.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        except grpclib.GRPCError as error:
+            status, message = error.status, error.message
+        except StreamReset:
+            return
+        except BaseException as exc:  # the call's boundary: groups split, Cancelled kept
+            rest, fatal = split_unexpected(exc)
+            if fatal is exc:
+                raise
+            if fatal is not None:
+                raise fatal from None
+            assert rest is not None
+            if only_gone(rest):
+                return  # the client or the connection went away: nobody to answer
+            answer = status_answer(rest)
+            if answer is not None:  # a status raised in a task of the handler's nursery
+                status, message = answer.status, answer.message
+            else:
+                stream.conn.server.internal_error(f"gRPC method {headers.get(':path')}", rest)
+                status, message = Status.INTERNAL, "Internal Server Error"
+        if not call.done:
+            await call.send_trailing_metadata(status=status, status_message=message)
+
+
+def _seconds(ms: int) -> float:
+    """A millisecond flag in seconds; 0 or less (or Triton's INT_MAX) turns the clock off."""
+    return math.inf if ms <= 0 or ms >= 2**31 - 1 else ms / 1000
+
+
+def h2_server_for(app: GrpcApp, settings: Settings) -> H2Server:
+    """The HTTP/2 server with the gRPC flags' limits, keepalive and ping policy."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and settings.grpc_max_connections > soft // 2:
+        log.warning("--grpc-max-connections %d is more than half of this process's file "
+                    "descriptor limit (%d): connections may fail to open before the cap "
+                    "refuses them", settings.grpc_max_connections, soft)
+    return H2Server(
+        app,
+        max_connections=settings.grpc_max_connections,
+        handshake_timeout=_seconds(settings.grpc_handshake_timeout),
+        idle_timeout=_seconds(settings.grpc_idle_timeout),
+        keepalive_time=_seconds(settings.grpc_keepalive_time),
+        keepalive_timeout=_seconds(settings.grpc_keepalive_timeout),
+        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+        max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+        min_recv_ping_interval=settings.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        max_ping_strikes=settings.grpc_http2_max_ping_strikes,
+        write_timeout=_seconds(settings.grpc_write_timeout),
+    )
+
+
+async def serve_lean(
+    core: Core,
+    host: str,
+    port: int,
+    shutdown: trio.Event,
+    settings: Settings | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The gRPC port on the lean server; shutdown as ``grpc_server.serve_grpc``: refuse new
+    inference RPCs, let those in flight finish, then GOAWAY and close. ``settings`` gives the
+    port's limits and keepalive (the defaults when None)."""
+    draining = Draining()
+    inference = InferenceService(core, draining)
+    inference.native = True
+    options = settings if settings is not None else Settings(model_repositories=())
+    app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size)
+    server = h2_server_for(app, options)
+    server.faults = core.faults  # counted in nursery_internal_errors_total{unit="grpc"}
+    inference.on_internal_error = server.internal_error
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(server.serve, host, port)
+        task_status.started(binds)
+        try:
+            await shutdown.wait()
+            draining.draining = True
+            await draining.idle.wait()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await server.close()

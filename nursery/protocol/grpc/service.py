@@ -1,0 +1,481 @@
+"""GRPCInferenceService: every RPC of Triton's gRPC API, each a few lines calling the core.
+
+grpclib runs these handlers on the trio-asyncio loop (see ``grpc_server.py``); each handler
+crosses into trio once (``trio_as_aio``) to reach the core. Errors become gRPC statuses in one
+place (:func:`_status`), with the codes of ``status_map``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import betterproto
+import grpclib
+import grpclib.const
+import grpclib.server
+import trio
+import trio_asyncio
+
+from nursery.actors.model_client import Part, stream_decoupled
+from nursery.config.json_form import ConfigJsonError, config_from_json
+from nursery.core import Core
+from nursery.errors import ErrorKind, InvalidArgument, NurseryError, Unavailable, Unsupported
+from nursery.protocol.codecs import grpc_messages as grpc_codec
+from nursery.protocol.codecs import stats as stats_codec
+from nursery.protocol.codecs.grpc_wire import FINAL_RESPONSE, encode_stream_response
+from nursery.protocol.codecs.status import GRPC_STATUS
+from nursery.protocol.grpc.h2 import only_gone
+from nursery.schema import inference as pb
+from nursery.schema.grpc.health import v1 as health_pb
+from nursery.types import InferenceResponse
+
+NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
+INTERNAL_MESSAGE = "Internal Server Error"
+# requests of one ModelStreamInfer stream in flight at once (as many as a connection's
+# concurrent unary calls); beyond it the stream is not read until one is answered, so the
+# client is held back by flow control instead of queueing without bound
+MAX_STREAM_IN_FLIGHT = 4096
+
+log = logging.getLogger("nursery.grpc")
+
+
+def log_internal_error(where: str, exc: BaseException) -> None:
+    """The default report of an unexpected exception: one line, the traceback at debug."""
+    log.error("gRPC internal error in %s: %s: %s", where, type(exc).__name__, str(exc)[:160])
+    log.debug("gRPC internal error in %s", where, exc_info=exc)
+
+
+def _status(error: NurseryError) -> grpclib.GRPCError:
+    return grpclib.GRPCError(grpclib.const.Status(GRPC_STATUS[error.kind]), error.message)
+
+
+def _traceparent(stream: Any) -> str:
+    """The W3C trace context a call carries in its metadata (grpclib's stream or the lean
+    server's call), or ""."""
+    value = stream.metadata.get("traceparent") if stream.metadata else None
+    return value if isinstance(value, str) else ""
+
+
+class Draining:
+    """Counts RPCs in progress; once draining, new inference RPCs are refused."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.draining = False
+        self.idle = trio.Event()
+        self.idle.set()
+
+    def enter(self) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down")
+        self.active += 1
+        self.idle = trio.Event() if self.active == 1 else self.idle
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
+
+class InferenceService(pb.GrpcInferenceServiceBase):
+    def __init__(self, core: Core, draining: Draining) -> None:
+        self.core = core
+        self.draining = draining
+        self.native = False  # True on the lean server (grpc_lean.py): handlers run on trio
+        # where an unexpected exception in one request of a stream is reported (the lean
+        # server counts it in H2Server.internal_errors)
+        self.on_internal_error: Callable[[str, BaseException], None] = log_internal_error
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a trio function from this asyncio handler; errors become gRPC statuses."""
+        try:
+            if self.native:
+                return await fn(*args)
+            return await trio_asyncio.trio_as_aio(fn)(*args)
+        except NurseryError as error:
+            raise _status(error) from None
+
+    def _sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except NurseryError as error:
+            raise _status(error) from None
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    async def server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.core.server_live())
+
+    async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.server_ready())
+
+    async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+
+    async def server_metadata(
+        self, request: pb.ServerMetadataRequest
+    ) -> pb.ServerMetadataResponse:
+        meta = self.core.server_metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                         extensions=list(meta["extensions"]))
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        meta = self._sync(self.core.model_metadata, request.name, request.version)
+        return grpc_codec.model_metadata(meta)
+
+    async def model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        handle = self._sync(self.core.resolve, request.name, request.version)
+        return pb.ModelConfigResponse(config=handle.config.proto)
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def _infer_rpc(self, stream: Any) -> None:
+        """ModelInfer with the call's metadata at hand: its ``traceparent`` (OpenTelemetry
+        mode) makes the request's trace a child of the caller's span, as in Triton."""
+        message = await stream.recv_message()
+        traceparent = _traceparent(stream) if self.core.tracer.active else ""
+        await stream.send_message(await self._call(self._infer, message, traceparent))
+
+    async def _infer(self, message: Any, traceparent: str = "") -> bytes:
+        """The ModelInferResponse in wire form (the codec passes bytes through)."""
+        self.draining.enter()
+        tracer = self.core.tracer
+        trace = tracer.start(message.model_name, traceparent) if tracer.active else None
+        if trace is not None:  # grpclib has read and parsed the message by now
+            trace.stamp("GRPC_WAITREAD_START")
+            trace.stamp("GRPC_WAITREAD_END")
+        try:
+            handle = self.core.resolve(message.model_name, message.model_version)
+            if handle.config.decoupled:
+                raise Unsupported(
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy")
+            shm = self.core.shm
+            request = grpc_codec.decode_request(message, shm)
+            shm_outputs = grpc_codec.decode_shm_outputs(message, shm)
+            request.trace = trace or False  # False: sampled here, not traced
+            response = await self.core.infer(request, handle)
+            return grpc_codec.encode_response(response, None, shm_outputs, shm)
+        finally:
+            self.draining.leave()
+            if trace is not None:
+                trace.stamp("GRPC_SEND_START")
+                trace.finish()
+
+    async def _stream_rpc(
+        self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
+    ) -> None:
+        """ModelStreamInfer: requests are served as they arrive, concurrently; each answer
+        (or its error, as ``error_message``) is written when it is ready. The stream stays
+        open after a failed request; the client ending or cancelling it is honoured."""
+        if self.native:
+            await self._stream_trio(stream)
+            return
+        await trio_asyncio.trio_as_aio(self._stream_trio)(stream)
+
+    async def _stream_trio(self, stream: Any) -> None:
+        receive, send = stream.recv_message, stream.send_message
+        if not self.native:
+            receive, send = trio_asyncio.aio_as_trio(receive), trio_asyncio.aio_as_trio(send)
+        lock = trio.Lock()
+
+        async def reply(message: bytes) -> None:
+            async with lock:
+                await send(message)
+
+        shm = self.core.shm
+
+        def unexpected(exc: Exception) -> bytes:
+            """One request's boundary: an unexpected exception fails that request only."""
+            self.on_internal_error("a ModelStreamInfer request", exc)
+            return encode_stream_response(None, INTERNAL_MESSAGE)
+
+        async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
+            try:
+                response = await self.core.wait(work, answer, handle)
+                message = encode_stream_response(
+                    grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
+            except NurseryError as error:
+                message = encode_stream_response(None, error.message)
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                message = unexpected(exc)
+            finally:
+                self.draining.leave()
+            await reply(message)
+
+        # a traceparent in the stream's metadata parents every request the stream carries
+        tracer = self.core.tracer
+        traceparent = _traceparent(stream) if tracer.active else ""
+
+        async def infer(request: Any, handle: Any, outputs: Any) -> None:
+            trace = None
+            if traceparent and tracer.active:  # else the core samples it
+                trace = tracer.start(handle.name, traceparent)
+                request.trace = trace or False
+            try:
+                response = await self.core.infer(request, handle)
+                message = encode_stream_response(
+                    grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
+            except NurseryError as error:
+                message = encode_stream_response(None, error.message)
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                message = unexpected(exc)
+            finally:
+                self.draining.leave()
+                if trace is not None:
+                    trace.finish()
+            await reply(message)
+
+        async def decoupled(request: Any, handle: Any) -> None:
+            try:
+                await self._stream_decoupled(request, handle, lock, send)
+            except NurseryError as error:
+                await reply(encode_stream_response(None, error.message))
+            except Exception as exc:  # noqa: BLE001 - the request's boundary
+                if only_gone(exc):  # the client went away mid-stream
+                    raise
+                await reply(unexpected(exc))
+            finally:
+                self.draining.leave()
+
+        in_flight = trio.Semaphore(MAX_STREAM_IN_FLIGHT)
+
+        async def bounded(fn: Callable[..., Any], *args: Any) -> None:
+            """One request's task: its place in ``in_flight`` is freed when it ends."""
+            try:
+                await fn(*args)
+            finally:
+                in_flight.release()
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                message = await receive()
+                if message is None:
+                    break
+                try:
+                    in_flight.acquire_nowait()
+                except trio.WouldBlock:
+                    await in_flight.acquire()
+                # validated and queued here, in the order the stream carries them (the
+                # requests of a sequence must reach the scheduler in order); answered as
+                # they finish
+                try:
+                    self.draining.enter()
+                except NurseryError as error:
+                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
+                    continue
+                try:
+                    handle = self.core.resolve(message.model_name, message.model_version)
+                    request = grpc_codec.decode_request(message, shm)
+                    if handle.config.decoupled:  # responses as they come
+                        nursery.start_soon(bounded, decoupled, request, handle)
+                        continue
+                    outputs = grpc_codec.decode_shm_outputs(message, shm)
+                    if handle.config.sequence is None:  # no order to keep: the full path
+                        # (cache, tracing)
+                        nursery.start_soon(bounded, infer, request, handle, outputs)
+                        continue
+                    work, answer = self.core.submit(request, handle)
+                except NurseryError as error:
+                    self.draining.leave()
+                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the request's boundary
+                    self.draining.leave()
+                    nursery.start_soon(bounded, reply, unexpected(exc))
+                    continue
+                nursery.start_soon(bounded, finish, work, answer, handle, outputs)
+
+    async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
+                                send: Any) -> None:
+        """A decoupled model's responses, each written as it comes, flagged
+        ``triton_final_response``; a bare final flag becomes an empty final response only
+        when the request asked for it (``triton_enable_empty_final_response``), as in Triton."""
+        empty_final = bool(request.parameters.get("triton_enable_empty_final_response"))
+
+        async def emit(part: Part) -> None:
+            if part.error is not None:
+                reply = encode_stream_response(None, part.error.message)
+            elif part.response is not None:
+                reply = encode_stream_response(grpc_codec.encode_response(
+                    part.response, FINAL_RESPONSE if part.final else NOT_FINAL_RESPONSE))
+            elif empty_final:
+                empty = InferenceResponse(handle.name, "", [], id=request.id)  # as Triton: no version
+                reply = encode_stream_response(grpc_codec.encode_response(empty, FINAL_RESPONSE))
+            else:
+                return
+            async with lock:
+                await send(reply)
+
+        await stream_decoupled(request, handle, emit)
+
+    # -- extensions that land later --------------------------------------------------------
+
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        entries = await self._call(self.core.model_statistics, request.name, request.version)
+        return stats_codec.to_proto(entries)
+
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest
+    ) -> pb.RepositoryIndexResponse:
+        entries = await self._call(self.core.repository_index, request.ready)
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponseModelIndex(
+                name=e.name, version="" if e.version is None else str(e.version),
+                state=e.state or "", reason=e.reason)
+            for e in entries
+        ])
+
+    async def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        if request.repository_name:
+            raise _status(Unsupported("'repository_name' specification is not supported"))
+        config = None
+        files: dict[str, bytes] = {}
+        for key, param in request.parameters.items():
+            which, value = betterproto.which_one_of(param, "parameter_choice")
+            if key == "config" and which == "string_param":
+                try:
+                    config = config_from_json(value)
+                except ConfigJsonError as exc:
+                    raise _status(InvalidArgument(
+                        f"failed to parse the 'config' override: {exc}")) from None
+            elif key.startswith("file:") and which == "bytes_param":
+                files[key[len("file:"):]] = value
+            else:
+                raise _status(InvalidArgument(f"unrecognized load parameter '{key}' ({which})"))
+        await self._call(self.core.load_model, request.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        if request.repository_name:
+            raise _status(Unsupported("'repository_name' specification is not supported"))
+        dependents = False
+        param = request.parameters.get("unload_dependents")
+        if param is not None:
+            which, value = betterproto.which_one_of(param, "parameter_choice")
+            if which != "bool_param":  # Triton's check and message
+                raise _status(InvalidArgument("invalid value type for 'unload_dependents' "
+                                              "parameter, expected bool_param."))
+            dependents = bool(value)
+        await self._call(self.core.unload_model, request.model_name, dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def system_shared_memory_status(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self._sync(self.core.shm.status, request.name, "system")
+        return pb.SystemSharedMemoryStatusResponse(regions={
+            r["name"]: pb.SystemSharedMemoryStatusResponseRegionStatus(**r) for r in regions})
+
+    async def system_shared_memory_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._sync(self.core.shm.register_system, request.name, request.key, request.offset,
+                   request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.core.shm.unregister(request.name, "system")  # no name: every region
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_shared_memory_status(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        regions = self._sync(self.core.shm.status, request.name, "cuda")
+        return pb.CudaSharedMemoryStatusResponse(regions={
+            r["name"]: pb.CudaSharedMemoryStatusResponseRegionStatus(**r) for r in regions})
+
+    async def cuda_shared_memory_register(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._sync(self.core.shm.register_cuda, request.name, request.raw_handle,
+                   request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def cuda_shared_memory_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.core.shm.unregister(request.name, "cuda")  # no name: every region
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        model = request.model_name
+        if model:
+            self._sync(self.core.resolve, model)
+        tracer = self.core.tracer
+        if request.settings:
+            changes: dict[str, Any] = {}
+            for key, value in request.settings.items():
+                values = list(value.value)
+                # an empty list clears the setting; one string is a value; trace_level a list
+                changes[key] = None if not values else (
+                    values if key == "trace_level" else values[0] if len(values) == 1
+                    else values)
+            settings = self._sync(tracer.update, model, changes)
+        else:  # no settings: a read (tritonclient's get_trace_settings)
+            settings = tracer.settings(model)
+        out = {}
+        for key, value in settings.to_json().items():
+            out[key] = pb.TraceSettingResponseSettingValue(
+                value=value if isinstance(value, list) else [value])
+        return pb.TraceSettingResponse(settings=out)
+
+    async def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        manager = self.core.log_manager
+        if manager is None:
+            raise _status(Unavailable("the server does not support dynamic logging"))
+        if request.settings:
+            changes: dict[str, Any] = {}
+            for key, param in request.settings.items():
+                which, value = betterproto.which_one_of(param, "parameter_choice")
+                changes[key] = value if which else None
+            self._sync(manager.update, changes)
+        s = manager.settings
+        return pb.LogSettingsResponse(settings={
+            "log_file": pb.LogSettingsResponseSettingValue(string_param=s.log_file),
+            "log_info": pb.LogSettingsResponseSettingValue(bool_param=s.log_info),
+            "log_warning": pb.LogSettingsResponseSettingValue(bool_param=s.log_warning),
+            "log_error": pb.LogSettingsResponseSettingValue(bool_param=s.log_error),
+            "log_verbose_level": pb.LogSettingsResponseSettingValue(
+                uint32_param=s.log_verbose_level),
+            "log_format": pb.LogSettingsResponseSettingValue(string_param=s.log_format),
+        })
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        mapping = super().__mapping__()
+        name = "/inference.GRPCInferenceService/ModelInfer"
+        mapping[name] = grpclib.const.Handler(
+            self._infer_rpc, grpclib.const.Cardinality.UNARY_UNARY,
+            pb.ModelInferRequest, pb.ModelInferResponse,
+        )
+        name = "/inference.GRPCInferenceService/ModelStreamInfer"
+        mapping[name] = grpclib.const.Handler(
+            self._stream_rpc, grpclib.const.Cardinality.STREAM_STREAM,
+            pb.ModelInferRequest, pb.ModelStreamInferResponse,
+        )
+        return mapping
+
+
+class HealthService(health_pb.HealthBase):
+    """grpc.health.v1.Health: SERVING while the server is ready, as Triton answers."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def check(self, request: health_pb.HealthCheckRequest) -> health_pb.HealthCheckResponse:
+        serving = self.core.server_ready()
+        status = (health_pb.HealthCheckResponseServingStatus.SERVING if serving
+                  else health_pb.HealthCheckResponseServingStatus.NOT_SERVING)
+        return health_pb.HealthCheckResponse(status=status)
+
+
+__all__ = ["InferenceService", "HealthService", "Draining", "ErrorKind"]

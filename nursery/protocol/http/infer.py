@@ -1,0 +1,271 @@
+"""The inference route (``POST /v2/models/{m}[/versions/{v}]/infer``) as a lean ASGI handler.
+
+hypercorn calls this directly, ahead of the quart-trio app that serves every other route:
+one parse of the JSON header, ``numpy.frombuffer`` views on the body, no per-request logging.
+It decodes, calls ``Core.infer``, and encodes; it knows nothing about scheduling or models.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from nursery.core import Core
+from nursery.errors import InvalidArgument, NurseryError, Unsupported
+from nursery.protocol.codecs import binary_tensor
+from nursery.protocol.codecs import json_tensors as json_codec
+from nursery.protocol.codecs.status import http_error
+from nursery.types import (
+    DataType,
+    InferenceRequest,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    tensor_from_bytes,
+)
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request body arrived."""
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(size, limit)
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        elif kind == "http.disconnect":
+            raise ClientGone
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    enc = encoding.strip().lower()
+    if enc in (b"", b"identity"):
+        return body
+    if enc == b"gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    elif enc == b"deflate":
+        wbits = zlib.MAX_WBITS
+    else:
+        raise Unsupported("Unsupported compression type")
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidArgument(f"failed to decompress the request body ({enc.decode()}): {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise InvalidArgument(
+            f"decompressed request body exceeds the maximum allowed value of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit."
+        )
+    return out
+
+
+def _pick_response_encoding(accept: bytes | None) -> str | None:
+    """Highest-q of gzip/deflate in Accept-Encoding (identity wins ties); None = identity."""
+    if not accept:
+        return None
+    best, best_q = None, 0.0
+    identity_q = 0.001
+    for part in accept.decode("latin-1").split(","):
+        fields = part.strip().split(";")
+        name = fields[0].strip().lower()
+        q = 1.0
+        for f in fields[1:]:
+            f = f.strip()
+            if f.startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        if name == "identity":
+            identity_q = q
+        elif name in ("gzip", "deflate") and q > best_q:
+            best, best_q = name, q
+    return best if best is not None and best_q > identity_q else None
+
+
+def _compress(data: bytes, encoding: str) -> bytes:
+    if encoding == "gzip":
+        c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    else:
+        c = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS)
+    return c.compress(data) + c.flush()
+
+
+def _raw_request(core: Core, model: str, version: str, body: bytes) -> InferenceRequest:
+    """``Inference-Header-Content-Length: 0``: the body is the only input, batch 1."""
+    config = core.resolve(model, version).config
+    if len(config.inputs) != 1:
+        raise InvalidArgument(
+            f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+            f"deduced but got {len(config.inputs)} inputs in '{model}' model configuration"
+        )
+    spec = config.inputs[0]
+    batch = (1,) if config.max_batch_size > 0 else ()
+    if spec.datatype is DataType.BYTES:
+        if list(spec.dims) != [1]:
+            raise InvalidArgument(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        arr = np.array([bytes(body)], dtype=object).reshape((*batch, 1))
+        return InferenceRequest(model, version, {spec.name: Tensor(spec.name, spec.datatype, arr.shape, arr)})
+    dims = list(spec.dims)
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    if len(variable) > 1:
+        raise InvalidArgument(
+            f"Raw input '{spec.name}' of model '{model}' has more than one variable dimension"
+        )
+    if variable:
+        known = element_count(tuple(d for d in dims if d != -1)) * spec.datatype.itemsize
+        if known == 0 or len(body) % known:
+            raise InvalidArgument(
+                f"raw input of {len(body)} bytes does not fit input '{spec.name}' of model '{model}'"
+            )
+        dims[variable[0]] = len(body) // known
+    shape = (*batch, *dims)
+    data = tensor_from_bytes(
+        body, spec.datatype, shape,
+        f"[request id: <id_unknown>] input byte size mismatch for input '{spec.name}' for model "
+        f"'{model}'",
+    )
+    return InferenceRequest(
+        model, version, {spec.name: Tensor(spec.name, spec.datatype, shape, data)},
+        requested_outputs=tuple(RequestedOutput(o.name) for o in config.outputs),
+    )
+
+
+Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None) -> Response:
+    status, body = http_error(error)
+    return status, [*_JSON_HEADERS, *(extra or [])], body
+
+
+async def infer_response(
+    core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
+    max_input_size: int,
+) -> Response:
+    """The whole inference route: request head and body in, status, headers, payload out.
+
+    ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
+    """
+    header_len: bytes | None = None
+    encoding: bytes | None = None
+    accept: bytes | None = None
+    traceparent = ""
+    for key, value in headers:
+        if key == binary_tensor.HEADER_LOWER:
+            header_len = value
+        elif key == b"content-encoding":
+            encoding = value
+        elif key == b"accept-encoding":
+            accept = value
+        elif key == b"traceparent":
+            traceparent = value.decode("latin-1")
+    trace = core.tracer.start(model, traceparent) if core.tracer.active else None
+    if trace is not None:  # the server has read the whole request by now
+        trace.stamp("HTTP_RECV_START")
+        trace.stamp("HTTP_RECV_END")
+    try:
+        handle = core.resolve(model, version)
+        if handle.config.decoupled:
+            raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+        if encoding is not None:
+            body = _decompress(body, encoding, max_input_size)
+        if header_len is None and not body:
+            header_len = b"0"  # Triton treats an empty body as a raw binary request
+        json_part, binary = binary_tensor.split_body(body, header_len)
+        if binary is not None and len(json_part) == 0:
+            request = _raw_request(core, model, version, bytes(binary))
+            fmt = json_codec.OutputFormat({}, True)
+        else:
+            parsed = json_codec.parse_json(json_part)
+            request, fmt = json_codec.decode_request(
+                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
+                core.shm,
+            )
+        request.trace = trace or False  # False: sampled here, not traced
+        response = await core.infer(request, handle)
+        head, blocks = json_codec.encode_response(response, fmt)
+    except NurseryError as error:
+        unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
+        extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
+        return error_response(error, extra)
+    finally:
+        if trace is not None:  # the response is encoded; the server sends it next
+            trace.stamp("HTTP_SEND_START")
+            trace.finish()
+    out_headers: list[tuple[bytes, bytes]]
+    if blocks:
+        payload = b"".join([head, *blocks])
+        out_headers = [(b"content-type", b"application/octet-stream"),
+                       (b"inference-header-content-length", str(len(head)).encode())]
+    else:
+        payload = head
+        out_headers = list(_JSON_HEADERS)
+    chosen = _pick_response_encoding(accept)
+    if chosen is not None:
+        payload = _compress(payload, chosen)
+        out_headers.append((b"content-encoding", chosen.encode()))
+    return 200, out_headers, payload
+
+
+def too_large(declared: int, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"Request JSON size of {declared} bytes exceeds the maximum allowed value of {limit} "
+        "bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+async def handle_infer(
+    core: Core, scope: dict[str, Any], receive: Receive, send: Send,
+    model: str, version: str, max_input_size: int,
+) -> None:
+    """The inference route as an ASGI handler (hypercorn's path)."""
+    headers = scope["headers"]
+    for key, value in headers:
+        if key == b"content-length":
+            # more digits than any limit has: too large, without int() on the client's word
+            # (past 4300 digits int() raises, and it is quadratic before that)
+            declared = (int(value) if len(value) <= 20 else max_input_size + 1) if value.isdigit() else 0
+            if declared > max_input_size:
+                await _send(send, error_response(too_large(declared, max_input_size)))
+                return
+    try:
+        body = await read_body(receive, max_input_size)
+    except ClientGone:
+        return
+    except NurseryError as error:
+        await _send(send, error_response(error))
+        return
+    await _send(send, await infer_response(core, model, version, headers, body, max_input_size))
+
+
+async def _send(send: Send, response: Response) -> None:
+    status, headers, payload = response
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,51 @@
+"""The metrics endpoint: ``GET /metrics`` on ``--metrics-port`` (8002), as Triton serves it.
+
+Served by the same lean HTTP/1.1 server as the HTTP port (its own listener, in the server's
+root nursery). Each scrape asks every ready model version's scheduler for a statistics
+snapshot (the actors' own figures) and reads the latest CPU/GPU sample; the text is
+Prometheus' exposition format with Triton's names (``nursery/observability/metrics.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nursery.core import Core
+from nursery.observability import metrics
+from nursery.observability.system import SystemSampler
+
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+CONTENT_TYPE = b"text/plain; charset=utf-8; version=0.0.4"
+
+
+def build_metrics_app(core: Core, sampler: SystemSampler,
+                      options: metrics.MetricsOptions) -> ASGIApp:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            status, body, ctype = 404, b"Not Found", b"text/plain"
+        elif scope["method"] not in ("GET", "HEAD"):
+            status, body, ctype = 405, b"Method Not Allowed", b"text/plain"
+        else:
+            entries = await core.model_statistics()
+            cached: set[tuple[str, str]] = set()
+            decoupled: dict[tuple[str, str], tuple[float, ...]] = {}
+            if core.cache is not None or options.histogram_latencies:
+                for m, v, _ in entries:
+                    config = core.resolve(m, v).config
+                    if core.cache is not None and config.uses_response_cache:
+                        cached.add((m, v))
+                    if options.histogram_latencies and config.decoupled:
+                        decoupled[(m, v)] = config.first_response_buckets
+            totals = await core.cache_totals()  # None without a cache
+            body = metrics.render(entries, sampler.latest, options, frozenset(cached), totals,
+                                  decoupled, core.faults.snapshot()).encode()
+            status, ctype = 200, CONTENT_TYPE
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype)]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app

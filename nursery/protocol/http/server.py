@@ -1,0 +1,474 @@
+"""The HTTP port's server: HTTP/1.1 on trio sockets, one task per connection.
+
+The inference route is answered by ``http_infer.infer_response`` directly; every other route
+goes to the quart-trio app through a minimal ASGI call. Measured on the 2-core machine, this
+costs a fraction of what hypercorn + h11 cost per request (see bench/README.md), which is why
+it serves the inference port; ``--http-server=hypercorn`` serves the same app through
+hypercorn instead. The metrics port is served by another instance (``serve_infer=False``).
+
+What a client may hold (the house rules 8 and 9), each a setting (``nursery/settings.py``):
+
+- deadlines: a new connection must deliver its first request head within ``head_timeout``; a
+  kept-alive connection may idle ``keep_alive_timeout`` between requests, and once the first
+  byte of a head arrives, the whole head must arrive within ``head_timeout`` (a slowloris that
+  trickles bytes is cut off, not kept alive by each byte); the whole body must arrive within
+  ``body_timeout`` of the head, and the response must be taken within ``body_timeout`` too.
+  A head or body that misses its deadline is answered 408, then the connection closes; an idle
+  connection just closes. One sweep task enforces them every 0.1 s (``sweep_interval``), so
+  the request path only stores a float per wait.
+- a cap of ``max_connections`` open connections: the next one is accepted, answered
+  ``503 connection limit reached`` and closed (at most ``_MAX_REFUSING`` such answers in flight;
+  past those a connection is closed at once), so a flood costs neither file descriptors nor
+  memory beyond the cap.
+- supervision: each request runs inside a boundary that turns any unexpected exception, an
+  ``ExceptionGroup`` from the app included, into a 500 with a short JSON error, one log line
+  (the traceback at ``--log-verbose`` 1) and one count in :attr:`HttpServer.internal_errors`;
+  each connection has one too, for the server's own code. ``trio.Cancelled`` (and anything not
+  an ``Exception``) always passes through. A peer that resets or vanishes ends its connection
+  quietly (``trio.BrokenResourceError`` and ``OSError``).
+
+Shutdown (``close``): stop accepting, close idle keep-alive connections, let busy ones finish
+their request and close. The caller's cancel scope bounds the wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import trio
+
+from nursery.core import Core
+from nursery.protocol.codecs.status import error_body
+from nursery.protocol.http import http1
+from nursery.protocol.http.infer import Response, error_response, infer_response, too_large
+from nursery.protocol.listeners import open_listeners
+from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
+
+log = logging.getLogger("nursery.http")
+
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+_INFER = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+_BIG = 64 * 1024
+
+
+async def call_asgi(app: ASGIApp, head: http1.RequestHead, body: bytes,
+                    client: tuple[str, int] | None, server: tuple[str, int] | None) -> Response:
+    """One request through an ASGI application, collected into a response."""
+    path = head.path
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": head.version.decode(),
+        "method": head.method.decode("latin-1"),
+        "scheme": "http",
+        "path": unquote(path.decode("latin-1")),
+        "raw_path": path,
+        "query_string": head.query,
+        "root_path": "",
+        "headers": head.headers,
+        "client": client,
+        "server": server,
+        "extensions": {},
+    }
+    delivered = False
+    status = 500
+    headers: list[tuple[bytes, bytes]] = []
+    chunks: list[bytes] = []
+    finished = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            headers = [(k.lower(), v) for k, v in message.get("headers", [])
+                       if k.lower() not in (b"content-length", b"transfer-encoding", b"connection")]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                finished.set()
+
+    await app(scope, receive, send)
+    return status, headers, b"".join(chunks)
+
+
+class Lifespan:
+    """Runs an ASGI app's lifespan protocol (quart's startup/shutdown hooks)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._to_app, self._app_inbox = trio.open_memory_channel[dict[str, Any]](2)
+        self._from_app, self._replies = trio.open_memory_channel[dict[str, Any]](2)
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"},
+                 "state": {}}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.app, scope, self._app_inbox.receive, self._from_app.send)
+            await self._to_app.send({"type": "lifespan.startup"})
+            reply = await self._replies.receive()
+            if reply["type"] != "lifespan.startup.complete":
+                raise RuntimeError(f"HTTP app failed to start: {reply.get('message', reply)}")
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def shutdown(self) -> None:
+        await self._to_app.send({"type": "lifespan.shutdown"})
+        with trio.move_on_after(5):
+            await self._replies.receive()
+
+
+# What a connection is doing, for the deadline that cancelled it and for ``close``.
+_IDLE, _HEAD, _BODY, _HANDLING, _SENDING = range(5)
+_MAX_REFUSING = 64  # refusals (503 then close) in flight at once; past this: close at once
+_REFUSE_GRACE = 1.0  # seconds a refused connection or a final error answer may take
+_INTERNAL_ERROR = error_body("Internal Server Error")
+_JSON = [(b"content-type", b"application/json")]
+
+
+@dataclass(eq=False)
+class _Connection:
+    scope: trio.CancelScope
+    stream: trio.SocketStream
+    # When the sweep cancels ``scope``: a plain float, since setting a cancel scope's own
+    # deadline costs about 2.5 us (trio's deadline heap) and a request would set it 3 times.
+    deadline: float = math.inf
+    phase: int = _IDLE  # _IDLE: waiting for the next request, shutdown may close it at once
+    request_scope: trio.CancelScope | None = None  # the request being handled, if any
+    busy_since: float = 0.0
+    served: int = 0  # request heads read
+
+
+def _client_gone(stream: trio.SocketStream) -> bool:
+    """True when the peer closed the connection (EOF pending); never blocks, consumes nothing."""
+    try:
+        probe = socket.fromfd(stream.socket.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return False  # cannot tell (no file descriptor to spare): keep the request
+    with probe:
+        try:
+            return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read: still there
+        except OSError:
+            return True  # reset or closed
+
+
+async def _last_answer(stream: trio.SocketStream, status: int, message: str) -> None:
+    """Send an error answer with ``connection: close``, then read what the client sent
+    meanwhile until it closes (at most ``_BIG`` bytes, at most ``_REFUSE_GRACE`` seconds for
+    all of it), so that closing with unread bytes does not reset the connection before the
+    client has read the answer. A peer that is gone is not an error."""
+    body = error_body(message)
+    try:
+        with trio.move_on_after(_REFUSE_GRACE):
+            await stream.send_all(http1.response_head(status, _JSON, len(body), False) + body)
+            await stream.send_eof()
+            drained = 0
+            while drained < _BIG:
+                data = await stream.receive_some(_BIG)
+                if not data:
+                    break
+                drained += len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+class HttpServer:
+    """One listening port. :attr:`internal_errors` counts the unexpected exceptions its
+    boundaries stopped (each answered 500 or ending one connection); :attr:`refused_connections`
+    the connections turned away at the cap."""
+
+    def __init__(self, core: Core, app: ASGIApp, *, max_input_size: int,
+                 keep_alive_timeout: float = 75.0, head_timeout: float = 30.0,
+                 body_timeout: float = 60.0, max_connections: int = 1000,
+                 sweep_interval: float = 0.1, serve_infer: bool = True,
+                 faults: FaultCounter | None = None) -> None:
+        self.core = core
+        self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
+        self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
+        self.app = app
+        self.max_input_size = max_input_size
+        self.keep_alive_timeout = keep_alive_timeout
+        self.head_timeout = head_timeout
+        self.body_timeout = body_timeout
+        self.max_connections = max_connections
+        self.sweep_interval = sweep_interval
+        self.closing = False
+        self.internal_errors = 0
+        self.refused_connections = 0
+        self._connections: set[_Connection] = set()
+        self._refusing = 0
+        self._accepting: trio.CancelScope | None = None
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    async def serve(self, host: str, port: int,
+                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners, binds = await open_listeners(host, port)
+        async with trio.open_nursery() as connections:
+            sweeper = trio.CancelScope()
+            connections.start_soon(self._sweep, sweeper)
+            with trio.CancelScope() as self._accepting:
+                task_status.started(binds)
+                # serve_listeners rides out EMFILE/ENFILE (it logs and waits), never exits on it
+                await trio.serve_listeners(self._connection, listeners,
+                                           handler_nursery=connections)
+            sweeper.cancel()
+        # leaving the nursery waited for every connection to finish its request
+
+    async def _sweep(self, scope: trio.CancelScope) -> None:
+        """Every ``sweep_interval``: end the connections past their deadline (head, body,
+        response or keep-alive), and cancel the requests whose client went away while they
+        waited (long queues, batching delays), so that they leave the scheduler's queue
+        without running. One task for all connections keeps deadlines off the request path;
+        the client check only looks at requests older than a sweep."""
+        with scope:
+            while True:
+                await trio.sleep(self.sweep_interval)
+                now = trio.current_time()
+                cutoff = now - self.sweep_interval
+                for conn in list(self._connections):
+                    if now >= conn.deadline:
+                        conn.scope.cancel()
+                        continue
+                    request = conn.request_scope
+                    if (request is not None and conn.busy_since <= cutoff
+                            and _client_gone(conn.stream)):
+                        request.cancel()
+
+    def close(self) -> None:
+        """Stop accepting; idle connections close now, busy ones after their response."""
+        self.closing = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for conn in list(self._connections):
+            if conn.phase == _IDLE:
+                conn.scope.cancel()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        """One connection. Its supervision boundary is in :meth:`_run_connection` (which answers
+        500 where it still can); this outer one only makes sure that nothing but a
+        ``BaseException`` that is not an ``Exception`` (``trio.Cancelled``...) ever leaves a
+        connection task for the server's nursery, whatever the inner one's handlers do."""
+        try:
+            if len(self._connections) >= self.max_connections:
+                await self._refuse(stream)
+            else:
+                await self._run_connection(stream)
+        except BaseException as exc:
+            unexpected, rest = split_unexpected(exc)
+            if unexpected is not None:
+                self._count(unexpected, "connection")
+            if rest is not None:
+                raise rest from None
+
+    async def _run_connection(self, stream: trio.SocketStream) -> None:
+        conn = _Connection(trio.CancelScope(), stream, trio.current_time() + self.head_timeout)
+        self._connections.add(conn)
+        try:
+            client = stream.socket.getpeername()
+            server = stream.socket.getsockname()
+            with conn.scope:
+                await self._serve(conn, client, server)
+            if conn.scope.cancelled_caught and conn.phase in (_HEAD, _BODY):
+                await self._final_answer(conn, 408, "request timed out")
+        except http1.HttpError as exc:
+            await self._final_answer(conn, exc.status, exc.message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer reset or went away: nothing to answer
+        except BaseException as exc:
+            unexpected, rest = split_unexpected(exc)
+            if unexpected is not None:
+                self._count(unexpected, "connection")
+                if conn.phase in (_HEAD, _BODY, _HANDLING):  # nothing of an answer sent yet
+                    await self._final_answer(conn, 500, "Internal Server Error")
+            if rest is not None:
+                raise rest from None
+        finally:
+            self._connections.discard(conn)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        """Answer ``503 connection limit reached`` and close (past ``_MAX_REFUSING`` answers
+        in flight: close at once)."""
+        self.refused_connections += 1
+        if self._refusing < _MAX_REFUSING:
+            self._refusing += 1
+            try:
+                await _last_answer(stream, 503, "connection limit reached")
+            finally:
+                self._refusing -= 1
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+    async def _final_answer(self, conn: _Connection, status: int, message: str) -> None:
+        """An error answer just before closing (malformed request, deadline, internal error)."""
+        await _last_answer(conn.stream, status, message)
+
+    def _count(self, exc: Exception, where: str) -> None:
+        """One log line per unexpected exception (the traceback at --log-verbose 1), one count."""
+        self.internal_errors += 1
+        self.faults.count("http" if self.serve_infer else "metrics")
+        log.error("internal error in an HTTP %s: %s", where, describe(exc))
+        log.debug("the internal error's traceback", exc_info=exc)
+
+    async def _serve(self, conn: _Connection, client: Any, server: Any) -> None:
+        """Requests on one connection, in order, until it closes."""
+        stream = conn.stream
+        buf = bytearray()
+        while True:
+            head = await self._read_head(conn, buf)
+            if head is None:
+                return
+            body, error = await self._read_body(conn, head, buf)
+            if body is None:
+                if error is not None:
+                    conn.phase = _SENDING
+                    await self._send(stream, head, error, keep_alive=False)
+                return
+            keep_alive = head.keep_alive and not self.closing
+            conn.phase = _HANDLING
+            conn.deadline = math.inf
+            with trio.CancelScope() as request_scope:
+                conn.request_scope = request_scope
+                conn.busy_since = trio.current_time()
+                try:
+                    response = await self._handle(head, body, client, server)
+                except BaseException as exc:
+                    response = self._request_failed(exc, head)
+            conn.request_scope = None
+            if request_scope.cancelled_caught:
+                return  # the client went away while its request waited
+            conn.phase = _SENDING
+            conn.deadline = trio.current_time() + self.body_timeout
+            await self._send(stream, head, response, keep_alive)
+            if not keep_alive:
+                return
+
+    def _request_failed(self, exc: BaseException, head: http1.RequestHead) -> Response:
+        """The request's supervision boundary: the unexpected becomes a 500."""
+        unexpected, rest = split_unexpected(exc)
+        if unexpected is not None:
+            self._count(unexpected, f"request ({head.method.decode('latin-1')} "
+                                    f"{head.path[:200].decode('latin-1')}), answered 500")
+        if rest is not None:
+            raise rest
+        return 500, _JSON, _INTERNAL_ERROR
+
+    async def _read_head(self, conn: _Connection, buf: bytearray) -> http1.RequestHead | None:
+        """The next request head, or None when the client closed (or idles through a shutdown).
+
+        Deadlines are set once per wait rather than per read: a new connection keeps the one
+        it was opened with, a kept-alive one idles until ``keep_alive_timeout``, and a head
+        that has started must end within ``head_timeout``."""
+        if buf:  # pipelined bytes already here
+            parsed = http1.parse_head(buf)
+            if parsed is None:
+                conn.phase = _HEAD
+                conn.deadline = trio.current_time() + self.head_timeout
+        else:
+            if self.closing:
+                return None
+            parsed = None
+            if conn.served:
+                conn.phase = _IDLE
+                conn.deadline = trio.current_time() + self.keep_alive_timeout
+        stream = conn.stream
+        while parsed is None:
+            searched = len(buf)
+            data = await stream.receive_some(_BIG)
+            if not data:
+                return None
+            buf += data
+            parsed = http1.parse_head(buf, searched)
+            if parsed is None and conn.phase == _IDLE:
+                conn.phase = _HEAD
+                if conn.served:
+                    conn.deadline = trio.current_time() + self.head_timeout
+        head, used = parsed
+        del buf[:used]
+        conn.phase = _BODY
+        conn.served += 1
+        return head
+
+    async def _read_body(self, conn: _Connection, head: http1.RequestHead,
+                         buf: bytearray) -> tuple[bytes | None, Response | None]:
+        """The request body (taking bytes from ``buf`` first), or (None, error to send);
+        None, None when the client closed."""
+        stream = conn.stream
+        length = head.content_length
+        if head.expect_continue and (length or head.chunked):
+            if length is not None and length > self.max_input_size:
+                return None, error_response(too_large(length, self.max_input_size))
+            conn.deadline = trio.current_time() + self.body_timeout
+            await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if head.chunked:
+            reader = http1.ChunkedReader(self.max_input_size)
+            data = bytes(buf)
+            buf.clear()
+            if not reader.feed(data):
+                conn.deadline = trio.current_time() + self.body_timeout
+                while True:
+                    data = await stream.receive_some(_BIG)
+                    if not data:
+                        return None, None
+                    if reader.feed(data):
+                        break
+            buf += reader.leftover
+            return bytes(reader.body), None
+        if not length:
+            return b"", None
+        if length > self.max_input_size:
+            return None, error_response(too_large(length, self.max_input_size))
+        if len(buf) < length:
+            conn.deadline = trio.current_time() + self.body_timeout
+            while len(buf) < length:
+                data = await stream.receive_some(_BIG)
+                if not data:
+                    return None, None
+                buf += data
+        body = bytes(buf[:length])
+        del buf[:length]
+        return body, None
+
+    async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
+                      server: Any) -> Response:
+        if head.method == b"POST" and self.serve_infer:
+            match = _INFER.match(head.path)
+            if match is not None:
+                model = unquote(match.group(1).decode("latin-1"))
+                version = match.group(2).decode() if match.group(2) else ""
+                return await infer_response(self.core, model, version, head.headers, body,
+                                            self.max_input_size)
+        return await call_asgi(self.app, head, body, client, server)
+
+    async def _send(self, stream: trio.SocketStream, head: http1.RequestHead | None,
+                    response: Response, keep_alive: bool) -> None:
+        status, headers, payload = response
+        version = head.version if head is not None else b"1.1"
+        if head is not None and head.method == b"HEAD":
+            payload = b""
+        start = http1.response_head(status, headers, len(payload), keep_alive, version)
+        if len(payload) <= _BIG:
+            await stream.send_all(start + payload)
+        else:
+            await stream.send_all(start)
+            await stream.send_all(payload)

@@ -1,0 +1,307 @@
+"""The shared-memory registry: regions clients registered, and bounded reads and writes.
+
+One :class:`SharedMemoryRegistry` per server (the :class:`~nursery.core.Core` owns it); the
+HTTP and gRPC extensions register, list and unregister regions through it, and the codecs
+take inputs from and put outputs into regions through it. Names, checks and messages are
+Triton's (``server/src/shared_memory_manager.cc``).
+
+A system region is a POSIX shared-memory object (``shm_open(key)``, which on Linux is the
+file ``/dev/shm/<key>``) of which ``byte_size`` bytes from ``offset`` are registered. The
+registry keeps ONE open file descriptor per region and no mapping: reads copy the bytes with
+``os.preadv`` into a fresh buffer, writes put them with ``os.pwritev``. A mapping would save
+that copy, but the region belongs to the client, who may shrink it at any moment: touching a
+mapped page past the file's new end is a SIGBUS that kills the whole server, and no check
+made before the access can close that race (the client may truncate between the check and
+the copy). ``preadv`` on a shrunk file is a short read, answered with a clear error; the
+copy costs about 65 µs per MiB, where the mapping cost nothing (``bench/shm_read.py``). Every access is
+also checked against the region's bounds and against the object (``fstat``): a key that its
+owner truncated or removed (unlinked) while registered gives a clear error. Writes to a
+shrunk object are refused the same way (``pwritev`` past its end would extend it).
+A read's copy is as large as the read, so the object must hold that much memory (``fstat``'s
+blocks): a sparse object, truncated large and never written, is refused rather than copied.
+
+Registrations are capped (:data:`MAX_REGIONS` by default), each holding one descriptor, so a
+client cannot exhaust the server's file descriptors by registering regions.
+CUDA regions (``nursery/shm/cuda.py``) live in the same table, as in Triton: one namespace of
+region names.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted
+
+SHM_DIR = Path("/dev/shm")
+RESERVED_PREFIX = "triton_python_backend_shm_region"
+_MAX_SIZE = 2**63 - 1
+MAX_REGIONS = 1024  # registered regions (system and CUDA together) per server, by default
+
+
+class Region(Protocol):
+    name: str
+    kind: str  # "system" or "cuda"
+    byte_size: int
+
+    def status(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class SystemRegion:
+    """One registered system region: its key's open descriptor and the registered window."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    fd: int
+    kind: str = "system"
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset,
+                "byte_size": self.byte_size}
+
+    def check_alive(self) -> os.stat_result:
+        """The object behind the key must still hold the registered bytes."""
+        try:
+            st = os.fstat(self.fd)
+        except OSError:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}' is no longer accessible") from None
+        if st.st_nlink == 0:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}': its key '{self.key}' was removed by its "
+                "owner; unregister the region")
+        if st.st_size < self.offset + self.byte_size:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}': its key '{self.key}' now holds "
+                f"{st.st_size} bytes, fewer than the registered offset {self.offset} + byte "
+                f"size {self.byte_size}; unregister the region")
+        return st
+
+    def _smaller(self, got: int, wanted: int) -> InvalidArgument:
+        return InvalidArgument(
+            f"shared memory region '{self.name}': its key '{self.key}' is smaller than the "
+            f"registered offset {self.offset} + byte size {self.byte_size} (read {got} of "
+            f"{wanted} bytes); unregister the region")
+
+    def read(self, offset: int, byte_size: int) -> memoryview:
+        """A copy of ``byte_size`` bytes at ``offset`` (within the region), taken now.
+
+        The copy is as large as the read, so the object must hold that much memory: a sparse
+        object (``ftruncate`` to a terabyte, nothing written) would otherwise have the
+        server allocate, and fill with zeros, memory the client never committed."""
+        st = self.check_alive()
+        if st.st_blocks * 512 < byte_size:
+            raise InvalidArgument(
+                f"shared memory region '{self.name}': its key '{self.key}' holds "
+                f"{st.st_blocks * 512} bytes of memory, fewer than the {byte_size} bytes to read "
+                "(an object never written is sparse); write the tensor into the region first")
+        out = np.empty(byte_size, dtype=np.uint8)
+        view = memoryview(out)
+        done = 0
+        while done < byte_size:
+            try:
+                n = os.preadv(self.fd, [view[done:]], self.offset + offset + done)
+            except OSError as exc:
+                raise InvalidArgument(
+                    f"shared memory region '{self.name}' could not be read: {exc}") from None
+            if n == 0:  # the object shrank after the check above
+                raise self._smaller(done, byte_size)
+            done += n
+        return view
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Put ``data`` at ``offset`` (within the region), once the object still holds the
+        region. (A shrink racing this write can only make ``pwritev`` grow the client's object
+        back; it cannot hurt the server, as a store into a mapping would.)"""
+        self.check_alive()
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                n = os.pwritev(self.fd, [view[done:]], self.offset + offset + done)
+            except OSError as exc:
+                raise InvalidArgument(
+                    f"shared memory region '{self.name}' could not be written: {exc}") from None
+            if n == 0:
+                raise self._smaller(done, len(view))
+            done += n
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _open_key(name: str, key: str) -> int:
+    """``shm_open(key, O_RDWR)`` as glibc does it: the file ``/dev/shm/<key without the
+    leading slashes>``; a key naming anything else (a path) cannot be opened."""
+    stripped = key.lstrip("/")
+    if not stripped or "/" in stripped or stripped in (".", "..") or "\0" in stripped:
+        raise InternalError(f"Unable to open shared memory region: '{key}'")
+    try:
+        return os.open(SHM_DIR / stripped, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        raise InternalError(f"Unable to open shared memory region: '{key}'") from None
+
+
+class SharedMemoryRegistry:
+    """Registered regions by name. Thread-safe: the frontends call it from the trio thread,
+    and nothing else needs to, but a lock costs nothing here."""
+
+    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
+        self._regions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.max_regions = max_regions
+
+    def _check_room(self, name: str) -> None:
+        """Called under the lock, before anything is opened for a new region."""
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if len(self._regions) >= self.max_regions:
+            raise ResourceExhausted(
+                f"failed to register shared memory region '{name}': the server holds "
+                f"{len(self._regions)} regions, its limit; unregister some first")
+
+    # -- registration ---------------------------------------------------------------------
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if key.lstrip("/").startswith(RESERVED_PREFIX):
+            raise InvalidArgument(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key "
+                f"contains the reserved prefix '{RESERVED_PREFIX}'")
+        if offset < 0 or byte_size < 0 or offset > _MAX_SIZE or byte_size > _MAX_SIZE:
+            raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+        with self._lock:
+            self._check_room(name)
+            fd = _open_key(name, key)
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                os.close(fd)
+                raise InvalidArgument(
+                    f"failed to register shared memory region '{name}': unable to process "
+                    f"address space: {exc}") from None
+            if offset + byte_size > st.st_size:
+                os.close(fd)
+                raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
+            self._regions[name] = SystemRegion(name, key, offset, byte_size, fd)
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        from nursery.shm.cuda import CudaRegion  # CuPy only when CUDA regions are used
+
+        with self._lock:
+            self._check_room(name)
+        self.add(CudaRegion(name, raw_handle, device_id, byte_size))
+
+    def add(self, region: Any) -> None:
+        """Register a region built elsewhere (CUDA regions)."""
+        with self._lock:
+            try:
+                self._check_room(region.name)
+            except (AlreadyExists, ResourceExhausted):
+                region.close()
+                raise
+            self._regions[region.name] = region
+
+    def unregister(self, name: str, kind: str = "system") -> None:
+        """Unregistering a name that is not registered (as this kind) succeeds, as in Triton;
+        no name unregisters every region of this kind (as ``status`` lists them all)."""
+        if not name:
+            self.unregister_all(kind)
+            return
+        with self._lock:
+            region = self._regions.get(name)
+            if region is None or region.kind != kind:
+                return
+            del self._regions[name]
+        region.close()
+
+    def unregister_all(self, kind: str = "system") -> None:
+        with self._lock:
+            names = [n for n, r in self._regions.items() if r.kind == kind]
+            regions = [self._regions.pop(n) for n in names]
+        for region in regions:
+            region.close()
+
+    def status(self, name: str = "", kind: str = "system") -> list[dict[str, Any]]:
+        label = "system" if kind == "system" else "cuda"
+        with self._lock:
+            if not name:
+                return [r.status() for r in self._regions.values() if r.kind == kind]
+            region = self._regions.get(name)
+        if region is None:
+            raise NotFound(f"Unable to find {label} shared memory region: '{name}'")
+        if region.kind != kind:
+            other = "CUDA" if region.kind == "cuda" else "system"
+            mine = "system" if kind == "system" else "CUDA"
+            raise NotFound(f"The region named '{name}' is registered as {other} shared memory, "
+                           f"not {mine} shared memory")
+        return [region.status()]
+
+    def close(self) -> None:
+        with self._lock:
+            regions = list(self._regions.values())
+            self._regions.clear()
+        for region in regions:
+            region.close()
+
+    # -- access ---------------------------------------------------------------------------
+
+    def lookup(self, name: str, offset: int, byte_size: int) -> Any:
+        """The region ``name`` after Triton's bounds checks for ``[offset, offset+byte_size)``."""
+        region = self._regions.get(name)  # one dict read: atomic, with or without the lock
+        if region is None:
+            raise NotFound(f"Unable to find shared memory region: '{name}'")
+        if offset < 0 or offset >= region.byte_size:
+            raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+        if byte_size < 0 or offset + byte_size > region.byte_size:
+            raise InvalidArgument(
+                f"Invalid offset + byte size for shared memory region: '{name}'")
+        return region
+
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview:
+        """A copy of ``byte_size`` bytes at ``offset`` in a region, taken now: what a queued
+        request carries is its own, whatever the region's owner does next."""
+        with self._lock:  # an unregister elsewhere must not close (and reuse) the fd mid-read
+            region = self.lookup(name, offset, byte_size)
+            if region.kind != "system":
+                return region.read_to_host(offset, byte_size)  # type: ignore[no-any-return]
+            return region.read(offset, byte_size)  # type: ignore[no-any-return]
+
+    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
+              output: str) -> None:
+        """Put an output's bytes at ``offset``; it must fit the ``byte_size`` the request gave."""
+        with self._lock:
+            self._write(name, offset, byte_size, data, output)
+
+    def _write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
+               output: str) -> None:
+        region = self.lookup(name, offset, byte_size)
+        if len(data) > byte_size:
+            raise InternalError(
+                f"shared memory size specified with the request for output '{output}' "
+                f"({byte_size} bytes) should be at least {len(data)} bytes to hold the results")
+        if region.kind != "system":
+            region.write_from_host(offset, data)
+            return
+        region.write(offset, data)
+
+
+@dataclass(frozen=True, slots=True)
+class ShmBinding:
+    """Where a request wants one tensor: region, offset, byte size."""
+
+    region: str
+    offset: int
+    byte_size: int
