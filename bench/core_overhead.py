@@ -40,7 +40,7 @@ def request_for(core: Core, model: str) -> InferenceRequest:
 
 async def main(args: argparse.Namespace) -> None:
     directory = Directory()
-    core = Core(directory)
+    core = Core.over(directory)
     async with trio.open_nursery() as nursery:
         commands, inbox = trio.open_memory_channel[Any](1)
         await nursery.start(partial(model_manager.run, repositories=(Path(args.repo),),

@@ -44,8 +44,8 @@ def serve(mode: str, port: int) -> None:
     from nursery.protocol.grpc.service import Draining, InferenceService
     from nursery.schema import inference as pb
 
-    core = Core(Directory())
-    core.accepting = True
+    core = Core.over(Directory())
+    core.lifecycle.accepting = True
 
     class Service(InferenceService):
         crossing: Any = None

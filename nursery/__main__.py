@@ -7,7 +7,7 @@ from functools import partial
 
 import trio
 
-from nursery.actors.model_manager import StartupError, first_error
+from nursery.errors import StartupError, first_error
 from nursery.observability.logs import LogManager, LogSettings
 from nursery.server import serve
 from nursery.settings import Settings, settings_from_args

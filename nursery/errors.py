@@ -2,15 +2,13 @@
 
 Triton's status codes as :class:`ErrorKind`, plus the two the house plan adds. Every layer
 raises :class:`NurseryError` (or a subclass); only ``protocol/status_map.py`` knows which HTTP
-or gRPC status a kind becomes. Third-party exceptions are translated at the edge with
-:func:`map_errors`.
+or gRPC status a kind becomes (``protocol/codecs/status.py`` now). :class:`StartupError` ends
+the server at start-up; :func:`failure_reason` writes a failure as Triton's status string.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 
 
 class ErrorKind(enum.Enum):
@@ -69,10 +67,6 @@ class Cancelled(NurseryError):
     kind = ErrorKind.CANCELLED
 
 
-class DeadlineExceeded(NurseryError):
-    kind = ErrorKind.DEADLINE_EXCEEDED
-
-
 class ResourceExhausted(NurseryError):
     kind = ErrorKind.RESOURCE_EXHAUSTED
 
@@ -81,21 +75,35 @@ class ConfigError(InvalidArgument):
     """A model configuration that cannot be used, naming the model, the file and the field."""
 
 
-@contextmanager
-def map_errors(
-    mapping: Mapping[type[BaseException], ErrorKind], prefix: str = ""
-) -> Iterator[None]:
-    """Translate third-party exceptions into :class:`NurseryError` at a boundary.
+class StartupError(Exception):
+    """The server cannot start (a model failed with --exit-on-error, a flag cannot be used)."""
 
-    ``mapping`` goes from exception type to kind; the first matching entry wins.
-    ``NurseryError`` passes through untouched.
-    """
-    try:
-        yield
-    except NurseryError:
-        raise
-    except BaseException as exc:
-        for exc_type, kind in mapping.items():
-            if isinstance(exc, exc_type):
-                raise NurseryError(f"{prefix}{exc}", kind) from exc
-        raise
+
+# Triton's Status code strings, used in the "reason" of a failed version
+_CODE_STRINGS = {
+    ErrorKind.UNKNOWN: "Unknown",
+    ErrorKind.INTERNAL: "Internal",
+    ErrorKind.NOT_FOUND: "Not found",
+    ErrorKind.INVALID_ARG: "Invalid argument",
+    ErrorKind.UNAVAILABLE: "Unavailable",
+    ErrorKind.UNSUPPORTED: "Unsupported",
+    ErrorKind.ALREADY_EXISTS: "Already exists",
+    ErrorKind.CANCELLED: "Cancelled",
+    ErrorKind.DEADLINE_EXCEEDED: "Deadline exceeded",
+    ErrorKind.RESOURCE_EXHAUSTED: "Resource exhausted",
+}
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Triton's ``Status::AsString()`` form: ``"Invalid argument: <message>"``."""
+    error = first_error(exc)
+    if isinstance(error, NurseryError):
+        return f"{_CODE_STRINGS[error.kind]}: {error.message}"
+    return f"Internal: {error}"
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (trio wraps nursery failures in groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

@@ -4,24 +4,24 @@ A message that needs an answer carries its own reply channel (a one-shot
 ``trio.MemorySendChannel`` of capacity 1). The requester closes its receive end when it stops
 waiting (client gone, deadline passed); the scheduler sees that through the channel's
 statistics and drops the request without spending model time on it. A request to a decoupled
-model carries an unbounded channel instead, which takes ``nursery.actors.model_client.Part`` messages
+model carries an unbounded channel instead, which takes :class:`Part` messages
 (response or error, and whether it is the last) until the final one; a bare error is final.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import trio
+import trio
 
-    from nursery.errors import NurseryError
-    from nursery.observability.stats import BatchReport, StatsSnapshot
-    from nursery.types import InferenceRequest, InferenceResponse
+from nursery.errors import NurseryError
+from nursery.observability.stats import BatchReport, StatsSnapshot
+from nursery.schema import inference as pb
+from nursery.types import InferenceRequest, InferenceResponse
 
-    Reply = InferenceResponse | NurseryError
+Reply = InferenceResponse | NurseryError
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -39,6 +39,15 @@ class InferWork:
     def abandoned(self) -> bool:
         """True once nobody waits for the answer any more."""
         return self.reply.statistics().open_receive_channels == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One answer of a streamed request: a response or an error, and whether it is the last."""
+
+    response: InferenceResponse | None
+    error: NurseryError | None
+    final: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +177,47 @@ class DecoupledResponse:
     ns: int  # since the previous response (the request's arrival for the first)
     first_response_ns: int  # request arrival -> this response, for index 0
     buckets: tuple[float, ...]  # the first-response histogram's bounds (ms), from the config
+
+
+# -- the ModelManager's commands (core, repository poller -> ModelManager) -----------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadModel:
+    """Load or reload a model; ``config`` and ``files`` override what is on disk (reply: None,
+    or the error that failed the load)."""
+
+    name: str
+    reply: trio.MemorySendChannel[NurseryError | None]
+    config: pb.ModelConfig | None = None
+    files: Mapping[str, bytes] | None = None  # "<version>/<path>" -> content (needs config)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UnloadModel:
+    """Unload a model (and the models only its ensembles loaded, with ``unload_dependents``)."""
+
+    name: str
+    reply: trio.MemorySendChannel[NurseryError | None]
+    unload_dependents: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of the repository index: a model, or one version of it with its state."""
+
+    name: str
+    version: int | None = None
+    state: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IndexRepository:
+    """List the repository's models and their states (answered at once, never queued)."""
+
+    ready_only: bool
+    reply: trio.MemorySendChannel[list[IndexEntry] | NurseryError]
+
+
+ManagerCommand = LoadModel | UnloadModel | IndexRepository

@@ -19,14 +19,17 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from nursery.actors import model_client as gateway
 from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
 from nursery.actors.directory import Directory
+from nursery.actors.model_client import ModelClient
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.config.repository import scan
-from nursery.core import Core
+from nursery.core import Core, Lifecycle, Services
+from nursery.errors import StartupError
+from nursery.messages import ManagerCommand
 from nursery.observability import stats
 from nursery.observability.arrival_log import ArrivalLog
+from nursery.observability.logs import LogManager
 from nursery.observability.metrics import MetricsOptions
 from nursery.observability.system import SystemSampler
 from nursery.observability.tracing import TraceManager
@@ -185,67 +188,73 @@ async def serve(
     settings: Settings,
     *,
     handle_signals: bool = True,
-    log_manager: Any = None,
+    log_manager: LogManager | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     _report_inactive(settings)
-    directory = Directory()
-    core = Core(directory, server_name=settings.server_id,
-                strict_readiness=settings.strict_readiness,
-                control_mode=settings.model_control_mode)
     try:
-        core.tracer = TraceManager(settings.trace)
+        tracer = TraceManager(settings.trace)
     except ValueError as exc:  # e.g. OpenTelemetry mode without its packages
-        raise model_manager.StartupError(str(exc)) from None
-    core.log_manager = log_manager
+        raise StartupError(str(exc)) from None
+    arrival_log: ArrivalLog | None = None
     if settings.arrival_log:
         try:
-            core.arrival_log = ArrivalLog(settings.arrival_log)
+            arrival_log = ArrivalLog(settings.arrival_log)
         except OSError as exc:
-            raise model_manager.StartupError(
+            raise StartupError(
                 f"cannot open the arrival log '{settings.arrival_log}': {exc}") from None
     options = MetricsOptions.from_config(settings.metrics_config,
                                          cpu=settings.allow_cpu_metrics,
                                          gpu=settings.allow_gpu_metrics)
     # before any model loads: schedulers read this when they start
     stats.configure(summaries=settings.allow_metrics and options.summary_latencies)
-    gateway.install(core)  # BLS calls and ensemble steps go through this core
     shutdown = trio.Event()
     try:
-        await _serve(settings, core, options, shutdown, handle_signals, task_status)
+        await _serve(settings, tracer, arrival_log, log_manager, options, shutdown,
+                     handle_signals, task_status)
     finally:
-        core.tracer.close()  # traces buffered for log_frequency 0 are written now
-        if core.arrival_log is not None:
-            core.arrival_log.close()
+        tracer.close()  # traces buffered for log_frequency 0 are written now
+        if arrival_log is not None:
+            arrival_log.close()
     log.info("server stopped")
 
 
-async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdown: trio.Event,
+async def _serve(settings: Settings, tracer: TraceManager, arrival_log: ArrivalLog | None,
+                 log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
                  handle_signals: bool, task_status: trio.TaskStatus[Running]) -> None:
-    directory = core.directory
+    directory = Directory()
+    faults = FaultCounter()
+    commands, inbox = trio.open_memory_channel[ManagerCommand](16)
     async with trio.open_nursery() as root:
         watcher: trio.CancelScope | None = None
         if handle_signals:
             watcher = await root.start(_watch_signals, shutdown, settings.exit_timeout_secs)
+        cache: trio.MemorySendChannel[Any] | None = None
         if settings.cache_size:
-            cache_send, cache_inbox = trio.open_memory_channel[Any](math.inf)
+            cache, cache_inbox = trio.open_memory_channel[Any](math.inf)
             await root.start(partial(response_cache.run, budget=settings.cache_size,
-                                     inbox=cache_inbox, faults=core.faults))
-            core.cache = cache_send
+                                     inbox=cache_inbox, faults=faults))
         limiter: RateLimiterClient | None = None
         if settings.rate_limit == "execution_count":
             limits_send, limits_inbox = trio.open_memory_channel[Any](math.inf)
             await root.start(partial(rate_limiter.run,
                                      policy=RateLimitPolicy(dict(settings.rate_limit_resources)),
-                                     inbox=limits_inbox, faults=core.faults))
+                                     inbox=limits_inbox, faults=faults))
             limiter = RateLimiterClient(limits_send)
+        # the one way requests reach models: frontends (through the core), ensembles, BLS
+        client = ModelClient(directory, tracer=tracer, cache=cache, arrival_log=arrival_log)
+        lifecycle = Lifecycle()
+        core = Core(Services(directory, client, commands, faults=faults,
+                             log_manager=log_manager, lifecycle=lifecycle,
+                             server_name=settings.server_id,
+                             strict_readiness=settings.strict_readiness,
+                             control_mode=settings.model_control_mode))
         sampling = trio.CancelScope()
         sampler = SystemSampler(cpu=options.cpu, gpu=options.gpu)
         if settings.allow_metrics:
             await root.start(_run_sampler, sampling, sampler,
                              settings.metrics_interval_ms / 1000.0)
         async with trio.open_nursery() as models:
-            commands, inbox = trio.open_memory_channel[Any](16)
             # A shutdown signal during start-up cancels the loading: instances already loaded
             # are finalized on their threads, nothing half-loaded stays behind.
             startup = trio.CancelScope()
@@ -261,10 +270,11 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                             inbox=inbox,
                             startup_models=startup_models(settings),
                             exit_on_error=settings.exit_on_error,
+                            client=client,
                             auto_complete=settings.auto_complete,
                             unload_timeout=settings.model_unload_timeout_secs,
                             rate_limiter=limiter,
-                            faults=core.faults,
+                            faults=faults,
                         )
                     )
             finally:
@@ -274,17 +284,16 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                 if watcher is not None:
                     watcher.cancel()
                 sampling.cancel()
-                if core.cache is not None:
-                    core.cache.close()
+                if cache is not None:
+                    cache.close()
                 if limiter is not None:
                     limiter.inbox.close()
                 return
-            core.manager = commands
-            core.accepting = True
+            lifecycle.accepting = True
             poller: trio.CancelScope | None = None
             if settings.model_control_mode == "poll":
                 poller = trio.CancelScope()
-                await models.start(_run_poller, poller, settings, commands.clone(), core.faults)
+                await models.start(_run_poller, poller, settings, commands.clone(), faults)
             async with commands, trio.open_nursery() as frontends:
                 binds: list[str] = []
                 if settings.allow_grpc:
@@ -305,7 +314,7 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
                 settle_heap()
                 task_status.started(Running(core, tuple(binds), tuple(failed), shutdown))
                 await shutdown.wait()
-                core.accepting = False
+                lifecycle.accepting = False
                 frontends.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
             if poller is not None:
                 poller.cancel()
@@ -315,7 +324,7 @@ async def _serve(settings: Settings, core: Core, options: MetricsOptions, shutdo
         if watcher is not None:
             watcher.cancel()
         sampling.cancel()
-        if core.cache is not None:
-            core.cache.close()  # the cache actor ends
+        if cache is not None:
+            cache.close()  # the cache actor ends
         if limiter is not None:
             limiter.inbox.close()

@@ -12,12 +12,15 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import trio
 
+from nursery.actors import mailbox
 from nursery.config.model import ModelConfig
+from nursery.config.repository import RepositoryScan
 from nursery.errors import InvalidArgument, NotFound, Unavailable
-from nursery.messages import CancelWork, InferWork, StatsQuery
+from nursery.messages import CancelWork, IndexEntry, InferWork, StatsQuery
 from nursery.observability.stats import StatsSnapshot
 
 
@@ -36,7 +39,7 @@ class ModelHandle:
     name: str
     version: int
     config: ModelConfig
-    intake: trio.MemorySendChannel[InferWork] = field(repr=False)
+    intake: trio.MemorySendChannel[Any] = field(repr=False)  # the scheduler's inbox
 
     @property
     def version_str(self) -> str:
@@ -46,36 +49,22 @@ class ModelHandle:
         """Queue a request, or raise UNAVAILABLE at once (the model is unloading). The intake
         never blocks: the scheduler takes every message at once and its policy bounds its
         queue, rejecting what does not fit."""
-        try:
-            self.intake.send_nowait(work)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise Unavailable(
-                f"model '{self.name}' version {self.version} is unloading"
-            ) from None
-
+        if not mailbox.tell(self.intake, work):
+            raise Unavailable(f"model '{self.name}' version {self.version} is unloading")
 
     def cancel(self, work: InferWork) -> None:
         """The requester gave up on ``work``: the scheduler drops it if still queued."""
-        try:
-            self.intake.send_nowait(CancelWork(work))  # type: ignore[arg-type]
-        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
-            pass
+        mailbox.tell(self.intake, CancelWork(work))
 
     def report(self, message: object) -> None:
         """A fact for the scheduler's statistics (e.g. a response-cache outcome)."""
-        try:
-            self.intake.send_nowait(message)  # type: ignore[arg-type]
-        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
-            pass
+        mailbox.tell(self.intake, message)
 
     async def query_stats(self) -> StatsSnapshot:
-        send, receive = trio.open_memory_channel[StatsSnapshot](1)
         try:
-            self.intake.send_nowait(StatsQuery(send))  # type: ignore[arg-type]
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return await mailbox.ask(self.intake, StatsQuery, gone="unloaded")
+        except Unavailable:  # the version stopped meanwhile: nothing counted any more
             return StatsSnapshot()
-        with receive:
-            return await receive.receive()
 
 
 @dataclass(frozen=True)
@@ -172,3 +161,30 @@ class Directory:
             if not entry.versions and entry.reason:
                 return False
         return True
+
+
+def repository_index(repo: RepositoryScan, entries: Mapping[str, ModelEntry],
+                     ready_only: bool) -> list[IndexEntry]:
+    """Every model in the repositories (Triton lists repository folders), with each known
+    version's state from ``entries``."""
+    out: list[IndexEntry] = []
+    for name in sorted({*repo.models, *repo.duplicates}):
+        if name in repo.duplicates:
+            if not ready_only:
+                out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value,
+                                      "model appears in two or more repositories"))
+            continue
+        entry = entries.get(name)
+        if entry is None or (not entry.versions and not entry.reason):
+            if not ready_only:
+                out.append(IndexEntry(name))
+            continue
+        if not entry.versions:
+            if not ready_only:
+                out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value, entry.reason))
+            continue
+        for version, status in sorted(entry.versions.items()):
+            if ready_only and status.state is not ModelState.READY:
+                continue
+            out.append(IndexEntry(name, version, status.state.value, status.reason))
+    return out

@@ -14,7 +14,7 @@ A *decoupled* ensemble (``model_transaction_policy { decoupled: true }``, requir
 model is decoupled) runs as Triton's does, by iteration (the pure
 :class:`~nursery.scheduling.ensemble_plan.IterFlow`): every response of a step feeds the steps
 after it once more, and every time the ensemble outputs are complete for an iteration the
-ensemble sends a response, as a stream of :class:`~nursery.actors.model_client.Part` on the request's
+ensemble sends a response, as a stream of :class:`~nursery.messages.Part` on the request's
 reply channel (the protocol of a decoupled model); the last response carries the final flag,
 or a bare final flag follows when no step is left running.
 """
@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
-from nursery.messages import CancelWork, CloseIntake, InferWork, StatsQuery
+from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
 from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
@@ -131,10 +131,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                              stream: Stream, emit: Callable[[Any], None]) -> None:
     """One request through a decoupled ensemble: ``emit`` gets each
-    :class:`~nursery.actors.model_client.Part` of the answer, the last one final. Raises the first
+    :class:`~nursery.messages.Part` of the answer, the last one final. Raises the first
     failing step's error (no further part is emitted then)."""
-    from nursery.actors.model_client import Part
-
     flow = IterFlow(plan)
     send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
     wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)

@@ -19,6 +19,7 @@ import numpy as np
 import outcome
 import trio
 
+from nursery.actors.model_client import ModelClient
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, BackendInstance
 from nursery.config.model import ModelConfig
@@ -222,6 +223,7 @@ async def run(
     slots: int = 1,
     warmup: tuple[WarmupSample, ...] = (),
     rate_limiter: RateLimiterClient | None = None,
+    client: ModelClient | None = None,
     abandon_grace: float = ABANDON_GRACE,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -233,14 +235,17 @@ async def run(
     Cancelled (the unload or shutdown deadline passed, or the version failed), the worker
     gives the batches on its thread ``abandon_grace`` seconds more, then abandons the thread:
     their requests are answered UNAVAILABLE, the thread is left to its hung job, and the
-    worker returns, so a model that never returns cannot hold up an unload or the shutdown."""
+    worker returns, so a model that never returns cannot hold up an unload or the shutdown.
+
+    ``client`` goes to the instance's thread as its context: the Python backend's BLS calls
+    reach other models through it."""
     needs, priority = resource_needs(config, placement)
     limit_key = (config.name, version, placement.index)
     limiter = rate_limiter if needs else None
     if limiter is not None:
         await limiter.register(limit_key, placement.device_id, needs, priority)
     batch_done = trio.Event()
-    thread = DedicatedThread(f"{config.name}:{version}:{placement.name}")
+    thread = DedicatedThread(f"{config.name}:{version}:{placement.name}", context=client)
     backend: BackendInstance | None = None
     # the sequence slots' state lives with the instance and is touched only on its thread
     states = SlotStates(config) if config.sequence is not None else None

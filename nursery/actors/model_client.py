@@ -1,10 +1,13 @@
-"""How a model reaches other models: BLS calls from Python models and ensemble steps.
+"""The model client: how a request reaches a model, for the frontends (through the core),
+ensemble steps and BLS calls from Python models alike.
 
-A :class:`Gateway` wraps the server's :class:`~nursery.core.Core`, so a call from a model goes
-through the target model's scheduler exactly like a client request (validation, batching,
-statistics). The server installs one when it starts (:func:`install`); Python models call it
-from their instance thread (``*_from_thread``, through the trio token), ensemble schedulers
-from the trio thread.
+A call goes through the target model's scheduler exactly like a client request: resolve the
+version once, check the request once (:func:`~nursery.execution.admission.make_work`), ask the
+response cache when the model uses it, queue the work, wait for the answer. The server builds
+one :class:`ModelClient` and hands it to whoever needs it (the core, the model manager for its
+ensembles, each Python instance's thread for BLS): there is no process-wide client. Python
+models call it from their instance thread (``*_from_thread``, through the trio token),
+everything else from the trio thread.
 """
 
 from __future__ import annotations
@@ -13,28 +16,26 @@ import math
 import queue
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from nursery.errors import InvalidArgument, NurseryError, Unavailable
-from nursery.messages import DecoupledResponse, InferWork
-
-if TYPE_CHECKING:
-    from nursery.actors.directory import Directory, ModelHandle
-    from nursery.core import Core
-    from nursery.types import InferenceRequest, InferenceResponse
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    """One answer of a streamed request: a response or an error, and whether it is the last."""
-
-    response: InferenceResponse | None
-    error: NurseryError | None
-    final: bool
-
+from nursery.actors import mailbox
+from nursery.actors.directory import Directory, ModelHandle
+from nursery.errors import InvalidArgument, NurseryError
+from nursery.execution.admission import make_work
+from nursery.messages import (
+    CacheInsert,
+    CacheLookup,
+    CacheOutcome,
+    DecoupledResponse,
+    InferWork,
+    Part,
+)
+from nursery.observability.arrival_log import ArrivalLog
+from nursery.observability.tracing import TraceManager, TraceSettings
+from nursery.scheduling.cache_store import frozen_copy, request_key
+from nursery.types import InferenceRequest, InferenceResponse
 
 OnPart = Callable[[Part], Awaitable[None]]
 
@@ -66,27 +67,141 @@ class ResponseMeter:
         self.index += 1
 
 
-class Gateway:
-    def __init__(self, core: Core, token: trio.lowlevel.TrioToken) -> None:
-        self.core = core
-        self.token = token
+class ModelClient:
+    """Sends requests to models. Built once by the server; trio thread unless named
+    ``*_from_thread``."""
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+    def __init__(self, directory: Directory, *, tracer: TraceManager | None = None,
+                 cache: trio.MemorySendChannel[Any] | None = None,
+                 arrival_log: ArrivalLog | None = None) -> None:
+        self.directory = directory
+        self.token = trio.lowlevel.current_trio_token()
+        self.tracer = tracer if tracer is not None else TraceManager(TraceSettings())
+        self.cache = cache  # the ResponseCache's inbox (None: no --cache-config)
+        self.arrival_log = arrival_log
+
+    def resolve(self, name: str, version: str = "") -> ModelHandle:
+        return self.directory.resolve(name, version)
+
+    # -- one request, one answer -------------------------------------------------------------
+
+    async def infer(self, request: InferenceRequest,
+                    handle: ModelHandle | None = None) -> InferenceResponse:
+        """Check and run one request; its answer, or its error raised. ``handle`` is the
+        version the caller already resolved (a frontend resolves once, to decode)."""
+        if handle is None:
+            handle = self.directory.resolve(request.model_name, request.model_version)
+        work, receive = self.submit(request, handle, queue=False)
+        if self.cache is not None and handle.config.uses_response_cache:
+            return await self._cached(work, receive, handle, self.cache)
+        return await self._queued(work, receive, handle)
+
+    def submit(self, request: InferenceRequest, handle: ModelHandle | None = None, *,
+               queue: bool = True) -> tuple[InferWork, trio.MemoryReceiveChannel[Any]]:
+        """Check a request and queue it without waiting (a stream queues its requests in the
+        order they came, which a sequence needs); :meth:`wait` gets the answer."""
+        if handle is None:
+            handle = self.directory.resolve(request.model_name, request.model_version)
+        send, receive = trio.open_memory_channel[Any](1)
+        work = make_work(request, handle.config, send)
+        if queue:
+            self._queue(work, handle)
+        return work, receive
+
+    def _queue(self, work: InferWork, handle: ModelHandle) -> None:
+        trace = work.request.trace
+        if trace:
+            trace.stamp("QUEUE_START", work.enqueued_ns)
+        if self.arrival_log is not None:
+            self.arrival_log.record(handle.name, handle.version, work)
+        handle.submit(work)
+
+    async def wait(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                   handle: ModelHandle) -> InferenceResponse:
+        try:
+            with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
+                answer = await receive.receive()
+        except trio.Cancelled:
+            handle.cancel(work)  # drop it from the queue now rather than at dispatch
+            raise
+        if isinstance(answer, NurseryError):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    async def _queued(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                      handle: ModelHandle) -> InferenceResponse:
+        request = work.request
+        trace = request.trace  # None: not sampled yet; False: sampled, not traced
+        if trace is None and self.tracer.active:
+            trace = request.trace = self.tracer.start(handle.name)
+            if trace:
+                return await self._traced(work, receive, handle, trace)
+        elif trace:
+            return await self._traced(work, receive, handle, trace, own=False)
+        self._queue(work, handle)
+        return await self.wait(work, receive, handle)
+
+    async def _traced(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                      handle: ModelHandle, trace: Any, own: bool = True) -> InferenceResponse:
+        request = work.request
+        trace.model_version = handle.version
+        trace.request_id = request.id
+        trace.stamp("REQUEST_START", work.enqueued_ns)
+        for name, tensor in request.inputs.items():
+            trace.tensor("TENSOR_QUEUE_INPUT", name, tensor.datatype.value, tensor.data)
+        try:
+            self._queue(work, handle)
+            response = await self.wait(work, receive, handle)
+            for out in response.outputs:
+                trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype.value, out.data)
+            return response
+        finally:
+            trace.stamp("REQUEST_END")
+            if own:
+                trace.finish()
+
+    async def _cached(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                      handle: ModelHandle,
+                      cache: trio.MemorySendChannel[Any]) -> InferenceResponse:
+        """Ask the ResponseCache first; on a miss run the model and give it the answer."""
+        request = work.request
+        t0 = time.monotonic_ns()
+        key = request_key(handle.name, handle.version, request)
+        try:
+            found = await mailbox.ask(cache, lambda reply: CacheLookup(key, reply),
+                                      gone="the response cache has stopped")
+        except NurseryError:  # shutting down: no cache
+            return await self._queued(work, receive, handle)
+        t1 = time.monotonic_ns()
+        if found is not None:
+            receive.close()
+            handle.report(CacheOutcome(True, t1 - t0, t1 - t0))
+            return InferenceResponse(found.model_name, found.model_version, found.outputs,
+                                     request.id, dict(found.parameters))
+        response = await self._queued(work, receive, handle)
+        t2 = time.monotonic_ns()
+        mailbox.tell(cache, CacheInsert(key, frozen_copy(response)))
+        handle.report(CacheOutcome(False, (t1 - t0) + (time.monotonic_ns() - t2)))
+        return response
+
+    # -- ensemble steps and BLS --------------------------------------------------------------
+
+    async def infer_one(self, request: InferenceRequest) -> InferenceResponse:
         """One response from a non-decoupled model (errors raise)."""
-        handle = self.core.resolve(request.model_name, request.model_version)
+        handle = self.resolve(request.model_name, request.model_version)
         if handle.config.decoupled:
             raise InvalidArgument(
                 f"model '{handle.name}' uses the decoupled transaction policy; it must be "
                 "called with decoupled=True (a stream of responses)")
-        return await self.core.infer(request, handle)
+        return await self.infer(request, handle)
 
     async def stream(self, request: InferenceRequest, on_part: OnPart) -> None:
         """Every answer of one request, in order, ending with a final one. Never raises a
         request's error: it arrives as a final :class:`Part`."""
         try:
-            handle = self.core.resolve(request.model_name, request.model_version)
+            handle = self.resolve(request.model_name, request.model_version)
             if not handle.config.decoupled:
-                response = await self.core.infer(request, handle)
+                response = await self.infer(request, handle)
             else:
                 await stream_decoupled(request, handle, on_part)
                 return
@@ -98,7 +213,7 @@ class Gateway:
     # -- from a model's own thread (BLS) ---------------------------------------------------
 
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
-        return trio.from_thread.run(self.infer, request, trio_token=self.token)
+        return trio.from_thread.run(self.infer_one, request, trio_token=self.token)
 
     def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
         """The answers of one request, yielded on the calling thread as the target model
@@ -106,10 +221,10 @@ class Gateway:
         reply = ThreadReply()
 
         def submit() -> InferWork | None:
-            handle = self.core.resolve(request.model_name, request.model_version)
+            handle = self.resolve(request.model_name, request.model_version)
             if not handle.config.decoupled:
                 return None
-            work = make_work(request, handle, reply)  # type: ignore[arg-type]
+            work = make_work(request, handle.config, reply)  # type: ignore[arg-type]
             reply.meter = ResponseMeter(handle, work.enqueued_ns)
             handle.submit(work)
             return work
@@ -153,20 +268,12 @@ class ThreadReply:
         return self
 
 
-def make_work(request: InferenceRequest, handle: ModelHandle,
-              reply: trio.MemorySendChannel[Any]) -> InferWork:
-    """Validate ``request`` for ``handle``'s model and wrap it for its scheduler."""
-    from nursery.core import make_work as core_make_work
-
-    return core_make_work(request, handle.config, reply)
-
-
 async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
                            on_part: OnPart) -> None:
     """Run one request on a decoupled model: its reply channel is unbounded and carries
     :class:`Part` messages (or a bare error, which is final) until the final one."""
     send, receive = trio.open_memory_channel[Any](math.inf)
-    work = make_work(request, handle, send)
+    work = make_work(request, handle.config, send)
     handle.submit(work)
     meter = ResponseMeter(handle, work.enqueued_ns)
     try:
@@ -183,28 +290,3 @@ async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
     except trio.Cancelled:
         handle.cancel(work)
         raise
-
-
-_current: Gateway | None = None
-
-
-def install(core: Core) -> Gateway:
-    """Make ``core`` the way models reach other models (call from the trio thread)."""
-    global _current
-    _current = Gateway(core, trio.lowlevel.current_trio_token())
-    return _current
-
-
-def current() -> Gateway:
-    if _current is None:
-        raise Unavailable("models cannot call other models: the server is not running")
-    return _current
-
-
-def current_or_new(directory: Directory) -> Gateway:
-    """The installed gateway, or one over ``directory`` (actor tests without a server)."""
-    if _current is not None and _current.core.directory is directory:
-        return _current
-    from nursery.core import Core
-
-    return Gateway(Core(directory), trio.lowlevel.current_trio_token())

@@ -14,7 +14,6 @@ inbox closes (server shutdown) every model is drained and unloaded.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -27,18 +26,28 @@ from typing import Any
 
 import trio
 
-from nursery.actors import ensemble, instance_worker, scheduler
-from nursery.actors import model_client as gateway
-from nursery.actors.directory import Directory, ModelEntry, ModelHandle, ModelState, ModelTable, VersionStatus
+from nursery.actors import mailbox
+from nursery.actors.directory import (
+    Directory,
+    ModelEntry,
+    ModelHandle,
+    ModelState,
+    ModelTable,
+    VersionStatus,
+    repository_index,
+)
+from nursery.actors.model_client import ModelClient
+from nursery.actors.version import serve_ensemble, serve_version
 from nursery.backends.base import get_factory
+from nursery.config.ensemble_check import check_wiring
 from nursery.config.model import ModelConfig, read_model_config
 from nursery.config.repository import (
     ModelFingerprint,
     ModelLocation,
     check_model_name,
     fingerprint,
-    safe_relative_path,
     scan,
+    write_override,
 )
 from nursery.config.warmup import warmup_samples
 from nursery.errors import (
@@ -47,90 +56,28 @@ from nursery.errors import (
     InternalError,
     InvalidArgument,
     NurseryError,
+    StartupError,
     Unavailable,
+    failure_reason,
+    first_error,
 )
-from nursery.messages import CloseIntake, ExecuteBatch, InferWork
+from nursery.messages import (
+    CloseIntake,
+    IndexEntry,
+    IndexRepository,
+    LoadModel,
+    ManagerCommand,
+    UnloadModel,
+)
 from nursery.runtime.supervision import Boundary, FaultCounter
-from nursery.scheduling.batch_policy import DynamicBatchPolicy
-from nursery.scheduling.fifo import FifoPolicy
-from nursery.scheduling.sequence_policy import SequencePolicy
 from nursery.schema import inference as pb
 
 log = logging.getLogger("nursery.manager")
 
-MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAVAILABLE)
-# Places per instance under the default scheduler: the thread holds its next request while it
-# computes (see nursery/scheduling/fifo.py).
-DEFAULT_SCHEDULER_SLOTS = 2
 # A version that fails while serving is reloaded at most RESTARTS times in RESTART_WINDOW
 # seconds (Erlang/OTP's restart intensity), then left UNAVAILABLE with the reason.
 RESTARTS = 3
 RESTART_WINDOW = 60.0
-
-# Triton's Status code strings, used in the "reason" of a failed version
-_CODE_STRINGS = {
-    ErrorKind.UNKNOWN: "Unknown",
-    ErrorKind.INTERNAL: "Internal",
-    ErrorKind.NOT_FOUND: "Not found",
-    ErrorKind.INVALID_ARG: "Invalid argument",
-    ErrorKind.UNAVAILABLE: "Unavailable",
-    ErrorKind.UNSUPPORTED: "Unsupported",
-    ErrorKind.ALREADY_EXISTS: "Already exists",
-    ErrorKind.CANCELLED: "Cancelled",
-    ErrorKind.DEADLINE_EXCEEDED: "Deadline exceeded",
-    ErrorKind.RESOURCE_EXHAUSTED: "Resource exhausted",
-}
-
-
-def failure_reason(exc: BaseException) -> str:
-    """Triton's ``Status::AsString()`` form: ``"Invalid argument: <message>"``."""
-    error = first_error(exc)
-    if isinstance(error, NurseryError):
-        return f"{_CODE_STRINGS[error.kind]}: {error.message}"
-    return f"Internal: {error}"
-
-
-def first_error(exc: BaseException) -> BaseException:
-    """The first leaf of an exception group (trio wraps nursery failures in groups)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class LoadModel:
-    """Load or reload a model; ``config`` and ``files`` override what is on disk."""
-
-    name: str
-    reply: trio.MemorySendChannel[NurseryError | None]
-    config: pb.ModelConfig | None = None
-    files: Mapping[str, bytes] | None = None  # "<version>/<path>" -> content (needs config)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class UnloadModel:
-    name: str
-    reply: trio.MemorySendChannel[NurseryError | None]
-    unload_dependents: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    name: str
-    version: int | None = None
-    state: str | None = None
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class IndexRepository:
-    ready_only: bool
-    reply: trio.MemorySendChannel[list[IndexEntry]]
-
-
-class StartupError(Exception):
-    pass
-
 
 @dataclass(eq=False)
 class _ModelLock:
@@ -155,11 +102,13 @@ class _Manager:
         directory: Directory,
         nursery: trio.Nursery,
         *,
+        client: ModelClient,
         auto_complete: bool,
         unload_timeout: float,
         rate_limiter: Any = None,
         faults: FaultCounter | None = None,
     ) -> None:
+        self.client = client  # ensembles' steps and Python models' BLS calls go through it
         self.faults = faults or FaultCounter()
         self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
         self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
@@ -199,7 +148,7 @@ class _Manager:
             if boundary.failure is not None:
                 result = InternalError(f"{what} failed: {boundary.failure}")
         finally:
-            _reply(command.reply, result)
+            mailbox.answer(command.reply, result, close=True)
 
     async def _command(self, command: LoadModel | UnloadModel) -> NurseryError | None:
         name = command.name
@@ -238,7 +187,7 @@ class _Manager:
 
     def answer_index(self, ready_only: bool) -> list[IndexEntry] | NurseryError:
         with Boundary(self.faults, "manager", log, "repository index") as boundary:
-            return self.index(ready_only)
+            return repository_index(scan(self.repositories), self.entries, ready_only)
         return InternalError(f"repository index failed: {boundary.failure}")
 
     # -- state (the only writer) -----------------------------------------------------------
@@ -306,7 +255,7 @@ class _Manager:
             return NurseryError(reason, ErrorKind.INVALID_ARG)
         if files:
             try:
-                location = self._write_override(name, files)
+                location = write_override(self.override_root, name, files)
             except NurseryError as exc:
                 return exc
         else:
@@ -359,55 +308,6 @@ class _Manager:
 
     def _serving(self, name: str) -> bool:
         return any(n == name for (n, _) in self.live)
-
-    def _write_override(self, name: str, files: Mapping[str, bytes]) -> ModelLocation:
-        """Lay out ``file:`` overrides as a model folder of their own, never outside it."""
-        folder = self.override_root / name
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        for raw_path, content in files.items():
-            rel = safe_relative_path(raw_path)
-            target = (folder / rel).resolve() if rel else None
-            if target is None or folder.resolve() not in target.parents:
-                raise InternalError(
-                    f"failed to load '{name}', failed to poll from model repository: Invalid "
-                    f"file parameter 'file:{raw_path}' must stay within model directory "
-                    "(a relative path inside the model folder)")
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
-            except OSError as exc:  # a path that is a file and a folder at once, too long, ...
-                raise InternalError(
-                    f"failed to load '{name}', failed to poll from model repository: file "
-                    f"parameter 'file:{raw_path[:200]}' cannot be written: "
-                    f"{exc.strerror or exc}") from None
-        return ModelLocation(name, folder, self.override_root)
-
-    def index(self, ready_only: bool) -> list[IndexEntry]:
-        """Every model in the repositories or known to the manager, with each version's state."""
-        repo = scan(self.repositories)
-        out: list[IndexEntry] = []
-        for name in sorted({*repo.models, *repo.duplicates}):  # Triton lists repository folders
-            if name in repo.duplicates:
-                if not ready_only:
-                    out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value,
-                                          "model appears in two or more repositories"))
-                continue
-            entry = self.entries.get(name)
-            if entry is None or (not entry.versions and not entry.reason):
-                if not ready_only:
-                    out.append(IndexEntry(name))
-                continue
-            if not entry.versions:
-                if not ready_only:
-                    out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value, entry.reason))
-                continue
-            for version, status in sorted(entry.versions.items()):
-                if ready_only and status.state is not ModelState.READY:
-                    continue
-                out.append(IndexEntry(name, version, status.state.value, status.reason))
-        return out
 
     async def _load_version(
         self, location: ModelLocation, config: ModelConfig, version: int
@@ -512,105 +412,29 @@ class _Manager:
         done: trio.Event,
         task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
     ) -> None:
-        """The life of one version: its own nursery holding its workers and scheduler."""
-        name = location.name
+        """The life of one version (``nursery.actors.version``); an ensemble's composing
+        models are checked (and loaded) first."""
         if config.ensemble is not None:
-            await self._serve_ensemble(config, version, scope, done, task_status)
+            try:
+                await self._check_ensemble(config)
+            except BaseException:
+                done.set()
+                raise
+            await serve_ensemble(config=config, version=version, client=self.client,
+                                 faults=self.faults, scope=scope, done=done,
+                                 task_status=task_status)
             return
-        version_path = location.path / str(version)
-        factory = get_factory(config.backend, name)
-        placements = config.placements()
-        warmup = tuple(await trio.to_thread.run_sync(warmup_samples, config,
-                                                     limiter=self.config_limiter))
-        # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in. The
-        # scheduler takes every message at once; its policy bounds the queue it keeps.
-        intake, inbox = trio.open_memory_channel[Any](math.inf)
-        policy: Any
-        capacity: float = 0  # the workers' inboxes: their slots (below)
-        if config.sequence is not None:
-            # the SequenceBatcher: one batch at a time per instance; its inbox also carries
-            # ReleaseSlots notices, so it is unbounded (the policy bounds the batches)
-            slots = 1
-            capacity = math.inf
-            policy = SequencePolicy[InferWork](
-                config.sequence.schedule, len(placements), model=name,
-                describe=lambda work: work.request)
-        elif config.batching is not None:
-            # the DynamicBatcher: batches form while instances are busy, so an instance takes
-            # one batch at a time
-            slots = 1
-            policy = DynamicBatchPolicy[InferWork](config.batching)
-        else:
-            slots = DEFAULT_SCHEDULER_SLOTS
-            policy = FifoPolicy[InferWork](slots, MAX_QUEUE)
         try:
-            with scope:
-                async with trio.open_nursery() as version_nursery:
-                    worker_channels: list[trio.MemorySendChannel[ExecuteBatch]] = []
-                    async with trio.open_nursery() as starting:
-                        for placement in placements:
-                            send, receive = trio.open_memory_channel[ExecuteBatch](
-                                capacity or slots)
-                            worker_channels.append(send)
-                            starting.start_soon(
-                                version_nursery.start,
-                                partial(
-                                    instance_worker.run,
-                                    config=config,
-                                    version=str(version),
-                                    version_path=version_path,
-                                    placement=placement,
-                                    factory=factory,
-                                    inbox=receive,
-                                    scheduler=intake.clone(),
-                                    slots=slots,
-                                    warmup=warmup,
-                                    rate_limiter=self.rate_limiter,
-                                ),
-                            )
-                    await version_nursery.start(
-                        partial(
-                            scheduler.run,
-                            name=name,
-                            policy=policy,
-                            inbox=inbox,
-                            instances=worker_channels,
-                            preserve_ordering=bool(config.batching
-                                                   and config.batching.preserve_ordering),
-                        )
-                    )
-                    handle = ModelHandle(name, version, config, intake)
-                    task_status.started((handle, intake.clone()))
-        finally:
-            intake.close()
+            factory = get_factory(config.backend, location.name)
+            warmup = tuple(await trio.to_thread.run_sync(warmup_samples, config,
+                                                         limiter=self.config_limiter))
+        except BaseException:
             done.set()
-
-    # -- ensembles -------------------------------------------------------------------------
-
-    async def _serve_ensemble(
-        self,
-        config: ModelConfig,
-        version: int,
-        scope: trio.CancelScope,
-        done: trio.Event,
-        task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
-    ) -> None:
-        """An ensemble version: its composing models checked, then its EnsembleScheduler."""
-        intake, inbox = trio.open_memory_channel[Any](math.inf)
-        try:
-            await self._check_ensemble(config)
-            gate = gateway.current_or_new(self.directory)
-            with scope:
-                async with trio.open_nursery() as version_nursery:
-                    await version_nursery.start(partial(
-                        ensemble.run, plan=config.ensemble, version=str(version),
-                        infer=gate.infer, inbox=inbox,
-                        stream=gate.stream if config.decoupled else None, faults=self.faults))
-                    handle = ModelHandle(config.name, version, config, intake)
-                    task_status.started((handle, intake.clone()))
-        finally:
-            intake.close()
-            done.set()
+            raise
+        await serve_version(config=config, version=version,
+                            version_path=location.path / str(version), factory=factory,
+                            warmup=warmup, client=self.client, rate_limiter=self.rate_limiter,
+                            scope=scope, done=done, task_status=task_status)
 
     async def _check_ensemble(self, config: ModelConfig) -> None:
         """Every step's model is loaded (loading it first when it never was), its inputs and
@@ -632,12 +456,10 @@ class _Manager:
                     self.dependency_only.add(model)
         finally:
             self.ensembles_waiting.discard(config.name)
-        types = {t.name: t.datatype for t in config.inputs}
-        types.update((t.name, t.datatype) for t in config.outputs)
-        for i, step in enumerate(plan.steps):
-            label = f"{where} step {i}"
+        steps = []
+        for step in plan.steps:
             try:
-                handle = self.directory.resolve(step.model_name, step.version_str)
+                steps.append(self.directory.resolve(step.model_name, step.version_str).config)
             except NurseryError as exc:
                 entry = self.directory.entry(step.model_name)
                 failure = ""
@@ -648,37 +470,14 @@ class _Manager:
                     f"{where} depends on '{step.model_name}' which has no loaded version"
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
-            model = handle.config
-            if model.decoupled and not config.decoupled:
-                raise ConfigError(
-                    f"{label}: model '{model.name}' is decoupled, so the ensemble must be too: "
-                    f"add 'model_transaction_policy {{ decoupled: true }}' to ensemble "
-                    f"'{config.name}' (its responses then come as a stream, over gRPC "
-                    "ModelStreamInfer)")
-            for what, mapping, specs in (("input", step.input_map, model.input_map),
-                                         ("output", step.output_map, model.output_map)):
-                for tensor_name, ensemble_tensor in mapping.items():
-                    spec = specs.get(tensor_name)
-                    if spec is None:
-                        raise ConfigError(
-                            f"{label}: model '{model.name}' has no {what} '{tensor_name}' "
-                            f"(it has: {', '.join(sorted(specs))})")
-                    seen = types.setdefault(ensemble_tensor, spec.datatype)
-                    if seen is not spec.datatype:
-                        raise ConfigError(
-                            f"{label}: ensemble tensor '{ensemble_tensor}' is {seen.value} "
-                            f"elsewhere but {what} '{tensor_name}' of model '{model.name}' is "
-                            f"{spec.datatype.value}")
+        check_wiring(config, steps)
 
     # -- unloading -------------------------------------------------------------------------
 
     async def _drain(self, live: _Live) -> None:
         """Stop intake, let queued and running requests finish (bounded), then end."""
         live.handle.intake.close()
-        try:
-            live.control.send_nowait(CloseIntake())
-        except (trio.ClosedResourceError, trio.BrokenResourceError, trio.WouldBlock):
-            pass
+        mailbox.tell(live.control, CloseIntake())
         live.control.close()
         live.scope.deadline = trio.current_time() + self.unload_timeout
         await live.done.wait()
@@ -739,9 +538,10 @@ async def run(
     *,
     repositories: tuple[Path, ...],
     directory: Directory,
-    inbox: trio.MemoryReceiveChannel[Any],
+    inbox: trio.MemoryReceiveChannel[ManagerCommand],
     startup_models: list[str],
     exit_on_error: bool,
+    client: ModelClient | None = None,
     auto_complete: bool = True,
     unload_timeout: float = 30.0,
     rate_limiter: Any = None,
@@ -756,10 +556,14 @@ async def run(
     Commands are served concurrently, each in its own task inside a supervision boundary:
     commands for one model run one after the other (a per-model lock, in arrival order), so a
     slow or hung load or unload holds up only that model; the index is answered at once.
+
+    ``client`` is how the models reach other models (the server's; actor tests let the
+    manager make its own over ``directory``).
     """
     async with trio.open_nursery() as nursery:
         manager = _Manager(
             repositories, directory, nursery,
+            client=client if client is not None else ModelClient(directory),
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
         )
@@ -772,18 +576,11 @@ async def run(
             async with inbox:
                 async for command in inbox:
                     if isinstance(command, IndexRepository):
-                        _reply(command.reply, manager.answer_index(command.ready_only))  # type: ignore[arg-type]
+                        mailbox.answer(command.reply, manager.answer_index(command.ready_only),
+                                       close=True)
                     else:
                         commands.start_soon(manager.serve_command, command)
             commands.cancel_scope.cancel()  # shutting down: loads still running stop
         await manager.unload_all()
         shutil.rmtree(manager.override_root, ignore_errors=True)
-
-
-def _reply(channel: trio.MemorySendChannel[NurseryError | None], value: NurseryError | None) -> None:
-    try:
-        channel.send_nowait(value)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    channel.close()
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import betterproto
 import numpy as np
 
+from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
 from nursery.schema import inference as pb
@@ -30,8 +31,6 @@ from nursery.types import DataType
 
 if TYPE_CHECKING:
     import onnxruntime as ort
-
-    from nursery.config.model import ModelConfig
 
 log = logging.getLogger("nursery.backends.onnxruntime")
 

@@ -37,17 +37,15 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
+from nursery.schema import inference as pb
 from nursery.types import DataType
-
-if TYPE_CHECKING:
-    from nursery.config.model import ModelConfig, TensorSpec
-    from nursery.schema import inference as pb
 
 log = logging.getLogger("nursery.backends.pytorch")
 

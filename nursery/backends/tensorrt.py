@@ -20,17 +20,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
 from nursery.schema import inference as pb
 from nursery.types import DataType
-
-if TYPE_CHECKING:
-    from nursery.config.model import ModelConfig
 
 log = logging.getLogger("nursery.backends.tensorrt")
 

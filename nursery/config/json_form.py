@@ -14,7 +14,7 @@ from typing import Any
 
 import betterproto
 
-from nursery.config.pbtext import fields_of, is_present
+from nursery.config.pbtext import fields_of, is_present, mark_present
 from nursery.schema import inference as pb
 
 _INT64 = {"int64", "uint64", "sint64", "fixed64", "sfixed64"}
@@ -147,8 +147,6 @@ def json_type(value: Any) -> str:
 
 
 def message_from_json(data: Any, cls: type[betterproto.Message], where: str) -> Any:
-    from nursery.config.pbtext import fields_of, mark_present
-
     if not isinstance(data, dict):
         raise ConfigJsonError(f"{where}: expected an object, got {json_type(data)}")
     schema = fields_of(cls)

@@ -40,7 +40,7 @@ from nursery.config.sequence import SequenceConfig, sequence_config
 from nursery.errors import ConfigError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
-from nursery.scheduling.ensemble_plan import EnsemblePlan
+from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
 from nursery.schema import inference as pb
 from nursery.types import DataType
 
@@ -433,8 +433,6 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
             f"{where}: {CONFIG_FILENAME}: 'ensemble_scheduling' goes with platform 'ensemble' "
             "(and an ensemble needs 'ensemble_scheduling')")
     if scheduling == "ensemble_scheduling":
-        from nursery.scheduling.ensemble_plan import EnsembleStep
-
         ensemble = EnsemblePlan.build(
             proto.name, [t.name for t in inputs], [t.name for t in outputs],
             [EnsembleStep(s.model_name,

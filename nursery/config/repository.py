@@ -7,12 +7,14 @@ Layout (Triton's): ``<repo>/<model>/config.pbtxt`` and numbered version folders
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import betterproto
 
-from nursery.errors import ConfigError
+from nursery.errors import ConfigError, InternalError
 from nursery.schema import inference as pb
 
 
@@ -170,3 +172,30 @@ def safe_relative_path(path: str) -> str | None:
             return None
         parts.append(part)
     return "/".join(parts) if parts else None
+
+
+def write_override(root: Path, name: str, files: Mapping[str, bytes]) -> ModelLocation:
+    """Lay out a load request's ``file:`` overrides as a model folder of their own under
+    ``root``, never outside it. Raises Triton's INTERNAL "failed to poll" error for a path that
+    leaves the folder or cannot be written."""
+    folder = root / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for raw_path, content in files.items():
+        rel = safe_relative_path(raw_path)
+        target = (folder / rel).resolve() if rel else None
+        if target is None or folder.resolve() not in target.parents:
+            raise InternalError(
+                f"failed to load '{name}', failed to poll from model repository: Invalid "
+                f"file parameter 'file:{raw_path}' must stay within model directory "
+                "(a relative path inside the model folder)")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        except OSError as exc:  # a path that is a file and a folder at once, too long, ...
+            raise InternalError(
+                f"failed to load '{name}', failed to poll from model repository: file "
+                f"parameter 'file:{raw_path[:200]}' cannot be written: "
+                f"{exc.strerror or exc}") from None
+    return ModelLocation(name, folder, root)

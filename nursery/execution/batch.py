@@ -13,6 +13,7 @@ import numpy as np
 
 from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import InternalError
+from nursery.execution.classification import classify
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 
@@ -85,8 +86,6 @@ def split_outputs(
             classes = getattr(item, "classification", 0)
             spec = config.output_map[item.name]
             if classes:
-                from nursery.execution.classification import classify
-
                 array = classify(array, classes, batching, spec, config.path)
                 outputs.append(Tensor(item.name, DataType.BYTES, tuple(array.shape), array))
             else:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from nursery.errors import InvalidArgument, Unsupported
+from nursery.observability.otel import OtelExporter, OtelSettings
 
 log = logging.getLogger("nursery.trace")
 
@@ -149,8 +150,6 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
         except InvalidArgument as exc:
             raise ValueError(f"--trace-config: {exc.message}") from None
     if otel:
-        from nursery.observability.otel import OtelSettings
-
         OtelSettings.from_entries(otel)  # report bad settings at the command line
         values["otel"] = tuple(otel)
     return replace(TraceSettings(), **values)
@@ -280,8 +279,6 @@ class TraceManager:
         self.active = False
         self._otel: _OtelSink | None = None
         if startup.trace_mode == "opentelemetry":
-            from nursery.observability.otel import OtelExporter, OtelSettings
-
             self._otel = _OtelSink(OtelExporter(OtelSettings.from_entries(list(startup.otel))))
         self._refresh()
 

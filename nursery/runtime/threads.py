@@ -33,10 +33,18 @@ def current_token() -> trio.lowlevel.TrioToken:
     return token  # type: ignore[no-any-return]
 
 
+def current_context() -> Any:
+    """What the owner of the calling :class:`DedicatedThread` gave it as ``context`` (None on
+    any other thread): how code running on an instance's thread reaches the services its
+    instance was given (a Python model's BLS calls reach the model client so)."""
+    return getattr(_local, "context", None)
+
+
 class DedicatedThread:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, context: Any = None) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._token = trio.lowlevel.current_trio_token()
+        self._context = context
         self.abandoned = False  # a job outlived its caller's patience (see ``call``)
         self.caught_up = trio.Event()  # set when such a job has come back after all
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -49,6 +57,7 @@ class DedicatedThread:
     def _main(self) -> None:
         run_sync_soon = self._token.run_sync_soon
         _local.token = self._token
+        _local.context = self._context
         while True:
             job = self._jobs.get()
             if job is _STOP:

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted
+from nursery.shm.cuda import CudaRegion  # imports CuPy only when a CUDA region is opened
 
 SHM_DIR = Path("/dev/shm")
 RESERVED_PREFIX = "triton_python_backend_shm_region"
@@ -198,8 +199,6 @@ class SharedMemoryRegistry:
             self._regions[name] = SystemRegion(name, key, offset, byte_size, fd)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        from nursery.shm.cuda import CudaRegion  # CuPy only when CUDA regions are used
-
         with self._lock:
             self._check_room(name)
         self.add(CudaRegion(name, raw_handle, device_id, byte_size))

@@ -29,11 +29,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from nursery.actors.model_manager import DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE
 from nursery.scheduling.adaptive_delay import AdaptiveDelayPolicy
 from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy
 from nursery.scheduling.edf import EarliestDeadlinePolicy
 from nursery.scheduling.fifo import FifoPolicy
+from nursery.scheduling.selection import DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE
 
 Factory = Callable[[BatchConfig, int], Any]
 

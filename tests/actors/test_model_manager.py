@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import trio
 
+from nursery import errors, messages
 from nursery.actors import model_manager
 from nursery.actors.directory import Directory, ModelState
 from nursery.backends.base import register_backend
@@ -32,7 +33,7 @@ class Harness:
     def __init__(self, directory: Directory, commands: trio.MemorySendChannel[Any],
                  failed: list[str]) -> None:
         self.directory = directory
-        self.core = Core(directory)
+        self.core = Core.over(directory)
         self.commands = commands
         self.failed = failed
 
@@ -82,7 +83,7 @@ async def test_load_serve_unload(tmp_path: Path, factory: FakeFactory) -> None:
             assert len(instance.threads) == 1
             assert threading.get_ident() not in instance.threads
         assert {i for i, _ in factory.executions} == {0, 1, 2}
-        assert await h.command(model_manager.UnloadModel, "m") is None
+        assert await h.command(messages.UnloadModel, "m") is None
         assert h.state("m") == (ModelState.UNAVAILABLE, "unloaded")
         assert sorted(factory.closed) == [0, 1, 2]
         with pytest.raises(NotFound, match="has no available versions"):
@@ -116,7 +117,7 @@ async def test_exit_on_error_raises(tmp_path: Path, factory: FakeFactory) -> Non
     with pytest.raises(BaseException) as err:  # noqa: PT011 - trio wraps it in a group
         async with _manager(tmp_path, ["m"], exit_on_error=True):
             pass
-    assert isinstance(model_manager.first_error(err.value), model_manager.StartupError)
+    assert isinstance(errors.first_error(err.value), errors.StartupError)
 
 
 async def test_execute_error_answers_requests_and_keeps_serving(
@@ -148,7 +149,7 @@ async def test_unload_drains_accepted_requests(tmp_path: Path, factory: FakeFact
             for i in range(5):
                 clients.start_soon(one, i)
             await trio.sleep(0.01)  # all five are queued or running
-            assert await h.command(model_manager.UnloadModel, "m") is None
+            assert await h.command(messages.UnloadModel, "m") is None
         assert len(results) == 5 and all(not isinstance(r, Exception) for r in results)
         assert len(factory.executions) == 5
 
@@ -158,7 +159,7 @@ async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFac
     async with _manager(tmp_path, ["m"]) as h:
         factory.fail_load = "broken new weights"
         (folder / "1" / "model.fake").write_text("new weights")  # changed: a reload is due
-        error = await h.command(model_manager.LoadModel, "m")
+        error = await h.command(messages.LoadModel, "m")
         assert error is not None and "broken new weights" in error.message
         assert h.state("m") == (ModelState.READY, "")
         factory.fail_load = None

@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from nursery import messages
 from nursery.actors import model_manager
 from nursery.actors.directory import Directory
 from nursery.backends.base import register_backend
@@ -55,7 +56,7 @@ async def _serving(repo: Path, mbs: int = 1, idle_us: int = 100_000,
             startup_models=["acc"], exit_on_error=False, unload_timeout=5.0))
         assert failed == []
         async with commands:
-            yield Core(directory), commands
+            yield Core.over(directory), commands
 
 
 async def _value(core: Core, value: float, sid: int, start: bool = False,
@@ -108,11 +109,11 @@ async def test_unload_releases_sequences(tmp_path: Path, factory: AccumulatorFac
         assert await _value(core, 3, 1, start=True) == 3
         assert await _value(core, 4, 2, start=True) == 4
         send, receive = trio.open_memory_channel[Any](1)
-        await commands.send(model_manager.UnloadModel("acc", send))
+        await commands.send(messages.UnloadModel("acc", send))
         assert await receive.receive() is None
         assert factory.closed == [0]
         send, receive = trio.open_memory_channel[Any](1)
-        await commands.send(model_manager.LoadModel("acc", send))
+        await commands.send(messages.LoadModel("acc", send))
         assert await receive.receive() is None
         with pytest.raises(NurseryError) as err:  # the old sequence is gone with its state
             await _value(core, 1, 1)

@@ -229,7 +229,7 @@ def test_decoupled_ensemble_answers_once_per_iteration_then_final(
     """in -> gen (decoupled: n responses, in + j) -> post (+100) -> OUT, and gen's IDX is an
     output too: a request answers exactly n times, OUT = in + j + 100 beside IDX = j, then
     carries the final flag exactly once (on its last answer, or alone when n is 0)."""
-    from nursery.actors.model_client import Part
+    from nursery.messages import Part
 
     plan = EnsemblePlan.build("dec", ["IN"], ["OUT", "IDX"], [
         EnsembleStep("gen", -1, {"X": "IN"}, {"Y": "G", "J": "IDX"}),

@@ -33,12 +33,11 @@ from hypothesis import strategies as st
 
 from nursery.actors import instance_worker, model_manager, scheduler
 from nursery.actors.directory import Directory
-from nursery.actors.model_manager import IndexRepository, LoadModel
 from nursery.backends.base import register_backend
 from nursery.core import Core
 from nursery.errors import NurseryError
 from nursery.execution import batch as batching
-from nursery.messages import CloseIntake, ExecuteBatch, InferWork
+from nursery.messages import CloseIntake, ExecuteBatch, IndexRepository, InferWork, LoadModel
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy
 from nursery.scheduling.fifo import FifoPolicy
@@ -75,7 +74,7 @@ POINTS: dict[str, tuple[Any, str]] = {
     "policy.arrive": (FifoPolicy, "arrive"),
     "policy.instance_ready": (FifoPolicy, "instance_ready"),
     "manager.load": (model_manager._Manager, "load"),
-    "manager.index": (model_manager._Manager, "index"),
+    "manager.index": (model_manager, "repository_index"),
 }
 
 
@@ -128,7 +127,7 @@ def test_a_fault_costs_its_unit_only(tmp_path_factory: pytest.TempPathFactory,
 
     async def main() -> None:
         directory = Directory()
-        core = Core(directory)
+        core = Core.over(directory)
         async with trio.open_nursery() as nursery:
             commands, inbox = trio.open_memory_channel[Any](4)
             await nursery.start(partial(

@@ -29,6 +29,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nursery import messages
 from nursery.actors import model_manager
 from nursery.actors.directory import Directory
 from nursery.backends.base import register_backend
@@ -166,7 +167,7 @@ def test_sequence_batcher_running(tmp_path_factory: Any, strategy: str, mbs: int
                 model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
                 startup_models=["acc"], exit_on_error=False, unload_timeout=5.0))
             assert failed == []
-            core = Core(directory)
+            core = Core.over(directory)
             # (no fail_after: while an instance thread computes, the autojump clock would
             # leap to its deadline; a hang shows as a hung test)
             async with trio.open_nursery() as clients:
@@ -186,7 +187,7 @@ def test_sequence_batcher_running(tmp_path_factory: Any, strategy: str, mbs: int
                     again.start_soon(one, i)
             assert fresh == dict.fromkeys(range(slots), 1.0)
             send, receive = trio.open_memory_channel[Any](1)
-            await commands.send(model_manager.UnloadModel("acc", send))
+            await commands.send(messages.UnloadModel("acc", send))
             assert await receive.receive() is None
             await commands.aclose()
 

@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 import trio
 
-from nursery.actors.model_client import Part
 from nursery.backends.base import get_factory
 from nursery.backends.python import backend as python_backend
 from nursery.backends.python import pb_utils
 from nursery.config.model import read_model_config
 from nursery.errors import ErrorKind, InternalError, NurseryError
-from nursery.messages import InferWork
+from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 

@@ -12,7 +12,7 @@ the list of requests the model's ``execute`` receives, each answered on its own.
 - a returned ``InferenceResponse`` per request (its ``error`` becomes that request's error);
 - or, through ``request.get_response_sender()``, responses sent from any thread: a decoupled
   model sends any number and then ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; each goes to the
-  requester as it is sent (a :class:`nursery.actors.model_client.Part` on the request's unbounded reply
+  requester as it is sent (a :class:`nursery.messages.Part` on the request's unbounded reply
   channel, through the trio token);
 - an exception from ``execute`` fails every request of the call with Triton's message
   ("Failed to process the request(s) for model instance ..."), never the instance.
@@ -32,26 +32,25 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import trio
 
-from nursery.actors.model_client import Part
+from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
+from nursery.backends.python.sender import ResponseSender
+from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
+from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, NurseryError
+from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import current_token
 from nursery.schema import inference as pb
-from nursery.types import InferenceRequest, InferenceResponse
-
-if TYPE_CHECKING:
-    from nursery.config.model import ModelConfig
-    from nursery.messages import InferWork
+from nursery.types import InferenceRequest, InferenceResponse, Tensor, datatype_of_array
 
 log = logging.getLogger("nursery.backends.python")
 
@@ -117,57 +116,6 @@ def instance_name(config: ModelConfig, placement: InstancePlacement) -> str:
             return f"{group.name}_{placement.index - start}"
         start += size
     return placement.name
-
-
-class ResponseSender:
-    """``request.get_response_sender()``: usable from any thread; each response goes to the
-    requester at once (decoupled), or the one final response (not decoupled)."""
-
-    def __init__(self, deliver: Callable[[Any], None], request: InferenceRequest,
-                 instance: PythonInstance, cancelled: Callable[[], bool]) -> None:
-        self._deliver = deliver
-        self._request = request
-        self._instance = instance
-        self._cancelled = cancelled
-        self._held: Any = None
-        self.closed = False
-
-    def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
-        if self.closed:
-            raise pb_utils.TritonModelException(
-                "Unable to send response. Response sender has been closed.")
-        final = bool(flags & _FINAL)
-        if response is None and not final:
-            raise pb_utils.TritonModelException(
-                "Inference Response object must be provided when the response flags is not "
-                "equal to TRITONSERVER_RESPONSE_COMPLETE_FINAL.")
-        answer = None if response is None else self._instance.convert(response, self._request)
-        if final:
-            self.closed = True
-        if self._instance.decoupled:
-            if isinstance(answer, NurseryError):
-                self._deliver(Part(None, answer, final))
-            else:
-                self._deliver(Part(answer, None, final))
-            return
-        if answer is not None:
-            if self._held is not None:
-                raise pb_utils.TritonModelException(
-                    "Non-decoupled model cannot send more than one response.")
-            self._held = answer
-        if final:
-            self._deliver(self._held if self._held is not None else InternalError(
-                f"model '{self._instance.model_name}' sent the final flag without a response"))
-
-    def is_cancelled(self) -> bool:
-        return self._cancelled()
-
-
-def _put(reply: trio.MemorySendChannel[Any], item: Any) -> None:
-    try:
-        reply.send_nowait(item)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        pass  # the requester stopped waiting
 
 
 class PythonInstance:
@@ -249,7 +197,7 @@ class PythonInstance:
             reply = item.reply
 
             def deliver(answer: Any, reply: Any = reply) -> None:
-                token.run_sync_soon(_put, reply, answer)
+                token.run_sync_soon(mailbox.tell, reply, answer)
 
             sender = ResponseSender(deliver, request, self, item.abandoned)
             senders.append(sender)
@@ -303,8 +251,6 @@ class PythonInstance:
     def execute(self, inputs: Mapping[str, np.ndarray],
                 output_names: Sequence[str]) -> dict[str, np.ndarray]:
         """One request from plain arrays (warm-up samples): the outputs, or the error raised."""
-        from nursery.types import Tensor, datatype_of_array
-
         request = InferenceRequest(self.model_name, self.version, {
             n: Tensor(n, datatype_of_array(a), tuple(a.shape), a) for n, a in inputs.items()})
         got: list[Any] = []
@@ -343,8 +289,6 @@ class PythonFactory:
         """Triton calls the model's static ``auto_complete_config`` with the configuration
         as read; what it completes (max_batch_size, inputs, outputs, dynamic batching, the
         transaction policy) goes back into ``config``."""
-        from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
-
         path = _model_file(config.default_model_filename, version_path)
         module = import_model(path, config.name)
         complete = getattr(module.TritonPythonModel, "auto_complete_config", None)

@@ -17,18 +17,24 @@ import json
 import logging
 import struct
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from nursery.errors import ErrorKind, NurseryError
-from nursery.types import DataType, RequestedOutput
+from nursery.runtime.threads import current_context
+from nursery.types import DataType, RequestedOutput, datatype_of_array
 from nursery.types import InferenceRequest as _Request
 from nursery.types import InferenceResponse as _Response
 from nursery.types import Tensor as _Tensor
 
-if TYPE_CHECKING:
-    from nursery.backends.python.backend import ResponseSender
+
+class ResponseSender(Protocol):
+    """What ``request.get_response_sender()`` gives (``nursery.backends.python.sender``)."""
+
+    def send(self, response: Any = None, flags: int = 0) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -236,8 +242,6 @@ class Tensor:
         return obj
 
     def _unwrap(self) -> _Tensor:
-        from nursery.types import datatype_of_array
-
         datatype = self._datatype or datatype_of_array(self._array)
         return _Tensor(self._name, datatype, tuple(self._array.shape), self._array)
 
@@ -375,6 +379,8 @@ class InferenceRequest:
             parameters = json.loads(parameters) if parameters else {}
         self._parameters = dict(parameters or {})
         self._sender: ResponseSender | None = None
+        # the model client of the instance whose thread builds this request (its BLS route)
+        self._client = current_context()
 
     @classmethod
     def _served(cls, request: _Request, requested: list[str], sender: ResponseSender,
@@ -458,22 +464,28 @@ class InferenceRequest:
         """Run this request on its model through that model's scheduler and wait for the
         answer. Errors come back in the response (``has_error()``), never raised. With
         ``decoupled=True``, an iterator over the responses."""
-        from nursery.actors import model_client as gateway
+        return self._exec(self._client or current_context(), decoupled)
 
+    def _exec(self, client: Any, decoupled: bool) -> Any:
         try:
+            if client is None:
+                raise NurseryError(
+                    "BLS calls must start on a thread the server runs the model on (its "
+                    "execute or initialize): build the InferenceRequest there",
+                    ErrorKind.UNAVAILABLE)
             request = self._to_nursery()
-            gw = gateway.current()
             if decoupled:
-                return _responses(gw.stream_from_thread(request), self._model_name)
-            return InferenceResponse._from_nursery(gw.infer_from_thread(request))
+                return _responses(client.stream_from_thread(request), self._model_name)
+            return InferenceResponse._from_nursery(client.infer_from_thread(request))
         except NurseryError as exc:
             failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
             return iter([failed]) if decoupled else failed
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """``exec`` for ``async def execute``: an awaitable; other calls proceed meanwhile."""
+        client = self._client or current_context()  # the executor's threads have none
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self.exec, decoupled)
+        return loop.run_in_executor(None, self._exec, client, decoupled)
 
 
 def _bls_error(model: str, error: NurseryError) -> NurseryError:

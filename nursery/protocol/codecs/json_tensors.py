@@ -10,13 +10,13 @@ answers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from nursery.errors import InternalError, InvalidArgument
 from nursery.protocol.codecs.binary_tensor import BlockReader
-from nursery.shm.system import ShmBinding
+from nursery.shm.system import SharedMemoryRegistry, ShmBinding
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -27,9 +27,6 @@ from nursery.types import (
     tensor_from_bytes,
     tensor_to_bytes,
 )
-
-if TYPE_CHECKING:
-    from nursery.shm.system import SharedMemoryRegistry
 
 try:  # orjson is several times faster on tensor-sized JSON; the stdlib is the fallback
     import orjson

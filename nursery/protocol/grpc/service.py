@@ -18,10 +18,11 @@ import grpclib.server
 import trio
 import trio_asyncio
 
-from nursery.actors.model_client import Part, stream_decoupled
+from nursery.actors.model_client import stream_decoupled
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import ErrorKind, InvalidArgument, NurseryError, Unavailable, Unsupported
+from nursery.messages import Part
 from nursery.protocol.codecs import grpc_messages as grpc_codec
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.codecs.grpc_wire import FINAL_RESPONSE, encode_stream_response
@@ -193,7 +194,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
             try:
-                response = await self.core.wait(work, answer, handle)
+                response = await self.core.client.wait(work, answer, handle)
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
@@ -276,7 +277,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                         # (cache, tracing)
                         nursery.start_soon(bounded, infer, request, handle, outputs)
                         continue
-                    work, answer = self.core.submit(request, handle)
+                    work, answer = self.core.client.submit(request, handle)
                 except NurseryError as error:
                     self.draining.leave()
                     nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))

@@ -19,10 +19,10 @@ from urllib.parse import unquote
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from nursery.actors.model_manager import IndexEntry
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError, Unavailable, Unsupported
+from nursery.messages import IndexEntry
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.codecs.json_tensors import dumps
 from nursery.protocol.codecs.status import error_body, http_error

@@ -1,0 +1,47 @@
+"""Which scheduling policy a model's configuration asks for, and how many batches each of its
+instances may hold: Triton's choice between the sequence batcher, the dynamic batcher and the
+default scheduler, as one pure function."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from nursery.config.model import ModelConfig
+from nursery.scheduling.batch_policy import DynamicBatchPolicy
+from nursery.scheduling.decisions import SchedulingPolicy
+from nursery.scheduling.fifo import FifoPolicy
+from nursery.scheduling.sequence_policy import SequencePolicy
+
+W = TypeVar("W")
+
+MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAVAILABLE)
+# Places per instance under the default scheduler: the thread holds its next request while it
+# computes (see nursery/scheduling/fifo.py).
+DEFAULT_SCHEDULER_SLOTS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChoice(Generic[W]):
+    policy: SchedulingPolicy[W]
+    slots: int  # batches one instance holds at once (its worker's inbox)
+    worker_inbox: float  # capacity of each worker's inbox
+
+
+def policy_for(config: ModelConfig, instances: int,
+               describe: Callable[[W], Any] = lambda work: work) -> PolicyChoice[W]:
+    """The policy of one version of ``config`` served by ``instances`` instances."""
+    if config.sequence is not None:
+        # the SequenceBatcher: one batch at a time per instance; the workers' inboxes also
+        # carry ReleaseSlots notices, so they are unbounded (the policy bounds the batches)
+        return PolicyChoice(SequencePolicy[W](config.sequence.schedule, instances,
+                                              model=config.name, describe=describe),
+                            1, math.inf)
+    if config.batching is not None:
+        # the DynamicBatcher: batches form while instances are busy, so an instance takes
+        # one batch at a time
+        return PolicyChoice(DynamicBatchPolicy[W](config.batching), 1, 1)
+    return PolicyChoice(FifoPolicy[W](DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE),
+                        DEFAULT_SCHEDULER_SLOTS, DEFAULT_SCHEDULER_SLOTS)
