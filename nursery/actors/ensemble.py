@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from nursery.actors import mailbox
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
 from nursery.observability.stats import BatchReport, StatsAccumulator
@@ -263,7 +264,4 @@ async def run(
 
 
 def _answer(work: Any, answer: Any) -> None:
-    try:
-        work.reply.send_nowait(answer)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        pass
+    mailbox.answer(work.reply, answer)

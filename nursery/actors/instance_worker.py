@@ -19,6 +19,7 @@ import numpy as np
 import outcome
 import trio
 
+from nursery.actors import mailbox
 from nursery.actors.model_client import ModelClient
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, BackendInstance
@@ -205,10 +206,7 @@ def _deliver(pairs: list[tuple[InferWork, Any]]) -> None:
     for item, answer in pairs:
         if answer is None:
             continue  # the backend answers this request itself (decoupled)
-        try:
-            item.reply.send_nowait(answer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the requester stopped waiting
+        mailbox.answer(item.reply, answer)  # False: the requester stopped waiting
 
 
 async def run(
@@ -277,9 +275,7 @@ async def run(
             held = tuple(pairs)  # the scheduler releases them in arrival order
         else:
             _deliver(pairs)
-        try:
-            scheduler.send_nowait(InstanceReady(placement.index, 1, report, held))
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+        if not mailbox.tell(scheduler, InstanceReady(placement.index, 1, report, held)):
             _deliver(list(held))  # the scheduler is gone: the answers go out unordered
         if not running:
             all_done.set()

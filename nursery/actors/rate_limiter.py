@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from nursery.actors import mailbox
 from nursery.errors import ConfigError
 from nursery.messages import (
     AcquireResources,
@@ -43,7 +44,7 @@ async def run(
             try:
                 if isinstance(message, AcquireResources):
                     if message.key not in policy.instances:
-                        _send(message.reply, True)  # not registered: nothing to limit
+                        mailbox.answer(message.reply, True)  # not registered: nothing to limit
                         continue
                     waiting[message.key] = message.reply
                     policy.request(message.key)
@@ -54,9 +55,9 @@ async def run(
                         policy.register(message.key, message.device, message.needs,
                                         message.priority)
                     except RateLimitError as exc:
-                        _send(message.reply, ConfigError(str(exc)))
+                        mailbox.answer(message.reply, ConfigError(str(exc)))
                         continue
-                    _send(message.reply, None)
+                    mailbox.answer(message.reply, None)
                 elif isinstance(message, UnregisterInstance):
                     policy.unregister(message.key)
                     waiting.pop(message.key, None)
@@ -64,25 +65,17 @@ async def run(
                 faults.record("ratelimiter", exc, log, "rate limiter command")
                 reply = getattr(message, "reply", None)
                 if reply is not None:  # never leave a worker waiting: it runs unlimited
-                    _send(reply, None if isinstance(message, RegisterInstance) else True)
+                    mailbox.answer(reply, None if isinstance(message, RegisterInstance) else True)
                 continue
             while True:  # a grant nobody waits for is released at once, which may grant more
                 lost = False
                 for key in policy.grants():
                     reply = waiting.pop(key, None)
-                    if reply is None or not _send(reply, True):
+                    if reply is None or not mailbox.answer(reply, True):
                         policy.release(key)
                         lost = True
                 if not lost:
                     break
-
-
-def _send(reply: trio.MemorySendChannel[Any], value: Any) -> bool:
-    try:
-        reply.send_nowait(value)
-        return True
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        return False
 
 
 class RateLimiterClient:
@@ -93,27 +86,19 @@ class RateLimiterClient:
 
     async def register(self, key: Hashable, device: int, needs: tuple[Any, ...],
                        priority: int) -> None:
-        send, receive = trio.open_memory_channel[Any](1)
-        self.inbox.send_nowait(RegisterInstance(key, device, needs, priority, send))
-        with receive:
-            error = await receive.receive()
+        error = await mailbox.ask(
+            self.inbox, lambda reply: RegisterInstance(key, device, needs, priority, reply),
+            gone="the rate limiter has stopped")
         if error is not None:
             raise error
 
     def unregister(self, key: Hashable) -> None:
-        try:
-            self.inbox.send_nowait(UnregisterInstance(key))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+        mailbox.tell(self.inbox, UnregisterInstance(key))
 
     async def acquire(self, key: Hashable) -> None:
-        send, receive = trio.open_memory_channel[Any](1)
-        self.inbox.send_nowait(AcquireResources(key, send))
-        with receive:  # cancelled while waiting: the closed channel gives the grant back
-            await receive.receive()
+        # cancelled while waiting: the closed reply channel gives the grant back
+        await mailbox.ask(self.inbox, lambda reply: AcquireResources(key, reply),
+                          gone="the rate limiter has stopped")
 
     def release(self, key: Hashable) -> None:
-        try:
-            self.inbox.send_nowait(ReleaseResources(key))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+        mailbox.tell(self.inbox, ReleaseResources(key))

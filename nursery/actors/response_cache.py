@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from nursery.actors import mailbox
 from nursery.messages import CacheInsert, CacheLookup, CacheStatsQuery
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.cache_store import CacheTotals, LruStore, entry_size
@@ -48,7 +49,7 @@ async def run(
                         else:
                             hits += 1
                         lookup_ns += time.monotonic_ns() - t0
-                        _answer(message.reply, found)
+                        mailbox.answer(message.reply, found)
                     elif isinstance(message, CacheInsert):
                         t0 = time.monotonic_ns()
                         response = message.response  # already the cache's own read-only copy
@@ -56,7 +57,7 @@ async def run(
                             inserts += 1
                         insert_ns += time.monotonic_ns() - t0
                     elif isinstance(message, CacheStatsQuery):
-                        _answer(message.reply, CacheTotals(
+                        mailbox.answer(message.reply, CacheTotals(
                             entries=len(store), bytes_used=store.used, budget=store.budget,
                             lookups=lookups, hits=hits, misses=misses, evictions=store.evictions,
                             inserts=inserts, lookup_ns=lookup_ns, insert_ns=insert_ns))
@@ -64,15 +65,9 @@ async def run(
                     faults.record("cache", exc, log, "response cache command")
                     reply = getattr(message, "reply", None)
                     if reply is not None and isinstance(message, CacheLookup):
-                        _answer(reply, None)  # a miss: the request runs the model
+                        mailbox.answer(reply, None)  # a miss: the request runs the model
                 try:
                     message = inbox.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
 
-
-def _answer(reply: trio.MemorySendChannel[Any], value: Any) -> None:
-    try:
-        reply.send_nowait(value)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        pass  # the requester stopped waiting

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from nursery.actors import mailbox
 from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import (
     CacheOutcome,
@@ -229,10 +230,6 @@ def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
 
 
 def _answer(work: Any, answer: Any) -> None:
-    if answer is None:
-        return  # the backend answered this request itself (decoupled)
-    try:
-        work.reply.send_nowait(answer)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-        pass
+    if answer is not None:  # None: the backend answered this request itself (decoupled)
+        mailbox.answer(work.reply, answer)
 

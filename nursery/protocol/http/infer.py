@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from nursery.config.model import ModelConfig
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError, Unsupported
 from nursery.protocol.codecs import binary_tensor
@@ -114,9 +115,8 @@ def _compress(data: bytes, encoding: str) -> bytes:
     return c.compress(data) + c.flush()
 
 
-def _raw_request(core: Core, model: str, version: str, body: bytes) -> InferenceRequest:
+def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> InferenceRequest:
     """``Inference-Header-Content-Length: 0``: the body is the only input, batch 1."""
-    config = core.resolve(model, version).config
     if len(config.inputs) != 1:
         raise InvalidArgument(
             f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
@@ -199,7 +199,7 @@ async def infer_response(
             header_len = b"0"  # Triton treats an empty body as a raw binary request
         json_part, binary = binary_tensor.split_body(body, header_len)
         if binary is not None and len(json_part) == 0:
-            request = _raw_request(core, model, version, bytes(binary))
+            request = _raw_request(handle.config, model, version, bytes(binary))
             fmt = json_codec.OutputFormat({}, True)
         else:
             parsed = json_codec.parse_json(json_part)
