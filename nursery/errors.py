@@ -1,8 +1,8 @@
 """One transport-free error vocabulary.
 
 Triton's status codes as :class:`ErrorKind`, plus the two the house plan adds. Every layer
-raises :class:`NurseryError` (or a subclass); only ``protocol/status_map.py`` knows which HTTP
-or gRPC status a kind becomes (``protocol/codecs/status.py`` now). :class:`StartupError` ends
+raises :class:`NurseryError` (or a subclass); only ``protocol/codecs/status.py`` knows which HTTP
+or gRPC status a kind becomes. :class:`StartupError` ends
 the server at start-up; :func:`failure_reason` writes a failure as Triton's status string.
 """
 

@@ -169,7 +169,7 @@ class ReleaseResources:
 
 @dataclass(frozen=True, slots=True)
 class DecoupledResponse:
-    """One response of a decoupled model reached its requester (gateway -> scheduler), for the
+    """One response of a decoupled model reached its requester (model client -> scheduler), for the
     version's ``response_stats`` and first-response histogram."""
 
     index: int  # 0 for the first response of the request

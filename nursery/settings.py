@@ -82,7 +82,7 @@ class Settings:
     server_id: str = "triton"
     http_server: str = "nursery"
     grpc_server: str = "nursery"
-    arrival_log: str = ""  # nursery only: record every accepted request (nursery/arrival_log)
+    arrival_log: str = ""  # nursery only: record every accepted request (observability/arrival_log.py)
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
 
 

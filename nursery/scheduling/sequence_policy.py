@@ -59,7 +59,7 @@ class SlotRow:
 
 @dataclass(frozen=True)
 class SequenceSchedule:
-    """What the policy needs from ``sequence_batching`` (see ``nursery/sequence_config``)."""
+    """What the policy needs from ``execution/sequence.py`` (see ``nursery/config/sequence.py``)."""
 
     strategy: str = "direct"  # "direct" or "oldest"
     slots_per_instance: int = 1

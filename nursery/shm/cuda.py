@@ -22,7 +22,7 @@ import numpy as np
 
 from nursery.errors import InvalidArgument, Unsupported
 
-log = logging.getLogger("nursery.cuda_shm")
+log = logging.getLogger("nursery.shm")
 
 
 @cache

@@ -1,8 +1,8 @@
 """GRPCInferenceService: every RPC of Triton's gRPC API, each a few lines calling the core.
 
-grpclib runs these handlers on the trio-asyncio loop (see ``grpc_server.py``); each handler
+grpclib runs these handlers on the trio-asyncio loop (see ``server.py``); each handler
 crosses into trio once (``trio_as_aio``) to reach the core. Errors become gRPC statuses in one
-place (:func:`_status`), with the codes of ``status_map``.
+place (:func:`_status`), with the codes of ``protocol/codecs/status.py``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(self, core: Core, draining: Draining) -> None:
         self.core = core
         self.draining = draining
-        self.native = False  # True on the lean server (grpc_lean.py): handlers run on trio
+        self.native = False  # True on the lean server (lean.py): handlers run on trio
         # where an unexpected exception in one request of a stream is reported (the lean
         # server counts it in H2Server.internal_errors)
         self.on_internal_error: Callable[[str, BaseException], None] = log_internal_error

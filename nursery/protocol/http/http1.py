@@ -4,7 +4,7 @@ Just what an inference server needs, strictly: request line and headers (RFC 911
 ``Content-Length`` and ``chunked`` bodies, keep-alive, ``Expect: 100-continue``. Anything
 malformed raises :class:`HttpError` with the status to answer before closing the connection;
 nothing else escapes (the fuzz targets in ``tests/property/test_fuzz_http1.py`` hold it to that).
-Pure functions and small classes: the server in ``http_server.py`` does the I/O.
+Pure functions and small classes: the server in ``server.py`` does the I/O.
 
 Why llhttp (through ``httptools``) parses the head. The head parser this module had was a
 regular expression per header line whose lazy value group backtracked quadratically: one header

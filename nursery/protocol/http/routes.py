@@ -1,9 +1,9 @@
 """KServe v2 HTTP/REST routes plus Triton's extensions.
 
 :func:`build_http_app` returns the ASGI callable hypercorn serves: the inference route goes
-straight to the lean handler in ``http_infer``; every other route is a quart-trio view of a few
+straight to the lean handler in ``infer.py``; every other route is a quart-trio view of a few
 lines that calls the core and encodes its answer. Errors are ``{"error": "..."}`` with the
-status from ``status_map``; unknown routes are 404 ``{"error":"Not Found"}`` and wrong
+status from ``protocol/codecs/status.py``; unknown routes are 404 ``{"error":"Not Found"}`` and wrong
 methods 405 ``{"error":"Method Not Allowed"}``, as Triton answers.
 """
 

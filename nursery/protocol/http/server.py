@@ -1,6 +1,6 @@
 """The HTTP port's server: HTTP/1.1 on trio sockets, one task per connection.
 
-The inference route is answered by ``http_infer.infer_response`` directly; every other route
+The inference route is answered by ``infer.infer_response`` directly; every other route
 goes to the quart-trio app through a minimal ASGI call. Measured on the 2-core machine, this
 costs a fraction of what hypercorn + h11 cost per request (see bench/README.md), which is why
 it serves the inference port; ``--http-server=hypercorn`` serves the same app through
