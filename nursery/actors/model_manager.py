@@ -38,7 +38,7 @@ from nursery.actors.directory import (
 )
 from nursery.actors.model_client import ModelClient
 from nursery.actors.version import serve_ensemble, serve_version
-from nursery.backends.base import get_factory
+from nursery.backends.base import Backends
 from nursery.config.ensemble_check import check_wiring
 from nursery.config.model import ModelConfig, read_model_config
 from nursery.config.repository import (
@@ -103,12 +103,14 @@ class _Manager:
         nursery: trio.Nursery,
         *,
         client: ModelClient,
+        backends: Backends,
         auto_complete: bool,
         unload_timeout: float,
         rate_limiter: Any = None,
         faults: FaultCounter | None = None,
     ) -> None:
         self.client = client  # ensembles' steps and Python models' BLS calls go through it
+        self.backends = backends
         self.faults = faults or FaultCounter()
         self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
         self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
@@ -270,7 +272,7 @@ class _Manager:
                 return None  # nothing changed since it loaded: nothing to do
         try:
             config, versions = await trio.to_thread.run_sync(
-                partial(read_model_config, location.path, name, backends=get_factory,
+                partial(read_model_config, location.path, name, backends=self.backends,
                         auto_complete=self.auto_complete,
                         proto=override),
                 limiter=self.config_limiter,
@@ -425,7 +427,7 @@ class _Manager:
                                  task_status=task_status)
             return
         try:
-            factory = get_factory(config.backend, location.name)
+            factory = self.backends(config.backend, location.name)
             warmup = tuple(await trio.to_thread.run_sync(warmup_samples, config,
                                                          limiter=self.config_limiter))
         except BaseException:
@@ -542,6 +544,7 @@ async def run(
     startup_models: list[str],
     exit_on_error: bool,
     client: ModelClient | None = None,
+    backends: Backends | None = None,
     auto_complete: bool = True,
     unload_timeout: float = 30.0,
     rate_limiter: Any = None,
@@ -558,12 +561,14 @@ async def run(
     slow or hung load or unload holds up only that model; the index is answered at once.
 
     ``client`` is how the models reach other models (the server's; actor tests let the
-    manager make its own over ``directory``).
+    manager make its own over ``directory``); ``backends`` the backends it may load (the
+    built-in ones unless given).
     """
     async with trio.open_nursery() as nursery:
         manager = _Manager(
             repositories, directory, nursery,
             client=client if client is not None else ModelClient(directory),
+            backends=backends if backends is not None else Backends(),
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
         )

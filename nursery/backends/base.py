@@ -60,26 +60,34 @@ _MODULES = {
 }
 
 
-_REGISTERED: dict[str, BackendFactory] = {}
-
-
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``backend: "<name>"`` load through ``factory`` (tests and embedders)."""
-    _REGISTERED[name] = factory
-
-
 def get_factory(backend: str, model_name: str) -> BackendFactory:
-    if backend in _REGISTERED:
-        return _REGISTERED[backend]
+    """The built-in backend named ``backend`` (its module imported on first use)."""
     module_name = _MODULES.get(backend)
     if module_name is None:
-        known = ", ".join(sorted({*_MODULES, *_REGISTERED}))
         raise ConfigError(
             f"model '{model_name}': backend '{backend}' is not available in this server "
-            f"(available: {known})"
+            f"(available: {', '.join(sorted(_MODULES))})"
         )
     module = importlib.import_module(module_name)
     factory: BackendFactory = module.FACTORY
     return factory
 
 
+class Backends:
+    """The backends one server can load, by name: the built-in ones and those an embedder or
+    a test adds (``Backends({"fake": factory})``). Called like :func:`get_factory`."""
+
+    def __init__(self, extra: Mapping[str, BackendFactory] | None = None) -> None:
+        self._extra = dict(extra or {})
+
+    def __call__(self, backend: str, model_name: str) -> BackendFactory:
+        found = self._extra.get(backend)
+        if found is not None:
+            return found
+        if backend not in _MODULES and self._extra:
+            known = ", ".join(sorted({*_MODULES, *self._extra}))
+            raise ConfigError(
+                f"model '{model_name}': backend '{backend}' is not available in this server "
+                f"(available: {known})"
+            )
+        return get_factory(backend, model_name)

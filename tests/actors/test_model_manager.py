@@ -16,7 +16,7 @@ import trio
 from nursery import errors, messages
 from nursery.actors import model_manager
 from nursery.actors.directory import Directory, ModelState
-from nursery.backends.base import register_backend
+from nursery.backends.base import Backends
 from nursery.core import Core
 from nursery.errors import InternalError, NotFound, Unavailable
 from tests.fakes import FAKE_CONFIG, FakeFactory, make_request, write_fake_model
@@ -25,7 +25,6 @@ from tests.fakes import FAKE_CONFIG, FakeFactory, make_request, write_fake_model
 @pytest.fixture
 def factory() -> FakeFactory:
     fake = FakeFactory()
-    register_backend("fake", fake)
     return fake
 
 
@@ -50,13 +49,14 @@ class Harness:
 
 
 @asynccontextmanager
-async def _manager(repo: Path, models: list[str], exit_on_error: bool = False,
+async def _manager(repo: Path, factory: FakeFactory, models: list[str], exit_on_error: bool = False,
                    unload_timeout: float = 5.0) -> AsyncIterator[Harness]:
     directory = Directory()
     async with trio.open_nursery() as nursery:
         commands, inbox = trio.open_memory_channel[Any](4)
         failed = await nursery.start(partial(
             model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
+            backends=Backends({"fake": factory}),
             startup_models=models, exit_on_error=exit_on_error, unload_timeout=unload_timeout))
         async with commands:
             yield Harness(directory, commands, failed)
@@ -64,7 +64,7 @@ async def _manager(repo: Path, models: list[str], exit_on_error: bool = False,
 
 async def test_load_serve_unload(tmp_path: Path, factory: FakeFactory) -> None:
     write_fake_model(tmp_path, "m", FAKE_CONFIG + "instance_group [{ count: 3 kind: KIND_CPU }]")
-    async with _manager(tmp_path, ["m"]) as h:
+    async with _manager(tmp_path, factory, ["m"]) as h:
         assert h.failed == []
         assert h.state("m") == (ModelState.READY, "")
         assert len(factory.instances) == 3
@@ -95,7 +95,7 @@ async def test_failed_load_reports_reason(tmp_path: Path, factory: FakeFactory) 
     bad = write_fake_model(tmp_path, "bad")
     (bad / "config.pbtxt").write_text("max_batch_size: [")
     factory.fail_load = None
-    async with _manager(tmp_path, ["bad", "good"]) as h:
+    async with _manager(tmp_path, factory, ["bad", "good"]) as h:
         assert h.failed == ["bad"]
         entry = h.directory.entry("bad")
         assert entry is not None and "Invalid argument: model 'bad': config.pbtxt:1:17" in entry.reason
@@ -107,7 +107,7 @@ async def test_backend_load_failure_marks_version_unavailable(tmp_path: Path,
                                                               factory: FakeFactory) -> None:
     write_fake_model(tmp_path, "m")
     factory.fail_load = "weights are corrupt"
-    async with _manager(tmp_path, ["m"]) as h:
+    async with _manager(tmp_path, factory, ["m"]) as h:
         assert h.state("m") == (ModelState.UNAVAILABLE, "Internal: weights are corrupt")
 
 
@@ -115,7 +115,7 @@ async def test_exit_on_error_raises(tmp_path: Path, factory: FakeFactory) -> Non
     write_fake_model(tmp_path, "m")
     factory.fail_load = "nope"
     with pytest.raises(BaseException) as err:  # noqa: PT011 - trio wraps it in a group
-        async with _manager(tmp_path, ["m"], exit_on_error=True):
+        async with _manager(tmp_path, factory, ["m"], exit_on_error=True):
             pass
     assert isinstance(errors.first_error(err.value), errors.StartupError)
 
@@ -124,7 +124,7 @@ async def test_execute_error_answers_requests_and_keeps_serving(
     tmp_path: Path, factory: FakeFactory
 ) -> None:
     write_fake_model(tmp_path, "m")
-    async with _manager(tmp_path, ["m"]) as h:
+    async with _manager(tmp_path, factory, ["m"]) as h:
         factory.fail_execute = True
         with pytest.raises(InternalError, match="backend exploded"):
             await h.core.infer(make_request(1))
@@ -136,7 +136,7 @@ async def test_execute_error_answers_requests_and_keeps_serving(
 async def test_unload_drains_accepted_requests(tmp_path: Path, factory: FakeFactory) -> None:
     write_fake_model(tmp_path, "m")
     factory.compute = 0.05
-    async with _manager(tmp_path, ["m"]) as h:
+    async with _manager(tmp_path, factory, ["m"]) as h:
         results: list[Any] = []
 
         async def one(i: int) -> None:
@@ -156,7 +156,7 @@ async def test_unload_drains_accepted_requests(tmp_path: Path, factory: FakeFact
 
 async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFactory) -> None:
     folder = write_fake_model(tmp_path, "m")
-    async with _manager(tmp_path, ["m"]) as h:
+    async with _manager(tmp_path, factory, ["m"]) as h:
         factory.fail_load = "broken new weights"
         (folder / "1" / "model.fake").write_text("new weights")  # changed: a reload is due
         error = await h.command(messages.LoadModel, "m")

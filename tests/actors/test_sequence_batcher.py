@@ -17,7 +17,7 @@ import trio.testing
 from nursery import messages
 from nursery.actors import model_manager
 from nursery.actors.directory import Directory
-from nursery.backends.base import register_backend
+from nursery.backends.base import Backends
 from nursery.core import Core
 from nursery.errors import NurseryError
 from tests.property.test_sequence_actor import CONFIG, AccumulatorFactory, _request
@@ -29,7 +29,6 @@ NOT_STARTED = ("inference request for sequence {} to model 'acc' must specify th
 @pytest.fixture
 def factory() -> AccumulatorFactory:
     fake = AccumulatorFactory()
-    register_backend("fakeseq", fake)
     return fake
 
 
@@ -43,7 +42,7 @@ def clock(autojump_clock: trio.testing.MockClock) -> trio.testing.MockClock:
 
 
 @asynccontextmanager
-async def _serving(repo: Path, mbs: int = 1, idle_us: int = 100_000,
+async def _serving(repo: Path, factory: Any, mbs: int = 1, idle_us: int = 100_000,
                    strategy: str = "direct { }") -> AsyncIterator[tuple[Core, Any]]:
     (repo / "acc" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "acc" / "config.pbtxt").write_text(CONFIG.format(
@@ -53,6 +52,7 @@ async def _serving(repo: Path, mbs: int = 1, idle_us: int = 100_000,
         commands, inbox = trio.open_memory_channel[Any](4)
         failed = await nursery.start(partial(
             model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
+            backends=Backends({"fakeseq": factory}),
             startup_models=["acc"], exit_on_error=False, unload_timeout=5.0))
         assert failed == []
         async with commands:
@@ -69,7 +69,7 @@ async def test_backlog_is_served_in_arrival_order(tmp_path: Path, factory: Accum
                                                   clock: trio.testing.MockClock) -> None:
     """One slot: A holds it; B, C and D start while it is taken and wait in the backlog; each
     takes the slot when the previous sequence ends, in the order they arrived."""
-    async with _serving(tmp_path) as (core, _):
+    async with _serving(tmp_path, factory) as (core, _):
         assert await _value(core, 1, 1, start=True) == 1
         finished: list[int] = []
 
@@ -92,7 +92,7 @@ async def test_backlog_is_served_in_arrival_order(tmp_path: Path, factory: Accum
 
 async def test_idle_timeout_to_the_microsecond(tmp_path: Path, factory: AccumulatorFactory,
                                                clock: trio.testing.MockClock) -> None:
-    async with _serving(tmp_path, idle_us=100_000) as (core, _):
+    async with _serving(tmp_path, factory, idle_us=100_000) as (core, _):
         assert await _value(core, 1, 7, start=True) == 1
         await trio.sleep(0.0999)  # just inside the idle time: still live
         assert await _value(core, 1, 7) == 2
@@ -105,7 +105,7 @@ async def test_idle_timeout_to_the_microsecond(tmp_path: Path, factory: Accumula
 
 async def test_unload_releases_sequences(tmp_path: Path, factory: AccumulatorFactory,
                                          clock: trio.testing.MockClock) -> None:
-    async with _serving(tmp_path, mbs=2, idle_us=60_000_000) as (core, commands):
+    async with _serving(tmp_path, factory, mbs=2, idle_us=60_000_000) as (core, commands):
         assert await _value(core, 3, 1, start=True) == 3
         assert await _value(core, 4, 2, start=True) == 4
         send, receive = trio.open_memory_channel[Any](1)
@@ -125,7 +125,7 @@ async def test_direct_pads_empty_slots(tmp_path: Path, factory: AccumulatorFacto
                                        clock: trio.testing.MockClock) -> None:
     """Three slots; the sequence in slot 0 ends, the one in slot 2 goes on alone: its batch
     has a padding row for slots 0 and 1 with READY false."""
-    async with _serving(tmp_path, mbs=3) as (core, _):
+    async with _serving(tmp_path, factory, mbs=3) as (core, _):
         for sid in (1, 2, 3):
             assert await _value(core, 1, sid, start=True) == 1
         assert await _value(core, 1, 1, end=True) == 2

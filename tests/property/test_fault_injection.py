@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from nursery.actors import instance_worker, model_manager, scheduler
 from nursery.actors.directory import Directory
-from nursery.backends.base import register_backend
+from nursery.backends.base import Backends
 from nursery.core import Core
 from nursery.errors import NurseryError
 from nursery.execution import batch as batching
@@ -85,7 +85,6 @@ def _open_fds() -> set[str]:
 @pytest.fixture(scope="module")
 def fake_factory() -> FakeFactory:
     fake = FakeFactory()
-    register_backend("fake", fake)
     return fake
 
 
@@ -133,7 +132,7 @@ def test_a_fault_costs_its_unit_only(tmp_path_factory: pytest.TempPathFactory,
             await nursery.start(partial(
                 model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
                 startup_models=["m", "ok"], exit_on_error=True, unload_timeout=5.0,
-                faults=faults))
+                faults=faults, backends=Backends({"fake": fake_factory})))
             setattr(owner, attribute, _raising_at(original, when))
             try:
                 with trio.fail_after(30):  # a hang is a failure, never a stuck suite

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from nursery import messages
 from nursery.actors import model_manager
 from nursery.actors.directory import Directory
-from nursery.backends.base import register_backend
+from nursery.backends.base import Backends
 from nursery.core import Core
 from nursery.errors import ErrorKind, NurseryError
 from nursery.runtime.devices import InstancePlacement
@@ -124,7 +124,6 @@ def test_sequence_batcher_running(tmp_path_factory: Any, strategy: str, mbs: int
     (repo / "acc" / "config.pbtxt").write_text(CONFIG.format(
         mbs=mbs, instances=instances, idle_us=int(idle * 1e6), strategy=strategy))
     factory = AccumulatorFactory()
-    register_backend("fakeseq", factory)
     answers: dict[int, list[Any]] = {}
     expected: dict[int, list[Any]] = {}
 
@@ -165,6 +164,7 @@ def test_sequence_batcher_running(tmp_path_factory: Any, strategy: str, mbs: int
             commands, inbox = trio.open_memory_channel[Any](4)
             failed = await nursery.start(partial(
                 model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
+                backends=Backends({"fakeseq": factory}),
                 startup_models=["acc"], exit_on_error=False, unload_timeout=5.0))
             assert failed == []
             core = Core.over(directory)
