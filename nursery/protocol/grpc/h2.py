@@ -1,6 +1,6 @@
 """A lean HTTP/2 server on trio sockets: framing, flow control and HPACK, no asyncio.
 
-Written for the gRPC port (``grpc_lean.py`` is the application on top): the server side of
+Written for the gRPC port (``lean.py`` is the application on top): the server side of
 RFC 9113 that a gRPC server needs, without the per-frame event objects and state-machine
 checks of the ``h2`` library, which together with grpclib and the trio-asyncio crossing cost
 more per call than the whole inference (see docs/architecture.md). Header blocks are decoded
