@@ -30,6 +30,15 @@ def _missing(flag: str, exc: ModuleNotFoundError) -> NoReturn:
         from None
 
 
+def hypercorn_server() -> ModuleType:
+    """``nursery.protocol.http.quart_app``, or :class:`MissingExtra`."""
+    try:
+        from nursery.protocol.http import quart_app
+    except ModuleNotFoundError as exc:
+        _missing("--http-server hypercorn", exc)
+    return quart_app
+
+
 def grpclib_server() -> ModuleType:
     """``nursery.protocol.grpc.grpclib_server``, or :class:`MissingExtra`."""
     try:
@@ -42,5 +51,7 @@ def grpclib_server() -> ModuleType:
 def check_selected(settings: Settings) -> None:
     """Import the card servers the settings select for a port that is on, before anything
     starts: :class:`MissingExtra` names the extra to install."""
+    if settings.allow_http and settings.http_server == "hypercorn":
+        hypercorn_server()
     if settings.allow_grpc and settings.grpc_server == "grpclib":
         grpclib_server()
