@@ -16,8 +16,6 @@ from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
 from nursery.actors.directory import Directory
@@ -33,10 +31,11 @@ from nursery.observability.logs import LogManager
 from nursery.observability.metrics import MetricsOptions
 from nursery.observability.system import SystemSampler
 from nursery.observability.tracing import TraceManager
+from nursery.protocol import card_servers
 from nursery.protocol.grpc.server import serve_grpc
 from nursery.protocol.http.metrics import build_metrics_app
-from nursery.protocol.http.routes import build_http_app, build_quart_app
-from nursery.protocol.http.server import HttpServer, Lifespan
+from nursery.protocol.http.routes import build_routes_app
+from nursery.protocol.http.server import HttpServer
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy
@@ -62,19 +61,6 @@ def startup_models(settings: Settings) -> list[str]:
         return list(settings.load_models)
     repo = scan(settings.model_repositories)
     return sorted([*repo.models, *repo.duplicates])
-
-
-def _hypercorn_config(address: str, port: int, graceful: float) -> HypercornConfig:
-    config = HypercornConfig()
-    host = f"[{address}]" if ":" in address else address
-    config.bind = [f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("nursery.http")
-    config.keep_alive_timeout = 75.0
-    config.graceful_timeout = graceful
-    config.backlog = 1024
-    config.include_server_header = False
-    return config
 
 
 async def _watch_signals(
@@ -107,31 +93,22 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
                       shutdown: trio.Event) -> list[str]:
     """Start the HTTP frontend; it stops accepting and drains once ``shutdown`` is set."""
     if settings.http_server == "hypercorn":
-        app = build_http_app(core, max_input_size=settings.http_max_input_size)
-        config = _hypercorn_config(settings.http_address, settings.http_port,
-                                   settings.exit_timeout_secs)
-        binds: list[str] = await nursery.start(
-            partial(hypercorn_serve, app, config, shutdown_trigger=shutdown.wait)
-        )
+        card = card_servers.hypercorn_server()  # the card's server, an optional extra
+        binds: list[str] = await nursery.start(card.serve_hypercorn, core, settings, shutdown)
         return binds
-    quart_app = build_quart_app(core)
-    server = HttpServer(core, quart_app, max_input_size=settings.http_max_input_size,
+    server = HttpServer(core, build_routes_app(core),
+                        max_input_size=settings.http_max_input_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
-        lifespan = Lifespan(quart_app)
-        async with trio.open_nursery() as app_nursery:
-            await app_nursery.start(lifespan.run)
-            async with trio.open_nursery() as http_nursery:
-                binds = await http_nursery.start(server.serve, settings.http_address,
-                                                 settings.http_port)
-                task_status.started(binds)
-                await shutdown.wait()
-                server.close()
-            # serve() returned: nothing accepted any more, every connection finished
-            await lifespan.shutdown()
-            app_nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as http_nursery:
+            binds = await http_nursery.start(server.serve, settings.http_address,
+                                             settings.http_port)
+            task_status.started(binds)
+            await shutdown.wait()
+            server.close()
+        # serve() returned: nothing accepted any more, every connection finished
 
     return await nursery.start(run)  # type: ignore[no-any-return]
 
@@ -192,6 +169,10 @@ async def serve(
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     _report_inactive(settings)
+    try:
+        card_servers.check_selected(settings)
+    except card_servers.MissingExtra as exc:
+        raise StartupError(str(exc)) from None
     try:
         tracer = TraceManager(settings.trace)
     except ValueError as exc:  # e.g. OpenTelemetry mode without its packages

@@ -304,14 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--http-server", choices=["nursery", "hypercorn"], default="nursery",
         help="(nursery only) Which HTTP/1.1 implementation serves the HTTP port: nursery's own "
-        "lean server (default) or hypercorn. Both serve the same routes and answers; the "
-        "--http-*-timeout-secs and --http-max-connections flags apply to nursery's own only.",
+        "lean server (default) or hypercorn with quart-trio, the design card's, which needs the "
+        "'card-servers' extra (pip install \"nursery[card-servers]\"). Both serve the same routes "
+        "and answers; the --http-*-timeout-secs and --http-max-connections flags apply to "
+        "nursery's own only.",
     )
     parser.add_argument(
         "--grpc-server", choices=["nursery", "grpclib"], default="nursery",
         help="(nursery only) Which HTTP/2 implementation serves the gRPC port: nursery's own "
-        "lean server on trio (default) or grpclib on a trio-asyncio loop. Both serve the same "
-        "services and answers.",
+        "lean server on trio (default) or grpclib on a trio-asyncio loop, the design card's, "
+        "which needs the 'card-servers' extra (pip install \"nursery[card-servers]\"). Both "
+        "serve the same services and answers.",
     )
     parser.add_argument(
         "--arrival-log", default="", metavar="<string>",

@@ -297,7 +297,6 @@ async def test_stream_request_failing_unexpectedly_fails_alone(
     """In ModelStreamInfer the unit of failure is the request: "Internal Server Error" as its
     error_message, counted, and the stream goes on."""
     inference = InferenceService(StubCore(), Draining())  # type: ignore[arg-type]
-    inference.native = True
     server = H2Server(GrpcApp([inference], StrictProtoCodec()))
     inference.on_internal_error = server.internal_error
     headers = encode_headers([(b":method", b"POST"),
@@ -342,7 +341,6 @@ async def test_stream_requests_in_flight_are_bounded(
             raise NotFound("done")
 
     inference = InferenceService(HeldCore(), Draining())  # type: ignore[arg-type]
-    inference.native = True
     server = H2Server(GrpcApp([inference], StrictProtoCodec()))
     headers = encode_headers([(b":method", b"POST"),
                               (b":path", b"/inference.GRPCInferenceService/ModelStreamInfer"),

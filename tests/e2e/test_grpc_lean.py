@@ -226,13 +226,3 @@ def test_draining_on_shutdown(tmp_path: Path, start_server: type[ServerProcess])
     assert results[0].as_numpy("OUTPUT0")[0, 0] == 9  # type: ignore[attr-defined]
     client.close()
     assert server.wait_exit(30) == 0
-
-
-def test_grpclib_host_still_serves(tmp_path: Path, start_server: type[ServerProcess]) -> None:
-    server = start_server(_slow_repo(tmp_path / "repo"), "--grpc-server=grpclib")
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    x = np.ones((1, 10), np.float32)
-    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
-    client.close()

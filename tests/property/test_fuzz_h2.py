@@ -204,7 +204,6 @@ def grpc_server(max_input: int = FRAMING_LIMIT) -> tuple[H2Server, list[BaseExce
     """The gRPC application over :class:`StubCore`, and the list where the exceptions its
     boundaries stop are recorded (besides ``internal_errors``)."""
     inference = InferenceService(StubCore(), Draining())  # type: ignore[arg-type]
-    inference.native = True
     server = H2Server(GrpcApp([inference], StrictProtoCodec(), max_input), max_frame=16384)
     stopped: list[BaseException] = []
     count = server.internal_error

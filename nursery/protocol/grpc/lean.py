@@ -352,12 +352,12 @@ async def serve_lean(
     settings: Settings | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The gRPC port on the lean server; shutdown as ``server.serve_grpc``: refuse new
-    inference RPCs, let those in flight finish, then GOAWAY and close. ``settings`` gives the
+    """The gRPC port on the lean server; shutdown as the grpclib server's
+    (``grpclib_server.py``): refuse new inference RPCs, let those in flight finish, then
+    GOAWAY and close. ``settings`` gives the
     port's limits and keepalive (the defaults when None)."""
     draining = Draining()
     inference = InferenceService(core, draining)
-    inference.native = True
     options = settings if settings is not None else Settings(model_repositories=())
     app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size)
     server = h2_server_for(app, options)

@@ -1,8 +1,9 @@
 """GRPCInferenceService: every RPC of Triton's gRPC API, each a few lines calling the core.
 
-grpclib runs these handlers on the trio-asyncio loop (see ``server.py``); each handler
-crosses into trio once (``trio_as_aio``) to reach the core. Errors become gRPC statuses in one
-place (:func:`_status`), with the codes of ``protocol/codecs/status.py``.
+The handlers run on trio, called by nursery's lean HTTP/2 server (``lean.py``); the design
+card's grpclib server runs them on a trio-asyncio loop through a subclass that crosses into
+trio once per call (``grpclib_server.py``). Errors become gRPC statuses in one place
+(:func:`_status`), with the codes of ``protocol/codecs/status.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import grpclib
 import grpclib.const
 import grpclib.server
 import trio
-import trio_asyncio
 
 from nursery.actors.model_client import stream_decoupled
 from nursery.config.json_form import ConfigJsonError, config_from_json
@@ -84,17 +84,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(self, core: Core, draining: Draining) -> None:
         self.core = core
         self.draining = draining
-        self.native = False  # True on the lean server (lean.py): handlers run on trio
         # where an unexpected exception in one request of a stream is reported (the lean
         # server counts it in H2Server.internal_errors)
         self.on_internal_error: Callable[[str, BaseException], None] = log_internal_error
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a trio function from this asyncio handler; errors become gRPC statuses."""
+        """Run one of the core's functions; its errors become gRPC statuses."""
         try:
-            if self.native:
-                return await fn(*args)
-            return await trio_asyncio.trio_as_aio(fn)(*args)
+            return await fn(*args)
         except NurseryError as error:
             raise _status(error) from None
 
@@ -170,15 +167,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         """ModelStreamInfer: requests are served as they arrive, concurrently; each answer
         (or its error, as ``error_message``) is written when it is ready. The stream stays
         open after a failed request; the client ending or cancelling it is honoured."""
-        if self.native:
-            await self._stream_trio(stream)
-            return
-        await trio_asyncio.trio_as_aio(self._stream_trio)(stream)
+        await self._stream_trio(stream)
+
+    def _endpoints(self, stream: Any) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+        """The stream's receive and send, as trio functions."""
+        return stream.recv_message, stream.send_message
 
     async def _stream_trio(self, stream: Any) -> None:
-        receive, send = stream.recv_message, stream.send_message
-        if not self.native:
-            receive, send = trio_asyncio.aio_as_trio(receive), trio_asyncio.aio_as_trio(send)
+        receive, send = self._endpoints(stream)
         lock = trio.Lock()
 
         async def reply(message: bytes) -> None:

@@ -1,10 +1,13 @@
-"""KServe v2 HTTP/REST routes plus Triton's extensions.
+"""KServe v2 HTTP/REST routes plus Triton's extensions, with no web framework.
 
-:func:`build_http_app` returns the ASGI callable hypercorn serves: the inference route goes
-straight to the lean handler in ``infer.py``; every other route is a quart-trio view of a few
-lines that calls the core and encodes its answer. Errors are ``{"error": "..."}`` with the
-status from ``protocol/codecs/status.py``; unknown routes are 404 ``{"error":"Not Found"}`` and wrong
-methods 405 ``{"error":"Method Not Allowed"}``, as Triton answers.
+Every route but inference is a :class:`Route`: a path pattern (``<name>`` stands for one path
+segment), the methods it answers and a handler of a few lines that calls the core and returns
+an :data:`Answer`. :func:`build_routes_app` serves the table as an ASGI application for
+nursery's own HTTP server, which answers inference itself (``infer.py``); the design card's
+quart-trio app (``quart_app.py``, ``--http-server hypercorn``) registers the same table, so
+both servers answer the same. Errors are ``{"error": "..."}`` with the status from
+``protocol/codecs/status.py``; unknown routes are 404 ``{"error":"Not Found"}`` and wrong methods 405
+``{"error":"Method Not Allowed"}``, as Triton answers. A route that answers GET answers HEAD.
 """
 
 from __future__ import annotations
@@ -13,11 +16,8 @@ import base64
 import json
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
-
-from quart import Response, request
-from quart_trio import QuartTrio
 
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
@@ -26,24 +26,53 @@ from nursery.messages import IndexEntry
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.codecs.json_tensors import dumps
 from nursery.protocol.codecs.status import error_body, http_error
-from nursery.protocol.http.infer import handle_infer
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
-_INFER_PATH = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+# ``POST /v2/models/{m}[/versions/{v}]/infer``, matched on the raw path by the servers
+INFER_PATH = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
+
+# (status, body): a non-empty body is JSON, an empty one has no content type
+Answer = tuple[int, bytes]
+NOT_FOUND: Answer = (404, error_body("Not Found"))
+METHOD_NOT_ALLOWED: Answer = (405, error_body("Method Not Allowed"))
+JSON_TYPE = "application/json"
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    return Response(dumps(obj), status=status, content_type="application/json")
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a route handler reads: the method, the path's segments by name and the body."""
+
+    method: str
+    params: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    def param(self, name: str) -> str:
+        return self.params.get(name, "")
 
 
-def _error(error: NurseryError) -> Response:
-    status, body = http_error(error)
-    return Response(body, status=status, content_type="application/json")
+Handler = Callable[[Core, RouteRequest], Awaitable[Answer]]
 
 
-def _empty(status: int) -> Response:
-    return Response(b"", status=status)
+@dataclass(frozen=True)
+class Route:
+    pattern: str  # "/v2/models/<model>/ready": <name> is one path segment
+    methods: frozenset[str]
+    handler: Handler
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = re.split(r"<(\w+)>", self.pattern)
+        regex = "".join(f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part)
+                        for i, part in enumerate(parts))
+        object.__setattr__(self, "regex", re.compile(regex))
+
+    def allows(self, method: str) -> bool:
+        return method in self.methods or (method == "HEAD" and "GET" in self.methods)
+
+
+def _json(obj: Any, status: int = 200) -> Answer:
+    return status, dumps(obj)
 
 
 def _json_body(body: bytes) -> dict[str, Any]:
@@ -96,203 +125,245 @@ def _index_entry(entry: IndexEntry) -> dict[str, Any]:
     return out
 
 
-def build_quart_app(core: Core) -> QuartTrio:
-    app = QuartTrio("nursery")
-    app.config["MAX_CONTENT_LENGTH"] = None
+# -- the handlers ----------------------------------------------------------------------------
 
-    @app.errorhandler(NurseryError)
-    async def nursery_error(error: NurseryError) -> Response:
-        return _error(error)
-
-    @app.errorhandler(404)
-    async def not_found(_: Any) -> Response:
-        return Response(error_body("Not Found"), status=404, content_type="application/json")
-
-    @app.errorhandler(405)
-    async def bad_method(_: Any) -> Response:
-        return Response(error_body("Method Not Allowed"), status=405,
-                        content_type="application/json")
-
-    @app.get("/v2/health/live")
-    async def health_live() -> Response:
-        return _empty(200 if core.server_live() else 400)
-
-    @app.get("/v2/health/ready")
-    async def health_ready() -> Response:
-        return _empty(200 if core.server_ready() else 400)
-
-    @app.get("/v2")
-    async def server_metadata() -> Response:
-        return _json(core.server_metadata())
-
-    @app.get("/v2/models/<model>/ready")
-    @app.get("/v2/models/<model>/versions/<version>/ready")
-    async def model_ready(model: str, version: str = "") -> Response:
-        if core.model_ready(model, version):
-            return _empty(200)
-        return Response(error_body("Model version not ready"), status=400,
-                        content_type="application/json")
-
-    @app.get("/v2/models/<model>")
-    @app.get("/v2/models/<model>/versions/<version>")
-    async def model_metadata(model: str, version: str = "") -> Response:
-        return _json(core.model_metadata(model, version))
-
-    @app.get("/v2/models/<model>/config")
-    @app.get("/v2/models/<model>/versions/<version>/config")
-    async def model_config(model: str, version: str = "") -> Response:
-        return _json(core.model_config(model, version))
-
-    @app.route("/v2/models/<model>/infer", methods=["POST"])
-    @app.route("/v2/models/<model>/versions/<version>/infer", methods=["POST"])
-    async def infer_elsewhere(model: str, version: str = "") -> Response:
-        # POSTs never get here (build_http_app routes them to the lean handler); the rule
-        # exists so that other methods on this path get Triton's 405.
-        return _error(Unsupported("inference is served by the lean handler"))
-
-    @app.get("/v2/models/stats")
-    @app.get("/v2/models/<model>/stats")
-    @app.get("/v2/models/<model>/versions/<version>/stats")
-    async def model_stats(model: str = "", version: str = "") -> Response:
-        return _json(stats_codec.to_json(await core.model_statistics(model, version)))
-
-    @app.post("/v2/repository/index")
-    @app.post("/v2/repository/<repo>/index")
-    async def repository_index(repo: str = "") -> Response:
-        body = await request.get_data()
-        ready = False
-        if body:
-            data = _json_body(body)
-            ready = data.get("ready", False)
-            if not isinstance(ready, bool):
-                raise InvalidArgument("'ready' must be a boolean")
-        entries = await core.repository_index(ready)
-        return _json([_index_entry(e) for e in entries])
-
-    @app.post("/v2/repository/models/<model>/load")
-    @app.post("/v2/repository/<repo>/models/<model>/load")
-    async def repository_load(model: str, repo: str = "") -> Response:
-        if repo:
-            raise Unsupported("'repository_name' specification is not supported")
-        config, files = _load_parameters(await request.get_data())
-        await core.load_model(model, config, files)
-        return _empty(200)
-
-    @app.post("/v2/repository/models/<model>/unload")
-    @app.post("/v2/repository/<repo>/models/<model>/unload")
-    async def repository_unload(model: str, repo: str = "") -> Response:
-        if repo:
-            raise Unsupported("'repository_name' specification is not supported")
-        body = await request.get_data()
-        dependents = False
-        if body:
-            params = _json_body(body).get("parameters") or {}
-            dependents = params.get("unload_dependents", False)
-            if not isinstance(dependents, bool):
-                raise InvalidArgument("'unload_dependents' must be a boolean")
-        await core.unload_model(model, dependents)
-        return _empty(200)
-
-    @app.route("/v2/trace/setting", methods=["GET", "POST"])
-    @app.route("/v2/models/<model>/trace/setting", methods=["GET", "POST"])
-    async def trace_setting(model: str = "") -> Response:
-        if model:
-            core.resolve(model)  # unknown models: Triton's NOT_FOUND
-        if request.method == "GET":
-            return _json(core.tracer.settings(model).to_json())
-        body = await request.get_data()
-        changes = _json_body(body) if body else {}
-        return _json(core.tracer.update(model, changes).to_json())
-
-    @app.route("/v2/logging", methods=["GET", "POST"])
-    async def log_settings() -> Response:
-        if core.log_manager is None:
-            raise Unavailable("the server does not support dynamic logging")
-        if request.method == "GET":
-            return _json(core.log_manager.settings.to_json())
-        body = await request.get_data()
-        changes = _json_body(body) if body else {}
-        return _json(core.log_manager.update(changes).to_json())
-
-    @app.get("/v2/systemsharedmemory/status")
-    @app.get("/v2/systemsharedmemory/region/<region>/status")
-    async def system_shm_status(region: str = "") -> Response:
-        return _json(core.shm.status(region, "system"))
-
-    @app.post("/v2/systemsharedmemory/region/<region>/register")
-    async def system_shm_register(region: str) -> Response:
-        data = _json_body(await request.get_data())
-        key = data.get("key")
-        if not isinstance(key, str):
-            raise InvalidArgument("Unable to parse 'key': attempt to access JSON non-string as "
-                                  "string" if "key" in data else
-                                  "Unable to parse 'key': attempt to access non-existing object "
-                                  "member 'key'")
-        sizes = []
-        for field in ("offset", "byte_size"):
-            value = data.get(field, 0 if field == "offset" else None)
-            if type(value) is not int or value < 0:
-                raise InvalidArgument(
-                    f"Unable to parse '{field}': attempt to access JSON non-unsigned-integer as "
-                    "unsigned-integer" if field in data else
-                    f"Unable to parse '{field}': attempt to access non-existing object member "
-                    f"'{field}'")
-            sizes.append(value)
-        core.shm.register_system(region, key, sizes[0], sizes[1])
-        return _empty(200)
-
-    @app.post("/v2/systemsharedmemory/unregister")
-    @app.post("/v2/systemsharedmemory/region/<region>/unregister")
-    async def system_shm_unregister(region: str = "") -> Response:
-        core.shm.unregister(region, "system")  # no region: every region
-        return _empty(200)
-
-    @app.get("/v2/cudasharedmemory/status")
-    @app.get("/v2/cudasharedmemory/region/<region>/status")
-    async def cuda_shm_status(region: str = "") -> Response:
-        return _json(core.shm.status(region, "cuda"))
-
-    @app.post("/v2/cudasharedmemory/region/<region>/register")
-    async def cuda_shm_register(region: str) -> Response:
-        data = _json_body(await request.get_data())
-        raw = data.get("raw_handle")
-        b64 = raw.get("b64") if isinstance(raw, dict) else None
-        if not isinstance(b64, str):
-            raise InvalidArgument("Unable to parse 'raw_handle': expected an object with a "
-                                  "base64 string 'b64'")
-        try:
-            handle = base64.b64decode(b64, validate=True)
-        except ValueError:
-            raise InvalidArgument("Unable to parse 'raw_handle': 'b64' is not base64") from None
-        device_id, byte_size = data.get("device_id", 0), data.get("byte_size")
-        for field, value in (("device_id", device_id), ("byte_size", byte_size)):
-            if type(value) is not int or value < 0:
-                raise InvalidArgument(f"Unable to parse '{field}': attempt to access JSON "
-                                      "non-unsigned-integer as unsigned-integer")
-        core.shm.register_cuda(region, handle, device_id, byte_size)
-        return _empty(200)
-
-    @app.post("/v2/cudasharedmemory/unregister")
-    @app.post("/v2/cudasharedmemory/region/<region>/unregister")
-    async def cuda_shm_unregister(region: str = "") -> Response:
-        core.shm.unregister(region, "cuda")  # no region: every region
-        return _empty(200)
-
-    return app
+async def health_live(core: Core, req: RouteRequest) -> Answer:
+    return 200 if core.server_live() else 400, b""
 
 
-def build_http_app(core: Core, *, max_input_size: int) -> ASGIApp:
-    """The ASGI callable for the HTTP port: lean inference path first, quart for the rest."""
-    quart_app = build_quart_app(core)
+async def health_ready(core: Core, req: RouteRequest) -> Answer:
+    return 200 if core.server_ready() else 400, b""
+
+
+async def server_metadata(core: Core, req: RouteRequest) -> Answer:
+    return _json(core.server_metadata())
+
+
+async def model_ready(core: Core, req: RouteRequest) -> Answer:
+    if core.model_ready(req.param("model"), req.param("version")):
+        return 200, b""
+    return 400, error_body("Model version not ready")
+
+
+async def model_metadata(core: Core, req: RouteRequest) -> Answer:
+    return _json(core.model_metadata(req.param("model"), req.param("version")))
+
+
+async def model_config(core: Core, req: RouteRequest) -> Answer:
+    return _json(core.model_config(req.param("model"), req.param("version")))
+
+
+async def infer_elsewhere(core: Core, req: RouteRequest) -> Answer:
+    # POSTs never get here (the servers send them to the inference handler first); the route
+    # exists so that other methods on this path get Triton's 405.
+    raise Unsupported("inference is served by the inference handler")
+
+
+async def model_stats(core: Core, req: RouteRequest) -> Answer:
+    entries = await core.model_statistics(req.param("model"), req.param("version"))
+    return _json(stats_codec.to_json(entries))
+
+
+async def repository_index(core: Core, req: RouteRequest) -> Answer:
+    ready = False
+    if req.body:
+        ready = _json_body(req.body).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument("'ready' must be a boolean")
+    entries = await core.repository_index(ready)
+    return _json([_index_entry(e) for e in entries])
+
+
+async def repository_load(core: Core, req: RouteRequest) -> Answer:
+    if req.param("repo"):
+        raise Unsupported("'repository_name' specification is not supported")
+    config, files = _load_parameters(req.body)
+    await core.load_model(req.param("model"), config, files)
+    return 200, b""
+
+
+async def repository_unload(core: Core, req: RouteRequest) -> Answer:
+    if req.param("repo"):
+        raise Unsupported("'repository_name' specification is not supported")
+    dependents = False
+    if req.body:
+        params = _json_body(req.body).get("parameters") or {}
+        dependents = params.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgument("'unload_dependents' must be a boolean")
+    await core.unload_model(req.param("model"), dependents)
+    return 200, b""
+
+
+async def trace_setting(core: Core, req: RouteRequest) -> Answer:
+    model = req.param("model")
+    if model:
+        core.resolve(model)  # unknown models: Triton's NOT_FOUND
+    if req.method != "POST":
+        return _json(core.tracer.settings(model).to_json())
+    changes = _json_body(req.body) if req.body else {}
+    return _json(core.tracer.update(model, changes).to_json())
+
+
+async def log_settings(core: Core, req: RouteRequest) -> Answer:
+    if core.log_manager is None:
+        raise Unavailable("the server does not support dynamic logging")
+    if req.method != "POST":
+        return _json(core.log_manager.settings.to_json())
+    changes = _json_body(req.body) if req.body else {}
+    return _json(core.log_manager.update(changes).to_json())
+
+
+async def system_shm_status(core: Core, req: RouteRequest) -> Answer:
+    return _json(core.shm.status(req.param("region"), "system"))
+
+
+async def system_shm_register(core: Core, req: RouteRequest) -> Answer:
+    data = _json_body(req.body)
+    key = data.get("key")
+    if not isinstance(key, str):
+        raise InvalidArgument("Unable to parse 'key': attempt to access JSON non-string as "
+                              "string" if "key" in data else
+                              "Unable to parse 'key': attempt to access non-existing object "
+                              "member 'key'")
+    sizes = []
+    for name in ("offset", "byte_size"):
+        value = data.get(name, 0 if name == "offset" else None)
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(
+                f"Unable to parse '{name}': attempt to access JSON non-unsigned-integer as "
+                "unsigned-integer" if name in data else
+                f"Unable to parse '{name}': attempt to access non-existing object member "
+                f"'{name}'")
+        sizes.append(value)
+    core.shm.register_system(req.param("region"), key, sizes[0], sizes[1])
+    return 200, b""
+
+
+async def system_shm_unregister(core: Core, req: RouteRequest) -> Answer:
+    core.shm.unregister(req.param("region"), "system")  # no region: every region
+    return 200, b""
+
+
+async def cuda_shm_status(core: Core, req: RouteRequest) -> Answer:
+    return _json(core.shm.status(req.param("region"), "cuda"))
+
+
+async def cuda_shm_register(core: Core, req: RouteRequest) -> Answer:
+    data = _json_body(req.body)
+    raw = data.get("raw_handle")
+    b64 = raw.get("b64") if isinstance(raw, dict) else None
+    if not isinstance(b64, str):
+        raise InvalidArgument("Unable to parse 'raw_handle': expected an object with a "
+                              "base64 string 'b64'")
+    try:
+        handle = base64.b64decode(b64, validate=True)
+    except ValueError:
+        raise InvalidArgument("Unable to parse 'raw_handle': 'b64' is not base64") from None
+    device_id, byte_size = data.get("device_id", 0), data.get("byte_size")
+    for name, value in (("device_id", device_id), ("byte_size", byte_size)):
+        if type(value) is not int or value < 0:
+            raise InvalidArgument(f"Unable to parse '{name}': attempt to access JSON "
+                                  "non-unsigned-integer as unsigned-integer")
+    core.shm.register_cuda(req.param("region"), handle, device_id, byte_size)
+    return 200, b""
+
+
+async def cuda_shm_unregister(core: Core, req: RouteRequest) -> Answer:
+    core.shm.unregister(req.param("region"), "cuda")  # no region: every region
+    return 200, b""
+
+
+def _routes(methods: str, handler: Handler, *patterns: str) -> list[Route]:
+    allowed = frozenset(methods.split(","))
+    return [Route(pattern, allowed, handler) for pattern in patterns]
+
+
+# In matching order: where two patterns fit a path, the first wins ("/v2/models/stats" before
+# "/v2/models/<model>", as a static segment wins in quart's router).
+ROUTES: tuple[Route, ...] = (
+    *_routes("GET", health_live, "/v2/health/live"),
+    *_routes("GET", health_ready, "/v2/health/ready"),
+    *_routes("GET", server_metadata, "/v2"),
+    *_routes("GET", model_stats, "/v2/models/stats", "/v2/models/<model>/stats",
+             "/v2/models/<model>/versions/<version>/stats"),
+    *_routes("GET", model_ready, "/v2/models/<model>/ready",
+             "/v2/models/<model>/versions/<version>/ready"),
+    *_routes("GET", model_metadata, "/v2/models/<model>", "/v2/models/<model>/versions/<version>"),
+    *_routes("GET", model_config, "/v2/models/<model>/config",
+             "/v2/models/<model>/versions/<version>/config"),
+    *_routes("POST", infer_elsewhere, "/v2/models/<model>/infer",
+             "/v2/models/<model>/versions/<version>/infer"),
+    *_routes("POST", repository_index, "/v2/repository/index", "/v2/repository/<repo>/index"),
+    *_routes("POST", repository_load, "/v2/repository/models/<model>/load",
+             "/v2/repository/<repo>/models/<model>/load"),
+    *_routes("POST", repository_unload, "/v2/repository/models/<model>/unload",
+             "/v2/repository/<repo>/models/<model>/unload"),
+    *_routes("GET,POST", trace_setting, "/v2/trace/setting", "/v2/models/<model>/trace/setting"),
+    *_routes("GET,POST", log_settings, "/v2/logging"),
+    *_routes("GET", system_shm_status, "/v2/systemsharedmemory/status",
+             "/v2/systemsharedmemory/region/<region>/status"),
+    *_routes("POST", system_shm_register, "/v2/systemsharedmemory/region/<region>/register"),
+    *_routes("POST", system_shm_unregister, "/v2/systemsharedmemory/unregister",
+             "/v2/systemsharedmemory/region/<region>/unregister"),
+    *_routes("GET", cuda_shm_status, "/v2/cudasharedmemory/status",
+             "/v2/cudasharedmemory/region/<region>/status"),
+    *_routes("POST", cuda_shm_register, "/v2/cudasharedmemory/region/<region>/register"),
+    *_routes("POST", cuda_shm_unregister, "/v2/cudasharedmemory/unregister",
+             "/v2/cudasharedmemory/region/<region>/unregister"),
+)
+
+
+def find_route(path: str, method: str) -> tuple[Route, dict[str, str]] | None:
+    """The route that takes a request, with its path segments by name; None when none does."""
+    for route in ROUTES:
+        match = route.regex.fullmatch(path)
+        if match is not None and route.allows(method):
+            return route, match.groupdict()
+    return None
+
+
+def no_route(path: str) -> Answer:
+    """The answer when no route takes a request: 405 when some route has its path, else 404."""
+    known = any(route.regex.fullmatch(path) for route in ROUTES)
+    return METHOD_NOT_ALLOWED if known else NOT_FOUND
+
+
+async def answer(core: Core, route: Route, request: RouteRequest) -> Answer:
+    """A route's answer; the core's errors become their status and ``{"error": ...}`` body."""
+    try:
+        return await route.handler(core, request)
+    except NurseryError as error:
+        return http_error(error)
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def build_routes_app(core: Core) -> ASGIApp:
+    """Every route of :data:`ROUTES` as an ASGI application (nursery's own HTTP server)."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.match(scope.get("raw_path") or scope["path"].encode())
-            if match is not None:
-                model = unquote(match.group(1).decode("latin-1"))
-                version = match.group(2).decode() if match.group(2) else ""
-                await handle_infer(core, scope, receive, send, model, version, max_input_size)
-                return
-        await quart_app(scope, receive, send)
+        if scope["type"] != "http":
+            return  # nothing to start or stop (lifespan)
+        found = find_route(scope["path"], scope["method"])
+        if found is None:
+            status, body = no_route(scope["path"])
+        else:
+            route, params = found
+            request = RouteRequest(scope["method"], params, await _read_body(receive))
+            status, body = await answer(core, route, request)
+        headers = [(b"content-type", JSON_TYPE.encode())] if body else []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     return app

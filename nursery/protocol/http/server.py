@@ -1,10 +1,11 @@
 """The HTTP port's server: HTTP/1.1 on trio sockets, one task per connection.
 
-The inference route is answered by ``infer.infer_response`` directly; every other route
-goes to the quart-trio app through a minimal ASGI call. Measured on the 2-core machine, this
-costs a fraction of what hypercorn + h11 cost per request (see bench/README.md), which is why
-it serves the inference port; ``--http-server=hypercorn`` serves the same app through
-hypercorn instead. The metrics port is served by another instance (``serve_infer=False``).
+The inference route is answered by ``infer.infer_response`` directly; every other route goes
+to the route table's ASGI app (``routes.build_routes_app``) through a minimal ASGI call.
+Measured on the 2-core machine, this costs a fraction of what hypercorn + h11 cost per request
+(see bench/README.md), which is why it serves the inference port; ``--http-server=hypercorn``
+serves the same routes through hypercorn and quart-trio instead (``quart_app.py``, an optional
+extra). The metrics port is served by another instance (``serve_infer=False``).
 
 What a client may hold (the house rules 8 and 9), each a setting (``nursery/settings.py``):
 
@@ -104,32 +105,6 @@ async def call_asgi(app: ASGIApp, head: http1.RequestHead, body: bytes,
 
     await app(scope, receive, send)
     return status, headers, b"".join(chunks)
-
-
-class Lifespan:
-    """Runs an ASGI app's lifespan protocol (quart's startup/shutdown hooks)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._to_app, self._app_inbox = trio.open_memory_channel[dict[str, Any]](2)
-        self._from_app, self._replies = trio.open_memory_channel[dict[str, Any]](2)
-
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"},
-                 "state": {}}
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.app, scope, self._app_inbox.receive, self._from_app.send)
-            await self._to_app.send({"type": "lifespan.startup"})
-            reply = await self._replies.receive()
-            if reply["type"] != "lifespan.startup.complete":
-                raise RuntimeError(f"HTTP app failed to start: {reply.get('message', reply)}")
-            task_status.started()
-            await trio.sleep_forever()
-
-    async def shutdown(self) -> None:
-        await self._to_app.send({"type": "lifespan.shutdown"})
-        with trio.move_on_after(5):
-            await self._replies.receive()
 
 
 # What a connection is doing, for the deadline that cancelled it and for ``close``.
