@@ -36,18 +36,23 @@ class _Registry(Protocol):
 def generate_text(registry: _Registry) -> bytes:
     """Every family the registry's collectors yield, in their order, as exposition text."""
     lines: list[str] = []
+    written: dict[tuple[tuple[str, str], ...], str] = {}  # label sets recur in every family
     for family in registry.collect():
         lines.append(f"# HELP {family.name} {_escape_help(family.documentation)}")
         lines.append(f"# TYPE {family.name} {_TYPES.get(family.type, family.type)}")
         for sample in family.samples:
-            lines.append(f"{sample.name}{_labels(sample.labels)} {number(sample.value)}")
+            key = tuple(sample.labels.items())
+            labels = written.get(key)
+            if labels is None:
+                labels = written[key] = _labels(key)
+            lines.append(f"{sample.name}{labels} {number(sample.value)}")
     return ("\n".join(lines) + "\n").encode()
 
 
-def _labels(labels: dict[str, str]) -> str:
+def _labels(labels: tuple[tuple[str, str], ...]) -> str:
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{_escape(labels[k])}"' for k in sorted(labels)) + "}"
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels)) + "}"
 
 
 def _escape(value: str) -> str:
