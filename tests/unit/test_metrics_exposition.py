@@ -16,9 +16,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, SummaryMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from nursery.observability import metrics
+from nursery.observability import exposition, metrics
 from nursery.observability.stats import (
     Duration,
     FirstResponseHistogram,
@@ -149,3 +150,45 @@ def test_exposition_parses_and_has_no_exponent(name: str) -> None:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             assert "e+" not in line.rsplit(" ", 1)[1], line
+
+
+def test_collector_yields_prometheus_client_families() -> None:
+    collector = metrics.TritonCollector(CASES["full"]["options"])  # type: ignore[arg-type]
+    collector.scrape = metrics.Scrape(_entries(True), SYSTEM, CACHED, TOTALS, DECOUPLED, FAULTS)
+    families = {f.name: f for f in collector.collect()}
+    assert isinstance(families["nv_inference_pending_request_count"], GaugeMetricFamily)
+    assert isinstance(families["nv_inference_queue_summary_us"], SummaryMetricFamily)
+    assert isinstance(families["nv_inference_first_response_histogram_ms"],
+                      HistogramMetricFamily)
+    # Triton's counters keep their names: no _total, no _created samples
+    for name in ("nv_inference_request_success", "nv_inference_count", "nv_energy_consumption",
+                 "nv_cache_num_hits_per_model", "nursery_internal_errors_total"):
+        assert families[name].type == "counter"
+        assert {s.name for s in families[name].samples} == {name}
+    success = families["nv_inference_request_success"].samples[0]
+    assert success.labels == {"model": "simple", "version": "1"} and success.value == 10
+    assert all(f.samples for f in families.values())
+
+
+def test_each_endpoint_has_a_private_registry() -> None:
+    from prometheus_client import REGISTRY
+
+    options = metrics.MetricsOptions()
+    one, two = metrics.MetricsEndpoint(options), metrics.MetricsEndpoint(options)
+    assert one.registry is not two.registry and one.registry is not REGISTRY
+    scrape = metrics.Scrape([("m", "1", StatsSnapshot())], SystemSample(0.5, 10, 5))
+    text = one.render(scrape).decode()
+    # only Triton's and nursery's families: no process_* / python_* default collectors
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert names and all(n.startswith(("nv_", "nursery_")) for n in names)
+    assert not any(f.name.startswith("nv_") for f in REGISTRY.collect())
+    # the figures are not kept past the scrape
+    assert one.collector.scrape == metrics.Scrape() and two.render(metrics.Scrape()) == b"\n"
+
+
+def test_numbers_are_plain_decimals() -> None:
+    number = exposition.number
+    assert [number(v) for v in (0, 7, 12.0, 85_899_345_920, 85_899_345_920.0, 1e20, 0.1234567,
+                                2.5, 1 / 3, float("nan"), float("inf"), -float("inf"))] == [
+        "0", "7", "12", "85899345920", "85899345920", "100000000000000000000", "0.123457",
+        "2.5", "0.333333", "NaN", "+Inf", "-Inf"]
