@@ -1,17 +1,34 @@
-"""Prometheus text exposition with Triton's metric names, types, help texts and labels (pure).
+"""Triton's metric families as a prometheus-client collector over statistics snapshots (pure).
 
-The text is written here rather than by prometheus-client's registry because the client adds
-a ``_total`` suffix to every counter it exposes, while Triton's counters (and the dashboards
-and alerts written against them) have none. The tests parse the output with prometheus-client.
-Per-model families carry ``model`` and ``version`` labels (``reason`` too for failures), in
-sorted order as Triton's prometheus-cpp writes them.
+:class:`TritonCollector` is a :class:`prometheus_client.registry.Collector`: each ``collect()``
+turns the figures of one scrape (:class:`Scrape`: the schedulers' :class:`StatsSnapshot`, the
+latest CPU/GPU sample, the cache's totals, the supervision boundaries' fault counts) into metric
+families with Triton's names, types, help texts and labels. :class:`MetricsEndpoint` holds one
+server's private :class:`~prometheus_client.CollectorRegistry` with that collector (no global
+registry, no process or platform collectors) and renders it with
+:func:`nursery.observability.exposition.generate_text`.
+
+Triton's counters have no ``_total`` suffix, so they are built as ``Metric(name, help,
+"counter")`` with samples of the family's own name rather than as ``CounterMetricFamily``
+(which renames them); gauges, summaries and the histogram use their family classes. Per-model
+families carry ``model`` and ``version`` labels (``reason`` too for failures); the writer sorts
+label names as Triton's prometheus-cpp writes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from prometheus_client.core import (
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from nursery.observability.exposition import generate_text, number
 from nursery.observability.stats import StatsSnapshot
 from nursery.observability.system import SystemSample
 from nursery.scheduling.cache_store import CacheTotals
@@ -105,37 +122,8 @@ class MetricsOptions:
         return cls(**values)  # type: ignore[arg-type]
 
 
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    """Plain decimals (perf_analyzer's scraper rejects exponents)."""
-    if value != value:  # NaN
-        return "NaN"
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return f"{value:.6f}".rstrip("0").rstrip(".")
-
-
 # the units of nursery_internal_errors_total, shown at 0 until one fails
 FAULT_UNITS = ("grpc", "http", "manager", "metrics", "model")
-
-
-def _family(lines: list[str], name: str, kind: str, help_text: str,
-            samples: Iterable[tuple[str, float]]) -> None:
-    rows = list(samples)
-    if not rows:
-        return
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} {kind}")
-    for labels, value in rows:
-        lines.append(f"{name}{labels} {_number(value)}")
-
 
 _CACHE_MODEL_FAMILIES = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model",
@@ -166,90 +154,163 @@ _CACHE_FAMILIES = (
 )
 
 
+_GPU_FAMILIES = (
+    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "utilization"),
+    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "memory_total"),
+    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "memory_used"),
+    ("nv_gpu_power_usage", "GPU power usage in watts", "power_watts"),
+    ("nv_gpu_power_limit", "GPU power management limit in watts", "power_limit_watts"),
+)
+
+_MODEL_LABELS = ("model", "version")
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one scrape reads. ``entries``: (model, version, snapshot) of every ready version;
+    ``cached``: (model, version) pairs that use the response cache (they get the per-model
+    cache families, and no request summary, as in Triton); ``cache_totals``: the cache
+    actor's figures when a cache is configured; ``decoupled``: (model, version) of decoupled
+    models -> their first-response histogram bounds (ms); ``faults``: the failures each kind
+    of supervision boundary caught (nursery's own family; None leaves it out)."""
+
+    entries: Sequence[Entry] = ()
+    system: SystemSample = field(default_factory=SystemSample)
+    cached: frozenset[tuple[str, str]] = frozenset()
+    cache_totals: CacheTotals | None = None
+    decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None
+    faults: Mapping[str, int] | None = None
+
+
+def _counter(name: str, help_text: str) -> Metric:
+    """A counter family whose samples carry the family's own name: Triton's counters have no
+    ``_total`` suffix, which ``CounterMetricFamily`` would add to every sample."""
+    return Metric(name, help_text, "counter")
+
+
+class TritonCollector:
+    """A prometheus-client ``Collector``: Triton's families over :attr:`scrape`, the figures
+    of the scrape being rendered. Families without a sample are left out, as Triton leaves
+    out a family nothing reports into."""
+
+    def __init__(self, options: MetricsOptions) -> None:
+        self.options = options
+        self.scrape = Scrape()
+
+    def collect(self) -> Iterator[Metric]:
+        scrape, options = self.scrape, self.options
+        families: Iterable[Metric | None] = (
+            *_model_families(scrape.entries, options),
+            *_cache_model_families(scrape.entries, scrape.cached),
+            *(_summary_families(scrape.entries, scrape.cached, options.summary_quantiles)
+              if options.summary_latencies else ()),
+            (_first_response_histogram(scrape.entries, scrape.decoupled)
+             if options.histogram_latencies and scrape.decoupled else None),
+            *_cache_families(scrape.cache_totals),
+            _fault_family(scrape.faults),
+            *(_cpu_families(scrape.system) if options.cpu else ()),
+            *(_gpu_families(scrape.system) if options.gpu and scrape.system.gpus else ()),
+        )
+        for family in families:
+            if family is not None and family.samples:
+                yield family
+
+
+class MetricsEndpoint:
+    """One server's metrics: a private registry holding its :class:`TritonCollector`."""
+
+    def __init__(self, options: MetricsOptions) -> None:
+        self.collector = TritonCollector(options)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+
+    def render(self, scrape: Scrape) -> bytes:
+        """The exposition of ``scrape`` (synchronous: no other scrape can slip in between
+        handing the figures to the collector and the registry collecting them)."""
+        self.collector.scrape = scrape
+        try:
+            return generate_text(self.registry)
+        finally:
+            self.collector.scrape = Scrape()
+
+
 def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
            cached: frozenset[tuple[str, str]] = frozenset(),
            cache_totals: CacheTotals | None = None,
            decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None,
            faults: Mapping[str, int] | None = None) -> str:
-    """The exposition text. ``cached``: (model, version) pairs that use the response cache
-    (they get the per-model cache families, and no request summary, as in Triton);
-    ``cache_totals``: the cache actor's figures when a cache is configured; ``decoupled``:
-    (model, version) of decoupled models -> their first-response histogram bounds (ms);
-    ``faults``: the failures each kind of supervision boundary caught (nursery's own family)."""
-    lines: list[str] = []
+    """The exposition text of one scrape through a registry of its own (see :class:`Scrape`
+    for the arguments)."""
+    return MetricsEndpoint(options).render(
+        Scrape(entries, system, cached, cache_totals, decoupled, faults)).decode()
+
+
+def _model_families(entries: Sequence[Entry], options: MetricsOptions) -> Iterator[Metric]:
     for name, kind, help_text, value in _MODEL_FAMILIES:
         if name in _DURATION_FAMILIES and not options.counter_latencies:
             continue
-        _family(lines, name, kind, help_text,
-                ((_labels(model=m, version=v), value(s)) for m, v, s in entries))
+        if kind == "gauge":
+            gauge = GaugeMetricFamily(name, help_text, labels=_MODEL_LABELS)
+            for m, v, s in entries:
+                gauge.add_metric((m, v), value(s))
+            yield gauge
+            continue
+        family = _counter(name, help_text)
+        for m, v, s in entries:
+            family.add_sample(name, {"model": m, "version": v}, value(s))
+        yield family
         if name == "nv_inference_request_success":
-            _family(lines, "nv_inference_request_failure", "counter",
-                    "Number of failed inference requests, all batch sizes",
-                    ((_labels(model=m, reason=r, version=v), s.failures_by_reason.get(r, 0))
-                     for m, v, s in entries for r in FAILURE_REASONS))
+            failure = _counter("nv_inference_request_failure",
+                               "Number of failed inference requests, all batch sizes")
+            for m, v, s in entries:
+                for reason in FAILURE_REASONS:
+                    failure.add_sample(failure.name,
+                                       {"model": m, "reason": reason, "version": v},
+                                       s.failures_by_reason.get(reason, 0))
+            yield failure
+
+
+def _cache_model_families(entries: Sequence[Entry],
+                          cached: frozenset[tuple[str, str]]) -> Iterator[Metric]:
     cached_entries = [(m, v, s) for m, v, s in entries if (m, v) in cached]
     for name, help_text, value in _CACHE_MODEL_FAMILIES:
-        _family(lines, name, "counter", help_text,
-                ((_labels(model=m, version=v), value(s)) for m, v, s in cached_entries))
-    if options.summary_latencies:
-        for family, help_text, key in _SUMMARY_FAMILIES:
-            rows: list[tuple[str, float]] = []
-            totals: list[str] = []
-            for m, v, s in entries:
-                summary = s.summaries.get(key)
-                if summary is None or (key == "request" and (m, v) in cached):
-                    continue
-                for q in options.summary_quantiles:
-                    value = summary.quantile(q)
-                    rows.append((_labels(model=m, quantile=_number(q), version=v),
-                                 value if value != value else round(value, 3)))
-                labels = _labels(model=m, version=v)
-                totals.append(f"{family}_count{labels} {summary.count}")
-                totals.append(f"{family}_sum{labels} {_number(round(summary.sum_us, 3))}")
-            if rows:
-                _family(lines, family, "summary", help_text, rows)
-                lines.extend(totals)
-    if options.histogram_latencies and decoupled:
-        _first_response_histogram(lines, entries, decoupled)
-    if cache_totals is not None:
-        for name, help_text, value in _CACHE_FAMILIES:
-            _family(lines, name, "gauge", help_text, [("", value(cache_totals))])
-    if faults is not None:
-        counts = {unit: 0 for unit in FAULT_UNITS} | dict(faults)
-        _family(lines, "nursery_internal_errors_total", "counter",
-                "Unexpected failures that a supervision boundary caught, by the kind of unit "
-                "they cost (a request or connection of a port, a repository command, a model "
-                "version); the server kept serving",
-                ((_labels(unit=u), n) for u, n in sorted(counts.items())))
-    if options.cpu and system.cpu_utilization is not None:
-        _family(lines, "nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
-                [("", round(system.cpu_utilization, 6))])
-    if options.cpu and system.memory_total is not None:
-        _family(lines, "nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes",
-                [("", system.memory_total)])
-        _family(lines, "nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes",
-                [("", system.memory_used or 0)])
-    if options.gpu and system.gpus:
-        for name, help_text, attr in (
-            ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", "utilization"),
-            ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", "memory_total"),
-            ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", "memory_used"),
-            ("nv_gpu_power_usage", "GPU power usage in watts", "power_watts"),
-            ("nv_gpu_power_limit", "GPU power management limit in watts", "power_limit_watts"),
-        ):
-            _family(lines, name, "gauge", help_text,
-                    ((_labels(gpu_uuid=g.uuid), getattr(g, attr)) for g in system.gpus))
-        _family(lines, "nv_energy_consumption", "counter",
-                "GPU energy consumption in joules since the Triton Server started",
-                ((_labels(gpu_uuid=g.uuid), g.energy_joules) for g in system.gpus))
-    return "\n".join(lines) + "\n"
+        family = _counter(name, help_text)
+        for m, v, s in cached_entries:
+            family.add_sample(name, {"model": m, "version": v}, value(s))
+        yield family
 
 
-def _first_response_histogram(lines: list[str], entries: list[Entry],
-                              decoupled: Mapping[tuple[str, str], tuple[float, ...]]) -> None:
-    """``nv_inference_first_response_histogram_ms``: decoupled models only, as in Triton."""
+def _summary_families(entries: Sequence[Entry], cached: frozenset[tuple[str, str]],
+                      quantiles: tuple[float, ...]) -> Iterator[Metric]:
+    """The latency summaries (``summary_latencies=true``): each version's quantiles over the
+    last minute, then each version's count and sum."""
+    bounds = [number(q) for q in quantiles]
+    for name, help_text, key in _SUMMARY_FAMILIES:
+        family = SummaryMetricFamily(name, help_text, labels=_MODEL_LABELS)
+        totals = []
+        for m, v, s in entries:
+            summary = s.summaries.get(key)
+            if summary is None or (key == "request" and (m, v) in cached):
+                continue
+            for q, bound in zip(quantiles, bounds, strict=True):
+                value = summary.quantile(q)
+                family.add_sample(name, {"model": m, "quantile": bound, "version": v},
+                                  value if value != value else round(value, 3))
+            totals.append(((m, v), summary.count, round(summary.sum_us, 3)))
+        for labels, count, sum_us in totals:
+            family.add_metric(labels, count, sum_us)
+        yield family
+
+
+def _first_response_histogram(
+        entries: Sequence[Entry],
+        decoupled: Mapping[tuple[str, str], tuple[float, ...]]) -> Metric:
+    """``nv_inference_first_response_histogram_ms``: decoupled models only, as in Triton; the
+    bounds are the model's (``histogram_options``), a bound the version has not counted into
+    yet shows 0."""
     name = "nv_inference_first_response_histogram_ms"
-    rows: list[str] = []
+    family = HistogramMetricFamily(
+        name, "Duration from request to first response in milliseconds", labels=_MODEL_LABELS)
     for m, v, s in entries:
         bounds = decoupled.get((m, v))
         if bounds is None:
@@ -258,13 +319,54 @@ def _first_response_histogram(lines: list[str], entries: list[Entry],
         counts = dict(zip(h.bounds, h.counts, strict=True)) if h is not None else {}
         total = h.count if h is not None else 0
         for bound in bounds:
-            rows.append(f"{name}_bucket{_labels(le=_number(bound), model=m, version=v)} "
-                        f"{counts.get(bound, 0)}")
-        rows.append(f"{name}_bucket{_labels(le='+Inf', model=m, version=v)} {total}")
-        rows.append(f"{name}_sum{_labels(model=m, version=v)} "
-                    f"{_number(round(h.sum_ms, 3)) if h is not None else 0}")
-        rows.append(f"{name}_count{_labels(model=m, version=v)} {total}")
-    if rows:
-        lines.append(f"# HELP {name} Duration from request to first response in milliseconds")
-        lines.append(f"# TYPE {name} histogram")
-        lines.extend(rows)
+            family.add_sample(f"{name}_bucket", {"le": number(bound), "model": m, "version": v},
+                              counts.get(bound, 0))
+        family.add_sample(f"{name}_bucket", {"le": "+Inf", "model": m, "version": v}, total)
+        family.add_sample(f"{name}_sum", {"model": m, "version": v},
+                          round(h.sum_ms, 3) if h is not None else 0)
+        family.add_sample(f"{name}_count", {"model": m, "version": v}, total)
+    return family
+
+
+def _cache_families(totals: CacheTotals | None) -> Iterator[Metric]:
+    if totals is None:
+        return
+    for name, help_text, value in _CACHE_FAMILIES:
+        yield GaugeMetricFamily(name, help_text, value=value(totals))
+
+
+def _fault_family(faults: Mapping[str, int] | None) -> Metric | None:
+    if faults is None:
+        return None
+    name = "nursery_internal_errors_total"  # nursery's own: a conventional counter name
+    family = _counter(name, "Unexpected failures that a supervision boundary caught, by the "
+                      "kind of unit they cost (a request or connection of a port, a repository "
+                      "command, a model version); the server kept serving")
+    counts = {unit: 0 for unit in FAULT_UNITS} | dict(faults)
+    for unit, n in sorted(counts.items()):
+        family.add_sample(name, {"unit": unit}, n)
+    return family
+
+
+def _cpu_families(system: SystemSample) -> Iterator[Metric]:
+    if system.cpu_utilization is not None:
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]",
+                                value=round(system.cpu_utilization, 6))
+    if system.memory_total is not None:
+        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes",
+                                value=system.memory_total)
+        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
+                                value=system.memory_used or 0)
+
+
+def _gpu_families(system: SystemSample) -> Iterator[Metric]:
+    for name, help_text, attr in _GPU_FAMILIES:
+        gauge = GaugeMetricFamily(name, help_text, labels=("gpu_uuid",))
+        for g in system.gpus:
+            gauge.add_metric((g.uuid,), getattr(g, attr))
+        yield gauge
+    energy = _counter("nv_energy_consumption",
+                      "GPU energy consumption in joules since the Triton Server started")
+    for g in system.gpus:
+        energy.add_sample(energy.name, {"gpu_uuid": g.uuid}, g.energy_joules)
+    yield energy

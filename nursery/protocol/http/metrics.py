@@ -2,8 +2,9 @@
 
 Served by the same lean HTTP/1.1 server as the HTTP port (its own listener, in the server's
 root nursery). Each scrape asks every ready model version's scheduler for a statistics
-snapshot (the actors' own figures) and reads the latest CPU/GPU sample; the text is
-Prometheus' exposition format with Triton's names (``nursery/observability/metrics.py``).
+snapshot (the actors' own figures) and reads the latest CPU/GPU sample; the server's private
+prometheus-client registry turns them into Prometheus' exposition format with Triton's names
+(``nursery/observability/metrics.py``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from typing import Any
 
 from nursery.core import Core
 from nursery.observability import metrics
+from nursery.observability.exposition import CONTENT_TYPE
 from nursery.observability.system import SystemSampler
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
-CONTENT_TYPE = b"text/plain; charset=utf-8; version=0.0.4"
-
 
 def build_metrics_app(core: Core, sampler: SystemSampler,
                       options: metrics.MetricsOptions) -> ASGIApp:
+    endpoint = metrics.MetricsEndpoint(options)
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
@@ -41,8 +43,8 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
                     if options.histogram_latencies and config.decoupled:
                         decoupled[(m, v)] = config.first_response_buckets
             totals = await core.cache_totals()  # None without a cache
-            body = metrics.render(entries, sampler.latest, options, frozenset(cached), totals,
-                                  decoupled, core.faults.snapshot()).encode()
+            body = endpoint.render(metrics.Scrape(entries, sampler.latest, frozenset(cached),
+                                                  totals, decoupled, core.faults.snapshot()))
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})
