@@ -25,7 +25,6 @@ from nursery.config.repository import scan
 from nursery.core import Core, Lifecycle, Services
 from nursery.errors import StartupError
 from nursery.messages import ManagerCommand
-from nursery.observability import stats
 from nursery.observability.arrival_log import ArrivalLog
 from nursery.observability.logs import LogManager
 from nursery.observability.metrics import MetricsOptions
@@ -187,8 +186,6 @@ async def serve(
     options = MetricsOptions.from_config(settings.metrics_config,
                                          cpu=settings.allow_cpu_metrics,
                                          gpu=settings.allow_gpu_metrics)
-    # before any model loads: schedulers read this when they start
-    stats.configure(summaries=settings.allow_metrics and options.summary_latencies)
     shutdown = trio.Event()
     try:
         await _serve(settings, tracer, arrival_log, log_manager, options, shutdown,
@@ -252,6 +249,7 @@ async def _serve(settings: Settings, tracer: TraceManager, arrival_log: ArrivalL
                             startup_models=startup_models(settings),
                             exit_on_error=settings.exit_on_error,
                             client=client,
+                            summaries=settings.allow_metrics and options.summary_latencies,
                             auto_complete=settings.auto_complete,
                             unload_timeout=settings.model_unload_timeout_secs,
                             rate_limiter=limiter,

@@ -203,12 +203,13 @@ async def run(
     inbox: trio.MemoryReceiveChannel[Any],
     stream: Stream | None = None,
     faults: FaultCounter | None = None,
+    summaries: bool = False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve requests until every sender of the inbox is gone, then let the requests in
     flight finish. With ``stream`` the ensemble is decoupled: it answers in parts."""
     faults = faults or FaultCounter()
-    stats = StatsAccumulator()
+    stats = StatsAccumulator(summaries)
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
     closing = False
 

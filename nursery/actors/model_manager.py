@@ -104,6 +104,7 @@ class _Manager:
         *,
         client: ModelClient,
         backends: Backends,
+        summaries: bool,
         auto_complete: bool,
         unload_timeout: float,
         rate_limiter: Any = None,
@@ -111,6 +112,7 @@ class _Manager:
     ) -> None:
         self.client = client  # ensembles' steps and Python models' BLS calls go through it
         self.backends = backends
+        self.summaries = summaries  # versions keep latency samples for the summary metrics
         self.faults = faults or FaultCounter()
         self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
         self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
@@ -423,7 +425,8 @@ class _Manager:
                 done.set()
                 raise
             await serve_ensemble(config=config, version=version, client=self.client,
-                                 faults=self.faults, scope=scope, done=done,
+                                 faults=self.faults, summaries=self.summaries,
+                                 scope=scope, done=done,
                                  task_status=task_status)
             return
         try:
@@ -436,6 +439,7 @@ class _Manager:
         await serve_version(config=config, version=version,
                             version_path=location.path / str(version), factory=factory,
                             warmup=warmup, client=self.client, rate_limiter=self.rate_limiter,
+                            summaries=self.summaries,
                             scope=scope, done=done, task_status=task_status)
 
     async def _check_ensemble(self, config: ModelConfig) -> None:
@@ -545,6 +549,7 @@ async def run(
     exit_on_error: bool,
     client: ModelClient | None = None,
     backends: Backends | None = None,
+    summaries: bool = False,
     auto_complete: bool = True,
     unload_timeout: float = 30.0,
     rate_limiter: Any = None,
@@ -569,6 +574,7 @@ async def run(
             repositories, directory, nursery,
             client=client if client is not None else ModelClient(directory),
             backends=backends if backends is not None else Backends(),
+            summaries=summaries,
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
         )

@@ -82,11 +82,12 @@ async def run(
     instances: Sequence[trio.MemorySendChannel[ExecuteBatch]],
     preserve_ordering: bool = False,
     reject_error: RejectError = Unavailable,
+    summaries: bool = False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     closing = False
     outstanding = [0] * len(instances)  # batches sent to each instance and not finished
-    stats = StatsAccumulator()
+    stats = StatsAccumulator(summaries)
     ordering = _Ordering() if preserve_ordering else None
     cancel = getattr(policy, "cancel", None)
     waker = precise_timer.create()  # the policy's sub-millisecond deadlines, on time

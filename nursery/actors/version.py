@@ -33,6 +33,7 @@ async def serve_version(
     warmup: tuple[WarmupSample, ...],
     client: ModelClient,
     rate_limiter: Any,
+    summaries: bool,
     scope: trio.CancelScope,
     done: trio.Event,
     task_status: Started,
@@ -79,6 +80,7 @@ async def serve_version(
                         instances=worker_channels,
                         preserve_ordering=bool(config.batching
                                                and config.batching.preserve_ordering),
+                        summaries=summaries,
                     )
                 )
                 task_status.started((ModelHandle(config.name, version, config, intake),
@@ -94,6 +96,7 @@ async def serve_ensemble(
     version: int,
     client: ModelClient,
     faults: FaultCounter,
+    summaries: bool,
     scope: trio.CancelScope,
     done: trio.Event,
     task_status: Started,
@@ -108,7 +111,8 @@ async def serve_ensemble(
                 await version_nursery.start(partial(
                     ensemble.run, plan=config.ensemble, version=str(version),
                     infer=client.infer_one, inbox=inbox,
-                    stream=client.stream if config.decoupled else None, faults=faults))
+                    stream=client.stream if config.decoupled else None, faults=faults,
+                    summaries=summaries))
                 task_status.started((ModelHandle(config.name, version, config, intake),
                                      intake.clone()))
     finally:

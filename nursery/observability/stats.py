@@ -21,20 +21,6 @@ SUMMARY_MAX_AGE_S = 60.0  # prometheus-cpp's default sliding window
 SUMMARY_MAX_SAMPLES = 8192  # per family and version: a bound on memory under heavy load
 
 
-class _Options:
-    """Process-wide choices made once at start-up from ``--metrics-config`` (before any model
-    loads): whether schedulers keep per-request latency samples for summaries."""
-
-    summaries = False
-
-
-OPTIONS = _Options()
-
-
-def configure(*, summaries: bool) -> None:
-    OPTIONS.summaries = summaries
-
-
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
     """One summary family of one version: the samples of the last minute (µs), and the
@@ -143,9 +129,10 @@ class StatsSnapshot:
 
 
 class StatsAccumulator:
-    """Mutable counters, owned by one scheduler actor."""
+    """Mutable counters, owned by one scheduler actor. ``summaries``: keep the last minute of
+    per-request latency samples too (``--metrics-config summary_latencies=true``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, summaries: bool = False) -> None:
         self.last_inference_ms = 0
         self.inference_count = 0
         self.execution_count = 0
@@ -165,7 +152,7 @@ class StatsAccumulator:
         self.first_sum_ms = 0.0
         self.first_count = 0
         self.windows: dict[str, _Window] | None = (
-            {k: _Window() for k in SUMMARY_FAMILIES} if OPTIONS.summaries else None)
+            {k: _Window() for k in SUMMARY_FAMILIES} if summaries else None)
 
     def _sample(self, report: BatchReport) -> None:
         assert self.windows is not None

@@ -72,9 +72,8 @@ def test_counter_latencies_off_and_cpu_off() -> None:
     assert "nv_inference_count" in text and "nv_cpu" not in text
 
 
-def test_summaries_follow_samples_and_quantile_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stats.OPTIONS, "summaries", True)
-    acc = StatsAccumulator()
+def test_summaries_follow_samples_and_quantile_config() -> None:
+    acc = StatsAccumulator(summaries=True)
     for _ in range(4):
         acc.record_batch(_report(2))
     options = metrics.MetricsOptions.from_config(
@@ -93,9 +92,8 @@ def test_summaries_follow_samples_and_quantile_config(monkeypatch: pytest.Monkey
     assert request[("nv_inference_request_summary_us", "0.99")] == pytest.approx(5.0)
 
 
-def test_empty_summary_is_nan(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stats.OPTIONS, "summaries", True)
-    text = metrics.render([("m", "1", StatsAccumulator().snapshot())], SystemSample(),
+def test_empty_summary_is_nan() -> None:
+    text = metrics.render([("m", "1", StatsAccumulator(summaries=True).snapshot())], SystemSample(),
                           metrics.MetricsOptions(summary_latencies=True))
     values = [s.value for s in _families(text)["nv_inference_compute_infer_summary_us"].samples
               if "quantile" in s.labels]
@@ -232,11 +230,10 @@ def test_log_settings_update_and_triton_errors() -> None:
         root.setLevel(saved[1])
 
 
-def test_grafana_dashboard_uses_only_metrics_we_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_grafana_dashboard_uses_only_metrics_we_serve() -> None:
     import re
 
-    monkeypatch.setattr(stats.OPTIONS, "summaries", True)
-    acc = StatsAccumulator()
+    acc = StatsAccumulator(summaries=True)
     acc.record_batch(_report(1))
     text = metrics.render(
         [("m", "1", acc.snapshot())],
