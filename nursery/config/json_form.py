@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import betterproto
 
-from nursery.config.pbtext import fields_of, is_present
+from nursery.config.pbtext import fields_of, is_present, mark_present
 from nursery.schema import inference as pb
 
 _INT64 = {"int64", "uint64", "sint64", "fixed64", "sfixed64"}
@@ -146,9 +146,10 @@ def json_type(value: Any) -> str:
             type(None): "null"}.get(type(value), "a number")
 
 
-def message_from_json(data: Any, cls: type[betterproto.Message], where: str) -> Any:
-    from nursery.config.pbtext import fields_of, mark_present
+M = TypeVar("M", bound=betterproto.Message)
 
+
+def message_from_json(data: Any, cls: type[M], where: str) -> M:
     if not isinstance(data, dict):
         raise ConfigJsonError(f"{where}: expected an object, got {json_type(data)}")
     schema = fields_of(cls)
@@ -208,6 +209,6 @@ def config_from_json(text: str | bytes) -> pb.ModelConfig:
     except RecursionError:
         raise ConfigJsonError("failed to parse the config JSON: nested too deeply") from None
     try:
-        return message_from_json(data, pb.ModelConfig, "config")  # type: ignore[no-any-return]
+        return message_from_json(data, pb.ModelConfig, "config")
     except RecursionError:  # a JSON nesting just under the parser's limit, walked again here
         raise ConfigJsonError("the config JSON is nested too deeply") from None
