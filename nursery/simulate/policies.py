@@ -35,7 +35,9 @@ from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy
 from nursery.scheduling.edf import EarliestDeadlinePolicy
 from nursery.scheduling.fifo import FifoPolicy
 
-Factory = Callable[[BatchConfig, int], Any]
+# (batch: BatchConfig, instances: int) -> a policy; some take a keyword ``model`` too, which
+# build() finds out by inspecting them
+Factory = Callable[..., Any]
 
 
 def _fifo(batch: BatchConfig, instances: int) -> Any:
