@@ -223,7 +223,7 @@ def tensor_to_bytes(array: np.ndarray, datatype: DataType) -> bytes | memoryview
     arr = np.ascontiguousarray(array)
     if arr.dtype != datatype.numpy_dtype:
         arr = arr.astype(datatype.numpy_dtype)
-    return memoryview(arr).cast("B") if arr.size else b""
+    return arr.data.cast("B") if arr.size else b""
 
 
 def tensor_from_bytes(

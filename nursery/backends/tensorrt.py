@@ -65,7 +65,7 @@ class _Logger:
     @classmethod
     def get(cls, trt: Any) -> Any:
         if cls._instance is None:
-            class Forward(trt.ILogger):  # type: ignore[misc, name-defined]
+            class Forward(trt.ILogger):
                 def __init__(self) -> None:
                     trt.ILogger.__init__(self)
 
@@ -81,7 +81,8 @@ class _Logger:
 
 def _engine_io(engine: Any, trt: Any) -> tuple[list[tuple[str, Any, list[int]]],
                                                  list[tuple[str, Any, list[int]]]]:
-    ins, outs = [], []
+    ins: list[tuple[str, Any, list[int]]] = []
+    outs: list[tuple[str, Any, list[int]]] = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         entry = (name, engine.get_tensor_dtype(name), list(engine.get_tensor_shape(name)))
@@ -139,11 +140,11 @@ class TensorRTInstance:
                     f"model '{config.name}': unexpected inference output '{spec.name}', allowed "
                     f"outputs are: {', '.join(sorted(self._outputs))}")
         for name, (dt, _) in {**self._inputs, **self._outputs}.items():
-            spec = config.input_map.get(name) or config.output_map.get(name)
-            if spec is not None and _datatype(dt, name) is not spec.datatype:
+            declared = config.input_map.get(name) or config.output_map.get(name)
+            if declared is not None and _datatype(dt, name) is not declared.datatype:
                 raise ConfigError(
                     f"model '{config.name}': '{name}' is {dt} in the engine but "
-                    f"{spec.datatype.config_name} in config.pbtxt")
+                    f"{declared.datatype.config_name} in config.pbtxt")
 
     def _check_profile(self, name: str, shape: tuple[int, ...]) -> None:
         lo, _, hi = self._engine.get_tensor_profile_shape(name, self._profile)

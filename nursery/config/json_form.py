@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import betterproto
 
@@ -146,7 +146,10 @@ def json_type(value: Any) -> str:
             type(None): "null"}.get(type(value), "a number")
 
 
-def message_from_json(data: Any, cls: type[betterproto.Message], where: str) -> Any:
+M = TypeVar("M", bound=betterproto.Message)
+
+
+def message_from_json(data: Any, cls: type[M], where: str) -> M:
     if not isinstance(data, dict):
         raise ConfigJsonError(f"{where}: expected an object, got {json_type(data)}")
     schema = fields_of(cls)
@@ -206,6 +209,6 @@ def config_from_json(text: str | bytes) -> pb.ModelConfig:
     except RecursionError:
         raise ConfigJsonError("failed to parse the config JSON: nested too deeply") from None
     try:
-        return message_from_json(data, pb.ModelConfig, "config")  # type: ignore[no-any-return]
+        return message_from_json(data, pb.ModelConfig, "config")
     except RecursionError:  # a JSON nesting just under the parser's limit, walked again here
         raise ConfigJsonError("the config JSON is nested too deeply") from None

@@ -171,7 +171,7 @@ BackendLookup = Callable[[str, str], AutoCompleter]  # (backend name, model name
 
 def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAME) -> pb.ModelConfig:
     try:
-        return pbtext.parse(text, pb.ModelConfig())  # type: ignore[return-value]
+        return pbtext.parse(text, pb.ModelConfig())
     except pbtext.TextFormatError as exc:
         raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
 
@@ -303,16 +303,21 @@ def _fill_backend(
 
 def _normalize(proto: pb.ModelConfig) -> None:
     """Triton's NormalizeModelConfig and NormalizeInstanceGroup."""
-    scheduling, sched_value = betterproto.which_one_of(proto, "scheduling_choice")
+    # a oneof's set member is read by name once which_one_of named it (reading an unset one
+    # raises AttributeError); its value from which_one_of is untyped
+    scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
     if scheduling == "dynamic_batching":
-        if not sched_value.preferred_batch_size and proto.max_batch_size > 0:
-            sched_value.preferred_batch_size.append(proto.max_batch_size)
+        dynamic = proto.dynamic_batching
+        if not dynamic.preferred_batch_size and proto.max_batch_size > 0:
+            dynamic.preferred_batch_size.append(proto.max_batch_size)
     elif scheduling == "sequence_batching":
-        if sched_value.max_sequence_idle_microseconds == 0:
-            sched_value.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_MICROSECONDS
-        strategy, oldest = betterproto.which_one_of(sched_value, "strategy_choice")
-        if strategy == "oldest" and not oldest.preferred_batch_size and proto.max_batch_size > 0:
-            oldest.preferred_batch_size.append(proto.max_batch_size)
+        sequence = proto.sequence_batching
+        if sequence.max_sequence_idle_microseconds == 0:
+            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_MICROSECONDS
+        strategy, _ = betterproto.which_one_of(sequence, "strategy_choice")
+        if (strategy == "oldest" and not sequence.oldest.preferred_batch_size
+                and proto.max_batch_size > 0):
+            sequence.oldest.preferred_batch_size.append(proto.max_batch_size)
     if scheduling != "ensemble_scheduling":
         opt = proto.optimization
         for name in ("input_pinned_memory", "output_pinned_memory"):
@@ -328,9 +333,8 @@ def _normalize(proto: pb.ModelConfig) -> None:
             if not group.name:
                 group.name = f"{proto.name}_{i}"
             if group.kind == pb.ModelInstanceGroupKind.KIND_AUTO:
-                group.kind = (
-                    pb.ModelInstanceGroupKind.KIND_GPU if gpus else pb.ModelInstanceGroupKind.KIND_CPU
-                )
+                kind = pb.ModelInstanceGroupKind.KIND_GPU if gpus else pb.ModelInstanceGroupKind.KIND_CPU
+                group.kind = kind  # type: ignore[assignment]  # mypy types betterproto enum members as int
             if group.count < 1:
                 # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime
                 cpu = group.kind == pb.ModelInstanceGroupKind.KIND_CPU
@@ -441,8 +445,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
                           MappingProxyType(dict(s.output_map)))
              for s in proto.ensemble_scheduling.step])
         groups = []
-    which, latest = betterproto.which_one_of(proto.version_policy, "policy_choice")
-    if which == "latest" and latest.num_versions < 1:
+    which, _ = betterproto.which_one_of(proto.version_policy, "policy_choice")
+    if which == "latest" and proto.version_policy.latest.num_versions < 1:
         raise ConfigError(
             f"{where}: {CONFIG_FILENAME}: version_policy latest must have num_versions >= 1"
         )

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import betterproto
 
@@ -64,9 +64,11 @@ class FieldInfo:
 @cache
 def fields_of(cls: type[betterproto.Message]) -> dict[str, FieldInfo]:
     """Field descriptions keyed by proto name, in declaration order."""
-    meta = cls._betterproto  # type: ignore[attr-defined]
+    # betterproto's annotations fall short here: its classproperty takes the owner class as
+    # type[Never], and Message is no dataclass to mypy (only the generated subclasses are)
+    meta = cls._betterproto  # type: ignore[arg-type]
     out: dict[str, FieldInfo] = {}
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         fm = f.metadata["betterproto"]
         proto_name = f.name[:-1] if f.name.endswith("_") and keyword.iskeyword(f.name[:-1]) else f.name
         if fm.proto_type == "map":
@@ -441,7 +443,10 @@ def _default_scalar(proto_type: str) -> Any:
     return 0
 
 
-def parse(text: str, message: betterproto.Message) -> betterproto.Message:
+M = TypeVar("M", bound=betterproto.Message)
+
+
+def parse(text: str, message: M) -> M:
     """Parse text format into ``message`` (modified in place and returned)."""
     _Parser(text).parse_message(message, None)
     return message

@@ -70,13 +70,13 @@ def available_versions(model_path: Path) -> list[int]:
 
 def select_versions(policy: pb.ModelVersionPolicy, available: list[int]) -> list[int]:
     """Apply a version policy (``latest``, ``all`` or ``specific``) to the versions on disk."""
-    which, value = betterproto.which_one_of(policy, "policy_choice")
+    which, _ = betterproto.which_one_of(policy, "policy_choice")
     if which == "all":
         return sorted(available)
     if which == "specific":
-        wanted = set(value.versions)
+        wanted = set(policy.specific.versions)
         return sorted(v for v in available if v in wanted)
-    num = value.num_versions if which == "latest" else 1
+    num = policy.latest.num_versions if which == "latest" else 1
     return sorted(available)[-max(num, 1) :] if available else []
 
 

@@ -117,7 +117,7 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
                         f"{label}: unexpected control data type, expected TYPE_UINT64, "
                         f"TYPE_INT64, TYPE_UINT32, TYPE_INT32, or TYPE_STRING for {kind} for "
                         f"{name}")
-                corrid = (ci.name, datatype)  # type: ignore[assignment]
+                corrid = (ci.name, datatype)
                 continue
             if not found:
                 raise ConfigError(
@@ -143,25 +143,26 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
                               "'input': the server provides it")
     states = tuple(_state(s, proto, model_path, label, inputs | seen_tensors, outputs)
                    for s in sb.state)
-    strategy, value = betterproto.which_one_of(sb, "strategy_choice")
+    strategy, _ = betterproto.which_one_of(sb, "strategy_choice")
     mbs = max(proto.max_batch_size, 0)
     if strategy == "oldest":
-        if value.max_candidate_sequences < 1:
+        oldest = sb.oldest
+        if oldest.max_candidate_sequences < 1:
             raise ConfigError(f"{label}: sequence batching oldest strategy must specify "
                               f"'max_candidate_sequences' > 0 for {name}")
-        for size in value.preferred_batch_size:
+        for size in oldest.preferred_batch_size:
             if size < 1 or size > max(mbs, 1):
                 raise ConfigError(f"{label}: sequence batching preferred batch size must be "
                                   f"positive and <= max batch size for {name}")
         schedule = SequenceSchedule(
-            strategy="oldest", slots_per_instance=value.max_candidate_sequences,
+            strategy="oldest", slots_per_instance=oldest.max_candidate_sequences,
             max_batch_size=max(mbs, 1), idle_us=sb.max_sequence_idle_microseconds,
-            preferred_batch_sizes=tuple(sorted(value.preferred_batch_size)),
-            max_queue_delay_us=value.max_queue_delay_microseconds)
+            preferred_batch_sizes=tuple(sorted(oldest.preferred_batch_size)),
+            max_queue_delay_us=oldest.max_queue_delay_microseconds)
     else:
         # no strategy given: Triton's default, the direct one with its defaults (reading
         # ``sb.direct`` when no arm is set raises AttributeError in betterproto)
-        direct = value if strategy == "direct" else pb.ModelSequenceBatchingStrategyDirect()
+        direct = sb.direct if strategy == "direct" else pb.ModelSequenceBatchingStrategyDirect()
         schedule = SequenceSchedule(
             strategy="direct", slots_per_instance=max(mbs, 1), max_batch_size=max(mbs, 1),
             idle_us=sb.max_sequence_idle_microseconds,
@@ -212,8 +213,9 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
                               f"not match the state's dims {list(dims)}")
         if any(d < 0 for d in init_dims):
             raise ConfigError(f"{where}: initial state '{init.name}' must have fixed dims")
-        arm, value = betterproto.which_one_of(init, "state_data")
+        arm, _ = betterproto.which_one_of(init, "state_data")
         if arm == "data_file":
+            value = init.data_file
             path = (model_path / "initial_state" / value).resolve()
             if not path.is_relative_to(model_path.resolve()):
                 raise ConfigError(f"{where}: initial state data file '{value}' is outside the "

@@ -34,9 +34,10 @@ class WarmupSample:
 
 def _data(spec: pb.ModelWarmupInput, datatype: DataType, shape: tuple[int, ...],
           item_shape: tuple[int, ...], model_path: Path, label: str) -> np.ndarray:
-    which, value = betterproto.which_one_of(spec, "input_data_type")
+    which, _ = betterproto.which_one_of(spec, "input_data_type")
     count = element_count(shape)
     if which == "input_data_file":
+        value = spec.input_data_file
         rel = safe_relative_path(value)
         folder = (model_path / WARMUP_FOLDER).resolve()
         path = (folder / rel).resolve() if rel else None

@@ -14,7 +14,7 @@ import numpy as np
 from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import InternalError
 from nursery.execution.classification import classify
-from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
+from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 
 def output_names(requests: Sequence[InferenceRequest], config: ModelConfig) -> list[str]:
@@ -77,13 +77,13 @@ def split_outputs(
     responses = []
     offset = 0
     for request, rows in zip(requests, batch_sizes, strict=True):
-        wanted = request.requested_outputs or tuple(config.outputs)
+        wanted: Sequence[RequestedOutput | TensorSpec] = request.requested_outputs or config.outputs
         outputs = []
         for item in wanted:
             array = arrays[item.name]
             if len(requests) > 1:
                 array = array[offset : offset + rows]
-            classes = getattr(item, "classification", 0)
+            classes = item.classification if isinstance(item, RequestedOutput) else 0
             spec = config.output_map[item.name]
             if classes:
                 array = classify(array, classes, batching, spec, config.path)

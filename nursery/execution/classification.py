@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,12 +26,13 @@ def _labels(path: str) -> tuple[str, ...]:
         return ()
 
 
-def _format(value: object, datatype: DataType) -> str:
+def _format(value: np.number[Any] | np.bool_, datatype: DataType) -> str:
+    """One element of the output tensor as Triton prints it in a class result."""
     if datatype in (DataType.FP16, DataType.FP32, DataType.FP64):
-        return f"{float(value):.6f}"  # type: ignore[arg-type]
+        return f"{float(value):.6f}"
     if datatype is DataType.BOOL:
         return "1" if value else "0"
-    return str(int(value))  # type: ignore[call-overload]
+    return str(int(value))
 
 
 def classify(

@@ -157,7 +157,7 @@ class SlotStates:
                 self._states.pop(row.slot, None)  # the sequence is over: its state goes
         real = [i for i, row in enumerate(rows) if row.ready]
         if len(real) != len(rows) and self.batching:
-            index = np.array(real)
-            results = {name: np.asarray(array)[index] for name, array in results.items()}
+            keep = np.array(real)
+            results = {name: np.asarray(array)[keep] for name, array in results.items()}
         return batching.split_outputs(requests, [1] * len(requests), results, self.config,
                                       version)

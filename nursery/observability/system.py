@@ -84,7 +84,7 @@ class _Nvml:
         self.handles: list[Any] = []
         self.energy_start: dict[int, float] = {}
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
 
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()

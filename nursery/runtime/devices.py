@@ -33,7 +33,7 @@ _GPU_COUNT: int | None = None
 
 def _probe_gpus() -> int:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         try:

@@ -43,7 +43,7 @@ def split_unexpected(exc: BaseException) -> tuple[Exception | None, BaseExceptio
     ``BaseException`` that is not an ``Exception``, wherever it sits in a group)."""
     if isinstance(exc, BaseExceptionGroup):
         unexpected, rest = exc.split(Exception)
-        return unexpected, rest  # type: ignore[return-value]
+        return unexpected, rest
     if isinstance(exc, Exception):
         return exc, None
     return None, exc

@@ -27,10 +27,10 @@ _local = threading.local()
 def current_token() -> trio.lowlevel.TrioToken:
     """The trio token of the run that owns the calling thread (a :class:`DedicatedThread`
     or the trio thread itself), for code that must call back into trio."""
-    token = getattr(_local, "token", None)
+    token: trio.lowlevel.TrioToken | None = getattr(_local, "token", None)
     if token is None:
         token = trio.lowlevel.current_trio_token()  # RuntimeError outside trio
-    return token  # type: ignore[no-any-return]
+    return token
 
 
 def current_context() -> Any:

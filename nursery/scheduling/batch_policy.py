@@ -25,7 +25,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, Protocol
+from typing import Generic, Protocol, cast
 
 from nursery.scheduling.decisions import Decision, Dispatch, Poll, W, rejections
 
@@ -34,10 +34,24 @@ QUEUE_FULL = "Exceeds maximum queue size"
 
 
 class BatchItem(Protocol):
-    batch_size: int  # rows the request adds to a batch
-    signature: Hashable  # requests batch together only when these are equal
-    priority: int  # request priority (0 = the model's default level)
-    timeout_us: int  # request's own queue timeout (0 = none)
+    """What the policy reads of a request (read-only: plain or frozen attributes serve)."""
+
+    @property
+    def batch_size(self) -> int: ...  # rows the request adds to a batch
+
+    @property
+    def signature(self) -> Hashable: ...  # requests batch together only when these are equal
+
+    @property
+    def priority(self) -> int: ...  # request priority (0 = the model's default level)
+
+    @property
+    def timeout_us(self) -> int: ...  # request's own queue timeout (0 = none)
+
+
+def self_described(item: object) -> BatchItem:
+    """The default ``describe``: the queued items are batch items themselves."""
+    return cast(BatchItem, item)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +116,7 @@ class DynamicBatchPolicy(Generic[W]):
         self._preferred = frozenset(preferred)
         self._max_preferred = max(preferred)
         self._delay = config.max_queue_delay_us / 1e6
-        self._describe = describe or (lambda item: item)  # type: ignore[assignment, return-value]
+        self._describe: Callable[[W], BatchItem] = describe or self_described
         self._levels: dict[int, _Level[W]] = {}
         self._free: dict[int, None] = {}  # free instances, in the order they became free
         self._rejected: list[tuple[W, str]] = []

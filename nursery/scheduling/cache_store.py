@@ -34,7 +34,7 @@ def _tensor_bytes(array: np.ndarray) -> bytes | memoryview:
             parts.append(struct.pack("<I", len(data)))
             parts.append(data)
         return b"".join(parts)
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    return np.ascontiguousarray(array).data.cast("B")
 
 
 def request_key(model: str, version: int | str, request: InferenceRequest) -> bytes:

@@ -30,6 +30,7 @@ from nursery.scheduling.batch_policy import (
     TIMEOUT_EXPIRED,
     BatchConfig,
     BatchItem,
+    self_described,
 )
 from nursery.scheduling.decisions import Decision, Dispatch, Poll, W, rejections
 
@@ -60,7 +61,7 @@ class EarliestDeadlinePolicy(Generic[W]):
         self._preferred = frozenset(preferred)
         self._max_preferred = max(preferred)
         self._delay = config.max_queue_delay_us / 1e6
-        self._describe = describe or (lambda item: item)  # type: ignore[assignment, return-value]
+        self._describe: Callable[[W], BatchItem] = describe or self_described
         self._queue: list[_Entry[W]] = []  # sorted by key
         self._keys: list[tuple[int, float, int]] = []
         self._per_level: dict[int, int] = {}

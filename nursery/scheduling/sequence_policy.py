@@ -30,16 +30,28 @@ import math
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol
+from typing import Generic, Protocol, cast
 
 from nursery.errors import ErrorKind
 from nursery.scheduling.decisions import Decision, Dispatch, Poll, Release, W, rejections
 
 
 class SequenceItem(Protocol):
-    sequence_id: Hashable  # int (uint64) or str correlation ID; never 0 / ""
-    sequence_start: bool
-    sequence_end: bool
+    """What the policy reads of a request (read-only: plain or frozen attributes serve)."""
+
+    @property
+    def sequence_id(self) -> Hashable: ...  # int (uint64) or str correlation ID; never 0 / ""
+
+    @property
+    def sequence_start(self) -> bool: ...
+
+    @property
+    def sequence_end(self) -> bool: ...
+
+
+def self_described(item: object) -> SequenceItem:
+    """The default ``describe``: the queued items are sequence items themselves."""
+    return cast(SequenceItem, item)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +111,7 @@ class SequencePolicy(Generic[W]):
         self.schedule = schedule
         self.model = model
         self.instances = instances
-        self._describe = describe or (lambda item: item)  # type: ignore[assignment, return-value]
+        self._describe: Callable[[W], SequenceItem] = describe or self_described
         self._rows = max(1, schedule.max_batch_size)
         preferred = schedule.preferred_batch_sizes or (self._rows,)
         self._preferred = frozenset(preferred)

@@ -100,7 +100,7 @@ class CudaRegion:
             with self._cp.cuda.Device(self.device_id):
                 self._cp.cuda.runtime.memcpy(host.ctypes.data, self._ptr + offset, byte_size,
                                              self._cp.cuda.runtime.memcpyDeviceToHost)
-        return memoryview(host)
+        return host.data
 
     def write_from_host(self, offset: int, data: bytes | memoryview) -> None:
         host = np.frombuffer(data, dtype=np.uint8)

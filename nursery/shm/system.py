@@ -107,7 +107,7 @@ class SystemRegion:
                 f"{st.st_blocks * 512} bytes of memory, fewer than the {byte_size} bytes to read "
                 "(an object never written is sparse); write the tensor into the region first")
         out = np.empty(byte_size, dtype=np.uint8)
-        view = memoryview(out)
+        view = out.data
         done = 0
         while done < byte_size:
             try:
@@ -161,7 +161,7 @@ class SharedMemoryRegistry:
     and nothing else needs to, but a lock costs nothing here."""
 
     def __init__(self, max_regions: int = MAX_REGIONS) -> None:
-        self._regions: dict[str, Any] = {}
+        self._regions: dict[str, SystemRegion | CudaRegion] = {}
         self._lock = threading.Lock()
         self.max_regions = max_regions
 
@@ -203,7 +203,7 @@ class SharedMemoryRegistry:
             self._check_room(name)
         self.add(CudaRegion(name, raw_handle, device_id, byte_size))
 
-    def add(self, region: Any) -> None:
+    def add(self, region: SystemRegion | CudaRegion) -> None:
         """Register a region built elsewhere (CUDA regions)."""
         with self._lock:
             try:
@@ -257,7 +257,7 @@ class SharedMemoryRegistry:
 
     # -- access ---------------------------------------------------------------------------
 
-    def lookup(self, name: str, offset: int, byte_size: int) -> Any:
+    def lookup(self, name: str, offset: int, byte_size: int) -> SystemRegion | CudaRegion:
         """The region ``name`` after Triton's bounds checks for ``[offset, offset+byte_size)``."""
         region = self._regions.get(name)  # one dict read: atomic, with or without the lock
         if region is None:
@@ -274,9 +274,9 @@ class SharedMemoryRegistry:
         request carries is its own, whatever the region's owner does next."""
         with self._lock:  # an unregister elsewhere must not close (and reuse) the fd mid-read
             region = self.lookup(name, offset, byte_size)
-            if region.kind != "system":
-                return region.read_to_host(offset, byte_size)  # type: ignore[no-any-return]
-            return region.read(offset, byte_size)  # type: ignore[no-any-return]
+            if isinstance(region, CudaRegion):
+                return region.read_to_host(offset, byte_size)
+            return region.read(offset, byte_size)
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
               output: str) -> None:
@@ -291,7 +291,7 @@ class SharedMemoryRegistry:
             raise InternalError(
                 f"shared memory size specified with the request for output '{output}' "
                 f"({byte_size} bytes) should be at least {len(data)} bytes to hold the results")
-        if region.kind != "system":
+        if isinstance(region, CudaRegion):
             region.write_from_host(offset, data)
             return
         region.write(offset, data)

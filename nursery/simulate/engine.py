@@ -150,10 +150,12 @@ def simulate(
     if split is not None:  # drawn on arrival, when the idle gap is known
         base = lambda out: out.outside  # noqa: E731
     elif uses_idle:
-        base = lambda out: overhead(out.request, out.idle)  # type: ignore[operator]  # noqa: E731
+        # a uses_idle model (never a float) is also given the idle gap; the annotation has
+        # only the one-argument form
+        base = lambda out: overhead(out.request, out.idle)  # type: ignore[operator, call-arg]  # noqa: E731
     else:
         draw = overhead if callable(overhead) else (lambda _request, c=float(overhead): c)
-        base = lambda out: draw(out.request)  # type: ignore[operator]  # noqa: E731
+        base = lambda out: draw(out.request)  # noqa: E731
 
     def extra(out: Outcome) -> float:
         return base(out) * (1.0 + contention * out.concurrent)
@@ -287,7 +289,8 @@ def simulate(
                 policy.arrive(payload, now)
             elif kind == _COLLECT:
                 frontend_free = max(now, frontend_free) + batch_half
-                order = finish(*payload, frontend_free, order)
+                instance, members = payload
+                order = finish(instance, members, frontend_free, order)
             elif kind == _RESPOND:
                 frontend_free = max(now, frontend_free) + half
                 answer(payload, frontend_free)

@@ -35,7 +35,9 @@ from nursery.scheduling.edf import EarliestDeadlinePolicy
 from nursery.scheduling.fifo import FifoPolicy
 from nursery.scheduling.selection import DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE
 
-Factory = Callable[[BatchConfig, int], Any]
+# (batch: BatchConfig, instances: int) -> a policy; some take a keyword ``model`` too, which
+# build() finds out by inspecting them
+Factory = Callable[..., Any]
 
 
 def _fifo(batch: BatchConfig, instances: int) -> Any:
