@@ -13,7 +13,7 @@ import math
 import signal
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import trio
 
@@ -82,7 +82,13 @@ async def _watch_signals(
                 raise KeyboardInterrupt
 
 
-def _http_deadlines(settings: Settings) -> dict[str, float]:
+class _Deadlines(TypedDict):
+    head_timeout: float
+    body_timeout: float
+    keep_alive_timeout: float
+
+
+def _http_deadlines(settings: Settings) -> _Deadlines:
     return {"head_timeout": settings.http_head_timeout,
             "body_timeout": settings.http_body_timeout,
             "keep_alive_timeout": settings.http_keepalive_timeout}

@@ -168,7 +168,7 @@ class ModelClient:
         t0 = time.monotonic_ns()
         key = request_key(handle.name, handle.version, request)
         try:
-            found = await mailbox.ask(cache, lambda reply: CacheLookup(key, reply),
+            found: InferenceResponse | None = await mailbox.ask(cache, lambda reply: CacheLookup(key, reply),
                                       gone="the response cache has stopped")
         except NurseryError:  # shutting down: no cache
             return await self._queued(work, receive, handle)

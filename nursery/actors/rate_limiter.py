@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from nursery.actors import mailbox
-from nursery.errors import ConfigError
+from nursery.errors import ConfigError, NurseryError
 from nursery.messages import (
     AcquireResources,
     RegisterInstance,
@@ -86,7 +86,7 @@ class RateLimiterClient:
 
     async def register(self, key: Hashable, device: int, needs: tuple[Any, ...],
                        priority: int) -> None:
-        error = await mailbox.ask(
+        error: NurseryError | None = await mailbox.ask(
             self.inbox, lambda reply: RegisterInstance(key, device, needs, priority, reply),
             gone="the rate limiter has stopped")
         if error is not None:

@@ -79,7 +79,7 @@ async def run(
     name: str,
     policy: SchedulingPolicy[InferWork],
     inbox: trio.MemoryReceiveChannel[Any],
-    instances: Sequence[trio.MemorySendChannel[ExecuteBatch]],
+    instances: Sequence[trio.MemorySendChannel[ExecuteBatch | ReleaseSlots]],
     preserve_ordering: bool = False,
     reject_error: RejectError = Unavailable,
     summaries: bool = False,
@@ -214,7 +214,7 @@ def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
         error: NurseryError = Unavailable(f"model '{name}' is unloading")
     else:
         error = InternalError(f"model '{name}': the scheduler failed: {describe(failure)}")
-    held = policy.drain()
+    held: list[InferWork | StatsQuery] = list(policy.drain())
     while True:
         try:
             message = inbox.receive_nowait()
@@ -226,8 +226,8 @@ def _answer_held(name: str, policy: SchedulingPolicy[InferWork],
             for work, answer in message.held:
                 _answer(work, answer)
     inbox.close()  # from here on a sender learns at once that nobody will take its message
-    for work in held:
-        _answer(work, error if isinstance(work, InferWork) else stats.snapshot(0))
+    for item in held:
+        _answer(item, error if isinstance(item, InferWork) else stats.snapshot(0))
 
 
 def _answer(work: Any, answer: Any) -> None:

@@ -17,9 +17,9 @@ from nursery.actors.model_client import ModelClient
 from nursery.backends.base import BackendFactory
 from nursery.config.model import ModelConfig
 from nursery.config.warmup import WarmupSample
-from nursery.messages import ExecuteBatch
+from nursery.messages import ExecuteBatch, InferWork, ReleaseSlots
 from nursery.runtime.supervision import FaultCounter
-from nursery.scheduling.selection import policy_for
+from nursery.scheduling.selection import PolicyChoice, policy_for
 
 Started = trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]]
 
@@ -44,14 +44,15 @@ async def serve_version(
     # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in. The
     # scheduler takes every message at once; its policy bounds the queue it keeps.
     intake, inbox = trio.open_memory_channel[Any](math.inf)
-    choice = policy_for(config, len(placements), describe=lambda work: work.request)
+    choice: PolicyChoice[InferWork] = policy_for(config, len(placements),
+                                                 describe=lambda work: work.request)
     try:
         with scope:
             async with trio.open_nursery() as version_nursery:
-                worker_channels: list[trio.MemorySendChannel[ExecuteBatch]] = []
+                worker_channels: list[trio.MemorySendChannel[ExecuteBatch | ReleaseSlots]] = []
                 async with trio.open_nursery() as starting:
                     for placement in placements:
-                        send, receive = trio.open_memory_channel[ExecuteBatch](
+                        send, receive = trio.open_memory_channel[ExecuteBatch | ReleaseSlots](
                             choice.worker_inbox)
                         worker_channels.append(send)
                         starting.start_soon(

@@ -4,6 +4,7 @@ with Triton's messages, and the :class:`~nursery.messages.InferWork` a scheduler
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from nursery.config.model import ModelConfig
@@ -105,7 +106,7 @@ def make_work(request: InferenceRequest, config: ModelConfig, reply: Any) -> Inf
     batch_size = validate_request(request, config)
     if config.sequence is not None:
         sequence_batching.check_request(request, config, batch_size)
-    signature = None
+    signature: Hashable = None
     if config.batching is not None:
         signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
                           for n in config.shape_checked_inputs)

@@ -17,7 +17,7 @@ label names as Triton's prometheus-cpp writes them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import (
@@ -37,7 +37,7 @@ Entry = tuple[str, str, StatsSnapshot]
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
-_MODEL_FAMILIES = (
+_MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[StatsSnapshot], float]], ...] = (
     # name, type, help, value(snapshot)
     ("nv_inference_request_success", "counter",
      "Number of successful inference requests, all batch sizes", lambda s: s.success.count),
@@ -125,7 +125,7 @@ class MetricsOptions:
 # the units of nursery_internal_errors_total, shown at 0 until one fails
 FAULT_UNITS = ("grpc", "http", "manager", "metrics", "model")
 
-_CACHE_MODEL_FAMILIES = (
+_CACHE_MODEL_FAMILIES: tuple[tuple[str, str, Callable[[StatsSnapshot], float]], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model",
      lambda s: s.cache_hit.count),
     ("nv_cache_num_misses_per_model", "Number of cache misses per model",
@@ -137,7 +137,7 @@ _CACHE_MODEL_FAMILIES = (
      lambda s: s.cache_miss.ns // 1000),
 )
 
-_CACHE_FAMILIES = (
+_CACHE_FAMILIES: tuple[tuple[str, str, Callable[[CacheTotals], float]], ...] = (
     ("nv_cache_num_entries", "Number of responses stored in response cache",
      lambda t: t.entries),
     ("nv_cache_num_lookups", "Number of cache lookups in response cache", lambda t: t.lookups),

@@ -7,6 +7,7 @@ output, as Triton does and as the C++ client (perf_analyzer) requires.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import betterproto
@@ -145,7 +146,7 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
     """A ModelInferRequest (betterproto's, or the hot path's :class:`InferRequest`) as the
     core's request; ``shm`` resolves inputs given as shared-memory regions."""
     model = message.model_name
-    raw = message.raw_input_contents
+    raw: Sequence[bytes | memoryview] = message.raw_input_contents
     params = _arms(message.parameters)
     custom: dict[str, Any] = {}
     for key, (_, value) in params.items():
@@ -192,7 +193,7 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
             shm.lookup(binding.region, binding.offset, binding.byte_size)
             if datatype is not DataType.BYTES:  # the sizes agree before any byte is copied
                 _check_size(binding.byte_size, count, datatype, name, model, prefix)
-            block = shm.read(binding.region, binding.offset, binding.byte_size)
+            block: bytes | memoryview = shm.read(binding.region, binding.offset, binding.byte_size)
             data = _fixed_size(block, datatype, shape, count, name, model, prefix)
         elif raw:
             if has_contents:

@@ -37,7 +37,7 @@ class WireError(ValueError):
 
 @cache
 def _class_fields(cls: type[betterproto.Message]) -> dict[int, FieldInfo]:
-    meta = cls._betterproto  # type: ignore[attr-defined]
+    meta = cls._betterproto  # type: ignore[attr-defined,arg-type]  # betterproto's classproperty
     names = {info.name: info for info in fields_of(cls).values()}
     return {number: names[name] for number, name in meta.field_name_by_number.items()}
 

@@ -109,7 +109,7 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
                 )
             out[i] = item.encode("utf-8")
         return out.reshape(shape)
-    flat = None
+    flat = None  # type: ignore[assignment]  # the BYTES branch above returned
     try:  # numpy reads flat and nested (rectangular) lists alike, without a Python loop
         arr = np.array(data)
     except (ValueError, OverflowError):  # ragged nesting or huge integers

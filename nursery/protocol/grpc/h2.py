@@ -129,7 +129,7 @@ def decode_header_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[str,
     """A request's header block decoded; any fault in it is the connection's
     COMPRESSION_ERROR (:class:`ConnectionError`), never another exception."""
     try:
-        return decoder.decode(block)
+        return [(str(name), str(value)) for name, value in decoder.decode(block)]
     except (hpack.exceptions.HPACKError, UnicodeDecodeError, IndexError, ValueError) as exc:
         raise ConnectionError(COMPRESSION_ERROR, f"bad header block: {str(exc)[:80]}") from None
 

@@ -335,13 +335,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         files: dict[str, bytes] = {}
         for key, param in request.parameters.items():
             which, value = betterproto.which_one_of(param, "parameter_choice")
-            if key == "config" and which == "string_param":
+            if key == "config" and which == "string_param" and isinstance(value, str):
                 try:
                     config = config_from_json(value)
                 except ConfigJsonError as exc:
                     raise _status(InvalidArgument(
                         f"failed to parse the 'config' override: {exc}")) from None
-            elif key.startswith("file:") and which == "bytes_param":
+            elif key.startswith("file:") and which == "bytes_param" and isinstance(value, bytes):
                 files[key[len("file:"):]] = value
             else:
                 raise _status(InvalidArgument(f"unrecognized load parameter '{key}' ({which})"))
@@ -472,7 +472,7 @@ class HealthService(health_pb.HealthBase):
         serving = self.core.server_ready()
         status = (health_pb.HealthCheckResponseServingStatus.SERVING if serving
                   else health_pb.HealthCheckResponseServingStatus.NOT_SERVING)
-        return health_pb.HealthCheckResponse(status=status)
+        return health_pb.HealthCheckResponse(status=status)  # type: ignore[arg-type]  # betterproto types enum members as int
 
 
 __all__ = ["InferenceService", "HealthService", "Draining", "ErrorKind"]

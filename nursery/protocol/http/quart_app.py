@@ -46,7 +46,8 @@ def _response(result: Answer) -> Response:
 
 def _view(core: Core, route: Route) -> Any:
     async def view(**params: str) -> Response:
-        body = await request.get_data()
+        body = await request.get_data(as_text=False)
+        assert isinstance(body, bytes)  # as_text=False
         return _response(await answer(core, route, RouteRequest(request.method, params, body)))
 
     return view
@@ -86,7 +87,7 @@ def build_card_app(core: Core, *, max_input_size: int) -> ASGIApp:
                 version = match.group(2).decode() if match.group(2) else ""
                 await handle_infer(core, scope, receive, send, model, version, max_input_size)
                 return
-        await quart_app(scope, receive, send)
+        await quart_app(scope, receive, send)  # type: ignore[arg-type]  # ASGI dict scope
 
     return app
 
@@ -113,5 +114,5 @@ async def serve_hypercorn(
     app = build_card_app(core, max_input_size=settings.http_max_input_size)
     config = hypercorn_config(settings.http_address, settings.http_port,
                               settings.exit_timeout_secs)
-    await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,  # type: ignore[arg-type]
                           task_status=task_status)

@@ -265,6 +265,7 @@ async def cuda_shm_register(core: Core, req: RouteRequest) -> Answer:
         if type(value) is not int or value < 0:
             raise InvalidArgument(f"Unable to parse '{name}': attempt to access JSON "
                                   "non-unsigned-integer as unsigned-integer")
+    assert isinstance(device_id, int) and isinstance(byte_size, int)  # checked just above
     core.shm.register_cuda(req.param("region"), handle, device_id, byte_size)
     return 200, b""
 
