@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 
@@ -20,18 +21,10 @@ class InstancePlacement:
         return f"{self.group_name}_{self.index}"
 
 
+@cache
 def gpu_count() -> int:
-    """Number of CUDA devices usable here, or 0 (no driver, no package, no device)."""
-    global _GPU_COUNT
-    if _GPU_COUNT is None:
-        _GPU_COUNT = _probe_gpus()
-    return _GPU_COUNT
-
-
-_GPU_COUNT: int | None = None
-
-
-def _probe_gpus() -> int:
+    """Number of CUDA devices usable here, or 0 (no driver, no package, no device); probed
+    once per process (a fact of the machine)."""
     try:
         import pynvml
 

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from functools import cache
 
 import trio
 
@@ -43,21 +44,19 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
-_libc: ctypes.CDLL | None = None
-
-
+@cache
 def _load_libc() -> ctypes.CDLL | None:
-    global _libc
-    if _libc is None and sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
-            libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int,
-                                             ctypes.POINTER(_Itimerspec), ctypes.c_void_p]
-            _libc = libc
-        except (OSError, AttributeError):
-            return None
-    return _libc
+    """The C library with timerfd's signatures (Linux only; loaded once per process)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int,
+                                         ctypes.POINTER(_Itimerspec), ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 class PreciseWake:

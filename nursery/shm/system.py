@@ -32,7 +32,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -43,16 +43,6 @@ SHM_DIR = Path("/dev/shm")
 RESERVED_PREFIX = "triton_python_backend_shm_region"
 _MAX_SIZE = 2**63 - 1
 MAX_REGIONS = 1024  # registered regions (system and CUDA together) per server, by default
-
-
-class Region(Protocol):
-    name: str
-    kind: str  # "system" or "cuda"
-    byte_size: int
-
-    def status(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(eq=False)
