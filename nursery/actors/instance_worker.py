@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -216,19 +218,19 @@ async def run(
     version_path: Path,
     placement: InstancePlacement,
     factory: BackendFactory,
-    inbox: trio.MemoryReceiveChannel[ExecuteBatch | ReleaseSlots],
     scheduler: trio.MemorySendChannel[Any],
     slots: int = 1,
     warmup: tuple[WarmupSample, ...] = (),
     rate_limiter: RateLimiterClient | None = None,
     client: ModelClient | None = None,
     abandon_grace: float = ABANDON_GRACE,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[WorkerIntake] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve batches until the inbox closes; ``slots`` batches may be queued on the thread
-    at once (the scheduler never sends more), so the thread can go from one to the next
-    without waiting for the trio thread. With a rate limiter and resources listed for this
-    instance, each batch first waits for a grant and runs alone, holding its resources.
+    """Load the instance, then serve batches until the scheduler closes the
+    :class:`WorkerIntake` it got from ``task_status.started``; ``slots`` batches may be queued
+    on the thread at once (the scheduler never sends more), so the thread can go from one to
+    the next without waiting for the trio thread. With a rate limiter and resources listed for
+    this instance, each batch first waits for a grant and runs alone, holding its resources.
 
     Cancelled (the unload or shutdown deadline passed, or the version failed), the worker
     gives the batches on its thread ``abandon_grace`` seconds more, then abandons the thread:
@@ -280,8 +282,25 @@ async def run(
         if not running:
             all_done.set()
 
+    def start(batch: ExecuteBatch) -> None:
+        """The batch onto the thread; ``finished`` answers it there after."""
+        nonlocal all_done
+        if not running:
+            all_done = trio.Event()
+        running[id(batch)] = batch
+        thread.submit(runner, (backend, config, version, batch, states), partial(finished, batch))
+
+    def accept(message: ExecuteBatch | ReleaseSlots) -> None:  # in the scheduler's task
+        if isinstance(message, ReleaseSlots):  # in order with the batches, on the thread
+            if states is not None:
+                thread.submit(states.release, (message.slots,), _ignore)
+        else:
+            start(message)
+
+    queued_send, queued = trio.open_memory_channel[ExecuteBatch | ReleaseSlots](math.inf)
+    intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait)
     try:
-        async with inbox, scheduler:
+        async with scheduler:
             backend = await thread.call(factory.load, config, version_path, placement,
                                         abandon_on_cancel=True)
             runner = _run_requests if hasattr(backend, "execute_requests") else _run_batch
@@ -292,26 +311,25 @@ async def run(
                 "model '%s' version %s: instance %s ready (%s %d)",
                 config.name, version, placement.name, placement.kind.upper(), placement.device_id,
             )
-            task_status.started()
+            task_status.started(intake)
             await scheduler.send(InstanceReady(placement.index, slots))
-            async for batch in inbox:
-                if isinstance(batch, ReleaseSlots):  # in order with the batches, on the thread
-                    if states is not None:
-                        thread.submit(states.release, (batch.slots,), _ignore)
-                    continue
-                if limiter is not None:
-                    await limiter.acquire(limit_key)
-                    batch_done = trio.Event()
-                if not running:
-                    all_done = trio.Event()
-                running[id(batch)] = batch
-                thread.submit(runner, (backend, config, version, batch, states),
-                              partial(finished, batch))
-                if limiter is not None:
-                    await batch_done.wait()  # one batch at a time while holding resources
+            if limiter is None:
+                await intake.closed.wait()  # the scheduler hands batches straight to the thread
+            else:
+                async with trio.open_nursery() as closing:
+                    closing.start_soon(_close_when, intake, queued_send)
+                    async for message in queued:
+                        if isinstance(message, ReleaseSlots):
+                            accept(message)
+                            continue
+                        await limiter.acquire(limit_key)
+                        batch_done = trio.Event()
+                        start(message)
+                        await batch_done.wait()  # one batch at a time holding resources
             await all_done.wait()  # answered requests are never dropped (bounded by the
             # version's deadline: past it, the batches still running are abandoned below)
     finally:
+        intake.close()  # a batch sent from now on is refused (ClosedResourceError)
         with trio.CancelScope(shield=True):
             if running:
                 with trio.move_on_after(abandon_grace):
@@ -336,6 +354,35 @@ async def run(
             thread.stop()
             if limiter is not None:
                 limiter.unregister(limit_key)
+
+
+async def _close_when(intake: WorkerIntake, queued: trio.MemorySendChannel[Any]) -> None:
+    await intake.closed.wait()
+    queued.close()  # the queued batches still run; then the loop ends
+
+
+class WorkerIntake:
+    """The worker's inbox as its scheduler holds it. Without rate-limiter resources a batch
+    given to :meth:`send_nowait` goes onto the instance's thread at once, in the scheduler's
+    own task: no task switch between the scheduler's decision and the computation. With
+    resources, batches queue for the worker's task, which waits for each grant.
+    :meth:`aclose` says no more batches will come."""
+
+    def __init__(self, accept: Callable[[ExecuteBatch | ReleaseSlots], None]) -> None:
+        self._accept = accept
+        self.closed = trio.Event()
+
+    def send_nowait(self, message: ExecuteBatch | ReleaseSlots) -> None:
+        if self.closed.is_set():
+            raise trio.ClosedResourceError("the instance worker takes no more batches")
+        self._accept(message)
+
+    def close(self) -> None:
+        self.closed.set()
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
 
 
 def _abandon(config: ModelConfig, version: str, instance: str,

@@ -20,7 +20,7 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -74,12 +74,21 @@ class _Ordering:
             _answer(w, a)
 
 
+class WorkerInbox(Protocol):
+    """Where the scheduler puts an instance's batches: the worker's
+    :class:`~nursery.actors.instance_worker.WorkerIntake` (or, in tests, a memory channel)."""
+
+    def send_nowait(self, message: ExecuteBatch | ReleaseSlots, /) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 async def run(
     *,
     name: str,
     policy: SchedulingPolicy[InferWork],
     inbox: trio.MemoryReceiveChannel[Any],
-    instances: Sequence[trio.MemorySendChannel[ExecuteBatch | ReleaseSlots]],
+    instances: Sequence[WorkerInbox],
     preserve_ordering: bool = False,
     reject_error: RejectError = Unavailable,
     summaries: bool = False,

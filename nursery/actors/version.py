@@ -17,7 +17,7 @@ from nursery.actors.model_client import ModelClient
 from nursery.backends.base import BackendFactory
 from nursery.config.model import ModelConfig
 from nursery.config.warmup import WarmupSample
-from nursery.messages import ExecuteBatch, InferWork, ReleaseSlots
+from nursery.messages import InferWork
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.selection import PolicyChoice, policy_for
 
@@ -49,14 +49,17 @@ async def serve_version(
     try:
         with scope:
             async with trio.open_nursery() as version_nursery:
-                worker_channels: list[trio.MemorySendChannel[ExecuteBatch | ReleaseSlots]] = []
+                # each worker hands back its intake once its instance is loaded: the
+                # scheduler gives batches to it, which puts them onto the instance's thread
+                intakes: list[instance_worker.WorkerIntake | None] = [None] * len(placements)
+
+                async def start_worker(index: int, run: Any) -> None:
+                    intakes[index] = await version_nursery.start(run)
+
                 async with trio.open_nursery() as starting:
-                    for placement in placements:
-                        send, receive = trio.open_memory_channel[ExecuteBatch | ReleaseSlots](
-                            choice.worker_inbox)
-                        worker_channels.append(send)
+                    for index, placement in enumerate(placements):
                         starting.start_soon(
-                            version_nursery.start,
+                            start_worker, index,
                             partial(
                                 instance_worker.run,
                                 config=config,
@@ -64,7 +67,6 @@ async def serve_version(
                                 version_path=version_path,
                                 placement=placement,
                                 factory=factory,
-                                inbox=receive,
                                 scheduler=intake.clone(),
                                 slots=choice.slots,
                                 warmup=warmup,
@@ -78,7 +80,7 @@ async def serve_version(
                         name=config.name,
                         policy=choice.policy,
                         inbox=inbox,
-                        instances=worker_channels,
+                        instances=[w for w in intakes if w is not None],
                         preserve_ordering=bool(config.batching
                                                and config.batching.preserve_ordering),
                         summaries=summaries,

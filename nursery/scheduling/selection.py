@@ -4,7 +4,6 @@ default scheduler, as one pure function."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -26,22 +25,18 @@ DEFAULT_SCHEDULER_SLOTS = 2
 @dataclass(frozen=True, slots=True)
 class PolicyChoice(Generic[W]):
     policy: SchedulingPolicy[W]
-    slots: int  # batches one instance holds at once (its worker's inbox)
-    worker_inbox: float  # capacity of each worker's inbox
+    slots: int  # batches one instance holds at once
 
 
 def policy_for(config: ModelConfig, instances: int,
                describe: Callable[[W], Any] = lambda work: work) -> PolicyChoice[W]:
     """The policy of one version of ``config`` served by ``instances`` instances."""
     if config.sequence is not None:
-        # the SequenceBatcher: one batch at a time per instance; the workers' inboxes also
-        # carry ReleaseSlots notices, so they are unbounded (the policy bounds the batches)
+        # the SequenceBatcher: one batch at a time per instance
         return PolicyChoice(SequencePolicy[W](config.sequence.schedule, instances,
-                                              model=config.name, describe=describe),
-                            1, math.inf)
+                                              model=config.name, describe=describe), 1)
     if config.batching is not None:
         # the DynamicBatcher: batches form while instances are busy, so an instance takes
         # one batch at a time
-        return PolicyChoice(DynamicBatchPolicy[W](config.batching), 1, 1)
-    return PolicyChoice(FifoPolicy[W](DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE),
-                        DEFAULT_SCHEDULER_SLOTS, DEFAULT_SCHEDULER_SLOTS)
+        return PolicyChoice(DynamicBatchPolicy[W](config.batching), 1)
+    return PolicyChoice(FifoPolicy[W](DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE), DEFAULT_SCHEDULER_SLOTS)
