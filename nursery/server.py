@@ -21,6 +21,7 @@ from nursery.actors import model_manager, rate_limiter, repository_poller, respo
 from nursery.actors.directory import Directory
 from nursery.actors.model_client import ModelClient
 from nursery.actors.rate_limiter import RateLimiterClient
+from nursery.backends.base import Backends
 from nursery.config.repository import scan
 from nursery.core import Core, Lifecycle, Services
 from nursery.errors import StartupError
@@ -86,6 +87,14 @@ class _Deadlines(TypedDict):
     head_timeout: float
     body_timeout: float
     keep_alive_timeout: float
+
+
+def _backend_settings(settings: Settings) -> dict[str, dict[str, str]]:
+    """--backend-config as {backend: {setting: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for backend, key, value in settings.backend_config:
+        out.setdefault(backend, {})[key] = value
+    return out
 
 
 def _http_deadlines(settings: Settings) -> _Deadlines:
@@ -255,6 +264,7 @@ async def _serve(settings: Settings, tracer: TraceManager, arrival_log: ArrivalL
                             startup_models=startup_models(settings),
                             exit_on_error=settings.exit_on_error,
                             client=client,
+                            backends=Backends(settings=_backend_settings(settings)),
                             summaries=settings.allow_metrics and options.summary_latencies,
                             auto_complete=settings.auto_complete,
                             unload_timeout=settings.model_unload_timeout_secs,

@@ -84,6 +84,9 @@ class Settings:
     grpc_server: str = "nursery"
     arrival_log: str = ""  # nursery only: record every accepted request (observability/arrival_log.py)
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
+    # --backend-config=<backend>,<setting>=<value>: (backend, setting, value); backend "" for a
+    # global setting. The Python backend reads nursery-instance-mode (thread | process).
+    backend_config: tuple[tuple[str, str, str], ...] = ()
 
 
 def _bool(text: str) -> bool:
@@ -102,7 +105,6 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: 
 
 # Flags tritonserver has whose features are not in this build yet: accepted, then reported.
 _LATER_FLAGS = {
-    "--backend-config": "backend settings",
     "--backend-directory": "backend directories",
     "--model-load-thread-count": "parallel model loading settings",
     "--pinned-memory-pool-byte-size": "pinned memory pools",
@@ -325,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--id", default="triton", metavar="<string>",
                         help='Identifier for this server (the "name" in server metadata). '
                         'Default is "triton", which Triton clients expect.')
+    parser.add_argument(
+        "--backend-config", action="append", default=[], metavar="<<string>,<string>=<string>>",
+        help="Specify a backend-specific configuration setting: "
+        "<backend name>,<setting>=<value>. nursery's Python backend reads "
+        "nursery-instance-mode=process (each instance in a stub process of its own) or "
+        "thread (on the server's instance thread, the default).")
     for flag, feature in _LATER_FLAGS.items():
         parser.add_argument(flag, action="append", default=None, metavar="<value>",
                             help=f"Accepted for compatibility; {feature} is not active yet.")
@@ -459,7 +467,16 @@ def settings_from_args(argv: list[str]) -> Settings:
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     )
+    backend_config = []
+    for entry in args.backend_config:
+        backend, _, setting = entry.partition(",") if "," in entry.split("=", 1)[0] else (
+            "", "", entry)
+        key, eq, value = setting.partition("=")
+        if not eq or not key:
+            parser.error(f"--backend-config {entry}: expected <backend>,<setting>=<value>")
+        backend_config.append((backend, key, value))
     return Settings(
+        backend_config=tuple(backend_config),
         model_repositories=tuple(Path(os.path.abspath(r)) for r in repos),
         http_port=args.http_port,
         grpc_port=args.grpc_port,

@@ -341,6 +341,9 @@ async def run(
                 if limiter is not None and running:
                     limiter.release(limit_key)  # the grant the stuck batch held
                 _abandon(config, version, placement.name, running)
+                kill = getattr(backend, "kill", None)
+                if kill is not None:  # an instance in a process of its own: end it now
+                    kill()
             elif backend is not None:
                 try:
                     with trio.move_on_after(abandon_grace) as waited:

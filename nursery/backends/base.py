@@ -77,13 +77,24 @@ class Backends:
     """The backends one server can load, by name: the built-in ones and those an embedder or
     a test adds (``Backends({"fake": factory})``). Called like :func:`get_factory`."""
 
-    def __init__(self, extra: Mapping[str, BackendFactory] | None = None) -> None:
+    def __init__(self, extra: Mapping[str, BackendFactory] | None = None,
+                 settings: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self._extra = dict(extra or {})
+        self._settings = dict(settings or {})  # --backend-config, by backend
 
     def __call__(self, backend: str, model_name: str) -> BackendFactory:
         found = self._extra.get(backend)
         if found is not None:
             return found
+        settings = self._settings.get(backend)
+        if settings:
+            factory = get_factory(backend, model_name)
+            configure = getattr(factory, "configured", None)
+            if configure is not None:  # a backend that reads --backend-config
+                configured: BackendFactory = configure(settings)
+                self._extra[backend] = configured
+                return configured
+            return factory
         if backend not in _MODULES and self._extra:
             known = ", ".join(sorted({*_MODULES, *self._extra}))
             raise ConfigError(

@@ -40,6 +40,13 @@ def current_context() -> Any:
     return getattr(_local, "context", None)
 
 
+def bind_context(context: Any) -> None:
+    """Give the calling thread a context (what :func:`current_context` returns on it): for a
+    thread nursery does not own as a :class:`DedicatedThread`, e.g. a stub process's main
+    thread."""
+    _local.context = context
+
+
 class DedicatedThread:
     def __init__(self, name: str, context: Any = None) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -65,10 +65,14 @@ REPEAT_STEPS = ('{ model_name: "py_repeat" input_map { key: "IN" value: "IN" } '
                 'output_map { key: "OUTPUT0" value: "Y" } }')
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Every test runs against both instance modes: the model on the server's instance thread,
+    and in a stub process of its own (``--backend-config=python,nursery-instance-mode=...``)."""
     repo = build_python_repo(tmp_path_factory.mktemp("pyrepo"))
-    with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
+    with running_server(repo, f"--backend-config=python,nursery-instance-mode={request.param}",
+                        tmp_path_factory=tmp_path_factory) as proc:
         yield proc
 
 

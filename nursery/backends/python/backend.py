@@ -42,6 +42,7 @@ import numpy as np
 
 from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
+from nursery.backends.python.process import ProcessInstance
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import ModelConfig
@@ -56,6 +57,8 @@ log = logging.getLogger("nursery.backends.python")
 
 UTILS_MODULE = "triton_python_backend_utils"
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+INSTANCE_MODE_KEY = "nursery_instance_mode"  # the model's parameter
+INSTANCE_MODE_SETTING = "nursery-instance-mode"  # --backend-config=python,<this>=process
 _module_ids = itertools.count()
 _path_lock = threading.Lock()
 _OWN_DIR = str(Path(__file__).resolve().parent.parent)
@@ -121,14 +124,17 @@ def instance_name(config: ModelConfig, placement: InstancePlacement) -> str:
 class PythonInstance:
     """One ``TritonPythonModel``; every call runs on the instance worker's thread."""
 
-    def __init__(self, model: Any, config: ModelConfig, version: str, name: str) -> None:
+    def __init__(self, model: Any, config: ModelConfig, version: str, name: str,
+                 token: Any = None) -> None:
         self._model = model
         self.config = config
         self.version = version
         self.model_name = config.name
         self.instance_name = name
         self.decoupled = config.decoupled
-        self._token = current_token()
+        # how a sender's answer reaches the requester: the trio token on the server; in a
+        # stub process, a stand-in that sends it on the channel
+        self._token = token if token is not None else current_token()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._all_outputs = [o.name for o in config.outputs]
         self._output_set = frozenset(self._all_outputs)
@@ -285,6 +291,17 @@ class PythonFactory:
     platform = ""
     default_filename = "model.py"
 
+    def __init__(self, instance_mode: str = "thread") -> None:
+        self.instance_mode = instance_mode  # the server's default (--backend-config)
+
+    def configured(self, settings: Mapping[str, str]) -> PythonFactory:
+        """This backend under ``--backend-config=python,...`` settings."""
+        mode = settings.get(INSTANCE_MODE_SETTING, self.instance_mode).strip().lower()
+        if mode not in ("thread", "process"):
+            raise ConfigError(f"--backend-config=python,{INSTANCE_MODE_SETTING}: 'thread' or "
+                              f"'process', not '{mode}'")
+        return PythonFactory(mode)
+
     def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
         """Triton calls the model's static ``auto_complete_config`` with the configuration
         as read; what it completes (max_batch_size, inputs, outputs, dynamic batching, the
@@ -316,9 +333,9 @@ class PythonFactory:
             config.model_transaction_policy = done.model_transaction_policy
 
     def load(self, config: ModelConfig, version_path: Path,
-             placement: InstancePlacement) -> PythonInstance:
-        path = _model_file(config.default_model_filename, version_path)
-        module = import_model(path, config.name)
+             placement: InstancePlacement) -> PythonInstance | ProcessInstance:
+        """The instance, in a stub process of its own (``nursery_instance_mode: "process"``)
+        or on the instance worker's thread (the default for now)."""
         name = instance_name(config, placement)
         args = {
             "model_config": json.dumps(dict(config.json)),
@@ -329,21 +346,47 @@ class PythonFactory:
             "model_version": version_path.name,
             "model_name": config.name,
         }
-        try:
-            model = module.TritonPythonModel()
-            initialize = getattr(model, "initialize", None)
-            if initialize is not None:
-                result = initialize(args)
-                if inspect.isawaitable(result):
-                    loop = asyncio.new_event_loop()
-                    try:
-                        loop.run_until_complete(result)
-                    finally:
-                        loop.close()
-        except Exception as exc:
-            log.error("Failed to initialize Python stub: %s", describe(exc))
-            raise InternalError(describe(exc)) from exc  # the load failure reason, as Triton
-        return PythonInstance(model, config, version_path.name, name)
+        if instance_mode(config, self.instance_mode) == "process":
+            return ProcessInstance(config, version_path.name, name, args)
+        path = _model_file(config.default_model_filename, version_path)
+        return start_model(path, config, args, version_path.name, name)
+
+
+def instance_mode(config: ModelConfig, default: str = "thread") -> str:
+    """``parameters { key: "nursery_instance_mode" value: { string_value: "process" } }``
+    runs each instance in a stub process; "thread" on the worker's thread; without the
+    parameter, the server's default (``--backend-config=python,nursery-instance-mode=...``)."""
+    mode = str(config.parameters.get(INSTANCE_MODE_KEY, default)).strip().lower() or default
+    if mode not in ("thread", "process"):
+        raise ConfigError(f"model '{config.name}': parameter '{INSTANCE_MODE_KEY}' must be "
+                          f"'thread' or 'process', not '{mode}'")
+    return mode
+
+
+def start_model(path: Path, config: ModelConfig, args: dict[str, str], version: str,
+                name: str, token: Any = None) -> PythonInstance:
+    """Import ``model.py``, create ``TritonPythonModel`` and run its ``initialize``."""
+    module = import_model(path, config.name)
+    try:
+        model = module.TritonPythonModel()
+        initialize = getattr(model, "initialize", None)
+        if initialize is not None:
+            result = initialize(args)
+            if inspect.isawaitable(result):
+                loop = asyncio.new_event_loop()
+                try:
+                    loop.run_until_complete(result)
+                finally:
+                    loop.close()
+    except Exception as exc:
+        log.error("Failed to initialize Python stub: %s", describe(exc))
+        raise InternalError(describe(exc)) from exc  # the load failure reason, as Triton
+    return PythonInstance(model, config, version, name, token)
+
+
+def tensor_of(name: str, array: Any) -> Tensor:
+    array = np.asarray(array)
+    return Tensor(name, datatype_of_array(array), tuple(array.shape), array)
 
 
 FACTORY = PythonFactory()

@@ -1,0 +1,267 @@
+"""A Python model instance in a stub process of its own, seen from the server.
+
+:class:`ProcessInstance` is what the instance worker holds: ``execute_requests`` runs on the
+worker's thread, sends the batch to the stub and waits for its answers; a reader thread takes
+everything else the stub sends (the responses a model's senders send at any time, BLS calls,
+log lines) and routes it. A stub that dies (exit, segfault, OOM kill) fails what it held with
+Triton's words for a dead stub, and the next batch starts a fresh stub (the model's
+``initialize`` runs again); :meth:`kill` ends a stub that does not return, which is what an
+unload or the shutdown does past their deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nursery.actors import mailbox
+from nursery.backends.python.ipc import Channel, ChannelClosed
+from nursery.config.model import ModelConfig
+from nursery.errors import InternalError, NurseryError, Unavailable
+from nursery.messages import InferWork, Part
+from nursery.runtime.threads import current_context, current_token
+from nursery.types import InferenceRequest, Tensor, datatype_of_array
+
+log = logging.getLogger("nursery.backends.python")
+FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
+
+
+def _stub_environment() -> dict[str, str]:
+    """The server's environment, with this nursery first on the stub's import path."""
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class _Dead(Exception):
+    """The stub process is gone."""
+
+
+class ProcessInstance:
+    """One ``TritonPythonModel`` in its stub process (``nursery.backends.python.stub``)."""
+
+    def __init__(self, config: ModelConfig, version: str, name: str,
+                 args: Mapping[str, str]) -> None:
+        self.config = config
+        self.version = version
+        self.model_name = config.name
+        self.instance_name = name
+        self.decoupled = config.decoupled
+        self._args = dict(args)
+        self._token = current_token()
+        self._client = current_context()  # the server's ModelClient: BLS calls go through it
+        self._bls = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"{name}-bls")
+        self._batches = itertools.count(1)
+        self._lock = threading.Lock()
+        self._open: dict[tuple[int, int], InferWork] = {}  # requests a sender may still answer
+        self._results: dict[int, queue.SimpleQueue[Any]] = {}
+        self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.restarts = 0
+        self._start()
+
+    # -- the stub's life ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        channel, theirs = Channel.pair()
+        self.channel = channel
+        self.dead = False
+        self._control = queue.SimpleQueue()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nursery.backends.python.stub", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
+                env=_stub_environment())
+        finally:
+            theirs.close()
+        self._reader = threading.Thread(target=self._read, args=(channel,),
+                                        name=f"{self.instance_name}-stub-reader", daemon=True)
+        self._reader.start()
+        config = self.config
+        try:
+            channel.send("init", str(config.path), config.name, self.version,
+                         self.instance_name, dict(config.json), self._args)
+        except ChannelClosed:
+            pass  # the reader reports the death
+        answer = self._control.get()
+        if answer[0] == "ready":
+            log.info("model '%s': instance %s runs in stub process %d", config.name,
+                     self.instance_name, self.process.pid)
+            return
+        self.kill()
+        if answer[0] == "failed":
+            raise InternalError(answer[1])
+        raise InternalError(self._death())
+
+    def _death(self) -> str:
+        code = self.process.poll()
+        how = f" (exit code {code})" if code is not None and code >= 0 else (
+            f" (killed by signal {-code})" if code is not None else "")
+        return f"Stub process '{self.instance_name}' is not healthy{how}."
+
+    def _read(self, channel: Channel) -> None:
+        try:
+            while True:
+                message = channel.receive()
+                kind = message[0]
+                if kind == "result":
+                    results = self._results.get(message[1])
+                    if results is not None:
+                        results.put(message[2])
+                elif kind == "part":
+                    self._part(message[1], message[2], message[3])
+                elif kind == "bls":
+                    self._bls.submit(self._call, channel, *message[1:])
+                elif kind == "log":
+                    logging.getLogger(message[2] or "nursery.python_model").log(
+                        message[1], "%s", message[3])
+                else:  # ready, failed, warmed, bye
+                    self._control.put(message)
+        except ChannelClosed:
+            pass
+        except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
+            log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
+                          self.instance_name)
+            self.kill()
+        self._died(channel)
+
+    def _died(self, channel: Channel) -> None:
+        if channel is not self.channel:
+            return
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.dead = True
+        error = InternalError(self._death())
+        with self._lock:
+            results = list(self._results.values())
+            open_requests = list(self._open.values())
+            self._open.clear()
+        for answers in results:
+            answers.put(_Dead())
+        for work in open_requests:  # requests a sender was still answering (decoupled)
+            answer = Part(None, error, True) if self.decoupled else error
+            self._token.run_sync_soon(mailbox.tell, work.reply, answer)
+        self._control.put(("dead",))
+
+    def _part(self, batch: int, index: int, answer: Any) -> None:
+        """A response a model's sender sent: straight on to the requester."""
+        final = not isinstance(answer, Part) or answer.final
+        with self._lock:
+            work = self._open.pop((batch, index), None) if final else self._open.get(
+                (batch, index))
+        if work is not None:
+            self._token.run_sync_soon(mailbox.tell, work.reply, answer)
+
+    def _call(self, channel: Channel, call: int, request: InferenceRequest,
+              decoupled: bool) -> None:
+        """A BLS call from the model, through the server's model client."""
+        client = self._client
+        try:
+            if client is None:
+                raise Unavailable("models cannot call other models here: no model client")
+            if decoupled:
+                for part in client.stream_from_thread(request):
+                    channel.send("bls_part", call, part)
+                return
+            channel.send("bls_answer", call, client.infer_from_thread(request))
+        except NurseryError as error:
+            try:
+                channel.send("bls_part" if decoupled else "bls_answer", call, error)
+            except ChannelClosed:
+                pass
+        except ChannelClosed:
+            pass
+
+    # -- the backend contract ------------------------------------------------------------------
+
+    def execute_requests(self, work: Sequence[InferWork]) -> list[Any]:
+        """Run ``execute`` in the stub on these requests; one answer per request, ``None``
+        where the model's sender answers (or will)."""
+        if self.dead:
+            self.restarts += 1
+            log.warning("model '%s': restarting the stub process of instance %s",
+                        self.model_name, self.instance_name)
+            try:
+                self._start()
+            except NurseryError as exc:
+                return [exc] * len(work)
+        batch = next(self._batches)
+        results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            self._results[batch] = results
+            for index, item in enumerate(work):
+                self._open[(batch, index)] = item
+        try:
+            try:
+                self.channel.send("execute", batch, [item.request for item in work])
+            except ChannelClosed:
+                pass  # the reader reports the death
+            answers = results.get()
+        finally:
+            with self._lock:
+                del self._results[batch]
+        if isinstance(answers, _Dead):
+            error = InternalError(self._death())
+            with self._lock:
+                for index in range(len(work)):
+                    self._open.pop((batch, index), None)
+            return [error] * len(work)
+        with self._lock:
+            for index, answer in enumerate(answers):
+                if answer is not None:  # answered in the result: no sender will
+                    self._open.pop((batch, index), None)
+        return list(answers)
+
+    def execute(self, inputs: Mapping[str, np.ndarray],
+                output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        """One warm-up sample; the outputs, or the error raised."""
+        request = InferenceRequest(self.model_name, self.version, {
+            n: Tensor(n, datatype_of_array(a), tuple(a.shape), a) for n, a in inputs.items()})
+        self.channel.send("warm", request, list(output_names))
+        answer = self._control.get()
+        if answer[0] != "warmed":
+            raise InternalError(self._death())
+        if isinstance(answer[1], NurseryError):
+            raise answer[1]
+        return {t.name: t.data for t in answer[1].outputs}
+
+    def close(self) -> None:
+        """``finalize`` in the stub, then its exit; a stub that takes longer than
+        ``FINALIZE_TIMEOUT`` is killed."""
+        try:
+            if not self.dead:
+                self.channel.send("finalize")
+                try:
+                    self.process.wait(timeout=FINALIZE_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    log.error("model '%s': instance %s did not finalize in %.0f s; killed",
+                              self.model_name, self.instance_name, FINALIZE_TIMEOUT)
+        except ChannelClosed:
+            pass
+        finally:
+            self.kill()
+            self._bls.shutdown(wait=False, cancel_futures=True)
+
+    def kill(self) -> None:
+        """End the stub now (a hung model at unload or shutdown)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.channel.close()
+

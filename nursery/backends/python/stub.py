@@ -1,0 +1,194 @@
+"""The stub process of one Python model instance (``python -m nursery.backends.python.stub
+<fd>``), as Triton runs each Python-backend instance: the model's ``model.py`` runs here, apart
+from the server, so a model that exits, crashes or leaks takes only this process down.
+
+The server sends ``init`` (the model folder, version, instance name and completed
+configuration), then ``execute`` batches, ``warm`` samples and finally ``finalize``. Inside,
+the model runs in a :class:`~nursery.backends.python.backend.PythonInstance`, exactly as it
+runs on a server thread: its answers, the responses its senders send from any thread, its
+BLS calls (through :class:`StubClient`) and its log lines go back over the channel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import queue
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nursery.backends.base import get_factory
+from nursery.backends.python import backend as python_backend
+from nursery.backends.python.ipc import Channel, ChannelClosed
+from nursery.config.json_form import config_from_json
+from nursery.config.model import read_model_config
+from nursery.errors import NurseryError
+from nursery.messages import Part
+from nursery.runtime import threads
+from nursery.types import InferenceRequest, InferenceResponse
+
+
+class _Direct:
+    """Stands in for the trio token: a sender's answer goes out on the channel at once."""
+
+    @staticmethod
+    def run_sync_soon(fn: Any, *args: Any) -> None:
+        fn(*args)
+
+
+class _Reply:
+    """A request's reply channel as the model's response sender sees it."""
+
+    def __init__(self, channel: Channel, batch: int, index: int) -> None:
+        self.channel, self.batch, self.index = channel, batch, index
+
+    def send_nowait(self, answer: Any) -> None:
+        self.channel.send("part", self.batch, self.index, answer)
+
+
+class _Work:
+    __slots__ = ("request", "reply")
+
+    def __init__(self, request: InferenceRequest, reply: _Reply) -> None:
+        self.request, self.reply = request, reply
+
+    def abandoned(self) -> bool:
+        return False
+
+
+class StubClient:
+    """How a model in a stub reaches other models: BLS calls go to the server, which runs
+    them through the target's scheduler like any request."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.calls: dict[int, queue.SimpleQueue[Any]] = {}
+        self._ids = itertools.count(1)
+
+    def _start(self, request: InferenceRequest, decoupled: bool) -> tuple[int, Any]:
+        call = next(self._ids)
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.calls[call] = answers
+        self.channel.send("bls", call, request, decoupled)
+        return call, answers
+
+    def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
+        call, answers = self._start(request, False)
+        try:
+            answer = answers.get()
+        finally:
+            self.calls.pop(call, None)
+        if isinstance(answer, NurseryError):
+            raise answer
+        assert isinstance(answer, InferenceResponse)
+        return answer
+
+    def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
+        call, answers = self._start(request, True)
+        try:
+            while True:
+                part = answers.get()
+                if isinstance(part, NurseryError):
+                    yield Part(None, part, True)
+                    return
+                yield part
+                if part.final:
+                    return
+        finally:
+            self.calls.pop(call, None)
+
+
+class _ToServer(logging.Handler):
+    """The model's log lines (pb_utils.Logger, logging) go to the server's log."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.channel.send("log", record.levelno, record.name, record.getMessage())
+        except Exception:  # noqa: BLE001 - a log line must never fail the model
+            pass
+
+
+def serve(channel: Channel) -> int:
+    client = StubClient(channel)
+    inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            while True:
+                message = channel.receive()
+                if message[0] in ("bls_answer", "bls_part"):
+                    answers = client.calls.get(message[1])
+                    if answers is not None:
+                        answers.put(message[2])
+                else:
+                    inbox.put(message)
+        except ChannelClosed:
+            inbox.put(None)  # the server is gone: finalize and leave
+
+    threading.Thread(target=read, name="stub-reader", daemon=True).start()
+    root = logging.getLogger()
+    root.handlers[:] = [_ToServer(channel)]
+    root.setLevel(logging.DEBUG)
+    threads.bind_context(client)  # BLS from the model's execute thread
+
+    first = inbox.get()
+    if first is None or first[0] != "init":
+        return 1
+    _, folder, name, version, instance, config_json, args = first
+    try:
+        python_backend.register_utils()
+        proto = config_from_json(json.dumps(config_json))
+        config, _ = read_model_config(Path(folder), name, backends=get_factory,
+                                      auto_complete=False, proto=proto)
+        path = Path(folder) / version / (config.default_model_filename or "model.py")
+        instance_ = python_backend.start_model(path, config, args, version, instance,
+                                               token=_Direct())
+    except NurseryError as exc:
+        channel.send("failed", exc.message)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the load fails with the reason
+        channel.send("failed", python_backend.describe(exc))
+        return 1
+    channel.send("ready")
+    while True:
+        message = inbox.get()
+        if message is None or message[0] == "finalize":
+            try:
+                instance_.close()
+            finally:
+                if message is not None:
+                    channel.send("bye")
+            return 0
+        kind = message[0]
+        if kind == "execute":
+            _, batch, requests = message
+            work = [_Work(r, _Reply(channel, batch, i)) for i, r in enumerate(requests)]
+            answers = instance_.execute_requests(work)  # type: ignore[arg-type]
+            channel.send("result", batch, answers)
+        elif kind == "warm":
+            _, inputs, names = message
+            try:
+                outputs = instance_.execute({t.name: t.data for t in inputs.inputs.values()},
+                                            names)
+                channel.send("warmed", InferenceResponse(name, version, [
+                    t for t in (python_backend.tensor_of(n, a) for n, a in outputs.items())]))
+            except NurseryError as exc:
+                channel.send("warmed", exc)
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[1]))
+    return serve(Channel(sock))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

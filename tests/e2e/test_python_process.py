@@ -1,0 +1,151 @@
+"""Python models in stub processes of their own (issue 24): a model that exits, segfaults or
+hangs costs its own requests, never the server; the stub is started again; a hung stub is
+killed at unload and at shutdown; every instance has its own process."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ROOT, ServerProcess, make_models
+
+pytestmark = pytest.mark.e2e
+
+MODELS = ROOT / "tests" / "models"
+PROCESS = 'parameters { key: "nursery_instance_mode" value { string_value: "process" } }\n'
+
+
+def _fp32(*values: float) -> list[httpclient.InferInput]:
+    array = np.array([values], dtype=np.float32)
+    item = httpclient.InferInput("INPUT0", list(array.shape), "FP32")
+    item.set_data_from_numpy(array)
+    return [item]
+
+
+def _stubs(server: ServerProcess) -> set[int]:
+    """The server's stub processes (its children running the stub module)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == server.proc.pid and b"nursery.backends.python.stub" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def _wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_crashing_model_costs_its_requests_only(tmp_path: Path,
+                                                  start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_crash", repo / "py_crash")
+    make_models.write_add_sub(repo)
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    first = client.infer("py_crash", _fp32(1.0, 0.0)).as_numpy("OUTPUT0")
+    assert first[0, 0] == 1.0
+    pid = int(first[0, -1])
+    assert _stubs(server) == {pid}
+
+    for value, how in ((-1.0, "exit code 3"), (-2.0, "killed by signal 11")):
+        with pytest.raises(InferenceServerException) as failed:
+            client.infer("py_crash", _fp32(value))
+        assert "Stub process 'py_crash_0_0' is not healthy" in str(failed.value)
+        assert how in str(failed.value)
+        # the server and its other models never noticed
+        assert client.is_server_live()
+        add = np.ones((1, 16), np.float32)
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            item = httpclient.InferInput(name, [1, 16], "FP32")
+            item.set_data_from_numpy(add)
+            inputs.append(item)
+        np.testing.assert_array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"),
+                                      add * 2)
+        # the next request starts a fresh stub (initialize runs again) and is served
+        again = client.infer("py_crash", _fp32(7.0, 0.0)).as_numpy("OUTPUT0")
+        assert again[0, 0] == 7.0 and int(again[0, -1]) != pid
+        pid = int(again[0, -1])
+    assert server.stop() == 0, server.log()
+
+
+def test_a_hung_stub_is_killed_at_unload_and_at_shutdown(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_hang", repo / "py_hang")
+    marker = tmp_path / "hanging"
+    with (repo / "py_hang" / "config.pbtxt").open("a") as config:
+        config.write(PROCESS)
+        config.write(f'parameters {{ key: "hang_marker" value {{ string_value: "{marker}" }} }}\n')
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=py_hang",
+                          "--model-unload-timeout-secs=2", "--exit-timeout-secs=5")
+    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+    assert client.infer("py_hang", _fp32(1.0)).as_numpy("OUTPUT0")[0, 0] == 1.0
+    (stub,) = _stubs(server)
+    answers: list[BaseException | None] = []
+
+    def hang() -> None:
+        try:
+            httpclient.InferenceServerClient(server.url, network_timeout=120).infer(
+                "py_hang", _fp32(-1.0))
+            answers.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the answer is the point
+            answers.append(exc)
+
+    worker = threading.Thread(target=hang)
+    worker.start()
+    _wait_for(marker)
+    marker.unlink()
+    client.unload_model("py_hang")  # returns: the stub is killed after the timeout
+    worker.join(60)
+    assert isinstance(answers[0], InferenceServerException)
+    assert not Path(f"/proc/{stub}").exists() or stub not in _stubs(server)
+    assert _stubs(server) == set()
+    client.load_model("py_hang")
+    assert client.infer("py_hang", _fp32(2.0)).as_numpy("OUTPUT0")[0, 0] == 2.0
+    worker = threading.Thread(target=hang)
+    worker.start()
+    _wait_for(marker)
+    stubs = _stubs(server)
+    assert server.stop(timeout=60) == 0, server.log()
+    worker.join(60)
+    for pid in stubs:  # nothing left behind
+        assert not Path(f"/proc/{pid}").exists() or b"stub" not in Path(
+            f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_each_instance_has_its_own_process(tmp_path: Path,
+                                           start_server: type[ServerProcess]) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_crash", repo / "py_crash")
+    config = repo / "py_crash" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 1", "count: 2"))
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, concurrency=4, network_timeout=60)
+    assert len(_stubs(server)) == 2
+    seen = set()
+    for _ in range(40):
+        pending = [client.async_infer("py_crash", _fp32(1.0, 0.0)) for _ in range(4)]
+        seen |= {int(p.get_result().as_numpy("OUTPUT0")[0, -1]) for p in pending}
+    assert seen <= _stubs(server) and len(seen) >= 1
+    assert server.stop() == 0, server.log()

@@ -1,0 +1,84 @@
+"""The stub process wire (nursery/backends/python/ipc.py): every value a model's requests and
+answers are made of crosses whole, tensors through shared memory and never the socket."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from nursery.backends.python.ipc import Channel, ChannelClosed
+from nursery.errors import ErrorKind, NurseryError
+from nursery.messages import Part
+from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+NUMERIC = [DataType.FP32, DataType.FP16, DataType.INT64, DataType.UINT8, DataType.BOOL]
+
+
+def _pair() -> tuple[Channel, Channel]:
+    ours, theirs = Channel.pair()
+    return ours, Channel(theirs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(NUMERIC), data=st.data())
+def test_tensors_cross_whole(kind: DataType, data: st.DataObject) -> None:
+    array = data.draw(hnp.arrays(kind.numpy_dtype, hnp.array_shapes(min_dims=0, max_dims=3,
+                                                                    max_side=5)))
+    words = data.draw(st.lists(st.binary(max_size=20), max_size=6))
+    text = np.array(words, dtype=object)
+    request = InferenceRequest("m", "1", {"A": Tensor("A", kind, array.shape, array),
+                                          "S": Tensor("S", DataType.BYTES, text.shape, text)},
+                               requested_outputs=(RequestedOutput("Y"),), id="r1",
+                               parameters={"k": 1}, sequence_id=7, sequence_start=True)
+    a, b = _pair()
+    with a.sock, b.sock:
+        a.send("execute", 3, [request])
+        kind_, batch, (got,) = b.receive()
+    assert (kind_, batch) == ("execute", 3)
+    np.testing.assert_array_equal(got.inputs["A"].data, array)
+    assert got.inputs["A"].data.dtype == array.dtype and got.inputs["A"].shape == array.shape
+    assert list(got.inputs["S"].data) == words
+    assert (got.id, got.parameters, got.sequence_id, got.sequence_start) == ("r1", {"k": 1}, 7,
+                                                                             True)
+    assert [o.name for o in got.requested_outputs] == ["Y"]
+
+
+def test_answers_cross_whole() -> None:
+    out = np.arange(6, dtype=np.float32).reshape(2, 3)
+    response = InferenceResponse("m", "1", [Tensor("Y", DataType.FP32, out.shape, out)], id="x",
+                                 parameters={"p": "v"})
+    error = NurseryError("broken", ErrorKind.INVALID_ARG)
+    a, b = _pair()
+    with a.sock, b.sock:
+        b.send("result", 1, [response, error, None, Part(response, None, False),
+                             Part(None, error, True)])
+        _, _, answers = a.receive()
+    np.testing.assert_array_equal(answers[0].outputs[0].data, out)
+    assert answers[0].parameters == {"p": "v"} and answers[0].id == "x"
+    assert (answers[1].kind, answers[1].message) == (ErrorKind.INVALID_ARG, "broken")
+    assert answers[2] is None
+    assert not answers[3].final and answers[3].response.outputs[0].name == "Y"
+    assert answers[4].final and answers[4].error.message == "broken"
+
+
+def test_tensor_bytes_never_cross_the_socket() -> None:
+    big = np.zeros(4 << 20, dtype=np.uint8)  # 4 MiB: far more than one packet could hold
+    request = InferenceRequest("m", "1", {"A": Tensor("A", DataType.UINT8, big.shape, big)})
+    a, b = _pair()
+    with a.sock, b.sock:
+        a.send("execute", 1, [request])
+        (_, _, (got,)) = b.receive()
+    assert got.inputs["A"].data.nbytes == big.nbytes
+
+
+def test_a_closed_side_is_reported() -> None:
+    a, b = _pair()
+    b.close()
+    with pytest.raises(ChannelClosed):
+        a.receive()
+    with pytest.raises(ChannelClosed):
+        a.send("execute", 1, [])
+    a.sock.close()
