@@ -2,11 +2,12 @@
 
 A ``SOCK_SEQPACKET`` Unix socket pair carries small control messages (a pickled tuple: what
 the message is, names, shapes, ids, errors), one per packet, so message boundaries need no
-framing. Tensor bytes never go through the socket: a message's tensors are written into one
-anonymous shared-memory file (``memfd``), whose descriptor travels with the packet
-(``SCM_RIGHTS``); the receiver maps it, copies each tensor out and closes it. Each side owns
-what it received the moment it returns from :meth:`Channel.receive`, so neither side has to
-wait for the other before reusing memory.
+framing. Tensor bytes never go through the socket: a message's tensors are written into the
+sender's shared-memory ring (one
+anonymous file, ``memfd``, mapped by both sides and reused message after message; its
+descriptor travels once, with the first message that uses it, as ``SCM_RIGHTS``). The
+receiver copies each tensor out and moves the ring's read position, so each side owns what it
+received the moment :meth:`Channel.receive` returns.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import pickle
 import socket
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,12 +32,7 @@ class ChannelClosed(Exception):
     """The other side is gone (its process ended, or it closed the socket)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """Where one tensor's bytes sit in a message's shared-memory file."""
-
-    offset: int
-    nbytes: int
+_Slot = tuple[int, int]  # where one tensor's bytes sit in its message: (offset, size)
 
 
 def _tensor_bytes(tensor: Tensor) -> bytes | memoryview:
@@ -65,7 +60,7 @@ def _tensor_from(buffer: memoryview, datatype: DataType, shape: tuple[int, ...])
 
 
 class _Writer:
-    """Collects the tensors of one message, then writes them into one memfd."""
+    """Collects the tensors of one message (their bytes are written when it is sent)."""
 
     def __init__(self) -> None:
         self.parts: list[bytes | memoryview] = []
@@ -73,37 +68,88 @@ class _Writer:
 
     def add(self, tensor: Tensor) -> tuple[str, str, tuple[int, ...], _Slot]:
         data = _tensor_bytes(tensor)
-        slot = _Slot(self.size, len(data))
+        slot = (self.size, len(data))
         self.parts.append(data)
         self.size += len(data)
         return tensor.name, tensor.datatype.value, tuple(tensor.shape), slot
 
-    def file(self) -> int | None:
-        if not self.size:
+
+_HEADER = 64  # the ring's first bytes: [0:8] how far the receiver has read (little endian)
+_FIRST_RING = 1 << 20
+
+
+class _Ring:
+    """The sender's shared-memory ring: one memfd, mapped by both sides, reused message after
+    message. The sender writes each message's tensors at its head; the receiver, once it has
+    copied them out, moves the read position in the ring's header. A message that does not fit
+    makes a ring twice as large (its descriptor goes with that message); the old one is left
+    to the receiver, which drops it when the first message of the new one arrives."""
+
+    def __init__(self, size: int, generation: int) -> None:
+        self.size = size
+        self.generation = generation
+        self.fd = os.memfd_create("nursery-ring", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size + _HEADER)
+        self.map = mmap.mmap(self.fd, size + _HEADER)
+        self.head = 0  # bytes ever written (positions only grow; offset = position % size)
+        self.sent_fd = False
+
+    def read_position(self) -> int:
+        return int.from_bytes(self.map[0:8], "little")
+
+    def place(self, size: int) -> int | None:
+        """Where a message of ``size`` bytes starts (a position), or None if it does not fit
+        now. A message never wraps: it starts again at the ring's beginning if it must."""
+        start = self.head
+        if start % self.size + size > self.size:
+            start += self.size - start % self.size  # skip to the beginning
+        if start + size - self.read_position() > self.size:
             return None
-        fd = os.memfd_create("nursery-tensors", os.MFD_CLOEXEC)
+        self.head = start + size
+        return start
+
+    def write(self, start: int, parts: list[bytes | memoryview]) -> None:
+        at = _HEADER + start % self.size
+        for part in parts:
+            self.map[at:at + len(part)] = part
+            at += len(part)
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+class _Rings:
+    """The receiver's view of the other side's rings, by generation."""
+
+    def __init__(self) -> None:
+        self.maps: dict[int, tuple[mmap.mmap, int]] = {}
+
+    def adopt(self, generation: int, fd: int) -> None:
         try:
-            os.ftruncate(fd, self.size)
-            with mmap.mmap(fd, self.size) as view:
-                at = 0
-                for part in self.parts:
-                    view[at:at + len(part)] = part
-                    at += len(part)
-        except BaseException:
+            size = os.fstat(fd).st_size
+            self.maps[generation] = (mmap.mmap(fd, size), size - _HEADER)
+        finally:
             os.close(fd)
-            raise
-        return fd
+        for old in [g for g in self.maps if g < generation]:  # every message in it was read
+            self.maps.pop(old)[0].close()
+
+    def close(self) -> None:
+        for view, _ in self.maps.values():
+            view.close()
+        self.maps.clear()
 
 
 class _Reader:
-    def __init__(self, fd: int | None) -> None:
-        self.view: mmap.mmap | None = None
-        if fd is not None:
-            try:
-                size = os.fstat(fd).st_size
-                self.view = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
-            finally:
-                os.close(fd)
+    def __init__(self, rings: _Rings, where: tuple[int, int, int] | None) -> None:
+        self.rings = rings
+        self.where = where  # (generation, start position, size) of the message's tensors
+        self.view: memoryview | None = None
+        if where is not None:
+            generation, start, size = where
+            view, ring = rings.maps[generation]
+            at = _HEADER + start % ring
+            self.view = memoryview(view)[at:at + size]
 
     def tensor(self, described: tuple[str, str, tuple[int, ...], _Slot]) -> Tensor:
         name, datatype, shape, slot = described
@@ -111,16 +157,21 @@ class _Reader:
         if self.view is None:
             buffer = memoryview(b"")
         else:
-            buffer = memoryview(self.view)[slot.offset:slot.offset + slot.nbytes]
+            offset, nbytes = slot
+            buffer = self.view[offset:offset + nbytes]
         try:
-            data = _tensor_from(buffer, kind, shape)
+            data = _tensor_from(buffer, kind, shape)  # a copy: the ring is reused
         finally:
             buffer.release()
         return Tensor(name, kind, shape, data)
 
     def close(self) -> None:
         if self.view is not None:
-            self.view.close()
+            self.view.release()
+        if self.where is not None:  # read: the sender may reuse that part of its ring
+            generation, start, size = self.where
+            view, _ = self.rings.maps[generation]
+            view[0:8] = (start + size).to_bytes(8, "little")
 
 
 # -- the values that cross: requests, responses, errors, parts -----------------------------
@@ -183,6 +234,8 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
+        self._ring: _Ring | None = None
+        self._rings = _Rings()
 
     @classmethod
     def pair(cls) -> tuple[Channel, socket.socket]:
@@ -190,19 +243,40 @@ class Channel:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         return cls(ours), theirs
 
+    def _placed(self, size: int) -> tuple[_Ring, int]:
+        ring = self._ring
+        if ring is not None:
+            start = ring.place(size)
+            if start is not None:
+                return ring, start
+        grown = _Ring(max(_FIRST_RING, 2 * (ring.size if ring else 0), 2 * size),
+                      ring.generation + 1 if ring else 1)
+        if ring is not None:
+            ring.close()  # the receiver keeps its own mapping until it has read it all
+        self._ring = grown
+        start = grown.place(size)
+        assert start is not None
+        return grown, start
+
     def send(self, *message: Any) -> None:
         """Send a tuple whose items may hold requests, responses, errors and parts."""
         writer = _Writer()
-        payload = pickle.dumps(_put(writer, message), protocol=5)
-        fd = writer.file()
+        body = _put(writer, message)
         try:
             with self._send_lock:
-                socket.send_fds(self.sock, [payload], [fd] if fd is not None else [])
+                fds: list[int] = []
+                where = None
+                if writer.size:
+                    ring, start = self._placed(writer.size)
+                    ring.write(start, writer.parts)
+                    where = (ring.generation, start, writer.size)
+                    if not ring.sent_fd:
+                        fds = [ring.fd]
+                        ring.sent_fd = True
+                payload = pickle.dumps((where, body), protocol=5)
+                socket.send_fds(self.sock, [payload], fds)
         except OSError as exc:
             raise ChannelClosed(str(exc)) from None
-        finally:
-            if fd is not None:
-                os.close(fd)
 
     def receive(self) -> tuple[Any, ...]:
         try:
@@ -213,9 +287,12 @@ class Channel:
             for fd in fds:
                 os.close(fd)
             raise ChannelClosed("the other side closed the channel")
-        reader = _Reader(fds[0] if fds else None)
+        where, body = pickle.loads(payload)
+        if fds:
+            self._rings.adopt(where[0], fds[0])
+        reader = _Reader(self._rings, where)
         try:
-            message = _get(reader, pickle.loads(payload))
+            message = _get(reader, body)
         finally:
             reader.close()
         return tuple(message)
@@ -226,3 +303,8 @@ class Channel:
         except OSError:
             pass
         self.sock.close()
+        with self._send_lock:
+            if self._ring is not None:
+                self._ring.close()
+                self._ring = None
+        self._rings.close()
