@@ -9,7 +9,7 @@ intake channel and the model's frozen configuration.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -40,6 +40,9 @@ class ModelHandle:
     version: int
     config: ModelConfig
     intake: trio.MemorySendChannel[Any] = field(repr=False)  # the scheduler's inbox
+    # whether every instance can serve now (False while a Python stub process is being
+    # started again after it died); the version's readiness, as Triton 2.60+ reports it
+    healthy: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
 
     @property
     def version_str(self) -> str:
@@ -147,16 +150,18 @@ class Directory:
 
     def is_ready(self, name: str, version: str) -> bool:
         try:
-            self.resolve(name, version)
+            handle = self.resolve(name, version)
         except (NotFound, Unavailable, InvalidArgument):
             return False
-        return True
+        return handle.healthy()
 
     def all_ready(self) -> bool:
         """Strict readiness: every known model has a READY version (or was unloaded)."""
         for entry in self.table.models.values():
             for status in entry.versions.values():
                 if status.state is not ModelState.READY and status.reason != "unloaded":
+                    return False
+                if status.handle is not None and not status.handle.healthy():
                     return False
             if not entry.versions and entry.reason:
                 return False

@@ -298,7 +298,10 @@ async def run(
             start(message)
 
     queued_send, queued = trio.open_memory_channel[ExecuteBatch | ReleaseSlots](math.inf)
-    intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait)
+    def healthy() -> bool:
+        return backend is None or bool(getattr(backend, "healthy", True))
+
+    intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait, healthy)
     try:
         async with scheduler:
             backend = await thread.call(factory.load, config, version_path, placement,
@@ -371,8 +374,10 @@ class WorkerIntake:
     resources, batches queue for the worker's task, which waits for each grant.
     :meth:`aclose` says no more batches will come."""
 
-    def __init__(self, accept: Callable[[ExecuteBatch | ReleaseSlots], None]) -> None:
+    def __init__(self, accept: Callable[[ExecuteBatch | ReleaseSlots], None],
+                 healthy: Callable[[], bool] = lambda: True) -> None:
         self._accept = accept
+        self.healthy = healthy  # the instance can serve now (a dead stub: not until restarted)
         self.closed = trio.Event()
 
     def send_nowait(self, message: ExecuteBatch | ReleaseSlots) -> None:

@@ -86,7 +86,12 @@ async def serve_version(
                         summaries=summaries,
                     )
                 )
-                task_status.started((ModelHandle(config.name, version, config, intake),
+                workers = [w for w in intakes if w is not None]
+
+                def healthy() -> bool:
+                    return all(w.healthy() for w in workers)
+
+                task_status.started((ModelHandle(config.name, version, config, intake, healthy),
                                      intake.clone()))
     finally:
         intake.close()

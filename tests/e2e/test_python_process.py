@@ -149,3 +149,33 @@ def test_each_instance_has_its_own_process(tmp_path: Path,
         seen |= {int(p.get_result().as_numpy("OUTPUT0")[0, -1]) for p in pending}
     assert seen <= _stubs(server) and len(seen) >= 1
     assert server.stop() == 0, server.log()
+
+
+def test_readiness_follows_the_stub(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """A dead stub makes its model (and the strict server readiness) not ready until it has
+    been started again, which happens at once, without waiting for the next request."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_crash", repo / "py_crash")
+    slow = repo / "py_crash" / "1" / "model.py"
+    # initialize takes a moment, so the window where the stub is being started is seen
+    slow.write_text(slow.read_text().replace(
+        "class TritonPythonModel:\n",
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        import time\n        time.sleep(1.5)\n\n", 1))
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    assert client.is_model_ready("py_crash") and client.is_server_ready()
+    (before,) = _stubs(server)
+    with pytest.raises(InferenceServerException, match="is not healthy"):
+        client.infer("py_crash", _fp32(-1.0))
+    assert not client.is_model_ready("py_crash")
+    assert not client.is_server_ready()
+    deadline = time.monotonic() + 30
+    while not client.is_model_ready("py_crash"):
+        assert time.monotonic() < deadline, "the stub was not started again"
+        time.sleep(0.1)
+    assert client.is_server_ready()
+    (after,) = _stubs(server)
+    assert after != before
+    assert client.infer("py_crash", _fp32(3.0, 0.0)).as_numpy("OUTPUT0")[0, 0] == 3.0
+    assert server.stop() == 0, server.log()

@@ -69,11 +69,26 @@ class ProcessInstance:
         self._results: dict[int, queue.SimpleQueue[Any]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.restarts = 0
+        self._life = threading.Lock()  # one start at a time (the reviver, a batch)
+        self._closing = False
+        self._starting = False
         self._start()
+
+    @property
+    def healthy(self) -> bool:
+        """The stub is up (False from its death until it is started again)."""
+        return not self.dead and not self._starting
 
     # -- the stub's life ---------------------------------------------------------------------
 
     def _start(self) -> None:
+        self._starting = True
+        try:
+            self._spawn()
+        finally:
+            self._starting = False
+
+    def _spawn(self) -> None:
         channel, theirs = Channel.pair()
         self.channel = channel
         self.dead = False
@@ -99,7 +114,7 @@ class ProcessInstance:
             log.info("model '%s': instance %s runs in stub process %d", config.name,
                      self.instance_name, self.process.pid)
             return
-        self.kill()
+        self._terminate()
         if answer[0] == "failed":
             raise InternalError(answer[1])
         raise InternalError(self._death())
@@ -133,7 +148,7 @@ class ProcessInstance:
         except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
             log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
                           self.instance_name)
-            self.kill()
+            self._terminate()
         self._died(channel)
 
     def _died(self, channel: Channel) -> None:
@@ -155,6 +170,23 @@ class ProcessInstance:
             answer = Part(None, error, True) if self.decoupled else error
             self._token.run_sync_soon(mailbox.tell, work.reply, answer)
         self._control.put(("dead",))
+        if not self._closing and not self._starting:  # a failed start is its caller's
+            log.error("model '%s': %s Starting it again.", self.model_name, error.message)
+            threading.Thread(target=self._revive, name=f"{self.instance_name}-revive",
+                             daemon=True).start()
+
+    def _revive(self) -> None:
+        """Start a dead stub again (``initialize`` runs again); until then the instance is
+        not healthy, and the model's readiness says so."""
+        with self._life:
+            if not self.dead or self._closing:
+                return
+            self.restarts += 1
+            try:
+                self._start()
+            except NurseryError as exc:
+                log.error("model '%s': the stub process of instance %s could not be started "
+                          "again: %s", self.model_name, self.instance_name, exc.message)
 
     def _part(self, batch: int, index: int, answer: Any) -> None:
         """A response a model's sender sent: straight on to the requester."""
@@ -191,13 +223,13 @@ class ProcessInstance:
         """Run ``execute`` in the stub on these requests; one answer per request, ``None``
         where the model's sender answers (or will)."""
         if self.dead:
-            self.restarts += 1
-            log.warning("model '%s': restarting the stub process of instance %s",
-                        self.model_name, self.instance_name)
-            try:
-                self._start()
-            except NurseryError as exc:
-                return [exc] * len(work)
+            with self._life:  # the reviver may be starting it right now
+                if self.dead:
+                    self.restarts += 1
+                    try:
+                        self._start()
+                    except NurseryError as exc:
+                        return [exc] * len(work)
         batch = next(self._batches)
         results: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with self._lock:
@@ -241,6 +273,7 @@ class ProcessInstance:
     def close(self) -> None:
         """``finalize`` in the stub, then its exit; a stub that takes longer than
         ``FINALIZE_TIMEOUT`` is killed."""
+        self._closing = True
         try:
             if not self.dead:
                 self.channel.send("finalize")
@@ -252,11 +285,15 @@ class ProcessInstance:
         except ChannelClosed:
             pass
         finally:
-            self.kill()
+            self._terminate()
             self._bls.shutdown(wait=False, cancel_futures=True)
 
     def kill(self) -> None:
-        """End the stub now (a hung model at unload or shutdown)."""
+        """End the stub now, for good (a hung model at unload or shutdown)."""
+        self._closing = True
+        self._terminate()
+
+    def _terminate(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             try:
