@@ -443,7 +443,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
                           int(s.model_version) if s.model_version > 0 else -1,  # unset: the latest
                           MappingProxyType(dict(s.input_map)),
                           MappingProxyType(dict(s.output_map)))
-             for s in proto.ensemble_scheduling.step])
+             for s in proto.ensemble_scheduling.step],
+            optional_inputs=[t.name for t in inputs if t.optional])
         groups = []
     which, _ = betterproto.which_one_of(proto.version_policy, "policy_choice")
     if which == "latest" and proto.version_policy.latest.num_versions < 1:
