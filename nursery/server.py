@@ -1,9 +1,10 @@
 """The supervisor: one root nursery, actors started in dependency order, clean shutdown.
 
 Start-up: the ModelManager loads the start-up models (``--exit-on-error`` decides what a
-failure means), then the frontends start listening. Shutdown (SIGINT/SIGTERM, or the caller's
-``shutdown`` event): the frontends stop accepting and finish their in-flight requests, then the
-manager drains and unloads every model; ``--exit-timeout-secs`` bounds the whole of it.
+failure, or a repository that cannot be read, means), then the frontends start listening.
+Shutdown (SIGINT/SIGTERM, or the caller's ``shutdown`` event): the frontends stop accepting and
+finish their in-flight requests, then the manager drains and unloads every model;
+``--exit-timeout-secs`` bounds the whole of it.
 """
 
 from __future__ import annotations
@@ -54,13 +55,17 @@ class Running:
     shutdown: trio.Event
 
 
-def startup_models(settings: Settings) -> list[str]:
-    if settings.model_control_mode == "explicit":
-        if settings.load_models == ("*",):
-            return sorted(scan(settings.model_repositories).models)
-        return list(settings.load_models)
+def startup_models(settings: Settings) -> tuple[list[str], list[str]]:
+    """The models to load at start-up, and why repositories the start-up reads could not be
+    read. As in Triton, the start-up reads every repository in the none and poll modes and
+    for ``--load-model=*``; named start-up models are only looked for (a model found in no
+    repository fails to load)."""
+    if settings.model_control_mode == "explicit" and settings.load_models != ("*",):
+        return list(settings.load_models), []
     repo = scan(settings.model_repositories)
-    return sorted([*repo.models, *repo.duplicates])
+    if settings.model_control_mode == "explicit":
+        return sorted(repo.models), list(repo.unreadable.values())
+    return sorted([*repo.models, *repo.duplicates]), list(repo.unreadable.values())
 
 
 async def _watch_signals(
@@ -203,7 +208,14 @@ async def serve(
                                          gpu=settings.allow_gpu_metrics)
     shutdown = trio.Event()
     try:
-        await _serve(settings, tracer, arrival_log, log_manager, options, shutdown,
+        # a repository that cannot be read (a mistyped path, say) fails the start-up with
+        # --exit-on-error; without it, the server serves what the other repositories hold
+        names, unreadable = await trio.to_thread.run_sync(startup_models, settings)
+        for reason in unreadable:
+            log.error("%s", reason)
+        if unreadable and settings.exit_on_error:
+            raise StartupError(f"failed to load all models: {unreadable[0]}")
+        await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
                      handle_signals, task_status)
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
@@ -212,7 +224,8 @@ async def serve(
     log.info("server stopped")
 
 
-async def _serve(settings: Settings, tracer: TraceManager, arrival_log: ArrivalLog | None,
+async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
+                 arrival_log: ArrivalLog | None,
                  log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
                  handle_signals: bool, task_status: trio.TaskStatus[Running]) -> None:
     directory = Directory()
@@ -261,7 +274,7 @@ async def _serve(settings: Settings, tracer: TraceManager, arrival_log: ArrivalL
                             repositories=settings.model_repositories,
                             directory=directory,
                             inbox=inbox,
-                            startup_models=startup_models(settings),
+                            startup_models=names,
                             exit_on_error=settings.exit_on_error,
                             client=client,
                             backends=Backends(settings=_backend_settings(settings)),

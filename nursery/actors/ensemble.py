@@ -6,9 +6,11 @@ takes what any scheduler's does (``InferWork``, ``CancelWork``, ``StatsQuery``,
 input tensors exist starts at once (independent steps run concurrently), as a request to the
 step's model through ``infer`` (the server's core: that model's own scheduler, so its
 batching applies). Tensors pass between steps as the same numpy arrays, renamed, never
-copied. The first failing step fails the request ("in ensemble '<name>', ..."), the other
-steps of that request are cancelled; when every step has run, the requested ensemble outputs
-are the answer. The graph bookkeeping is the pure :class:`~nursery.scheduling.ensemble_plan.Flow`.
+copied. An optional ensemble input the request leaves out is left out of the requests of the
+steps that read it (they still run, as in Triton). The first failing step fails the request
+("in ensemble '<name>', ..."), the other steps of that request are cancelled; when every step
+has run, the requested ensemble outputs are the answer. The graph bookkeeping is the pure
+:class:`~nursery.scheduling.ensemble_plan.Flow`.
 
 A *decoupled* ensemble (``model_transaction_policy { decoupled: true }``, required when a step's
 model is decoupled) runs as Triton's does, by iteration (the pure
@@ -83,9 +85,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
     send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
 
     def step_request(index: int) -> InferenceRequest:
-        step = plan.steps[index]
-        return _step_request(step, request, {model_input: tensors[name] for model_input, name
-                                             in step.input_map.items()})
+        step = plan.steps[index]  # an optional input the request left out is left out here
+        return _step_request(step, request, step.request_inputs(tensors))
 
     async def call(index: int) -> Any:
         try:

@@ -5,6 +5,10 @@ modification times; read off the trio thread), diffs it against the previous one
 ``repository.diff``) and sends the ModelManager what changed: added and changed models are
 loaded (a failed reload leaves the old version serving; a model that failed to load is tried
 again every poll), removed models are unloaded.
+
+A repository that cannot be read (missing, say, with ``--exit-on-error=false``) is logged as
+Triton logs it, when it becomes unreadable; its models count as unchanged until it can be read
+again (a repository briefly unmounted does not unload what it serves).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import trio
 
 from nursery.actors.model_manager import LoadModel, UnloadModel
-from nursery.config.repository import ModelFingerprint, diff, snapshot
+from nursery.config.repository import ModelFingerprint, diff, scan, snapshot
 from nursery.runtime.supervision import Boundary, FaultCounter
 
 log = logging.getLogger("nursery.poller")
@@ -29,6 +33,27 @@ async def _ask(manager: trio.MemorySendChannel[Any], make: Any, name: str) -> An
         return await receive.receive()
 
 
+def _take(repositories: tuple[Path, ...], last: dict[str, ModelFingerprint] | None,
+          unreadable: set[Path]) -> dict[str, ModelFingerprint]:
+    """The repositories' snapshot (blocking: run it off the trio thread). While a repository
+    cannot be read, the models of ``last`` that no readable repository holds are kept;
+    ``unreadable`` is updated, and logged when it changes (the first snapshot, ``last`` None,
+    logs nothing: the start-up has just said it)."""
+    found = scan(repositories)
+    if last is not None:
+        for repo, reason in found.unreadable.items():
+            if repo not in unreadable:
+                log.error("%s", reason)
+        for repo in unreadable - set(found.unreadable):
+            log.info("model repository '%s' can be read again", repo)
+    unreadable.clear()
+    unreadable.update(found.unreadable)
+    current = snapshot(found)
+    if found.unreadable and last is not None:
+        current = {**{n: f for n, f in last.items() if n not in current}, **current}
+    return current
+
+
 async def run(
     *,
     repositories: tuple[Path, ...],
@@ -38,8 +63,10 @@ async def run(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     faults = faults or FaultCounter()
+    unreadable: set[Path] = set()
     async with manager:
-        last: dict[str, ModelFingerprint] = await trio.to_thread.run_sync(snapshot, repositories)
+        last: dict[str, ModelFingerprint] = await trio.to_thread.run_sync(
+            _take, repositories, None, unreadable)
         failed: set[str] = set()
         task_status.started()
         while True:
@@ -47,13 +74,13 @@ async def run(
             # one poll is the unit of failure: an unreadable folder costs this poll, and the
             # next one starts from the last good snapshot
             with Boundary(faults, "poller", log, "repository poll"):
-                last = await _poll(repositories, manager, last, failed)
+                last = await _poll(repositories, manager, last, failed, unreadable)
 
 
 async def _poll(repositories: tuple[Path, ...], manager: trio.MemorySendChannel[Any],
-                last: dict[str, ModelFingerprint], failed: set[str]
+                last: dict[str, ModelFingerprint], failed: set[str], unreadable: set[Path]
                 ) -> dict[str, ModelFingerprint]:
-    current = await trio.to_thread.run_sync(snapshot, repositories)
+    current = await trio.to_thread.run_sync(_take, repositories, last, unreadable)
     changes = diff(last, current)
     retry = sorted(failed - set(changes.removed) - set(changes.added) - set(changes.changed))
     if changes:

@@ -39,3 +39,8 @@ def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> Non
                         f"{label}: ensemble tensor '{ensemble_tensor}' is {seen.value} "
                         f"elsewhere but {what} '{tensor_name}' of model '{model.name}' is "
                         f"{spec.datatype.value}")
+        for spec in model.inputs:  # Triton's rule: only an optional input may be left unmapped
+            if spec.name not in step.input_map and not spec.optional:
+                raise ConfigError(
+                    f"{label}: input '{spec.name}' of model '{model.name}' is not mapped to any "
+                    "ensemble tensor (only an optional input may be left out of 'input_map')")

@@ -10,6 +10,11 @@
 4. normalize: default version policy, instance groups, preferred batch sizes, pinned memory;
 5. validate, with errors that name the model, the file and the field.
 
+Whatever goes wrong on the way fails that model only: an unexpected exception (a bug here, or
+in a library, on a configuration nobody foresaw) becomes a :class:`ConfigError` naming the
+model, ``config.pbtxt`` and the field being read (:func:`config_boundary`), so it can never
+stop the start-up or the server.
+
 Nothing downstream reads the text or the message's raw fields again: actors get the frozen
 :class:`ModelConfig`, whose ``proto`` is kept (read-only) for the ``/config`` answers.
 """
@@ -18,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -37,7 +43,7 @@ from nursery.config.platforms import (
 )
 from nursery.config.repository import available_versions, select_versions
 from nursery.config.sequence import SequenceConfig, sequence_config
-from nursery.errors import ConfigError, InvalidArgument
+from nursery.errors import ConfigError, InvalidArgument, NurseryError
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
@@ -169,11 +175,34 @@ BackendLookup = Callable[[str, str], AutoCompleter]  # (backend name, model name
 # -- reading ------------------------------------------------------------------------------
 
 
-def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAME) -> pb.ModelConfig:
+@contextmanager
+def config_boundary(model_name: str, field: str = "",
+                    filename: str = CONFIG_FILENAME) -> Iterator[None]:
+    """Turn an unexpected exception raised while reading or validating a configuration into a
+    :class:`ConfigError` that names the model, the file and (when given) the field; a
+    :class:`NurseryError` passes through as it is. Boundaries nest: the innermost one, which
+    knows the field, speaks."""
     try:
-        return pbtext.parse(text, pb.ModelConfig())
-    except pbtext.TextFormatError as exc:
-        raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
+        yield
+    except NurseryError:
+        raise
+    except Exception as exc:  # the boundary: this model fails, never the server
+        try:
+            text = str(exc).replace("\n", " ")
+        except Exception:  # a broken __str__ must not break the boundary
+            text = ""
+        detail = f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+        place = f"{filename}: '{field}'" if field else filename
+        log.debug("model '%s': unexpected error reading %s", model_name, place, exc_info=True)
+        raise ConfigError(f"model '{model_name}': {place} could not be read: {detail}") from exc
+
+
+def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAME) -> pb.ModelConfig:
+    with config_boundary(model_name, filename=filename):
+        try:
+            return pbtext.parse(text, pb.ModelConfig())
+        except pbtext.TextFormatError as exc:
+            raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
 
 
 def read_config_proto(model_path: Path, model_name: str, auto_complete: bool) -> pb.ModelConfig:
@@ -214,7 +243,21 @@ def read_model_config(
 
     ``proto`` replaces the file's configuration (a load request's ``config`` override).
     Blocking (reads files; auto-complete may open the model): call it off the trio thread.
+    Raises only :class:`NurseryError` (:class:`ConfigError` for anything unexpected).
     """
+    with config_boundary(model_name):
+        return _read_model_config(model_path, model_name, backends=backends,
+                                  auto_complete=auto_complete, proto=proto)
+
+
+def _read_model_config(
+    model_path: Path,
+    model_name: str,
+    *,
+    backends: BackendLookup,
+    auto_complete: bool,
+    proto: pb.ModelConfig | None,
+) -> tuple[ModelConfig, list[int]]:
     if proto is None:
         proto = read_config_proto(model_path, model_name, auto_complete)
     where = f"model '{model_name}'"
@@ -226,11 +269,13 @@ def read_model_config(
             f"'{model_name}'; they must match"
         )
     versions_on_disk = available_versions(model_path)
-    _fill_backend(proto, model_path, versions_on_disk, where)
-    if not _present(proto, "version_policy"):
-        policy = pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1))
-        proto.version_policy = policy
-    versions = select_versions(proto.version_policy, versions_on_disk)
+    with config_boundary(model_name, "backend"):
+        _fill_backend(proto, model_path, versions_on_disk, where)
+    with config_boundary(model_name, "version_policy"):
+        if not _present(proto, "version_policy"):
+            policy = pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1))
+            proto.version_policy = policy
+        versions = select_versions(proto.version_policy, versions_on_disk)
     if not versions:
         raise ConfigError(
             f"{where}: no version to serve: found versions {versions_on_disk or 'none'} in "
@@ -240,7 +285,8 @@ def read_model_config(
     if proto.platform == "ensemble":
         auto_complete = False  # nothing to complete from: an ensemble has no model file
     else:
-        factory = backends(proto.backend, model_name)
+        with config_boundary(model_name, "backend"):
+            factory = backends(proto.backend, model_name)
     if auto_complete:
         version_path = model_path / str(versions[-1])
         try:
@@ -302,10 +348,21 @@ def _fill_backend(
 
 
 def _normalize(proto: pb.ModelConfig) -> None:
-    """Triton's NormalizeModelConfig and NormalizeInstanceGroup."""
+    """Triton's NormalizeModelConfig and NormalizeInstanceGroup, each part inside a boundary
+    that names its field."""
     # a oneof's set member is read by name once which_one_of named it (reading an unset one
     # raises AttributeError); its value from which_one_of is untyped
     scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
+    with config_boundary(proto.name, scheduling or "scheduling"):
+        _normalize_scheduling(proto, scheduling)
+    if scheduling != "ensemble_scheduling":
+        with config_boundary(proto.name, "optimization"):
+            _normalize_optimization(proto)
+        with config_boundary(proto.name, "instance_group"):
+            _normalize_instance_groups(proto)
+
+
+def _normalize_scheduling(proto: pb.ModelConfig, scheduling: str) -> None:
     if scheduling == "dynamic_batching":
         dynamic = proto.dynamic_batching
         if not dynamic.preferred_batch_size and proto.max_batch_size > 0:
@@ -318,29 +375,34 @@ def _normalize(proto: pb.ModelConfig) -> None:
         if (strategy == "oldest" and not sequence.oldest.preferred_batch_size
                 and proto.max_batch_size > 0):
             sequence.oldest.preferred_batch_size.append(proto.max_batch_size)
-    if scheduling != "ensemble_scheduling":
-        opt = proto.optimization
-        for name in ("input_pinned_memory", "output_pinned_memory"):
-            if not _present(opt, name):
-                buf = pb.ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
-                setattr(opt, name, buf)
-        pbtext.mark_present(opt)
-        proto.optimization = opt
-        if not proto.instance_group:
-            proto.instance_group.append(pb.ModelInstanceGroup(name=proto.name))
-        gpus = gpu_count()
-        for i, group in enumerate(proto.instance_group):
-            if not group.name:
-                group.name = f"{proto.name}_{i}"
-            if group.kind == pb.ModelInstanceGroupKind.KIND_AUTO:
-                kind = pb.ModelInstanceGroupKind.KIND_GPU if gpus else pb.ModelInstanceGroupKind.KIND_CPU
-                group.kind = kind  # type: ignore[assignment]  # mypy types betterproto enum members as int
-            if group.count < 1:
-                # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime
-                cpu = group.kind == pb.ModelInstanceGroupKind.KIND_CPU
-                group.count = 2 if cpu and proto.backend in _TWO_CPU_INSTANCES else 1
-            if group.kind == pb.ModelInstanceGroupKind.KIND_GPU and not group.gpus:
-                group.gpus.extend(range(max(gpus, 1)))
+
+
+def _normalize_optimization(proto: pb.ModelConfig) -> None:
+    opt = proto.optimization
+    for name in ("input_pinned_memory", "output_pinned_memory"):
+        if not _present(opt, name):
+            buf = pb.ModelOptimizationPolicyPinnedMemoryBuffer(enable=True)
+            setattr(opt, name, buf)
+    pbtext.mark_present(opt)
+    proto.optimization = opt
+
+
+def _normalize_instance_groups(proto: pb.ModelConfig) -> None:
+    if not proto.instance_group:
+        proto.instance_group.append(pb.ModelInstanceGroup(name=proto.name))
+    gpus = gpu_count()
+    for i, group in enumerate(proto.instance_group):
+        if not group.name:
+            group.name = f"{proto.name}_{i}"
+        if group.kind == pb.ModelInstanceGroupKind.KIND_AUTO:
+            kind = pb.ModelInstanceGroupKind.KIND_GPU if gpus else pb.ModelInstanceGroupKind.KIND_CPU
+            group.kind = kind  # type: ignore[assignment]  # mypy types betterproto enum members as int
+        if group.count < 1:
+            # Triton's SetDefaultInstanceCount: 2 CPU instances for ONNX Runtime
+            cpu = group.kind == pb.ModelInstanceGroupKind.KIND_CPU
+            group.count = 2 if cpu and proto.backend in _TWO_CPU_INSTANCES else 1
+        if group.kind == pb.ModelInstanceGroupKind.KIND_GPU and not group.gpus:
+            group.gpus.extend(range(max(gpus, 1)))
 
 
 _TWO_CPU_INSTANCES = {"onnxruntime", "tensorflow"}
@@ -400,57 +462,55 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         raise ConfigError(
             f"{where}: {CONFIG_FILENAME}: 'max_batch_size' must be >= 0, got {proto.max_batch_size}"
         )
-    inputs = _tensor_specs(proto.input, "input", where)
-    outputs = _tensor_specs(proto.output, "output", where)
+    name = proto.name
+    with config_boundary(name, "input"):
+        inputs = _tensor_specs(proto.input, "input", where)
+    with config_boundary(name, "output"):
+        outputs = _tensor_specs(proto.output, "output", where)
     if not inputs:
         raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no inputs")
     if not outputs:
         raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no outputs")
-    groups = []
-    for g in proto.instance_group:
-        kind = _KIND_NAMES.get(g.kind)
-        if kind is None:
-            raise ConfigError(f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has no kind")
-        if g.gpus and kind != "gpu":
-            raise ConfigError(
-                f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has kind "
-                f"KIND_{kind.upper()} but specifies one or more GPUs"
-            )
-        for gpu in g.gpus:
-            if gpu < 0:
-                raise ConfigError(
-                    f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' names GPU {gpu}"
-                )
-        groups.append(InstanceGroup(g.name, kind, g.count, tuple(g.gpus)))
+    with config_boundary(name, "instance_group"):
+        groups = _instance_groups(proto, where)
     scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
     scheduler = {
         "dynamic_batching": "dynamic",
         "sequence_batching": "sequence",
         "ensemble_scheduling": "ensemble",
     }.get(scheduling, "default")
-    batching = _batch_config(proto, where) if scheduling == "dynamic_batching" else None
-    sequence = (sequence_config(proto, model_path, where)
-                if scheduling == "sequence_batching" else None)
-    ensemble = None
+    batching: BatchConfig | None = None
+    sequence: SequenceConfig | None = None
+    ensemble: EnsemblePlan | None = None
+    if scheduling == "dynamic_batching":
+        with config_boundary(name, scheduling):
+            batching = _batch_config(proto, where)
+    elif scheduling == "sequence_batching":
+        with config_boundary(name, scheduling):
+            sequence = sequence_config(proto, model_path, where)
     if (scheduling == "ensemble_scheduling") != (proto.platform == "ensemble"):
         raise ConfigError(
             f"{where}: {CONFIG_FILENAME}: 'ensemble_scheduling' goes with platform 'ensemble' "
             "(and an ensemble needs 'ensemble_scheduling')")
     if scheduling == "ensemble_scheduling":
-        ensemble = EnsemblePlan.build(
-            proto.name, [t.name for t in inputs], [t.name for t in outputs],
-            [EnsembleStep(s.model_name,
-                          int(s.model_version) if s.model_version > 0 else -1,  # unset: the latest
-                          MappingProxyType(dict(s.input_map)),
-                          MappingProxyType(dict(s.output_map)))
-             for s in proto.ensemble_scheduling.step])
+        with config_boundary(name, scheduling):
+            ensemble = EnsemblePlan.build(
+                proto.name, [t.name for t in inputs], [t.name for t in outputs],
+                [EnsembleStep(s.model_name,
+                              int(s.model_version) if s.model_version > 0 else -1,  # unset: latest
+                              MappingProxyType(dict(s.input_map)),
+                              MappingProxyType(dict(s.output_map)))
+                 for s in proto.ensemble_scheduling.step],
+                optional_inputs=[t.name for t in inputs if t.optional])
         groups = []
-    which, _ = betterproto.which_one_of(proto.version_policy, "policy_choice")
-    if which == "latest" and proto.version_policy.latest.num_versions < 1:
-        raise ConfigError(
-            f"{where}: {CONFIG_FILENAME}: version_policy latest must have num_versions >= 1"
-        )
-    parameters = {k: v.string_value for k, v in proto.parameters.items()}
+    with config_boundary(name, "version_policy"):
+        which, _ = betterproto.which_one_of(proto.version_policy, "policy_choice")
+        if which == "latest" and proto.version_policy.latest.num_versions < 1:
+            raise ConfigError(
+                f"{where}: {CONFIG_FILENAME}: version_policy latest must have num_versions >= 1"
+            )
+    with config_boundary(name, "parameters"):
+        parameters = {k: v.string_value for k, v in proto.parameters.items()}
     if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
         raise ConfigError(f"{where}: Response Cache does not currently support model "
                           f"'{proto.name}' with 'decoupled' transaction policy.")
@@ -472,6 +532,26 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         sequence=sequence,
         ensemble=ensemble,
     )
+
+
+def _instance_groups(proto: pb.ModelConfig, where: str) -> list[InstanceGroup]:
+    groups = []
+    for g in proto.instance_group:
+        kind = _KIND_NAMES.get(g.kind)
+        if kind is None:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has no kind")
+        if g.gpus and kind != "gpu":
+            raise ConfigError(
+                f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has kind "
+                f"KIND_{kind.upper()} but specifies one or more GPUs"
+            )
+        for gpu in g.gpus:
+            if gpu < 0:
+                raise ConfigError(
+                    f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' names GPU {gpu}"
+                )
+        groups.append(InstanceGroup(g.name, kind, g.count, tuple(g.gpus)))
+    return groups
 
 
 def _queue_policy(p: pb.ModelQueuePolicy) -> QueuePolicy:

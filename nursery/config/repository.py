@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import betterproto
 
-from nursery.errors import ConfigError, InternalError
+from nursery.errors import InternalError
 from nursery.schema import inference as pb
 
 
@@ -30,16 +30,24 @@ class RepositoryScan:
     models: dict[str, ModelLocation]
     # models found in more than one repository: Triton refuses to load either copy
     duplicates: dict[str, tuple[Path, ...]]
+    # repositories that could not be read (missing, not a folder, no permission): the reason,
+    # Triton's "failed to poll model repository '<path>': failed to open directory <path>"
+    unreadable: dict[Path, str] = field(default_factory=dict)
 
 
 def scan(repositories: tuple[Path, ...] | list[Path]) -> RepositoryScan:
-    """Every model folder in the given repositories (hidden folders skipped)."""
+    """Every model folder in the given repositories (hidden folders skipped). A repository
+    that cannot be read is reported in ``unreadable``, never raised: the callers decide
+    (start-up fails on it with ``--exit-on-error``; the index and loads use the others)."""
     found: dict[str, list[ModelLocation]] = {}
+    unreadable: dict[Path, str] = {}
     for repo in repositories:
         try:
             entries = sorted(os.scandir(repo), key=lambda e: e.name)
         except OSError as exc:
-            raise ConfigError(f"failed to read model repository '{repo}': {exc.strerror}") from exc
+            unreadable[Path(repo)] = (f"failed to poll model repository '{repo}': failed to "
+                                      f"open directory {repo} ({exc.strerror})")
+            continue
         for entry in entries:
             if entry.name.startswith(".") or not entry.is_dir():
                 continue
@@ -50,7 +58,7 @@ def scan(repositories: tuple[Path, ...] | list[Path]) -> RepositoryScan:
     duplicates = {
         name: tuple(loc.repository for loc in locs) for name, locs in found.items() if len(locs) > 1
     }
-    return RepositoryScan(models, duplicates)
+    return RepositoryScan(models, duplicates, unreadable)
 
 
 def available_versions(model_path: Path) -> list[int]:
@@ -116,9 +124,8 @@ def fingerprint(model_path: Path) -> ModelFingerprint:
     return ModelFingerprint(tuple(sorted(entries)))
 
 
-def snapshot(repositories: tuple[Path, ...] | list[Path]) -> dict[str, ModelFingerprint]:
-    """Every model of the repositories (duplicates included, under their name) and its files."""
-    found = scan(repositories)
+def snapshot(found: RepositoryScan) -> dict[str, ModelFingerprint]:
+    """Every model of a scan (duplicates included, under their name) and its files."""
     out = {name: fingerprint(loc.path) for name, loc in found.models.items()}
     for name in found.duplicates:
         out[name] = ModelFingerprint((("<duplicate>", 0, 0),))

@@ -15,7 +15,7 @@ from pathlib import Path
 import betterproto
 import numpy as np
 
-from nursery.config.model import ModelConfig
+from nursery.config.model import ModelConfig, config_boundary
 from nursery.config.repository import safe_relative_path
 from nursery.errors import ConfigError
 from nursery.schema import inference as pb
@@ -65,6 +65,13 @@ def _data(spec: pb.ModelWarmupInput, datatype: DataType, shape: tuple[int, ...],
 
 
 def warmup_samples(config: ModelConfig) -> list[WarmupSample]:
+    """The model's warmup samples; raises only :class:`~nursery.errors.NurseryError` (anything
+    unexpected becomes a :class:`ConfigError` naming the model and ``model_warmup``)."""
+    with config_boundary(config.name, "model_warmup"):
+        return _samples(config)
+
+
+def _samples(config: ModelConfig) -> list[WarmupSample]:
     samples = []
     for i, w in enumerate(config.proto.model_warmup):
         name = w.name or f"warmup_{i}"

@@ -4,14 +4,23 @@ flowing through it (no trio, no I/O).
 A step is ready as soon as every ensemble tensor it reads exists; the EnsembleScheduler actor
 (``nursery/actors/ensemble.py``) starts ready steps, reports each finished step's outputs
 here, and answers when every ensemble output exists and no step is running.
+
+An *optional* ensemble input that a request leaves out exists all the same, as an empty
+placeholder (Triton's ensemble scheduler does this): the steps that read it still run, and
+their requests simply omit that input (:meth:`EnsembleStep.request_inputs`). When the step's
+model requires the input, that model refuses the request with its own error, which fails the
+ensemble request; the ensemble configuration is not checked for it, as in Triton.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from nursery.errors import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +34,17 @@ class EnsembleStep:
     def version_str(self) -> str:
         return "" if self.model_version < 0 else str(self.model_version)
 
+    def request_inputs(self, tensors: Mapping[str, T | None]) -> dict[str, T]:
+        """What the step's request carries, by its model's input names: every ensemble tensor
+        it reads that has a value in ``tensors``; one without (an optional ensemble input the
+        request left out: missing, or ``None`` as :class:`IterFlow` keeps it) is omitted."""
+        out: dict[str, T] = {}
+        for model_input, tensor in self.input_map.items():
+            value = tensors.get(tensor)
+            if value is not None:
+                out[model_input] = value
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class EnsemblePlan:
@@ -32,15 +52,20 @@ class EnsemblePlan:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     steps: tuple[EnsembleStep, ...]
+    optional_inputs: frozenset[str] = frozenset()  # inputs a request may leave out
 
     @staticmethod
     def build(name: str, inputs: Iterable[str], outputs: Iterable[str],
-              steps: Iterable[EnsembleStep]) -> EnsemblePlan:
+              steps: Iterable[EnsembleStep], optional_inputs: Iterable[str] = ()) -> EnsemblePlan:
         """Check the graph: every tensor a step reads exists (an ensemble input or some
         step's output), no tensor is written twice, every ensemble output is written, no
         cycle, no step unreachable. Errors name the ensemble, the step and the tensor."""
-        plan = EnsemblePlan(name, tuple(inputs), tuple(outputs), tuple(steps))
+        plan = EnsemblePlan(name, tuple(inputs), tuple(outputs), tuple(steps),
+                            frozenset(optional_inputs))
         where = f"ensemble '{name}'"
+        unknown = sorted(plan.optional_inputs - set(plan.inputs))
+        if unknown:
+            raise ConfigError(f"{where}: optional input '{unknown[0]}' is not an input")
         if not plan.steps:
             raise ConfigError(f"{where} must have at least one step")
         producer: dict[str, int] = {}
@@ -158,7 +183,12 @@ class IterFlow:
         return tensor, iteration
 
     def add_inputs(self, inputs: Mapping[str, object]) -> list[tuple[str, int]]:
-        return [self._add(name, value) for name, value in inputs.items()]
+        """The request's inputs at iteration 0; an optional input it leaves out is there too,
+        as ``None`` (the steps that read it run without it)."""
+        given = [self._add(name, value) for name, value in inputs.items()]
+        absent = [self._add(name, None) for name in self.plan.inputs
+                  if name in self.plan.optional_inputs and name not in inputs]
+        return given + absent
 
     def add_outputs(self, index: int, outputs: Mapping[str, object],
                     at: int | None = None) -> list[tuple[str, int]]:
@@ -185,9 +215,11 @@ class IterFlow:
                       if all(it in self.values.get(o, {}) for o in outputs))
 
     def inputs(self, index: int, iteration: int) -> dict[str, object]:
-        """What step ``index`` reads at ``iteration``, by its model's input names."""
-        return {model_input: self.values[tensor][iteration]
-                for model_input, tensor in self.plan.steps[index].input_map.items()}
+        """What step ``index`` reads at ``iteration``, by its model's input names (an
+        optional ensemble input the request left out is omitted)."""
+        step = self.plan.steps[index]
+        return step.request_inputs({tensor: self.values[tensor][iteration]
+                                    for tensor in step.input_map.values()})
 
     def output(self, name: str, iteration: int) -> object:
         return self.values[name][iteration]

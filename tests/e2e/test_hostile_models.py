@@ -3,7 +3,8 @@
 Each test is a regression test for a trigger of issue 21: a model whose ``execute`` never
 returns (its unload used to hang, and every repository call behind it, and SIGTERM never
 finished), a ``file:`` override naming one path as a file and as a folder, and a model name
-longer than a file system allows (both used to end the process).
+longer than a file system allows (both used to end the process); issue 22 adds ``file:``
+paths longer than the file system allows.
 """
 
 from __future__ import annotations
@@ -150,6 +151,14 @@ def test_model_name_longer_than_a_file_name(tmp_path: Path,
     assert status == 500 and b"longer than 255 bytes" in answer, answer
     status, _ = _raw(server, "POST", f"/v2/repository/models/{name}/unload", b"{}")
     assert status in (200, 400)
+    # a file: override whose path is too long: one part over 255 bytes, or the whole path
+    # over the system's limit (issue 22): that load fails, the server goes on
+    for path in ("1/" + "p" * 300 + "/model.onnx", "/".join(["d" * 200] * 30) + "/model.onnx"):
+        body = {"parameters": {"config": json.dumps({"name": "long", "backend": "onnxruntime"}),
+                               f"file:{path}": base64.b64encode(b"x").decode()}}
+        status, answer = _raw(server, "POST", "/v2/repository/models/long/load",
+                              json.dumps(body).encode())
+        assert status == 500 and b"cannot be written: File name too long" in answer, answer
     status, _ = _raw(server, "GET", "/v2/health/live")
     assert status == 200
     assert _metric(server, "nursery_internal_errors_total", "manager") == 0

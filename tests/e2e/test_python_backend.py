@@ -488,3 +488,73 @@ def test_stateful_python_model_under_the_sequence_batcher(tmp_path: Path,
                 assert result.as_numpy("OUTPUT")[0, 0] == sums[seq]
                 assert result.as_numpy("OUTPUT_STATE") is None
     client.close()
+
+
+OPTIONAL_IO = ('input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, '
+               '{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] optional: true } ]\n'
+               'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]')
+STRICT_IO = ('input [ { name: "A" data_type: TYPE_FP32 dims: [ 16 ] }, '
+             '{ name: "B" data_type: TYPE_FP32 dims: [ 16 ] optional: true } ]\n'
+             'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]')
+
+
+def test_ensemble_without_its_optional_input(start_server: Any, tmp_path: Path) -> None:
+    """Issue 22: a request that leaves out an optional ensemble input used to fail INTERNAL
+    (a KeyError in the ensemble scheduler). As in Triton, the steps that read it run without
+    it; a step whose model requires it fails with that model's own error; a step may leave an
+    optional input of its model unmapped, a required one fails the ensemble's load."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("py_optional_bias", "py_add_sub"):
+        copy_model(repo, name)
+    write_ensemble(repo, "ens_optional", OPTIONAL_IO,
+                   '{ model_name: "py_optional_bias" input_map { key: "INPUT0" value: "A" } '
+                   'input_map { key: "BIAS" value: "B" } output_map { key: "OUTPUT0" value: "T" } '
+                   '}, { model_name: "py_optional_bias" input_map { key: "INPUT0" value: "T" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }', max_batch_size=8)
+    write_ensemble(repo, "ens_optional_strict", STRICT_IO,
+                   '{ model_name: "py_add_sub" input_map { key: "INPUT0" value: "A" } '
+                   'input_map { key: "INPUT1" value: "B" } '
+                   'output_map { key: "OUTPUT0" value: "SUM" } }', max_batch_size=8)
+    write_ensemble(repo, "ens_required_unmapped", STRICT_IO,
+                   '{ model_name: "py_add_sub" input_map { key: "INPUT0" value: "A" } '
+                   'output_map { key: "OUTPUT0" value: "SUM" } }', max_batch_size=8)
+    server = start_server(repo, "--exit-on-error=false", "--strict-readiness=false")
+    client = httpclient.InferenceServerClient(server.url)
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    b = np.full((1, 4), 10, dtype=np.float32)
+    for _ in range(2):  # the first request without B must not spoil the next ones
+        got = client.infer("ens_optional", [http_input("A", a, "FP32")])
+        np.testing.assert_array_equal(got.as_numpy("Y"), a)
+        got = client.infer("ens_optional", [http_input("A", a, "FP32"),
+                                            http_input("B", b, "FP32")])
+        np.testing.assert_array_equal(got.as_numpy("Y"), a + b)
+        got = g.infer("ens_optional", [grpc_input("A", a, "FP32")])
+        np.testing.assert_array_equal(got.as_numpy("Y"), a)
+    # the step's model requires the input: its own request check fails the ensemble request
+    a16, b16 = pair(1)
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_optional_strict", [http_input("A", a16, "FP32")])
+    assert raised.value.status() == "400"
+    assert raised.value.message().startswith("in ensemble 'ens_optional_strict', ")
+    assert ("expected 2 inputs but got 1 inputs for model 'py_add_sub'"
+            in raised.value.message()), raised.value.message()
+    got = client.infer("ens_optional_strict", [http_input("A", a16, "FP32"),
+                                               http_input("B", b16, "FP32")])
+    np.testing.assert_allclose(got.as_numpy("SUM"), a16 + b16, rtol=1e-6)
+    # Triton's load check: a required input of a step's model must be mapped
+    assert not client.is_model_ready("ens_required_unmapped")
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert ("input 'INPUT1' of model 'py_add_sub' is not mapped to any ensemble tensor"
+            in index["ens_required_unmapped"]["reason"]), index["ens_required_unmapped"]
+    assert _internal_errors(server) == 0
+
+
+def _internal_errors(server: ServerProcess) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("nursery_internal_errors_total{"))

@@ -29,6 +29,8 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     repo = tmp_path_factory.mktemp("repo")
     make_models.write_sequence_accumulator(repo, "acc_direct", instance_count=2)
     make_models.write_sequence_accumulator(repo, "acc_oldest", strategy=OLDEST)
+    # neither direct nor oldest, as Triton's simple_sequence example: the direct strategy
+    make_models.write_sequence_accumulator(repo, "acc_default", strategy="")
     make_models.write_sequence_accumulator(repo, "acc_idle", idle_us=300_000)
     make_models.write_sequence_accumulator(repo, "acc_nobatch", max_batch_size=0,
                                            datatype="FP32", instance_count=2)
@@ -87,7 +89,7 @@ def _run_sequences(url: str, model: str, ids: list[int | str], steps: int) -> di
     return seen
 
 
-@pytest.mark.parametrize("model", ["acc_direct", "acc_oldest"])
+@pytest.mark.parametrize("model", ["acc_direct", "acc_oldest", "acc_default"])
 def test_interleaved_sequences_never_mix(seq_server: ServerProcess, model: str) -> None:
     """12 sequences at once (acc_oldest has 4 slots: 8 wait in the backlog, then take the
     slots as sequences end), uint64 and string IDs: each sees exactly its own running sum,

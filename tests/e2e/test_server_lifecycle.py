@@ -173,3 +173,50 @@ def test_sigterm_during_startup_exits_cleanly(tmp_path: Path,
     time.sleep(0.3)
     assert server.stop(timeout=60) == 0
     assert "shutdown during start-up" in server.log()
+
+
+def test_missing_repository_with_exit_on_error_false_serves_the_rest(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """Issue 22: Triton with --exit-on-error=false logs a repository it cannot read and
+    serves what the other repositories hold; in poll mode the repository is read again once
+    it appears."""
+    missing = tmp_path / "missing"
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server([missing, repo], "--exit-on-error=false",
+                          "--model-control-mode=poll", "--repository-poll-secs=1")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_server_live() and client.is_model_ready("add_sub")
+    assert [m["name"] for m in client.get_model_repository_index()] == ["add_sub"]
+    assert f"failed to poll model repository '{missing}': failed to open directory" in server.log()
+    make_models.write_string_identity(missing)
+    deadline = time.monotonic() + 30
+    while not client.is_model_ready("string_identity") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.is_model_ready("string_identity") and client.is_model_ready("add_sub")
+    assert server.stop() == 0
+
+
+def test_only_a_missing_repository_with_exit_on_error_false(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    server = start_server(tmp_path / "missing", "--exit-on-error=false", wait=False)
+    server.wait_ready(path="/v2/health/live")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_model_repository_index() == []
+    assert client.is_server_ready()  # no model failed: there is none
+    assert server.stop() == 0
+
+
+def test_missing_repository_stops_startup_with_one_line(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    missing = tmp_path / "missing"
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server([repo, missing], wait=False)
+    assert server.wait_exit(60) == 1
+    log = server.log()
+    assert "Traceback" not in log, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: creating server: Internal - failed to load all models: failed to "
+                      f"poll model repository '{missing}': failed to open directory {missing} "
+                      "(No such file or directory)"], log

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from nursery.actors import ensemble
 from nursery.errors import ConfigError, ErrorKind, InternalError, NurseryError
 from nursery.messages import CancelWork, CloseIntake, InferWork
-from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
+from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 
@@ -291,3 +291,117 @@ def test_decoupled_ensemble_answers_once_per_iteration_then_final(
         got = sorted((d["IDX"], d["OUT"]) for d in by_name)
         assert got == [(j, 1000 * n + i + j + 100) for j in range(n)]
         assert all(r.id == str(i) and r.model_name == "dec" for r in responses)
+
+
+@st.composite
+def graphs_with_absent_inputs(draw: st.DrawFn) -> tuple[EnsemblePlan, dict[str, int], set[str]]:
+    """A random DAG whose ensemble inputs are optional at random, and the optional ones a
+    request leaves out."""
+    plan, consts = draw(graphs())
+    optional = draw(st.sets(st.sampled_from(plan.inputs)))
+    plan = EnsemblePlan.build(plan.name, plan.inputs, plan.outputs, plan.steps, optional)
+    omitted = draw(st.sets(st.sampled_from(sorted(optional)))) if optional else set()
+    return plan, consts, omitted
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs_with_absent_inputs(), decoupled=st.booleans(), value=st.integers(0, 50))
+def test_optional_inputs_left_out_are_left_out_of_the_steps(
+        graph: tuple[EnsemblePlan, dict[str, int], set[str]], decoupled: bool,
+        value: int) -> None:
+    """Triton's ensemble scheduler: an optional ensemble input a request leaves out is an empty
+    placeholder, so every step still runs once, and a step that reads it gets a request
+    without that input (never a KeyError, never a step left waiting)."""
+    from nursery.messages import Part
+
+    plan, consts, omitted = graph
+    seen: dict[str, set[str]] = {}
+
+    def answer(request: InferenceRequest) -> InferenceResponse:
+        assert request.model_name not in seen, "a step ran twice"
+        seen[request.model_name] = set(request.inputs)
+        total = sum(int(t.data[0]) for t in request.inputs.values())
+        return InferenceResponse(request.model_name, "1", [
+            Tensor(o.name, DataType.INT64, (1,),
+                   np.array([total + consts[f"{request.model_name}/{o.name}"]], np.int64))
+            for o in request.requested_outputs])
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        await trio.sleep(0.001)
+        return answer(request)
+
+    async def stream(request: InferenceRequest, on_part: Any) -> None:
+        await trio.sleep(0.001)
+        await on_part(Part(answer(request), None, True))
+
+    given_inputs = {n: value + k for k, n in enumerate(plan.inputs) if n not in omitted}
+    got: list[Any] = []
+
+    async def main() -> None:
+        intake, inbox = trio.open_memory_channel[Any](10)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(ensemble.run, plan=plan, version="1", infer=infer,
+                                        inbox=inbox, stream=stream if decoupled else None))
+            send, receive = trio.open_memory_channel[Any](math.inf)
+            request = InferenceRequest("ens", "", {
+                n: Tensor(n, DataType.INT64, (1,), np.array([v], np.int64))
+                for n, v in given_inputs.items()})
+            await intake.send(InferWork(request, send, 1, time.monotonic_ns()))
+            got.append(await receive.receive())
+            while decoupled and not got[-1].final:  # parts, up to the final flag
+                got.append(await receive.receive())
+            with trio.move_on_after(1):  # nothing else may come
+                got.append(await receive.receive())
+            await intake.send(CloseIntake())
+            await intake.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if decoupled:  # one answer (iteration 0), then the final flag (on it, or alone)
+        assert got[-1].final and all(p.error is None for p in got), got
+        responses = [p.response for p in got if p.response is not None]
+        assert len(responses) == 1, got
+        response = responses[0]
+    else:
+        assert len(got) == 1, got
+        response = got[0]
+    assert isinstance(response, InferenceResponse), got
+    for step in plan.steps:  # every step ran, without the inputs left out
+        assert seen[step.model_name] == {i for i, t in step.input_map.items() if t not in omitted}
+    expected = evaluate(plan, consts, {n: given_inputs.get(n, 0) for n in plan.inputs})
+    assert {t.name: int(t.data[0]) for t in response.outputs} == {n: expected[n]
+                                                                  for n in plan.outputs}
+
+
+def test_request_inputs_leave_out_absent_tensors() -> None:
+    step = EnsembleStep("m", -1, {"IN": "x", "BIAS": "b", "MASK": "k"}, {"OUT": "y"})
+    assert step.request_inputs({"x": 1, "k": None}) == {"IN": 1}
+    plan = EnsemblePlan.build("e", ["x", "b"], ["y"], [step_reading("x", "b")], ["b"])
+    flow = IterFlow(plan)
+    updates = flow.add_inputs({"x": 5})
+    assert flow.ready(updates) == [(0, 0)]  # the step runs without b
+    assert flow.inputs(0, 0) == {"IN0": 5}
+    with pytest.raises(ConfigError, match="optional input 'z' is not an input"):
+        EnsemblePlan.build("e", ["x"], ["y"], [step_reading("x")], ["z"])
+
+
+def step_reading(*tensors: str) -> EnsembleStep:
+    return EnsembleStep("m", -1, {f"IN{i}": t for i, t in enumerate(tensors)}, {"OUT": "y"})
+
+
+def test_run_flow_without_an_optional_input() -> None:
+    """The regression of issue 22: run_flow looked the left-out input up (KeyError)."""
+    plan = EnsemblePlan.build("e", ["x", "b"], ["y"], [step_reading("x", "b")], ["b"])
+    requests: list[InferenceRequest] = []
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        requests.append(request)
+        t = request.inputs["IN0"]
+        return InferenceResponse("m", "1", [Tensor("OUT", t.datatype, t.shape, t.data)])
+
+    async def main() -> None:
+        x = Tensor("x", DataType.FP32, (1,), np.ones(1, np.float32))
+        response = await ensemble.run_flow(plan, "1", InferenceRequest("e", "", {"x": x}), infer)
+        assert [t.name for t in response.outputs] == ["y"]
+
+    trio.run(main)
+    assert [set(r.inputs) for r in requests] == [{"IN0"}]
