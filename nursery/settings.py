@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nursery.observability.logs import escape_from_environment
 from nursery.observability.tracing import TraceSettings, settings_from_config
 from nursery.scheduling.cache_store import parse_cache_config
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
@@ -53,6 +54,7 @@ class Settings:
     log_error: bool = True
     log_file: str = ""
     log_format: str = "default"
+    log_escape: bool = True  # TRITON_SERVER_ESCAPE_LOG_MESSAGES (an environment variable)
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
@@ -486,6 +488,7 @@ def settings_from_args(argv: list[str]) -> Settings:
         log_error=args.log_error,
         log_file=args.log_file,
         log_format=args.log_format,
+        log_escape=escape_from_environment(os.environ),
         allow_gpu_metrics=args.allow_gpu_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
