@@ -229,12 +229,17 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         tracer = self.core.tracer
         traceparent = _traceparent(stream) if tracer.active else ""
 
-        async def infer(work: Any, answer: Any, handle: Any, outputs: Any, trace: Any) -> None:
-            """A request the loop checked (``submit(queue=False)``): the full path (cache,
-            tracing), its failure told apart from its refusal."""
+        async def infer(request: Any, handle: Any, outputs: Any, trace: Any,
+                        checked: Any) -> None:
+            """The full path (cache, tracing); ``checked``: the ``(work, answer)`` of a request
+            the loop already checked (``triton_grpc_error`` mode tells its refusal, raised
+            there, from its failure, raised here), else None and the core checks it."""
             message: bytes | None
             try:
-                response = await self.core.client.run(work, answer, handle)
+                if checked is None:
+                    response = await self.core.infer(request, handle)
+                else:
+                    response = await self.core.client.run(*checked, handle)
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
@@ -264,12 +269,13 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         with closing:
             await self._serve_stream(receive, reply, unexpected, infer, decoupled, finish,
-                                     traceparent)
+                                     traceparent, grpc_error)
         if failure:  # ends the stream: grpc-status and message, as Triton's Finish(status)
             raise _status(failure[0])
 
     async def _serve_stream(self, receive: Any, reply: Any, unexpected: Any, infer: Any,
-                            decoupled: Any, finish: Any, traceparent: str) -> None:
+                            decoupled: Any, finish: Any, traceparent: str,
+                            check_first: bool) -> None:
         """Read the stream's requests, check and queue each in order, answer as they end."""
         shm = self.core.shm
         tracer = self.core.tracer
@@ -312,13 +318,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                         if traceparent and tracer.active:  # else the core samples it
                             trace = tracer.start(handle.name, traceparent)
                             request.trace = trace or False
-                        try:
-                            work, answer = self.core.client.submit(request, handle, queue=False)
-                        except BaseException:
-                            if trace is not None:
-                                trace.finish()
-                            raise
-                        nursery.start_soon(bounded, infer, work, answer, handle, outputs, trace)
+                        checked = None
+                        if check_first:
+                            try:
+                                checked = self.core.client.submit(request, handle, queue=False)
+                            except BaseException:
+                                if trace is not None:
+                                    trace.finish()
+                                raise
+                        nursery.start_soon(bounded, infer, request, handle, outputs, trace,
+                                           checked)
                         continue
                     work, answer = self.core.client.submit(request, handle)
                 except NurseryError as error:
