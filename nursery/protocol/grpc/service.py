@@ -239,7 +239,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 if checked is None:
                     response = await self.core.infer(request, handle)
                 else:
-                    response = await self.core.client.run(*checked, handle)
+                    work, answer = checked
+                    response = await self.core.client.run(work, answer, handle)
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
