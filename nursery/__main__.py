@@ -25,7 +25,8 @@ def setup_logging(settings: Settings) -> LogManager:
     return LogManager(LogSettings(
         log_file=settings.log_file, log_info=settings.log_info,
         log_warning=settings.log_warning, log_error=settings.log_error,
-        log_verbose_level=settings.log_verbose, log_format=settings.log_format))
+        log_verbose_level=settings.log_verbose, log_format=settings.log_format,
+        escape=settings.log_escape))
 
 
 def main(argv: list[str] | None = None) -> int:

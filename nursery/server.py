@@ -117,6 +117,7 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
         return binds
     server = HttpServer(core, build_routes_app(core),
                         max_input_size=settings.http_max_input_size,
+                        max_body_size=settings.http_max_body_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         **_http_deadlines(settings))
 

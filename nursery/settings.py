@@ -12,11 +12,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nursery.observability.logs import escape_from_environment
 from nursery.observability.tracing import TraceSettings, settings_from_config
 from nursery.scheduling.cache_store import parse_cache_config
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
+# The hard cap on a whole HTTP request body, binary tensor data included (nursery only):
+# --http-max-input-size bounds the JSON part, as in Triton, whose HTTP frontend reads the
+# Content-Length into an int32, so that no body it can describe is larger than this.
+DEFAULT_HTTP_MAX_BODY_SIZE = 2**31 - 1
 # What one client may hold on the HTTP and metrics ports (nursery only: Triton has no such
 # flags). Generous for real clients, short enough that idle or trickling ones let go.
 DEFAULT_HTTP_HEAD_TIMEOUT = 30.0
@@ -53,6 +58,7 @@ class Settings:
     log_error: bool = True
     log_file: str = ""
     log_format: str = "default"
+    log_escape: bool = True  # TRITON_SERVER_ESCAPE_LOG_MESSAGES (an environment variable)
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
@@ -62,6 +68,7 @@ class Settings:
     rate_limit_resources: tuple[tuple[tuple[str, int | None], int], ...] = ()
     cache_size: int | None = None  # --cache-config local,size=N: the response cache's bytes
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
+    http_max_body_size: int = DEFAULT_HTTP_MAX_BODY_SIZE
     http_head_timeout: float = DEFAULT_HTTP_HEAD_TIMEOUT
     http_body_timeout: float = DEFAULT_HTTP_BODY_TIMEOUT
     http_keepalive_timeout: float = DEFAULT_HTTP_KEEPALIVE_TIMEOUT
@@ -266,7 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "to the console.")
     parser.add_argument(
         "--http-max-input-size", type=int, default=DEFAULT_HTTP_MAX_INPUT_SIZE, metavar="<int>",
-        help="Maximum allowed HTTP request input size in bytes. Default is 64 MiB.",
+        help="Maximum allowed HTTP request input size in bytes: the JSON part of a request "
+        "(binary tensor data after an Inference-Header-Content-Length header does not count), "
+        "a raw binary request, a decompressed body. Default is 64 MiB.",
+    )
+    parser.add_argument(
+        "--http-max-body-size", type=int, default=DEFAULT_HTTP_MAX_BODY_SIZE, metavar="<int>",
+        help="(nursery only) The hard cap on a whole HTTP request body in bytes, binary tensor "
+        "data included; a body larger than this (or than --http-max-input-size, whichever is "
+        "larger) is refused before it is read. Bytes are buffered only as they arrive. "
+        "Default is 2147483647 (2 GiB - 1), the largest body Triton's HTTP frontend handles "
+        "(it reads Content-Length into an int32).",
     )
     _grpc_flags(parser)
     parser.add_argument(
@@ -503,6 +520,7 @@ def settings_from_args(argv: list[str]) -> Settings:
         log_error=args.log_error,
         log_file=args.log_file,
         log_format=args.log_format,
+        log_escape=escape_from_environment(os.environ),
         allow_gpu_metrics=args.allow_gpu_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
@@ -512,6 +530,7 @@ def settings_from_args(argv: list[str]) -> Settings:
         rate_limit=args.rate_limit,
         rate_limit_resources=tuple(resources),
         http_max_input_size=args.http_max_input_size,
+        http_max_body_size=args.http_max_body_size,
         http_head_timeout=args.http_head_timeout_secs,
         http_body_timeout=args.http_body_timeout_secs,
         http_keepalive_timeout=args.http_keepalive_timeout_secs,

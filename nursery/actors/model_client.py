@@ -92,6 +92,14 @@ class ModelClient:
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
         work, receive = self.submit(request, handle, queue=False)
+        return await self.run(work, receive, handle)
+
+    async def run(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+                  handle: ModelHandle) -> InferenceResponse:
+        """The rest of :meth:`infer` for a request checked by ``submit(..., queue=False)``:
+        the cache, tracing, the queue and the answer. A caller that must tell a request's
+        refusal (raised by ``submit``) from its failure (raised here) splits the two, as a
+        gRPC stream in ``triton_grpc_error`` mode does."""
         if self.cache is not None and handle.config.uses_response_cache:
             return await self._cached(work, receive, handle, self.cache)
         return await self._queued(work, receive, handle)

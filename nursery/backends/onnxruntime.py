@@ -333,10 +333,57 @@ def _config_dims(dims: list[int], strip_batch: bool) -> list[int]:
     return out or [1]
 
 
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def check_dims(model: str, tensor: str, model_shape: list[int], dims: list[int],
+               max_batch_size: int, *, exact: bool, ragged: bool = False) -> str | None:
+    """Why a config's ``dims`` (the reshape if there is one) contradict the model's shape, in
+    Triton's ORT backend words, or None. ``exact``: outputs, where a variable model dimension
+    must be variable in the config too; inputs may narrow it."""
+    if ragged:
+        if model_shape != [-1]:
+            return (f"unable to load model '{model}', configuration expects model provides "
+                    f"input with shape [-1]  for ragged input '{tensor}', model provides "
+                    f"{_shape_text(model_shape)}")
+        return None
+    if not model_shape:  # a scalar: the config may only say 1s
+        if any(d != 1 for d in dims):
+            return (f"unable to load model '{model}', scalar tensor '{tensor}', should only "
+                    "provide 1 in the model configuration when the model doesn't support "
+                    f"batching. Model configuration provided: {_shape_text(dims)}.")
+        return None
+    expected = dims
+    if max_batch_size > 0:
+        if model_shape[0] != -1:
+            return (f"model '{model}', tensor '{tensor}': for the model to support batching the "
+                    "shape should have at least 1 dimension and the first dimension must be "
+                    f"-1; but shape expected by the model is {_shape_text(model_shape)}")
+        expected = [-1, *dims]
+    same = len(model_shape) == len(expected) and all(
+        m == d for m, d in zip(model_shape, expected, strict=True) if exact or m != -1)
+    if same:
+        return None
+    head = (f"model '{model}', tensor '{tensor}': the model expects {len(model_shape)} "
+            f"dimensions (shape {_shape_text(model_shape)}) but the model configuration "
+            f"specifies {len(expected)} dimensions ")
+    if max_batch_size > 0:
+        return head + ("(an initial batch dimension because max_batch_size > 0 followed by the "
+                       f"explicit tensor shape, making complete shape {_shape_text(expected)})")
+    return head + f"(shape {_shape_text(expected)})"
+
+
 def _check_io(config: ModelConfig, session: Any) -> None:
-    """The config's inputs and outputs must exist in the model with the same datatype."""
+    """The config's inputs and outputs must exist in the model, with the model's datatype and
+    a shape the model accepts: Triton's ORT backend (``ValidateInputs`` / ``ValidateOutputs``
+    and ``CompareDimsSupported`` in onnxruntime_backend), its checks and words. An input's
+    dims may be more specific than the model's variable ones; an output's must match exactly."""
     model_inputs = {i.name: i for i in session.get_inputs()}
     model_outputs = {o.name: o for o in session.get_outputs()}
+    proto = config.proto
+    ragged = {i.name for i in proto.input if i.allow_ragged_batch}
+    batch_outputs = {name for b in proto.batch_output for name in b.target_name}
     for what, specs, found in (("input", config.inputs, model_inputs),
                                ("output", config.outputs, model_outputs)):
         for spec in specs:
@@ -349,10 +396,21 @@ def _check_io(config: ModelConfig, session: Any) -> None:
                 )
             dt = _ORT_TYPES.get(arg.type)
             if dt is not spec.datatype:
+                provided = dt.value if dt is not None else "INVALID"
                 raise ConfigError(
-                    f"model '{config.name}': {what} '{spec.name}' has data type "
-                    f"{spec.datatype.config_name} in config.pbtxt but {arg.type} in the model"
+                    f"unable to load model '{config.name}', configuration expects datatype "
+                    f"{spec.datatype.config_name} for {what} '{spec.name}', model provides "
+                    f"TYPE_{provided}"
                 )
+            if what == "output" and spec.name in batch_outputs:
+                continue  # a batch output's shape need not match the model
+            dims = list(spec.reshape if spec.reshape is not None else spec.dims)
+            model_shape = _dims(arg.shape)
+            error = check_dims(config.name, spec.name, model_shape, dims,
+                               config.max_batch_size, exact=what == "output",
+                               ragged=spec.name in ragged)
+            if error is not None:
+                raise ConfigError(error)
     provided = config.sequence.extra_inputs if config.sequence is not None else ()
     required = [n for n in model_inputs if n not in config.input_map and n not in provided]
     if required:

@@ -181,6 +181,29 @@ def safe_relative_path(path: str) -> str | None:
     return "/".join(parts) if parts else None
 
 
+def override_relative_path(path: str) -> str | None:
+    """A ``file:`` override's path inside the model folder, or None when it leaves it.
+
+    Triton joins the key to the folder with its ``JoinPath`` (a leading ``/`` joins, it does
+    not make the path absolute: ``file:/1/model.onnx`` is ``1/model.onnx``), then normalises
+    the result (``weakly_canonical``: repeated slashes, ``.`` and ``..``) and refuses what
+    escapes the folder. The same here, purely on the text: ``..`` may climb back as long as it
+    never climbs above the folder."""
+    if not path or "\0" in path:
+        return None
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                return None
+            parts.pop()
+            continue
+        parts.append(part)
+    return "/".join(parts) if parts else None
+
+
 def write_override(root: Path, name: str, files: Mapping[str, bytes]) -> ModelLocation:
     """Lay out a load request's ``file:`` overrides as a model folder of their own under
     ``root``, never outside it. Raises Triton's INTERNAL "failed to poll" error for a path that
@@ -190,7 +213,7 @@ def write_override(root: Path, name: str, files: Mapping[str, bytes]) -> ModelLo
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     for raw_path, content in files.items():
-        rel = safe_relative_path(raw_path)
+        rel = override_relative_path(raw_path)
         target = (folder / rel).resolve() if rel else None
         if target is None or folder.resolve() not in target.parents:
             raise InternalError(

@@ -2,9 +2,21 @@
 
 The settings are Triton's: ``log_info``, ``log_warning``, ``log_error`` (each level on or off),
 ``log_verbose_level`` (0 = no verbose lines; 1 and up turn nursery's DEBUG lines on, 2 and up
-the libraries' too), ``log_format`` ("default": ``I1122 12:51:00.713675 5330 module] msg``, or
-"ISO8601": ``2026-11-22T12:51:00Z I 5330 module] msg``) and ``log_file`` (set at start only).
-The logging extension (``/v2/logging``, gRPC LogSettings) reads and changes them.
+the libraries' too), ``log_format`` and ``log_file`` (set at start only). The logging
+extension (``/v2/logging``, gRPC LogSettings) reads and changes them.
+
+Line layouts, as Triton's logger writes them (common/src/logging.cc; documented in
+docs/protocol/extension_logging.md), the time in UTC:
+
+- "default": ``<level><month><day> <hour>:<min>:<sec>.<usec> <pid> <file>:<line>] <message>``,
+  e.g. ``I1122 12:51:00.713675 5330 server.py:201] "Started HTTP on 0.0.0.0:8000"``
+- "ISO8601": ``<year>-<month>-<day>T<hour>:<min>:<sec>Z <level> <pid> <file>:<line>] <message>``
+
+``<level>`` is E, W or I (verbose lines are I); ``<file>`` is the source file's base name.
+Messages are escaped by JSON string rules (rapidjson's: quotes around, ``\"``, ``\\`` and
+control characters escaped, so a multi-line message or traceback stays on one line) unless
+the environment variable ``TRITON_SERVER_ESCAPE_LOG_MESSAGES`` is "0" when the server starts;
+Triton has no flag for it and its logging extension cannot change it.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,6 +33,23 @@ from nursery.errors import InvalidArgument, Unsupported
 _LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E",
            logging.CRITICAL: "E"}
 _LIBRARIES = ("hypercorn", "quart", "grpclib", "h2", "hpack", "trio_asyncio", "asyncio")
+ESCAPE_ENVIRONMENT_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+
+# rapidjson's string escapes: the short forms it has, \u00XX (upper-case hex) for the other
+# control characters; '/' and characters past 0x7f are written as they are
+_ESCAPES: dict[int, str] = {c: f"\\u{c:04X}" for c in range(0x20)}
+_ESCAPES.update({0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r",
+                 0x22: '\\"', 0x5C: "\\\\"})
+
+
+def escape_message(message: str) -> str:
+    """``message`` as a JSON string, the way Triton's TritonJson::SerializeString writes it."""
+    return '"' + message.translate(_ESCAPES) + '"'
+
+
+def escape_from_environment(environ: Mapping[str, str]) -> bool:
+    """Triton escapes log messages unless ``TRITON_SERVER_ESCAPE_LOG_MESSAGES`` is "0"."""
+    return environ.get(ESCAPE_ENVIRONMENT_VARIABLE) != "0"
 
 
 @dataclass(frozen=True)
@@ -30,6 +60,7 @@ class LogSettings:
     log_error: bool = True
     log_verbose_level: int = 0
     log_format: str = "default"
+    escape: bool = True  # TRITON_SERVER_ESCAPE_LOG_MESSAGES, at start only (not in to_json)
 
     def to_json(self) -> dict[str, Any]:
         return {"log_file": self.log_file, "log_info": self.log_info,
@@ -38,22 +69,26 @@ class LogSettings:
 
 
 class _Formatter(logging.Formatter):
-    def __init__(self, style: str) -> None:
+    def __init__(self, style: str, escape: bool = True) -> None:
         super().__init__()
         self.style_name = style
+        self.escape = escape
 
     def format(self, record: logging.LogRecord) -> str:
         letter = _LETTER.get(record.levelno, "I")
         message = record.getMessage()
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
+        if self.escape:
+            message = escape_message(message)
+        utc = time.gmtime(record.created)
+        where = f"{record.process} {record.filename}:{record.lineno}]"
         if self.style_name == "ISO8601":
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-            return f"{stamp} {letter} {record.process} {record.name}] {message}"
-        local = time.localtime(record.created)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", utc)
+            return f"{stamp} {letter} {where} {message}"
         micros = int((record.created % 1) * 1_000_000)
-        stamp = time.strftime("%m%d %H:%M:%S", local)
-        return f"{letter}{stamp}.{micros:06d} {record.process} {record.name}] {message}"
+        stamp = time.strftime("%m%d %H:%M:%S", utc)
+        return f"{letter}{stamp}.{micros:06d} {where} {message}"
 
 
 class _LevelGate(logging.Filter):
@@ -90,7 +125,7 @@ class LogManager:
 
     def _apply(self) -> None:
         s = self.settings
-        self.handler.setFormatter(_Formatter(s.log_format))
+        self.handler.setFormatter(_Formatter(s.log_format, s.escape))
         logging.getLogger().setLevel(logging.DEBUG if s.log_verbose_level > 0 else logging.INFO)
         library_level = logging.DEBUG if s.log_verbose_level > 1 else logging.WARNING
         for name in (*_LIBRARIES, "nursery.http"):

@@ -100,8 +100,8 @@ def test_load_errors(tmp_path: Path, start_server: type[ServerProcess]) -> None:
     np.testing.assert_array_equal(http.infer("add_sub", inputs).as_numpy("OUTPUT0"), 2 * a)
 
 
-@pytest.mark.parametrize("path", ["../escape/model.onnx", "1/../../escape.onnx", "/etc/evil",
-                                  "1/../../../tmp/x"])
+@pytest.mark.parametrize("path", ["../escape/model.onnx", "1/../../escape.onnx", "/../escape.onnx",
+                                  "1/../../../tmp/x", "", "/"])
 def test_file_override_path_traversal(tmp_path: Path, start_server: type[ServerProcess],
                                       path: str) -> None:
     repo = tmp_path / "repo"
@@ -138,6 +138,32 @@ def test_file_override_serves_the_given_model(tmp_path: Path,
                     files={"file:1/model.onnx": onnx_bytes})
     assert http.is_model_ready("fresh2")
     assert base64.b64encode(b"ok")  # the HTTP client base64-encodes files itself
+
+
+def test_file_override_keys_with_a_leading_slash(tmp_path: Path,
+                                                 start_server: type[ServerProcess]) -> None:
+    """Triton joins a ``file:`` key to the model folder (``JoinPath``), so a leading slash
+    (or several) and ``..`` that stays inside are accepted (core's model_repository_manager)."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--model-control-mode=explicit")
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    onnx_bytes = (repo / "add_sub" / "1" / "model.onnx").read_bytes()
+    config = {"platform": "onnxruntime_onnx", "max_batch_size": 4,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+                        {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [16]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+                         {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": [16]}]}
+    inputs, a = _add_sub_inputs()
+    keys = ["file:/1/model.onnx", "file://1/model.onnx", "file:/2/../1/model.onnx"]
+    for i, key in enumerate(keys):
+        name = f"slash{i}"
+        client = http if i % 2 == 0 else grpc
+        client.load_model(name, config=json.dumps({**config, "name": name}),
+                          files={key: onnx_bytes, "file:/etc/notes.txt": b"kept inside"})
+        np.testing.assert_array_equal(http.infer(name, inputs).as_numpy("OUTPUT0"), 2 * a)
+    assert not Path("/etc/notes.txt").exists()
 
 
 def test_none_mode_refuses_changes(tmp_path: Path, start_server: type[ServerProcess]) -> None:

@@ -224,7 +224,7 @@ def test_log_settings_update_and_triton_errors() -> None:
         manager.update({"log_format": "ISO8601"})
         record = logging.LogRecord("nursery.x", logging.WARNING, "f", 1, "hello", None, None)
         line = manager.handler.format(record)
-        assert line.split(" ")[1] == "W" and line.endswith("nursery.x] hello")
+        assert line.split(" ")[1] == "W" and line.endswith(' f:1] "hello"')
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])

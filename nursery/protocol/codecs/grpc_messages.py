@@ -215,7 +215,11 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
             raise InvalidArgument(f"input '{name}' already exists in request")
         inputs[name] = Tensor(name, datatype, shape, data)
     outputs = []
+    requested: set[str] = set()
     for out in message.outputs:
+        if out.name in requested:  # core's AddOriginalRequestedOutput, as for HTTP
+            raise InvalidArgument(f"{prefix}output '{out.name}' already exists in request")
+        requested.add(out.name)
         classes = 0
         oparams = _arms(out.parameters)
         if "classification" in oparams:

@@ -9,6 +9,7 @@ answers.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +158,15 @@ def _flat(data: list[Any]) -> list[Any]:
     return data
 
 
+def _member_error(obj: Any, key: str, kind: str) -> InternalError:
+    """TritonJson's words for a member that is missing (or whose holder is not an object) and
+    for one of the wrong type; INTERNAL, as Triton 2.51 answers them (500)."""
+    if not isinstance(obj, dict) or key not in obj:
+        return InternalError(
+            f"Unable to parse '{key}': attempt to access non-existing object member '{key}'")
+    return InternalError(f"Unable to parse '{key}': attempt to access JSON non-{kind} as {kind}")
+
+
 def _shape(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise InternalError("Unable to parse 'shape': attempt to access JSON non-array as array")
@@ -230,21 +240,16 @@ def decode_request(
 
     inputs: dict[str, Tensor] = {}
     for item in raw_inputs:
-        if not isinstance(item, dict):
-            raise InternalError("Unable to parse 'inputs': attempt to access JSON non-object as object")
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise InternalError("Unable to parse 'name': attempt to access JSON non-string as string")
-        dt_text = item.get("datatype")
-        if not isinstance(dt_text, str):
-            raise InternalError(
-                "Unable to parse 'datatype': attempt to access JSON non-string as string"
-            )
-        shape = _shape(item.get("shape"))
-        iparams = _check_parameters(item.get("parameters"), "parameters")
-        has_data = "data" in item
-        has_binary = "binary_data_size" in iparams
-        has_shm = "shared_memory_region" in iparams
+        # Triton's order: which content field is set comes first (ValidateInputContentType:
+        # a member lookup on anything but an object finds nothing, so an input that is not an
+        # object sets no field: 400), then name, datatype and shape
+        found = item if isinstance(item, dict) else {}
+        found_params = found.get("parameters")
+        if not isinstance(found_params, dict):
+            found_params = {}
+        has_data = "data" in found
+        has_binary = "binary_data_size" in found_params
+        has_shm = "shared_memory_region" in found_params
         if has_data + has_binary + has_shm != 1:
             set_fields = "".join(
                 f" '{f}'" for f, on in (("data", has_data), ("binary_data_size", has_binary),
@@ -252,6 +257,18 @@ def decode_request(
             )
             given = " set" + set_fields if set_fields else " no field is set"
             raise InvalidArgument(f"{_CONTENT_FIELDS}{given}")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise _member_error(item, "name", "string")
+        dt_text = item.get("datatype")
+        if not isinstance(dt_text, str):
+            raise _member_error(item, "datatype", "string")
+        if "shape" not in item:
+            raise _member_error(item, "shape", "array")
+        shape = _shape(item["shape"])
+        # input parameters that are not an object hold no binary or shared-memory fields
+        # for Triton either (its Find on them finds nothing): ignored, not an error
+        iparams = found_params
         try:
             datatype = DataType.from_protocol(dt_text)
         except InvalidArgument:
@@ -259,11 +276,13 @@ def decode_request(
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
         count = checked_count(
             shape, datatype, f"{prefix}unexpected shape for input '{name}' for model '{model_name}'")
-        if not has_shm and datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:
+        if has_data and datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:
+            # JSON data becomes a new array of this size: bounded, as Triton bounds it (its
+            # words since --http-max-input-size came); binary blocks are views on the body
             raise InvalidArgument(
-                f"input '{name}' declares shape {list(shape)} of {datatype.value}, "
-                f"{count * datatype.itemsize} bytes, over the {max_bytes}-byte request limit "
-                "(--http-max-input-size)"
+                f"JSON input '{name}' has a byte_size ({count * datatype.itemsize} bytes) that "
+                f"exceeds the maximum allowed value of {max_bytes} bytes. Use "
+                "--http-max-input-size to increase the limit."
             )
         if has_shm:
             data = _shm_input(iparams, name, datatype, shape, count, model_name, request_id, shm)
@@ -308,7 +327,11 @@ def decode_request(
             raise InternalError("Unable to parse 'outputs': attempt to access JSON non-array as array")
         for item in raw_outputs:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                raise InternalError("Unable to parse 'name': attempt to access JSON non-string as string")
+                raise _member_error(item, "name", "string")
+            if item["name"] in listed:  # core's AddOriginalRequestedOutput refuses a repeat
+                raise InvalidArgument(
+                    f"[request id: {request_id or '<id_unknown>'}] output '{item['name']}' "
+                    "already exists in request")
             oparams = _check_parameters(item.get("parameters"), "parameters")
             binary = oparams.get("binary_data", False)
             if not isinstance(binary, bool):
@@ -409,13 +432,34 @@ def _uint_param(params: dict[str, Any], key: str) -> int:
     return value
 
 
-def _json_data(tensor: Tensor) -> list[Any]:
+# rapidjson's string escapes (Triton writes its JSON with rapidjson, without validating the
+# encoding): the short forms, \u00XX (upper-case hex) for the other control characters;
+# every other byte is written as it is
+_RAW_ESCAPES: dict[int, bytes] = {c: b"\\u%04X" % c for c in range(0x20)}
+_RAW_ESCAPES.update({0x08: b"\\b", 0x09: b"\\t", 0x0A: b"\\n", 0x0C: b"\\f",
+                     0x0D: b"\\r", 0x22: b'\\"', 0x5C: b"\\\\"})
+_NEEDS_ESCAPE = frozenset(_RAW_ESCAPES)
+
+
+def raw_json_string(value: bytes) -> bytes:
+    """``value`` as a JSON string the way Triton's HTTP frontend writes a BYTES element:
+    escaped as rapidjson escapes, its bytes otherwise untouched (not UTF-8 checked)."""
+    if not _NEEDS_ESCAPE.intersection(value):
+        return b'"' + value + b'"'
+    return b'"' + b"".join(_RAW_ESCAPES.get(c, bytes((c,))) for c in value) + b'"'
+
+
+def _json_data(tensor: Tensor) -> list[Any] | bytes:
+    """The ``data`` of a JSON output: a list for ``dumps``, or, for BYTES elements that are
+    not all UTF-8, the finished JSON array as bytes (Triton sends such bytes unchanged, inside
+    the JSON string, with status 200; a UTF-8 text is never altered, as U+FFFD would)."""
     data = tensor.data
     if tensor.datatype is DataType.BYTES:
-        return [
-            x.decode("utf-8", "replace") if isinstance(x, bytes | bytearray) else str(x)
-            for x in data.reshape(-1)
-        ]
+        flat = [x if isinstance(x, bytes | bytearray) else str(x).encode() for x in data.reshape(-1)]
+        try:
+            return [bytes(x).decode("utf-8") for x in flat]
+        except UnicodeDecodeError:
+            return b"[" + b",".join(raw_json_string(bytes(x)) for x in flat) + b"]"
     return data.reshape(-1).tolist()  # type: ignore[no-any-return]
 
 
@@ -425,6 +469,7 @@ def encode_response(
     """The response JSON header and the binary blocks that follow it (possibly none)."""
     outputs = []
     blocks: list[bytes | memoryview] = []
+    raw_data: dict[str, bytes] = {}  # placeholder -> a finished JSON array (non-UTF-8 BYTES)
     for tensor in response.outputs:
         entry: dict[str, Any] = {
             "name": tensor.name,
@@ -450,7 +495,13 @@ def encode_response(
                     f"sending {tensor.datatype.value} data via JSON is not supported. Please use "
                     f"the binary data format for output {tensor.name}"
                 )
-            entry["data"] = _json_data(tensor)
+            data = _json_data(tensor)
+            if isinstance(data, bytes):
+                placeholder = f"\0raw-{uuid.uuid4().hex}\0"
+                raw_data[placeholder] = data
+                entry["data"] = placeholder
+            else:
+                entry["data"] = data
         outputs.append(entry)
     head: dict[str, Any] = {}
     if response.id:
@@ -460,5 +511,8 @@ def encode_response(
     if response.parameters:
         head["parameters"] = response.parameters
     head["outputs"] = outputs
-    return dumps(head), blocks
+    text = dumps(head)
+    for placeholder, data in raw_data.items():  # the array in place of its placeholder string
+        text = text.replace(dumps(placeholder), data, 1)
+    return text, blocks
 

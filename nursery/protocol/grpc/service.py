@@ -52,6 +52,12 @@ def _status(error: NurseryError) -> grpclib.GRPCError:
     return grpclib.GRPCError(grpclib.const.Status(GRPC_STATUS[error.kind]), error.message)
 
 
+def _grpc_error_mode(stream: Any) -> bool:
+    """Triton's ``triton_grpc_error`` stream header, exactly "true" (infer_handler.h)."""
+    value = stream.metadata.get("triton_grpc_error") if stream.metadata else None
+    return value == "true"
+
+
 def _traceparent(stream: Any) -> str:
     """The W3C trace context a call carries in its metadata (grpclib's stream or the lean
     server's call), or ""."""
@@ -176,6 +182,22 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _stream_trio(self, stream: Any) -> None:
         receive, send = self._endpoints(stream)
         lock = trio.Lock()
+        # Triton's triton_grpc_error mode (the stream's metadata says "true"): the first
+        # request that fails once issued (its response is an error: the model, the queue)
+        # ends the whole stream with that error as gRPC status; requests refused when issued
+        # (not found, invalid) are still answered in-band (stream_infer_handler.cc)
+        grpc_error = _grpc_error_mode(stream)
+        failure: list[NurseryError] = []
+        closing = trio.CancelScope()
+
+        def failed(error: NurseryError) -> bytes | None:
+            """A failed request's in-band answer, or None once it has closed the stream."""
+            if not grpc_error:
+                return encode_stream_response(None, error.message)
+            if not failure:
+                failure.append(error)
+            closing.cancel()
+            return None
 
         async def reply(message: bytes) -> None:
             async with lock:
@@ -189,46 +211,56 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             return encode_stream_response(None, INTERNAL_MESSAGE)
 
         async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
+            message: bytes | None
             try:
                 response = await self.core.client.wait(work, answer, handle)
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
-                message = encode_stream_response(None, error.message)
+                message = failed(error)
             except Exception as exc:  # noqa: BLE001 - the request's boundary
                 message = unexpected(exc)
             finally:
                 self.draining.leave()
-            await reply(message)
+            if message is not None:
+                await reply(message)
 
         # a traceparent in the stream's metadata parents every request the stream carries
         tracer = self.core.tracer
         traceparent = _traceparent(stream) if tracer.active else ""
 
-        async def infer(request: Any, handle: Any, outputs: Any) -> None:
-            trace = None
-            if traceparent and tracer.active:  # else the core samples it
-                trace = tracer.start(handle.name, traceparent)
-                request.trace = trace or False
+        async def infer(request: Any, handle: Any, outputs: Any, trace: Any,
+                        checked: Any) -> None:
+            """The full path (cache, tracing); ``checked``: the ``(work, answer)`` of a request
+            the loop already checked (``triton_grpc_error`` mode tells its refusal, raised
+            there, from its failure, raised here), else None and the core checks it."""
+            message: bytes | None
             try:
-                response = await self.core.infer(request, handle)
+                if checked is None:
+                    response = await self.core.infer(request, handle)
+                else:
+                    work, answer = checked
+                    response = await self.core.client.run(work, answer, handle)
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
-                message = encode_stream_response(None, error.message)
+                message = failed(error)
             except Exception as exc:  # noqa: BLE001 - the request's boundary
                 message = unexpected(exc)
             finally:
                 self.draining.leave()
                 if trace is not None:
                     trace.finish()
-            await reply(message)
+            if message is not None:
+                await reply(message)
 
         async def decoupled(request: Any, handle: Any) -> None:
             try:
-                await self._stream_decoupled(request, handle, lock, send)
+                await self._stream_decoupled(request, handle, lock, send, failed)
             except NurseryError as error:
-                await reply(encode_stream_response(None, error.message))
+                message = failed(error)
+                if message is not None:
+                    await reply(message)
             except Exception as exc:  # noqa: BLE001 - the request's boundary
                 if only_gone(exc):  # the client went away mid-stream
                     raise
@@ -236,6 +268,18 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             finally:
                 self.draining.leave()
 
+        with closing:
+            await self._serve_stream(receive, reply, unexpected, infer, decoupled, finish,
+                                     traceparent, grpc_error)
+        if failure:  # ends the stream: grpc-status and message, as Triton's Finish(status)
+            raise _status(failure[0])
+
+    async def _serve_stream(self, receive: Any, reply: Any, unexpected: Any, infer: Any,
+                            decoupled: Any, finish: Any, traceparent: str,
+                            check_first: bool) -> None:
+        """Read the stream's requests, check and queue each in order, answer as they end."""
+        shm = self.core.shm
+        tracer = self.core.tracer
         in_flight = trio.Semaphore(MAX_STREAM_IN_FLIGHT)
 
         async def bounded(fn: Callable[..., Any], *args: Any) -> None:
@@ -270,8 +314,21 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                         continue
                     outputs = grpc_codec.decode_shm_outputs(message, shm)
                     if handle.config.sequence is None:  # no order to keep: the full path
-                        # (cache, tracing)
-                        nursery.start_soon(bounded, infer, request, handle, outputs)
+                        # (cache, tracing), after the checks
+                        trace = None
+                        if traceparent and tracer.active:  # else the core samples it
+                            trace = tracer.start(handle.name, traceparent)
+                            request.trace = trace or False
+                        checked = None
+                        if check_first:
+                            try:
+                                checked = self.core.client.submit(request, handle, queue=False)
+                            except BaseException:
+                                if trace is not None:
+                                    trace.finish()
+                                raise
+                        nursery.start_soon(bounded, infer, request, handle, outputs, trace,
+                                           checked)
                         continue
                     work, answer = self.core.client.submit(request, handle)
                 except NurseryError as error:
@@ -285,7 +342,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 nursery.start_soon(bounded, finish, work, answer, handle, outputs)
 
     async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
-                                send: Any) -> None:
+                                send: Any,
+                                failed: Callable[[NurseryError], bytes | None]) -> None:
         """A decoupled model's responses, each written as it comes, flagged
         ``triton_final_response``; a bare final flag becomes an empty final response only
         when the request asked for it (``triton_enable_empty_final_response``), as in Triton."""
@@ -293,7 +351,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         async def emit(part: Part) -> None:
             if part.error is not None:
-                reply = encode_stream_response(None, part.error.message)
+                answer = failed(part.error)
+                if answer is None:  # triton_grpc_error: the stream is closing
+                    return
+                reply = answer
             elif part.response is not None:
                 reply = encode_stream_response(grpc_codec.encode_response(
                     part.response, FINAL_RESPONSE if part.final else NOT_FINAL_RESPONSE))

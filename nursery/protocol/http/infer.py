@@ -38,7 +38,8 @@ class ClientGone(Exception):
     """The client disconnected before the request body arrived."""
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int,
+                    refuse: Callable[[int, int], NurseryError] | None = None) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -49,7 +50,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             if chunk:
                 size += len(chunk)
                 if size > limit:
-                    raise too_large(size, limit)
+                    raise (refuse or too_large)(size, limit)
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -198,10 +199,18 @@ async def infer_response(
         if header_len is None and not body:
             header_len = b"0"  # Triton treats an empty body as a raw binary request
         json_part, binary = binary_tensor.split_body(body, header_len)
+        # --http-max-input-size bounds what must be parsed or copied, as Triton's HTTP
+        # frontend does: the JSON header (EVBufferToJson), a raw binary body
+        # (EVBufferToRawInput) and, above, a decompressed body; binary tensor blocks after
+        # the JSON header are views on the body, bounded by the server's hard body cap
         if binary is not None and len(json_part) == 0:
+            if len(binary) > max_input_size:
+                raise raw_too_large(len(binary), max_input_size)
             request = _raw_request(handle.config, model, version, bytes(binary))
             fmt = json_codec.OutputFormat({}, True)
         else:
+            if len(json_part) > max_input_size:
+                raise too_large(len(json_part), max_input_size)
             parsed = json_codec.parse_json(json_part)
             request, fmt = json_codec.decode_request(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
@@ -240,22 +249,54 @@ def too_large(declared: int, limit: int) -> InvalidArgument:
     )
 
 
+def raw_too_large(size: int, limit: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"Raw input has a byte_size ({size} bytes) that exceeds the maximum allowed value of "
+        f"{limit} bytes. Use --http-max-input-size to increase the limit."
+    )
+
+
+def body_too_large(declared: int, cap: int) -> InvalidArgument:
+    """A body past the hard cap (nursery's: Triton has no separate flag, see
+    ``body_limit``)."""
+    return InvalidArgument(
+        f"Request body size of {declared} bytes exceeds the maximum allowed body size of {cap} "
+        "bytes. Use --http-max-body-size to increase the limit."
+    )
+
+
+def body_limit(headers: list[tuple[bytes, bytes]], max_input_size: int,
+               max_body_size: int) -> int:
+    """How many body bytes an inference request may send before it is refused unread.
+
+    Without ``Inference-Header-Content-Length`` the whole body is JSON (or compressed), so
+    ``--http-max-input-size`` bounds it; with the header, only the JSON part is bounded by it
+    (checked once the body is here) and binary tensor data may follow, up to the hard cap
+    ``--http-max-body-size`` (2 GiB - 1 by default: Triton reads Content-Length into an int32)."""
+    for key, _ in headers:
+        if key == binary_tensor.HEADER_LOWER:
+            return max(max_body_size, max_input_size)
+    return max_input_size
+
+
 async def handle_infer(
     core: Core, scope: dict[str, Any], receive: Receive, send: Send,
-    model: str, version: str, max_input_size: int,
+    model: str, version: str, max_input_size: int, max_body_size: int = 2**31 - 1,
 ) -> None:
     """The inference route as an ASGI handler (hypercorn's path)."""
     headers = scope["headers"]
+    limit = body_limit(headers, max_input_size, max_body_size)
+    refuse = too_large if limit == max_input_size else body_too_large
     for key, value in headers:
         if key == b"content-length":
             # more digits than any limit has: too large, without int() on the client's word
             # (past 4300 digits int() raises, and it is quadratic before that)
-            declared = (int(value) if len(value) <= 20 else max_input_size + 1) if value.isdigit() else 0
-            if declared > max_input_size:
-                await _send(send, error_response(too_large(declared, max_input_size)))
+            declared = (int(value) if len(value) <= 20 else limit + 1) if value.isdigit() else 0
+            if declared > limit:
+                await _send(send, error_response(refuse(declared, limit)))
                 return
     try:
-        body = await read_body(receive, max_input_size)
+        body = await read_body(receive, limit, refuse)
     except ClientGone:
         return
     except NurseryError as error:

@@ -33,7 +33,7 @@ from nursery.protocol.http.routes import (
     RouteRequest,
     answer,
 )
-from nursery.settings import Settings
+from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE, Settings
 
 
 def _response(result: Answer) -> Response:
@@ -75,7 +75,8 @@ def build_quart_app(core: Core) -> QuartTrio:
     return app
 
 
-def build_card_app(core: Core, *, max_input_size: int) -> ASGIApp:
+def build_card_app(core: Core, *, max_input_size: int,
+                   max_body_size: int = DEFAULT_HTTP_MAX_BODY_SIZE) -> ASGIApp:
     """The ASGI callable hypercorn serves: the lean inference handler first, quart for the rest."""
     quart_app = build_quart_app(core)
 
@@ -85,7 +86,8 @@ def build_card_app(core: Core, *, max_input_size: int) -> ASGIApp:
             if match is not None:
                 model = unquote(match.group(1).decode("latin-1"))
                 version = match.group(2).decode() if match.group(2) else ""
-                await handle_infer(core, scope, receive, send, model, version, max_input_size)
+                await handle_infer(core, scope, receive, send, model, version, max_input_size,
+                                   max_body_size)
                 return
         await quart_app(scope, receive, send)  # type: ignore[arg-type]  # ASGI dict scope
 
@@ -111,7 +113,8 @@ async def serve_hypercorn(
 ) -> None:
     """The HTTP port on hypercorn; once ``shutdown`` is set it stops accepting and lets the
     requests in flight finish (for at most ``--exit-timeout-secs``)."""
-    app = build_card_app(core, max_input_size=settings.http_max_input_size)
+    app = build_card_app(core, max_input_size=settings.http_max_input_size,
+                         max_body_size=settings.http_max_body_size)
     config = hypercorn_config(settings.http_address, settings.http_port,
                               settings.exit_timeout_secs)
     await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,  # type: ignore[arg-type]

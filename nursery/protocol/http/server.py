@@ -48,9 +48,17 @@ import trio
 from nursery.core import Core
 from nursery.protocol.codecs.status import error_body
 from nursery.protocol.http import http1
-from nursery.protocol.http.infer import Response, error_response, infer_response, too_large
+from nursery.protocol.http.infer import (
+    Response,
+    body_limit,
+    body_too_large,
+    error_response,
+    infer_response,
+    too_large,
+)
 from nursery.protocol.listeners import open_listeners
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
+from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
 
 log = logging.getLogger("nursery.http")
 
@@ -169,6 +177,7 @@ class HttpServer:
     the connections turned away at the cap."""
 
     def __init__(self, core: Core, app: ASGIApp, *, max_input_size: int,
+                 max_body_size: int = DEFAULT_HTTP_MAX_BODY_SIZE,
                  keep_alive_timeout: float = 75.0, head_timeout: float = 30.0,
                  body_timeout: float = 60.0, max_connections: int = 1000,
                  sweep_interval: float = 0.1, serve_infer: bool = True,
@@ -178,6 +187,7 @@ class HttpServer:
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
         self.app = app
         self.max_input_size = max_input_size
+        self.max_body_size = max_body_size  # the hard cap, binary tensor data included
         self.keep_alive_timeout = keep_alive_timeout
         self.head_timeout = head_timeout
         self.body_timeout = body_timeout
@@ -390,13 +400,14 @@ class HttpServer:
         None, None when the client closed."""
         stream = conn.stream
         length = head.content_length
+        limit = self._body_limit(head)
         if head.expect_continue and (length or head.chunked):
-            if length is not None and length > self.max_input_size:
-                return None, error_response(too_large(length, self.max_input_size))
+            if length is not None and length > limit:
+                return None, self._refuse_body(length, limit)
             conn.deadline = trio.current_time() + self.body_timeout
             await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
         if head.chunked:
-            reader = http1.ChunkedReader(self.max_input_size)
+            reader = http1.ChunkedReader(limit)
             data = bytes(buf)
             buf.clear()
             if not reader.feed(data):
@@ -411,8 +422,8 @@ class HttpServer:
             return bytes(reader.body), None
         if not length:
             return b"", None
-        if length > self.max_input_size:
-            return None, error_response(too_large(length, self.max_input_size))
+        if length > limit:
+            return None, self._refuse_body(length, limit)
         if len(buf) < length:
             conn.deadline = trio.current_time() + self.body_timeout
             while len(buf) < length:
@@ -423,6 +434,20 @@ class HttpServer:
         body = bytes(buf[:length])
         del buf[:length]
         return body, None
+
+    def _body_limit(self, head: http1.RequestHead) -> int:
+        """``--http-max-input-size`` for every body but an inference request's with an
+        ``Inference-Header-Content-Length``: its binary tensor data may reach the hard cap
+        (``infer.body_limit``; the JSON part is checked against the input size once read).
+        The body is buffered as its bytes arrive, never ahead of them."""
+        if (self.serve_infer and head.method == b"POST"
+                and _INFER.match(head.path) is not None):
+            return body_limit(head.headers, self.max_input_size, self.max_body_size)
+        return self.max_input_size
+
+    def _refuse_body(self, length: int, limit: int) -> Response:
+        refuse = too_large if limit == self.max_input_size else body_too_large
+        return error_response(refuse(length, limit))
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
                       server: Any) -> Response:

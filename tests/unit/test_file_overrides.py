@@ -1,0 +1,38 @@
+"""``file:`` override keys: Triton's JoinPath + weakly_canonical, and the folder fence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nursery.config.repository import override_relative_path, write_override
+from nursery.errors import InternalError
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("1/model.onnx", "1/model.onnx"),
+    ("/1/model.onnx", "1/model.onnx"),  # JoinPath joins a leading slash, it is not absolute
+    ("//1//model.onnx", "1/model.onnx"),
+    ("./1/./model.onnx", "1/model.onnx"),
+    ("/2/../1/model.onnx", "1/model.onnx"),  # '..' that stays inside is normalised away
+    ("/etc/passwd", "etc/passwd"),
+    ("a\\b", "a\\b"),  # a backslash is a file name character on Linux, as for Triton
+])
+def test_keys_inside_the_folder(key: str, expected: str) -> None:
+    assert override_relative_path(key) == expected
+
+
+@pytest.mark.parametrize("key", ["", "/", ".", "..", "/../x", "1/../../x", "a/../../b",
+                                 "1/\0/x"])
+def test_keys_that_leave_the_folder(key: str) -> None:
+    assert override_relative_path(key) is None
+
+
+def test_write_override_keeps_files_inside(tmp_path: Path) -> None:
+    location = write_override(tmp_path, "m", {"/1/model.onnx": b"a", "/etc/x": b"b"})
+    assert (location.path / "1" / "model.onnx").read_bytes() == b"a"
+    assert (location.path / "etc" / "x").read_bytes() == b"b"
+    with pytest.raises(InternalError, match="must stay within model directory"):
+        write_override(tmp_path, "m", {"/../escape": b"c"})
+    assert not (tmp_path / "escape").exists()
