@@ -28,6 +28,7 @@ from nursery.core import Core, Lifecycle, Services
 from nursery.errors import StartupError
 from nursery.messages import ManagerCommand
 from nursery.observability.arrival_log import ArrivalLog
+from nursery.observability.custom_metrics import CustomMetrics
 from nursery.observability.logs import LogManager
 from nursery.observability.metrics import MetricsOptions
 from nursery.observability.system import SystemSampler
@@ -249,7 +250,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                                      inbox=limits_inbox, faults=faults))
             limiter = RateLimiterClient(limits_send)
         # the one way requests reach models: frontends (through the core), ensembles, BLS
-        client = ModelClient(directory, tracer=tracer, cache=cache, arrival_log=arrival_log)
+        client = ModelClient(directory, tracer=tracer, cache=cache, arrival_log=arrival_log,
+                             custom_metrics=CustomMetrics())
         lifecycle = Lifecycle()
         core = Core(Services(directory, client, commands, faults=faults,
                              log_manager=log_manager, lifecycle=lifecycle,

@@ -33,6 +33,7 @@ from nursery.messages import (
     Part,
 )
 from nursery.observability.arrival_log import ArrivalLog
+from nursery.observability.custom_metrics import CustomMetrics
 from nursery.observability.tracing import TraceManager, TraceSettings
 from nursery.scheduling.cache_store import frozen_copy, request_key
 from nursery.types import InferenceRequest, InferenceResponse
@@ -73,8 +74,11 @@ class ModelClient:
 
     def __init__(self, directory: Directory, *, tracer: TraceManager | None = None,
                  cache: trio.MemorySendChannel[Any] | None = None,
-                 arrival_log: ArrivalLog | None = None) -> None:
+                 arrival_log: ArrivalLog | None = None,
+                 custom_metrics: CustomMetrics | None = None) -> None:
         self.directory = directory
+        # the families models define (pb_utils.MetricFamily), served on the metrics port
+        self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
         self.token = trio.lowlevel.current_trio_token()
         self.tracer = tracer if tracer is not None else TraceManager(TraceSettings())
         self.cache = cache  # the ResponseCache's inbox (None: no --cache-config)

@@ -28,6 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
+from nursery.observability.custom_metrics import KIND_NAMES, FamilySnapshot
 from nursery.observability.exposition import generate_text, number
 from nursery.observability.stats import StatsSnapshot
 from nursery.observability.system import SystemSample
@@ -180,6 +181,23 @@ class Scrape:
     cache_totals: CacheTotals | None = None
     decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None
     faults: Mapping[str, int] | None = None
+    custom: Sequence[FamilySnapshot] = ()  # the families models defined (pb_utils.MetricFamily)
+
+
+def _custom_families(families: Sequence[FamilySnapshot]) -> Iterator[Metric]:
+    """Model-defined families, with the model's own names, descriptions and labels."""
+    for f in families:
+        family = Metric(f.name, f.description, KIND_NAMES[f.kind])
+        for labels, value in f.series:
+            family.add_sample(f.name, dict(labels), value)
+        for labels, bounds, cumulative, total, count in f.histograms:
+            for bound, seen in zip(bounds, cumulative, strict=True):
+                family.add_sample(f"{f.name}_bucket", {**dict(labels), "le": number(bound)},
+                                  seen)
+            family.add_sample(f"{f.name}_bucket", {**dict(labels), "le": "+Inf"}, count)
+            family.add_sample(f"{f.name}_sum", dict(labels), total)
+            family.add_sample(f"{f.name}_count", dict(labels), count)
+        yield family
 
 
 def _counter(name: str, help_text: str) -> Metric:
@@ -210,6 +228,7 @@ class TritonCollector:
             _fault_family(scrape.faults),
             *(_cpu_families(scrape.system) if options.cpu else ()),
             *(_gpu_families(scrape.system) if options.gpu and scrape.system.gpus else ()),
+            *_custom_families(scrape.custom),
         )
         for family in families:
             if family is not None and family.samples:

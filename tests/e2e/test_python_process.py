@@ -179,3 +179,39 @@ def test_readiness_follows_the_stub(tmp_path: Path, start_server: type[ServerPro
     assert after != before
     assert client.infer("py_crash", _fp32(3.0, 0.0)).as_numpy("OUTPUT0")[0, 0] == 3.0
     assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_custom_metrics_from_model_py(tmp_path: Path, start_server: type[ServerProcess],
+                                      mode: str) -> None:
+    """pb_utils.MetricFamily counters, gauges and histograms, on the metrics port."""
+    import urllib.request
+
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_metrics", repo / "py_metrics")
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}")
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+
+    def one(value: float) -> httpclient.InferInput:
+        item = httpclient.InferInput("INPUT0", [1], "FP32")
+        item.set_data_from_numpy(np.array([value], dtype=np.float32))
+        return item
+
+    for value, total in ((0.5, 1.0), (5.0, 2.0), (50.0, 3.0)):
+        assert client.infer("py_metrics", [one(value)]).as_numpy("OUTPUT0")[0] == total
+    with pytest.raises(InferenceServerException, match="'set' is not supported for a counter"):
+        client.infer("py_metrics", [one(-1.0)])
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    labels = 'model="py_metrics",version="1"'
+    for line in ("# TYPE py_metrics_requests counter",
+                 f"py_metrics_requests{{{labels}}} 3",
+                 "# HELP py_metrics_last_input The last input seen",
+                 f"py_metrics_last_input{{{labels}}} 50",
+                 "# TYPE py_metrics_inputs histogram",
+                 f'py_metrics_inputs_bucket{{le="1",{labels}}} 1',
+                 f'py_metrics_inputs_bucket{{le="10",{labels}}} 2',
+                 f'py_metrics_inputs_bucket{{le="+Inf",{labels}}} 3',
+                 f"py_metrics_inputs_count{{{labels}}} 3"):
+        assert line in text, f"{line!r} not in:\n{text}"
+    assert server.stop() == 0, server.log()

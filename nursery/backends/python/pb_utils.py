@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nursery.errors import ErrorKind, NurseryError
+from nursery.observability.custom_metrics import labels_of
 from nursery.runtime.threads import current_context
 from nursery.types import DataType, RequestedOutput, datatype_of_array
 from nursery.types import InferenceRequest as _Request
@@ -543,6 +544,65 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _log.debug("%s", message)
+
+
+# -- custom metrics -----------------------------------------------------------------------
+
+
+class MetricFamily:
+    """A family of metrics the model defines; served on the metrics port beside Triton's."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        metrics = getattr(current_context(), "custom_metrics", None)
+        if metrics is None:
+            raise TritonModelException(
+                "MetricFamily must be created on a thread the server runs the model on "
+                "(initialize or execute)")
+        self._metrics: Any = metrics
+        self.name = name
+        self.kind = kind
+        try:
+            self._metrics.family(name, description, kind)
+        except NurseryError as exc:
+            raise TritonModelException(exc.message) from None
+
+    def Metric(self, labels: dict[str, str] | None = None,  # noqa: N802 - Triton's name
+               buckets: list[float] | None = None) -> Metric:
+        return Metric(self, labels, buckets)
+
+
+class Metric:
+    """One metric of a family: a set of label values."""
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str] | None,
+                 buckets: list[float] | None) -> None:
+        self._family = family
+        self._labels = labels_of(labels)
+        self._call("metric", None if buckets is None else tuple(buckets))
+
+    def _call(self, op: str, *args: Any) -> Any:
+        try:
+            if op == "metric":
+                return self._family._metrics.metric(self._family.name, self._labels, *args)
+            return self._family._metrics.update(self._family.name, self._labels, op, *args)
+        except NurseryError as exc:
+            raise TritonModelException(exc.message) from None
+
+    def increment(self, value: float) -> None:
+        self._call("increment", float(value))
+
+    def set(self, value: float) -> None:
+        self._call("set", float(value))
+
+    def observe(self, value: float) -> None:
+        self._call("observe", float(value))
+
+    def value(self) -> float:
+        return float(self._call("value"))
 
 
 # -- auto-complete --------------------------------------------------------------------------

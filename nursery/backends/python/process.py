@@ -91,7 +91,7 @@ class ProcessInstance:
     def _spawn(self) -> None:
         channel, theirs = Channel.pair()
         self.channel = channel
-        self.dead = False
+        self.dead = True  # until the stub says it is ready: a batch waits for the start
         self._control = queue.SimpleQueue()
         try:
             self.process = subprocess.Popen(
@@ -111,6 +111,7 @@ class ProcessInstance:
             pass  # the reader reports the death
         answer = self._control.get()
         if answer[0] == "ready":
+            self.dead = False
             log.info("model '%s': instance %s runs in stub process %d", config.name,
                      self.instance_name, self.process.pid)
             return
@@ -138,6 +139,8 @@ class ProcessInstance:
                     self._part(message[1], message[2], message[3])
                 elif kind == "bls":
                     self._bls.submit(self._call, channel, *message[1:])
+                elif kind == "metric":
+                    self._metric(channel, *message[1:])
                 elif kind == "log":
                     logging.getLogger(message[2] or "nursery.python_model").log(
                         message[1], "%s", message[3])
@@ -196,6 +199,28 @@ class ProcessInstance:
                 (batch, index))
         if work is not None:
             self._token.run_sync_soon(mailbox.tell, work.reply, answer)
+
+    def _metric(self, channel: Channel, call: int, op: str, *args: Any) -> None:
+        """A custom-metric operation from the model, on the server's registry."""
+        answer: Any
+        try:
+            if self._client is None:
+                raise Unavailable("custom metrics are not available here")
+            metrics = self._client.custom_metrics
+            if op == "family":
+                answer = metrics.family(*args)
+            elif op == "metric":
+                labels, buckets = args[1], args[2]
+                answer = metrics.metric(args[0], tuple(map(tuple, labels)),
+                                        None if buckets is None else tuple(buckets))
+            else:
+                answer = metrics.update(args[0], tuple(map(tuple, args[1])), *args[2:])
+        except NurseryError as error:
+            answer = error
+        try:
+            channel.send("metric_answer", call, answer)
+        except ChannelClosed:
+            pass
 
     def _call(self, channel: Channel, call: int, request: InferenceRequest,
               decoupled: bool) -> None:

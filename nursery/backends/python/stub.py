@@ -77,6 +77,34 @@ class StubClient:
         self.channel.send("bls", call, request, decoupled)
         return call, answers
 
+    @property
+    def custom_metrics(self) -> StubClient:
+        """The server's custom metrics, reached over the channel (each call waits for the
+        server's answer, so a refused operation raises in the model as in Triton)."""
+        return self
+
+    def _metric_call(self, *args: Any) -> Any:
+        call = next(self._ids)
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.calls[call] = answers
+        try:
+            self.channel.send("metric", call, *args)
+            answer = answers.get()
+        finally:
+            self.calls.pop(call, None)
+        if isinstance(answer, NurseryError):
+            raise answer
+        return answer
+
+    def family(self, name: str, description: str, kind: int) -> None:
+        self._metric_call("family", name, description, kind)
+
+    def metric(self, name: str, labels: Any, buckets: Any) -> None:
+        self._metric_call("metric", name, labels, buckets)
+
+    def update(self, name: str, labels: Any, op: str, value: float = 0.0) -> float:
+        return float(self._metric_call("update", name, labels, op, value))
+
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
         call, answers = self._start(request, False)
         try:
@@ -125,7 +153,7 @@ def serve(channel: Channel) -> int:
         try:
             while True:
                 message = channel.receive()
-                if message[0] in ("bls_answer", "bls_part"):
+                if message[0] in ("bls_answer", "bls_part", "metric_answer"):
                     answers = client.calls.get(message[1])
                     if answers is not None:
                         answers.put(message[2])

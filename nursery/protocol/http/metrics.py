@@ -44,7 +44,8 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
                         decoupled[(m, v)] = config.first_response_buckets
             totals = await core.cache_totals()  # None without a cache
             body = endpoint.render(metrics.Scrape(entries, sampler.latest, frozenset(cached),
-                                                  totals, decoupled, core.faults.snapshot()))
+                                                  totals, decoupled, core.faults.snapshot(),
+                                                  core.client.custom_metrics.snapshot()))
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})
