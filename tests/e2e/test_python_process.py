@@ -215,3 +215,31 @@ def test_custom_metrics_from_model_py(tmp_path: Path, start_server: type[ServerP
                  f"py_metrics_inputs_count{{{labels}}} 3"):
         assert line in text, f"{line!r} not in:\n{text}"
     assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_is_cancelled_sees_the_client_leave(tmp_path: Path, start_server: type[ServerProcess],
+                                            mode: str) -> None:
+    """``request.is_cancelled()`` turns true once the client is gone, in both modes."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_cancel", repo / "py_cancel")
+    marker = tmp_path / "cancelled"
+    with (repo / "py_cancel" / "config.pbtxt").open("a") as config:
+        config.write(f'parameters {{ key: "cancel_marker" value {{ string_value: "{marker}" }} }}\n')
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}")
+
+    def one(value: float) -> list[httpclient.InferInput]:
+        item = httpclient.InferInput("INPUT0", [1], "FP32")
+        item.set_data_from_numpy(np.array([value], dtype=np.float32))
+        return [item]
+
+    impatient = httpclient.InferenceServerClient(server.url, network_timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(Exception):  # noqa: B017, PT011 - the client's own timeout, any form
+        impatient.infer("py_cancel", one(-1.0))
+    impatient.close()
+    _wait_for(marker, timeout=20)
+    assert time.monotonic() - started < 15  # seen well before the model's 30 s
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    assert client.infer("py_cancel", one(2.0)).as_numpy("OUTPUT0")[0] == 2.0
+    assert server.stop() == 0, server.log()

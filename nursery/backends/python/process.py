@@ -18,6 +18,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +36,7 @@ from nursery.types import InferenceRequest, Tensor, datatype_of_array
 
 log = logging.getLogger("nursery.backends.python")
 FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
+CANCEL_POLL = 0.05  # seconds between looks for requesters that stopped waiting
 
 
 def _stub_environment() -> dict[str, str]:
@@ -73,6 +75,7 @@ class ProcessInstance:
         self._closing = False
         self._starting = False
         self._start()
+        threading.Thread(target=self._watch, name=f"{name}-cancel-watch", daemon=True).start()
 
     @property
     def healthy(self) -> bool:
@@ -190,6 +193,30 @@ class ProcessInstance:
             except NurseryError as exc:
                 log.error("model '%s': the stub process of instance %s could not be started "
                           "again: %s", self.model_name, self.instance_name, exc.message)
+
+    def _watch(self) -> None:
+        """Tell the stub when a requester stops waiting (``request.is_cancelled()`` there):
+        the reply channel's receive end closes, which only the server can see."""
+        told: set[tuple[int, int]] = set()
+        while not self._closing:
+            time.sleep(CANCEL_POLL)
+            with self._lock:
+                open_now = list(self._open.items())
+            keys = {key for key, _ in open_now}
+            for key in told - keys:  # answered since: the stub may forget it
+                told.discard(key)
+                self._tell("forget", *key)
+            for key, work in open_now:
+                if key not in told and work.abandoned():
+                    told.add(key)
+                    self._tell("cancel", *key)
+
+    def _tell(self, *message: Any) -> None:
+        if not self.dead:
+            try:
+                self.channel.send(*message)
+            except ChannelClosed:
+                pass
 
     def _part(self, batch: int, index: int, answer: Any) -> None:
         """A response a model's sender sent: straight on to the requester."""

@@ -52,13 +52,15 @@ class _Reply:
 
 
 class _Work:
-    __slots__ = ("request", "reply")
+    __slots__ = ("request", "reply", "cancelled")
 
-    def __init__(self, request: InferenceRequest, reply: _Reply) -> None:
-        self.request, self.reply = request, reply
+    def __init__(self, request: InferenceRequest, reply: _Reply,
+                 cancelled: set[tuple[int, int]]) -> None:
+        self.request, self.reply, self.cancelled = request, reply, cancelled
 
     def abandoned(self) -> bool:
-        return False
+        """``request.is_cancelled()``: the server said the requester stopped waiting."""
+        return (self.reply.batch, self.reply.index) in self.cancelled
 
 
 class StubClient:
@@ -148,12 +150,17 @@ class _ToServer(logging.Handler):
 def serve(channel: Channel) -> int:
     client = StubClient(channel)
     inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+    cancelled: set[tuple[int, int]] = set()  # (batch, index) whose requester went away
 
     def read() -> None:
         try:
             while True:
                 message = channel.receive()
-                if message[0] in ("bls_answer", "bls_part", "metric_answer"):
+                if message[0] == "cancel":
+                    cancelled.add((message[1], message[2]))
+                elif message[0] == "forget":
+                    cancelled.discard((message[1], message[2]))
+                elif message[0] in ("bls_answer", "bls_part", "metric_answer"):
                     answers = client.calls.get(message[1])
                     if answers is not None:
                         answers.put(message[2])
@@ -199,7 +206,8 @@ def serve(channel: Channel) -> int:
         kind = message[0]
         if kind == "execute":
             _, batch, requests = message
-            work = [_Work(r, _Reply(channel, batch, i)) for i, r in enumerate(requests)]
+            work = [_Work(r, _Reply(channel, batch, i), cancelled)
+                    for i, r in enumerate(requests)]
             answers = instance_.execute_requests(work)  # type: ignore[arg-type]
             channel.send("result", batch, answers)
         elif kind == "warm":
