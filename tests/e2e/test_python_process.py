@@ -243,3 +243,62 @@ def test_is_cancelled_sees_the_client_leave(tmp_path: Path, start_server: type[S
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     assert client.infer("py_cancel", one(2.0)).as_numpy("OUTPUT0")[0] == 2.0
     assert server.stop() == 0, server.log()
+
+
+ENV_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import envonly_module  # exists only in the model's EXECUTION_ENV_PATH environment
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "OUTPUT0", np.array([envonly_module.VALUE], dtype=np.float32))])
+            for _ in requests]
+'''
+
+
+def _env_model(repo: Path, name: str, env_path: str | None) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(ENV_MODEL)
+    config = (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+              'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+              'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    if env_path is not None:
+        config += ('parameters { key: "EXECUTION_ENV_PATH" value { string_value: '
+                   f'"{env_path}" }} }}\n')
+    (repo / name / "config.pbtxt").write_text(config)
+
+
+def test_execution_env_path(tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """EXECUTION_ENV_PATH: a model's own environment (a folder or a packed archive) runs its
+    stub; a missing one fails that model's load only."""
+    import subprocess
+    import sys
+    import tarfile
+
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (site,) = env.glob("lib/python*/site-packages")
+    (site / "envonly_module.py").write_text("VALUE = 42.0\n")
+    repo = tmp_path / "repo"
+    _env_model(repo, "in_folder", str(env))
+    _env_model(repo, "packed", "$$TRITON_MODEL_DIRECTORY/env.tar.gz")
+    with tarfile.open(repo / "packed" / "env.tar.gz", "w:gz") as tar:
+        tar.add(env, arcname=".")
+    _env_model(repo, "missing_env", "$$TRITON_MODEL_DIRECTORY/nowhere.tar.gz")
+    _env_model(repo, "no_env", None)  # the module is not on the server's path
+    server = start_server(repo, "--exit-on-error=false", "--strict-readiness=false")
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    item = httpclient.InferInput("INPUT0", [1], "FP32")
+    item.set_data_from_numpy(np.array([0.0], dtype=np.float32))
+    for name in ("in_folder", "packed"):
+        assert client.infer(name, [item]).as_numpy("OUTPUT0")[0] == 42.0
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["missing_env"]["state"] == "UNAVAILABLE"
+    assert "EXECUTION_ENV_PATH" in index["missing_env"]["reason"]
+    assert "does not exist" in index["missing_env"]["reason"]
+    assert index["no_env"]["state"] == "UNAVAILABLE"
+    assert "envonly_module" in index["no_env"]["reason"]
+    assert server.stop() == 0, server.log()

@@ -42,6 +42,8 @@ import numpy as np
 
 from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
+from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
+from nursery.backends.python.environment import environment_path
 from nursery.backends.python.process import ProcessInstance
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
@@ -305,7 +307,11 @@ class PythonFactory:
     def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
         """Triton calls the model's static ``auto_complete_config`` with the configuration
         as read; what it completes (max_batch_size, inputs, outputs, dynamic batching, the
-        transaction policy) goes back into ``config``."""
+        transaction policy) goes back into ``config``. A model with its own environment
+        (``EXECUTION_ENV_PATH``) is not imported into the server for this: its configuration
+        must be complete."""
+        if ENV_PARAMETER in config.parameters:
+            return
         path = _model_file(config.default_model_filename, version_path)
         module = import_model(path, config.name)
         complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
@@ -346,7 +352,8 @@ class PythonFactory:
             "model_version": version_path.name,
             "model_name": config.name,
         }
-        if instance_mode(config, self.instance_mode) == "process":
+        if (instance_mode(config, self.instance_mode) == "process"
+                or environment_path(config) is not None):  # an environment needs a process
             return ProcessInstance(config, version_path.name, name, args)
         path = _model_file(config.default_model_filename, version_path)
         return start_model(path, config, args, version_path.name, name)

@@ -27,6 +27,12 @@ from typing import Any
 import numpy as np
 
 from nursery.actors import mailbox
+from nursery.backends.python.environment import (
+    BOOTSTRAP,
+    environment_path,
+    fallback_path,
+    interpreter,
+)
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.config.model import ModelConfig
 from nursery.errors import InternalError, NurseryError, Unavailable
@@ -39,11 +45,17 @@ FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is kill
 CANCEL_POLL = 0.05  # seconds between looks for requesters that stopped waiting
 
 
-def _stub_environment() -> dict[str, str]:
-    """The server's environment, with this nursery first on the stub's import path."""
+def _stub_environment(own_site: bool = True) -> dict[str, str]:
+    """The server's environment, with this nursery first on the stub's import path (and,
+    under an EXECUTION_ENV_PATH interpreter, the server's packages after the environment's)."""
     env = dict(os.environ)
     here = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    if own_site:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    else:
+        env["PYTHONPATH"] = here
+        env["NURSERY_STUB_FALLBACK"] = fallback_path()
+        env.pop("PYTHONHOME", None)
     return env
 
 
@@ -62,6 +74,11 @@ class ProcessInstance:
         self.instance_name = name
         self.decoupled = config.decoupled
         self._args = dict(args)
+        env = environment_path(config)  # EXECUTION_ENV_PATH: the stub under that interpreter
+        try:
+            self._python = interpreter(config, env) if env is not None else None
+        except NurseryError as exc:
+            raise InternalError(exc.message) from None
         self._token = current_token()
         self._client = current_context()  # the server's ModelClient: BLS calls go through it
         self._bls = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"{name}-bls")
@@ -97,10 +114,12 @@ class ProcessInstance:
         self.dead = True  # until the stub says it is ready: a batch waits for the start
         self._control = queue.SimpleQueue()
         try:
+            fd = str(theirs.fileno())
+            command = ([sys.executable, "-m", "nursery.backends.python.stub", fd]
+                       if self._python is None else [str(self._python), "-c", BOOTSTRAP, fd])
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nursery.backends.python.stub", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
-                env=_stub_environment())
+                command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
+                env=_stub_environment(own_site=self._python is None))
         finally:
             theirs.close()
         self._reader = threading.Thread(target=self._read, args=(channel,),
