@@ -20,6 +20,12 @@ from which the instance worker builds the control tensors and finds the slot's s
   to ``max_batch_size`` rows, growing towards the largest preferred size for at most
   ``max_queue_delay_microseconds``.
 
+Requests share a batch only when the shapes Triton requires equal agree (``signature``: the
+variable-dimension inputs that do not allow ragged batches, and shape tensors): ``direct``
+takes the lowest slot's head as the reference and makes the slot of a head that differs a
+padding row this time (Triton's null request); ``oldest`` stops growing the batch at the first
+head that differs and sends it.
+
 Requests of one sequence run in the order they arrived and never two at once: a sequence has
 at most one request in each batch and an instance runs one batch at a time. Triton's errors:
 a request that does not start a sequence and whose correlation ID is neither live nor in the
@@ -141,8 +147,12 @@ class SequencePolicy(Generic[W]):
     """Slots, backlog, idle reaping and batch forming for one model version."""
 
     def __init__(self, schedule: SequenceSchedule, instances: int, *, model: str = "",
-                 describe: Callable[[W], SequenceItem] | None = None) -> None:
+                 describe: Callable[[W], SequenceItem] | None = None,
+                 signature: Callable[[W], Hashable] | None = None) -> None:
         self.schedule = schedule
+        # requests share a batch only when these are equal (the shapes of the inputs Triton
+        # requires equal: variable dims, shape tensors); None: always
+        self._signature: Callable[[W], Hashable] = signature or (lambda item: None)
         self.model = model
         self.instances = instances
         self._describe: Callable[[W], SequenceItem] = describe or self_described
@@ -296,12 +306,21 @@ class SequencePolicy(Generic[W]):
         if not waiting:
             return None, None
         oldest = min(seq.queue[0].arrived for _, seq in waiting)
+        signature = self._signature
         if self.schedule.strategy == "oldest":
+            # Triton's dynamic batcher over the candidates, oldest head first: the batch
+            # grows until a head whose shapes differ, and then cannot grow
             waiting.sort(key=lambda pair: pair[1].queue[0].arrived)
-            chosen = waiting[: self._rows]
+            first = signature(waiting[0][1].queue[0].item)
+            chosen = []
+            for pair in waiting[: self._rows]:
+                if signature(pair[1].queue[0].item) != first:
+                    break
+                chosen.append(pair)
             n = len(chosen)
+            stopped = n < min(len(waiting), self._rows)
             expired = self._delay == 0 or now >= oldest + self._delay
-            if not (expired or n in self._preferred or n >= self._max_preferred):
+            if not (expired or stopped or n in self._preferred or n >= self._max_preferred):
                 return None, oldest + self._delay
         else:
             # Triton's direct batcher waits only with both a delay and a minimum slot
@@ -310,11 +329,14 @@ class SequencePolicy(Generic[W]):
             if (self._delay > 0 and utilization > 0 and now < oldest + self._delay
                     and len(waiting) / self._rows < utilization):
                 return None, oldest + self._delay
-            chosen = waiting
+            # a head whose shapes differ from the lowest slot's waits for a later batch;
+            # its slot is a padding row this time, as Triton's null request
+            first = signature(waiting[0][1].queue[0].item)
+            chosen = [pair for pair in waiting if signature(pair[1].queue[0].item) == first]
         items: list[W] = []
         rows: list[SlotRow] = []
         by_slot = dict(chosen)
-        order = (range(max(by_slot) + 1) if self.schedule.strategy == "direct"
+        order = (range(waiting[-1][0] + 1) if self.schedule.strategy == "direct"
                  else [slot for slot, _ in chosen])
         ran: list[_Sequence[W]] = []
         for slot in order:

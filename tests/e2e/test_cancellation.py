@@ -79,6 +79,11 @@ def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
     client.close()
 
 
+def _put(answers: queue.Queue[Any], key: object) -> Any:
+    """A tritonclient callback that queues (key, result, error)."""
+    return lambda result, error: answers.put((key, result, error))
+
+
 def _inputs(seconds: float) -> list[grpcclient.InferInput]:
     inp = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
     inp.set_data_from_numpy(np.array([[seconds]], np.float32))
@@ -114,10 +119,10 @@ def test_async_infer_cancel_drops_the_queued_request(
         server: ServerProcess, client: grpcclient.InferenceServerClient) -> None:
     before = _counts(server, client, "sleepy")
     answers: queue.Queue[Any] = queue.Queue()
-    client.async_infer("sleepy", _inputs(1.0), lambda result, error: answers.put(("blocker", result, error)))
+    client.async_infer("sleepy", _inputs(1.0), _put(answers, "blocker"))
     time.sleep(0.3)  # the blocker runs
     future = client.async_infer("sleepy", _inputs(0.0),
-                                lambda result, error: answers.put(("victim", result, error)))
+                                _put(answers, "victim"))
     time.sleep(0.2)  # the victim waits in the batcher's queue
     future.cancel()
     key, result, error = answers.get(timeout=5)
@@ -132,12 +137,13 @@ def test_client_timeout_drops_the_queued_request(
         server: ServerProcess, client: grpcclient.InferenceServerClient) -> None:
     before = _counts(server, client, "sleepy")
     answers: queue.Queue[Any] = queue.Queue()
-    client.async_infer("sleepy", _inputs(1.0), lambda result, error: answers.put((result, error)))
+    client.async_infer("sleepy", _inputs(1.0), _put(answers, None))
     time.sleep(0.3)
     with pytest.raises(InferenceServerException) as err:
         client.infer("sleepy", _inputs(0.0), client_timeout=0.3)
     assert "DEADLINE_EXCEEDED" in str(err.value.status())
-    assert answers.get(timeout=5)[1] is None
+    blocker = answers.get(timeout=5)
+    assert blocker[2] is None, (blocker[2].status(), blocker[2].message(), blocker[2].debug_details())
     assert _settled(server, client, "sleepy", _plus(before, 1, 1)) == _plus(before, 1, 1)
 
 
@@ -148,7 +154,7 @@ def test_stopping_a_stream_cancels_a_sequence(
     running one finishes; the ID is then forgotten."""
     before = _counts(server, client, "sleepy_seq")
     answers: queue.Queue[Any] = queue.Queue()
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.start_stream(callback=_put(answers, None))
     client.async_stream_infer("sleepy_seq", _inputs(1.0), sequence_id=41, sequence_start=True)
     time.sleep(0.3)
     for _ in range(2):
@@ -169,13 +175,14 @@ def test_cancelling_a_queued_sequence_request_over_unary_calls(
     of two queued requests of a sequence cancels both."""
     before = _counts(server, client, "sleepy_seq")
     answers: queue.Queue[Any] = queue.Queue()
-    client.async_infer("sleepy_seq", _inputs(1.0), lambda result, error: answers.put(("start", result, error)),
+    client.async_infer("sleepy_seq", _inputs(1.0), _put(answers, "start"),
                        sequence_id=42, sequence_start=True)
     time.sleep(0.3)
-    futures = [client.async_infer("sleepy_seq", _inputs(0.0),
-                                  lambda result, error, i=i: answers.put((i, result, error)), sequence_id=42)
-               for i in range(2)]
-    time.sleep(0.2)
+    futures = []
+    for i in range(2):  # one after the other: the queue holds them in this order
+        futures.append(client.async_infer("sleepy_seq", _inputs(0.0), _put(answers, i),
+                                          sequence_id=42))
+        time.sleep(0.1)
     futures[0].cancel()
     got = {key: (result, error) for key, result, error in (answers.get(timeout=5)
                                                          for _ in range(3))}
@@ -192,10 +199,10 @@ def test_cancelling_an_ensemble_request_cancels_its_step(
     before = _counts(server, client, "sleepy")
     ensemble_before = _counts(server, client, "ens_sleepy")
     answers: queue.Queue[Any] = queue.Queue()
-    client.async_infer("sleepy", _inputs(1.0), lambda result, error: answers.put(("blocker", result, error)))
+    client.async_infer("sleepy", _inputs(1.0), _put(answers, "blocker"))
     time.sleep(0.3)
     future = client.async_infer("ens_sleepy", _inputs(0.0),
-                                lambda result, error: answers.put(("ensemble", result, error)))
+                                _put(answers, "ensemble"))
     time.sleep(0.2)  # the step's request waits behind the blocker
     future.cancel()
     assert {answers.get(timeout=5)[0] for _ in range(2)} == {"blocker", "ensemble"}

@@ -79,6 +79,7 @@ class Req:
     index: int = -1
     outcome: str = ""
     timeout_us: int = 0
+    shape: int = 0  # the signature: requests of different shapes never share a batch
 
 
 @st.composite
@@ -100,7 +101,8 @@ class SequenceMachine(RuleBasedStateMachine):
     def setup(self, schedule: SequenceSchedule, instances: int) -> None:
         self.schedule = schedule
         self.instances = instances
-        self.policy = SequencePolicy[Req](schedule, instances, model="m")
+        self.policy = SequencePolicy[Req](schedule, instances, model="m",
+                                          signature=lambda req: req.shape)
         self.now = 0.0
         self.idle = schedule.idle_us / 1e6
         self.live: dict[Hashable, Gen] = {}  # IDs whose END has not arrived and not released
@@ -120,8 +122,10 @@ class SequenceMachine(RuleBasedStateMachine):
     # -- rules -------------------------------------------------------------------------------
 
     @rule(cid=st.sampled_from(IDS), start=st.booleans(), end=st.booleans(),
-          value=st.integers(1, 1000), timeout_us=st.sampled_from([0, 0, 0, 3_000]))
-    def send(self, cid: Hashable, start: bool, end: bool, value: int, timeout_us: int) -> None:
+          value=st.integers(1, 1000), timeout_us=st.sampled_from([0, 0, 0, 3_000]),
+          shape=st.sampled_from([0, 0, 0, 1]))
+    def send(self, cid: Hashable, start: bool, end: bool, value: int, timeout_us: int,
+             shape: int) -> None:
         gen = self.live.get(cid)
         if gen is None and start:
             gen = Gen(cid)
@@ -141,7 +145,7 @@ class SequenceMachine(RuleBasedStateMachine):
         if gen is not None and gen in self.backlog and timeout_us:
             gen.expires = min(gen.expires, self.now + timeout_us / 1e6)
         req = Req(cid, start, end, value, gen, len(gen.sent) - 1 if gen else -1,
-                  timeout_us=timeout_us)
+                  timeout_us=timeout_us, shape=shape)
         self.requests.append(req)
         self.policy.arrive(req, self.now)
         self._poll()
@@ -278,9 +282,11 @@ class SequenceMachine(RuleBasedStateMachine):
         assert rows is not None and all(isinstance(r, SlotRow) for r in rows)
         assert 1 <= len(rows) <= max(1, self.schedule.max_batch_size)
         assert sorted(r.item for r in rows if r.ready) == list(range(len(decision.items)))
+        assert len({r.shape for r in decision.items}) == 1, "shapes mixed in one batch"
         if self.schedule.strategy == "direct":
             assert [r.slot for r in rows] == list(range(len(rows))), "direct rows are slots"
-            assert rows[-1].ready
+            if len({r.shape for r in self.requests if r.gen is not None and not r.outcome}) == 1:
+                assert rows[-1].ready, "a trailing padding row with nothing of another shape"
         else:
             assert all(r.ready for r in rows)
         event(f"batch of {len(decision.items)}")
@@ -423,3 +429,40 @@ def test_direct_delay_without_a_minimum_utilization_never_waits() -> None:
     policy.arrive(Req(1, True, False, 1, None), 0.0)
     [batch] = policy.poll(0.0).decisions
     assert isinstance(batch, Dispatch) and len(batch.items) == 1
+
+
+def test_direct_pads_the_slot_of_a_differing_shape() -> None:
+    """Triton's direct batcher: the lowest slot's head sets the shapes; a head that differs
+    waits, its slot a padding row (the null request), and runs in the next batch."""
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=3, max_batch_size=3)
+    policy = SequencePolicy[Req](schedule, 1, model="m", signature=lambda req: req.shape)
+    policy.instance_ready(0, 0.0)
+    a, b, c = (Req(cid, True, False, 1, None, shape=shape)
+               for cid, shape in ((1, 5), (2, 6), (3, 5)))
+    for req in (a, b, c):
+        policy.arrive(req, 0.0)
+    [batch] = policy.poll(0.0).decisions
+    assert isinstance(batch, Dispatch) and batch.items == (a, c)
+    assert [(r.slot, r.ready) for r in batch.rows or ()] == [(0, True), (1, False), (2, True)]
+    policy.instance_ready(0, 0.001)
+    [batch] = policy.poll(0.001).decisions
+    assert isinstance(batch, Dispatch) and batch.items == (b,)
+    assert [(r.slot, r.ready) for r in batch.rows or ()] == [(0, False), (1, True)]
+
+
+def test_oldest_stops_a_batch_at_a_differing_shape() -> None:
+    """Triton's oldest strategy batches candidates through a dynamic batcher: the batch grows
+    from the oldest head and is sent as soon as the next head's shapes differ."""
+    schedule = SequenceSchedule(strategy="oldest", slots_per_instance=3, max_batch_size=3,
+                                preferred_batch_sizes=(3,), max_queue_delay_us=1_000_000)
+    policy = SequencePolicy[Req](schedule, 1, model="m", signature=lambda req: req.shape)
+    policy.instance_ready(0, 0.0)
+    a, b, c = (Req(cid, True, False, 1, None, shape=shape)
+               for cid, shape in ((1, 5), (2, 5), (3, 6)))
+    for t, req in enumerate((a, b, c)):
+        policy.arrive(req, t * 1e-4)
+    [batch] = policy.poll(0.001).decisions  # cannot grow to 3: sent before the delay ends
+    assert isinstance(batch, Dispatch) and batch.items == (a, b)
+    policy.instance_ready(0, 0.002)
+    poll = policy.poll(0.002)
+    assert poll.decisions == [] and poll.wake_at is not None  # alone: waits for the delay
