@@ -9,11 +9,14 @@ batching applies). Tensors pass between steps as the same numpy arrays, renamed,
 copied. An optional ensemble input the request leaves out is left out of the requests of the
 steps that read it (they still run, as in Triton). The first failing step fails the request
 ("in ensemble '<name>', ..."), the other steps of that request are cancelled; when every step
-has run, the requested ensemble outputs are the answer. The graph bookkeeping is the pure
+has run, the requested ensemble outputs are the answer. As in Triton, only the steps the
+requested outputs need run, and a step output its model did not produce is absent, not an
+error: a later step gets no such input, the answer leaves it out. The graph bookkeeping is the
+pure
 :class:`~nursery.scheduling.ensemble_plan.Flow`.
 
-A *decoupled* ensemble (``model_transaction_policy { decoupled: true }``, required when a step's
-model is decoupled) runs as Triton's does, by iteration (the pure
+A *decoupled* ensemble (one with a decoupled step: the manager serves it so, as Triton fills in
+its ``model_transaction_policy``) runs as Triton's does, by iteration (the pure
 :class:`~nursery.scheduling.ensemble_plan.IterFlow`): every response of a step feeds the steps
 after it once more, and every time the ensemble outputs are complete for an iteration the
 ensemble sends a response, as a stream of :class:`~nursery.messages.Part` on the request's
@@ -26,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Container, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -60,28 +63,24 @@ def _renamed(name: str, t: Tensor) -> Tensor:
 
 
 def _step_request(step: EnsembleStep, request: InferenceRequest,
-                  inputs: Mapping[str, Tensor]) -> InferenceRequest:
-    """The request to a step's model: ``inputs`` by the model's input names, the step's
-    outputs requested, and the ensemble request's id, parameters, priority and timeout."""
+                  inputs: Mapping[str, Tensor | None]) -> InferenceRequest:
+    """The request to a step's model: ``inputs`` by the model's input names (an absent
+    tensor, None, is left out, as Triton does), the step's outputs requested, and the ensemble
+    request's id, parameters, priority and timeout."""
     return InferenceRequest(
-        step.model_name, step.version_str, {n: _renamed(n, t) for n, t in inputs.items()},
+        step.model_name, step.version_str,
+        {n: _renamed(n, t) for n, t in inputs.items() if t is not None},
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
         request.parameters, request.priority, request.timeout_us)
-
-
-def _missing_output(step: EnsembleStep, produced: Container[str]) -> InternalError | None:
-    """The error when a step's answer lacks one of the outputs the step maps."""
-    missing = [o for o in step.output_map if o not in produced]
-    if missing:
-        return InternalError(f"model '{step.model_name}' did not produce output '{missing[0]}'")
-    return None
 
 
 async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                    infer: Infer) -> InferenceResponse:
     """One request through the graph; raises the failing step's error."""
-    tensors: dict[str, Tensor] = dict(request.inputs)
-    flow = plan.start()
+    tensors: dict[str, Tensor | None] = dict.fromkeys(plan.inputs)  # None: absent
+    tensors.update(request.inputs)
+    wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
+    flow = plan.start(wanted)
     send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
 
     def step_request(index: int) -> InferenceRequest:
@@ -113,11 +112,12 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                 running -= 1
             step = plan.steps[index]
             if not isinstance(answer, NurseryError):
+                for written in step.output_map.values():
+                    tensors[written] = None  # absent unless the model produced it
                 for out in answer.outputs:
                     name = step.output_map.get(out.name)
                     if name is not None:
                         tensors[name] = _renamed(name, out)
-                answer = _missing_output(step, {o.name for o in answer.outputs}) or answer
             if isinstance(answer, NurseryError):
                 failure = _step_error(plan, index, answer)
                 steps.cancel_scope.cancel()  # the request failed: its other steps stop
@@ -126,8 +126,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
             ready = flow.take_ready()
     if failure is not None:
         raise failure
-    wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
-    return InferenceResponse(plan.name, version, [tensors[n] for n in wanted], id=request.id)
+    outputs = [t for t in (tensors.get(n) for n in wanted) if t is not None]
+    return InferenceResponse(plan.name, version, outputs, id=request.id)
 
 
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
@@ -135,9 +135,9 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
     """One request through a decoupled ensemble: ``emit`` gets each
     :class:`~nursery.messages.Part` of the answer, the last one final. Raises the first
     failing step's error (no further part is emitted then)."""
-    flow = IterFlow(plan)
-    send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
     wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
+    flow = IterFlow(plan, wanted)
+    send, receive = trio.open_memory_channel[tuple[int, Any]](math.inf)
 
     runs: list[list[int]] = []  # per run: step, iteration, responses so far
 
@@ -153,7 +153,8 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
     running = 0
     failure: NurseryError | None = None  # raised after the nursery (not wrapped in a group)
     async with trio.open_nursery() as steps:
-        updates = flow.add_inputs(request.inputs)
+        # an optional input the request left out is absent (None), as Triton's placeholder
+        updates = flow.add_inputs({n: request.inputs.get(n) for n in plan.inputs})
         while True:
             for index, iteration in flow.ready(updates):
                 runs.append([index, iteration, 0])
@@ -163,7 +164,9 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
             for k, iteration in enumerate(answers):
                 outputs = []
                 for name in wanted:
-                    outputs.append(_renamed(name, flow.output(name, iteration)))  # type: ignore[arg-type]
+                    value = flow.output(name, iteration)
+                    if value is not None:  # absent: the answer leaves it out
+                        outputs.append(_renamed(name, value))  # type: ignore[arg-type]
                 final = running == 0 and k == len(answers) - 1
                 emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id), None,
                           final))
@@ -182,12 +185,9 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
             updates = []
             if part.response is not None:
                 step = plan.steps[index]
-                produced = {o.name: o for o in part.response.outputs if o.name in step.output_map}
-                missing = _missing_output(step, produced)
-                if missing is not None:
-                    failure = _step_error(plan, index, missing)
-                    steps.cancel_scope.cancel()
-                    break
+                produced: dict[str, Tensor | None] = dict.fromkeys(step.output_map)
+                produced.update((o.name, o) for o in part.response.outputs
+                                if o.name in step.output_map)
                 runs[run][2] += 1
                 # a run's one and only answer stays at its iteration; a stream gets new ones
                 updates = flow.add_outputs(index, produced,

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -132,7 +132,9 @@ class _Manager:
         self.loaded_from: dict[str, ModelFingerprint | None] = {}
         self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
         self.loading: dict[str, trio.Event] = {}  # models being loaded by load_many
-        self.ensembles_waiting: set[str] = set()
+        # ensembles checking their composing models -> the models they are made of: a
+        # dependency path back to an ensemble is a cycle (a nested ensemble is not)
+        self.ensembles_waiting: dict[str, frozenset[str]] = {}
         # models loaded only because an ensemble needed them (never asked for by name):
         # what unloading an ensemble with unload_dependents takes along
         self.dependency_only: set[str] = set()
@@ -420,7 +422,7 @@ class _Manager:
         models are checked (and loaded) first."""
         if config.ensemble is not None:
             try:
-                await self._check_ensemble(config)
+                config = await self._check_ensemble(config)
             except BaseException:
                 done.set()
                 raise
@@ -442,16 +444,19 @@ class _Manager:
                             summaries=self.summaries,
                             scope=scope, done=done, task_status=task_status)
 
-    async def _check_ensemble(self, config: ModelConfig) -> None:
+    async def _check_ensemble(self, config: ModelConfig) -> ModelConfig:
         """Every step's model is loaded (loading it first when it never was), its inputs and
-        outputs exist, and each ensemble tensor has one datatype along the graph."""
+        outputs exist, and each ensemble tensor has one datatype along the graph. Returns the
+        configuration to serve: decoupled exactly when a step's model is, whatever the
+        ensemble's own ``model_transaction_policy`` says (Triton fills it in so)."""
         plan = config.ensemble
         assert plan is not None
         where = f"ensemble '{config.name}'"
-        self.ensembles_waiting.add(config.name)
+        models = frozenset(plan.models())
+        self.ensembles_waiting[config.name] = models
         try:
-            for model in sorted(plan.models()):
-                if model == config.name or model in self.ensembles_waiting:
+            for model in sorted(models):
+                if model == config.name or self._depends_on(model, config.name):
                     raise ConfigError(f"circular dependency between ensembles: {where} and "
                                       f"'{model}' use each other")
                 event = self.loading.get(model)
@@ -461,7 +466,7 @@ class _Manager:
                     await self.load(model)  # Triton loads an ensemble's models with it
                     self.dependency_only.add(model)
         finally:
-            self.ensembles_waiting.discard(config.name)
+            self.ensembles_waiting.pop(config.name, None)
         steps = []
         for step in plan.steps:
             try:
@@ -476,7 +481,28 @@ class _Manager:
                     f"{where} depends on '{step.model_name}' which has no loaded version"
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
-        check_wiring(config, steps)
+        decoupled = check_wiring(config, steps)
+        if decoupled == config.decoupled:
+            return config
+        proto = pb.ModelConfig().parse(bytes(config.proto))
+        proto.model_transaction_policy.decoupled = decoupled
+        return replace(config, decoupled=decoupled, proto=proto)
+
+    def _depends_on(self, model: str, ensemble: str) -> bool:
+        """Whether ``model`` uses ``ensemble``, directly or through the ensembles it is made
+        of, as far as the ensembles being checked right now tell (an ensemble's models are
+        known from its check on; each ensemble of a cycle reaches its check, so the last
+        one to reach it finds the cycle)."""
+        seen: set[str] = set()
+        todo = [model]
+        while todo:
+            name = todo.pop()
+            if name == ensemble:
+                return True
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self.ensembles_waiting.get(name, ()))
+        return False
 
     # -- unloading -------------------------------------------------------------------------
 

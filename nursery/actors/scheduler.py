@@ -40,7 +40,7 @@ from nursery.messages import (
 from nursery.observability.stats import StatsAccumulator
 from nursery.runtime import timer as precise_timer
 from nursery.runtime.supervision import describe
-from nursery.scheduling.decisions import Dispatch, Reject, Release, SchedulingPolicy
+from nursery.scheduling.decisions import Cancel, Dispatch, Reject, Release, SchedulingPolicy
 
 log = logging.getLogger("nursery.scheduler")
 
@@ -135,6 +135,10 @@ async def run(
                         instances[decision.instance].send_nowait(
                             ExecuteBatch(live, ordering is not None))
                         outstanding[decision.instance] += 1
+                    elif isinstance(decision, Cancel):
+                        for w in decision.items:
+                            _answer(w, Cancelled(""))
+                        stats.record_failure("CANCELED", len(decision.items))
                     elif isinstance(decision, Reject):
                         error = (reject_error(decision.reason) if decision.kind is None
                                  else NurseryError(decision.reason, decision.kind))

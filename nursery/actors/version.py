@@ -45,7 +45,8 @@ async def serve_version(
     # scheduler takes every message at once; its policy bounds the queue it keeps.
     intake, inbox = trio.open_memory_channel[Any](math.inf)
     choice: PolicyChoice[InferWork] = policy_for(config, len(placements),
-                                                 describe=lambda work: work.request)
+                                                 describe=lambda work: work.request,
+                                                 signature=lambda work: work.signature)
     try:
         with scope:
             async with trio.open_nursery() as version_nursery:

@@ -166,7 +166,8 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
         schedule = SequenceSchedule(
             strategy="direct", slots_per_instance=max(mbs, 1), max_batch_size=max(mbs, 1),
             idle_us=sb.max_sequence_idle_microseconds,
-            max_queue_delay_us=direct.max_queue_delay_microseconds)
+            max_queue_delay_us=direct.max_queue_delay_microseconds,
+            min_slot_utilization=direct.minimum_slot_utilization)
     return SequenceConfig(schedule, tuple(controls), corrid, states)
 
 

@@ -34,6 +34,14 @@ class Reject(Generic[W]):
 
 
 @dataclass(frozen=True, slots=True)
+class Cancel(Generic[W]):
+    """Answer ``items`` CANCELLED without running them (a request their run depended on was
+    cancelled: the sequence batcher cancels the rest of a cancelled sequence, as Triton)."""
+
+    items: tuple[W, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
     """The sequences in these slots of ``instance`` are over: drop their state."""
 
@@ -41,7 +49,7 @@ class Release:
     slots: tuple[int, ...]
 
 
-Decision = Dispatch[W] | Reject[W] | Release
+Decision = Dispatch[W] | Reject[W] | Cancel[W] | Release
 
 
 def rejections(rejected: list[tuple[W, str]],

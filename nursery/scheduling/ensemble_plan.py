@@ -10,6 +10,12 @@ placeholder (Triton's ensemble scheduler does this): the steps that read it stil
 their requests simply omit that input (:meth:`EnsembleStep.request_inputs`). When the step's
 model requires the input, that model refuses the request with its own error, which fails the
 ensemble request; the ensemble configuration is not checked for it, as in Triton.
+
+As in Triton's ensemble scheduler, a request runs only the steps its requested outputs need
+(:meth:`EnsemblePlan.needed`: the steps that write them and, in turn, those that write what
+those read); the others are pruned. A step that answers without one of its outputs still
+"writes" that tensor, as absent: a step reading it gets no such input (fine when that input
+is optional, the step's own error otherwise), and the ensemble's answer leaves it out.
 """
 
 from __future__ import annotations
@@ -112,20 +118,37 @@ class EnsemblePlan:
                 f"{where} has a cycle: {names} wait for each other's outputs and can never run")
         return plan
 
-    def start(self) -> Flow:
-        return Flow(self)
+    def start(self, outputs: Iterable[str] | None = None) -> Flow:
+        """One request's bookkeeping; with ``outputs``, only the steps they need run."""
+        return Flow(self, None if outputs is None else self.needed(outputs))
+
+    def needed(self, outputs: Iterable[str]) -> frozenset[int]:
+        """The steps a request for ``outputs`` runs: those writing them and, transitively,
+        those writing what those read (Triton prunes every other step)."""
+        producer = {t: i for i, step in enumerate(self.steps) for t in step.output_map.values()}
+        needed: set[int] = set()
+        todo = [producer[o] for o in outputs if o in producer]
+        while todo:
+            i = todo.pop()
+            if i not in needed:
+                needed.add(i)
+                todo.extend(producer[t] for t in self.steps[i].input_map.values()
+                            if t in producer)
+        return frozenset(needed)
 
     def models(self) -> set[str]:
         return {s.model_name for s in self.steps}
 
 
 class Flow:
-    """One request in flight: which tensors exist, which steps ran, which are running."""
+    """One request in flight: which tensors exist, which steps ran, which are running.
+    ``steps``: the steps this request runs (None: all)."""
 
-    __slots__ = ("plan", "available", "started", "done")
+    __slots__ = ("plan", "steps", "available", "started", "done")
 
-    def __init__(self, plan: EnsemblePlan) -> None:
+    def __init__(self, plan: EnsemblePlan, steps: frozenset[int] | None = None) -> None:
         self.plan = plan
+        self.steps = frozenset(range(len(plan.steps))) if steps is None else steps
         self.available: set[str] = set(plan.inputs)
         self.started: set[int] = set()
         self.done: set[int] = set()
@@ -133,7 +156,7 @@ class Flow:
     def take_ready(self) -> list[int]:
         """Steps whose inputs all exist and that have not started; they count as started."""
         ready = [i for i, step in enumerate(self.plan.steps)
-                 if i not in self.started
+                 if i in self.steps and i not in self.started
                  and all(t in self.available for t in step.input_map.values())]
         self.started.update(ready)
         return ready
@@ -143,8 +166,8 @@ class Flow:
         self.available.update(self.plan.steps[index].output_map.values())
 
     def complete(self) -> bool:
-        """Every step ran (so every ensemble output exists)."""
-        return len(self.done) == len(self.plan.steps)
+        """Every step of the request ran (so every output it asked for was written)."""
+        return len(self.done) == len(self.steps)
 
 
 class IterFlow:
@@ -158,21 +181,27 @@ class IterFlow:
     finish out of order (Triton numbers them in the order they finish, which is the same
     whenever the model keeps its responses in order). A decoupled step that answers three
     times thus runs the steps after it three times, and the ensemble answers three times; a
-    step that reads a tensor from before the decoupled step and one from after it meets only
-    the first iteration, as in Triton.
+    step that reads a tensor from before the decoupled step and one from after it is refused
+    at load (``nursery/config/ensemble_check.py``), as in Triton.
 
     :meth:`add_inputs` and :meth:`add_outputs` return the (tensor, iteration) pairs they
     added; :meth:`ready` turns them into (step, iteration) pairs to run, :meth:`answers` into
-    iterations whose ensemble outputs are complete. Values are opaque here."""
+    iterations whose ensemble outputs are complete. Values are opaque here (None stands for
+    an absent tensor). With ``outputs`` (the request's), only the steps they need run and
+    only they make an answer complete."""
 
-    __slots__ = ("plan", "values", "counts", "readers")
+    __slots__ = ("plan", "outputs", "values", "counts", "readers")
 
-    def __init__(self, plan: EnsemblePlan) -> None:
+    def __init__(self, plan: EnsemblePlan, outputs: Iterable[str] | None = None) -> None:
         self.plan = plan
+        self.outputs = plan.outputs if outputs is None else tuple(outputs)
+        needed = plan.needed(self.outputs)
         self.values: dict[str, dict[int, object]] = {}
         self.counts: dict[str, int] = {}
         self.readers: dict[str, list[int]] = {}
         for i, step in enumerate(plan.steps):
+            if i not in needed:
+                continue
             for tensor in dict.fromkeys(step.input_map.values()):
                 self.readers.setdefault(tensor, []).append(i)
 
@@ -209,7 +238,7 @@ class IterFlow:
         return sorted(found, key=lambda p: (p[1], p[0]))
 
     def answers(self, updates: Iterable[tuple[str, int]]) -> list[int]:
-        outputs = self.plan.outputs
+        outputs = self.outputs
         iterations = {it for tensor, it in updates if tensor in outputs}
         return sorted(it for it in iterations
                       if all(it in self.values.get(o, {}) for o in outputs))

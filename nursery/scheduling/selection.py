@@ -4,7 +4,7 @@ default scheduler, as one pure function."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -29,12 +29,15 @@ class PolicyChoice(Generic[W]):
 
 
 def policy_for(config: ModelConfig, instances: int,
-               describe: Callable[[W], Any] = lambda work: work) -> PolicyChoice[W]:
-    """The policy of one version of ``config`` served by ``instances`` instances."""
+               describe: Callable[[W], Any] = lambda work: work,
+               signature: Callable[[W], Hashable] | None = None) -> PolicyChoice[W]:
+    """The policy of one version of ``config`` served by ``instances`` instances
+    (``describe`` and ``signature``: what the sequence batcher reads of a request)."""
     if config.sequence is not None:
         # the SequenceBatcher: one batch at a time per instance
         return PolicyChoice(SequencePolicy[W](config.sequence.schedule, instances,
-                                              model=config.name, describe=describe), 1)
+                                              model=config.name, describe=describe,
+                                              signature=signature), 1)
     if config.batching is not None:
         # the DynamicBatcher: batches form while instances are busy, so an instance takes
         # one batch at a time

@@ -12,15 +12,36 @@ Each dispatched request carries a :class:`SlotRow` (slot, START/END flags, corre
 from which the instance worker builds the control tensors and finds the slot's state:
 
 - ``direct``: a batch has one row per slot up to the highest slot with a request; slots with
-  nothing queued are padding rows (READY false), so a row always maps to its slot;
+  nothing queued are padding rows (READY false), so a row always maps to its slot. With both
+  ``max_queue_delay_microseconds`` and ``minimum_slot_utilization`` set (Triton waits only
+  then), a batch waits until its ready rows reach that fraction of ``max_batch_size`` or its
+  oldest request has waited the delay;
 - ``oldest``: a batch takes the head request of the candidates whose head waited longest, up
   to ``max_batch_size`` rows, growing towards the largest preferred size for at most
   ``max_queue_delay_microseconds``.
 
+Requests share a batch only when the shapes Triton requires equal agree (``signature``: the
+variable-dimension inputs that do not allow ragged batches, and shape tensors): ``direct``
+takes the lowest slot's head as the reference and makes the slot of a head that differs a
+padding row this time (Triton's null request); ``oldest`` stops growing the batch at the first
+head that differs and sends it.
+
 Requests of one sequence run in the order they arrived and never two at once: a sequence has
 at most one request in each batch and an instance runs one batch at a time. Triton's errors:
 a request that does not start a sequence and whose correlation ID is neither live nor in the
-backlog is rejected (INVALID_ARG).
+backlog is rejected (INVALID_ARG). A request's own timeout counts only while its sequence
+waits in the backlog: when the earliest deadline of a backlogged sequence's requests passes,
+all its requests are rejected (UNAVAILABLE, "timeout of the corresponding sequence has been
+expired") and the ID is forgotten, as Triton's reaper does; a sequence holding a slot never
+times out.
+
+Cancelling a queued request (:meth:`SequencePolicy.cancel`, its client went away) cancels its
+sequence, as Triton's sequence batcher does (``qa/L0_request_cancellation``): in a slot, the
+request and every later one of the sequence are answered CANCELLED (the ones before it still
+run, as Triton's batcher meets the cancelled request only at the head of the slot's queue),
+and the slot is freed, its state dropped, as soon as nothing of the sequence is queued or
+running; in the backlog, the whole sequence is cancelled. Either way the correlation ID is
+forgotten: its next request must START again.
 """
 
 from __future__ import annotations
@@ -33,7 +54,16 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, cast
 
 from nursery.errors import ErrorKind
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, Release, W, rejections
+from nursery.scheduling.decisions import (
+    Cancel,
+    Decision,
+    Dispatch,
+    Poll,
+    Reject,
+    Release,
+    W,
+    rejections,
+)
 
 
 class SequenceItem(Protocol):
@@ -47,6 +77,9 @@ class SequenceItem(Protocol):
 
     @property
     def sequence_end(self) -> bool: ...
+
+    @property
+    def timeout_us(self) -> int: ...  # the request's own timeout (0 = none)
 
 
 def self_described(item: object) -> SequenceItem:
@@ -79,6 +112,10 @@ class SequenceSchedule:
     idle_us: int = 1_000_000
     preferred_batch_sizes: tuple[int, ...] = ()  # oldest only
     max_queue_delay_us: int = 0
+    min_slot_utilization: float = 0.0  # direct only: rows ready / max_batch_size to run at once
+
+
+BACKLOG_TIMEOUT = "timeout of the corresponding sequence has been expired"
 
 
 def not_started_message(corrid: Hashable, model: str) -> str:
@@ -101,14 +138,21 @@ class _Sequence(Generic[W]):
     place: tuple[int, int] | None = None  # (instance, slot) once it has one
     last: float = 0.0  # last arrival or completion: the idle clock starts here
     running: bool = False  # a request of it is in a batch that has not finished
+    dispatched: bool = False  # a request of it ran: its slot may hold state
+    expires: float = math.inf  # backlogged: when its requests' earliest timeout falls
+    cancelled: bool = False  # a request of it was cancelled: it ends once nothing runs
 
 
 class SequencePolicy(Generic[W]):
     """Slots, backlog, idle reaping and batch forming for one model version."""
 
     def __init__(self, schedule: SequenceSchedule, instances: int, *, model: str = "",
-                 describe: Callable[[W], SequenceItem] | None = None) -> None:
+                 describe: Callable[[W], SequenceItem] | None = None,
+                 signature: Callable[[W], Hashable] | None = None) -> None:
         self.schedule = schedule
+        # requests share a batch only when these are equal (the shapes of the inputs Triton
+        # requires equal: variable dims, shape tensors); None: always
+        self._signature: Callable[[W], Hashable] = signature or (lambda item: None)
         self.model = model
         self.instances = instances
         self._describe: Callable[[W], SequenceItem] = describe or self_described
@@ -127,6 +171,7 @@ class SequencePolicy(Generic[W]):
         self._free: dict[int, None] = {}  # instances that can take a batch, in order
         self._running: dict[int, list[_Sequence[W]]] = {}  # instance -> sequences in its batch
         self._rejected: list[tuple[W, str]] = []
+        self._cancelled: list[W] = []  # the rest of cancelled sequences, to answer
         self._released: dict[int, list[int]] = {}  # instance -> slots whose state to drop
         self._count = 0  # queued requests
 
@@ -155,6 +200,31 @@ class SequencePolicy(Generic[W]):
         seq.queue.append(_Request(item, d.sequence_start, d.sequence_end, now))
         seq.last = now
         self._count += 1
+        if seq.place is None and d.timeout_us:  # Triton times out backlogged sequences only
+            seq.expires = min(seq.expires, now + d.timeout_us / 1e6)
+
+    def cancel(self, item: W) -> bool:
+        """The requester of ``item`` gave up: if it is queued, it and the rest of its sequence
+        are cancelled (the others come back in a :class:`Cancel` decision); False if it is not
+        queued (running, done or unknown)."""
+        corrid = self._describe(item).sequence_id
+        for seq in (*self._slots.values(), *self._backlog):
+            if seq.corrid != corrid:
+                continue
+            at = next((k for k, r in enumerate(seq.queue) if r.item is item), None)
+            if at is None:
+                continue
+            if seq.place is None:  # backlogged: the whole sequence goes
+                at = 0
+                self._backlog.remove(seq)
+            dropped = [seq.queue.pop().item for _ in range(len(seq.queue) - at)]
+            self._count -= len(dropped)
+            self._cancelled.extend(reversed([d for d in dropped if d is not item]))
+            seq.cancelled = True
+            if self._by_id.get(corrid) is seq:
+                del self._by_id[corrid]
+            return True
+        return False
 
     def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
         for seq in self._running.pop(instance, ()):
@@ -169,7 +239,15 @@ class SequencePolicy(Generic[W]):
         if self._rejected:
             decisions.extend(rejections(self._rejected, ErrorKind.INVALID_ARG))
             self._rejected = []
-        wake_at = self._reap(now)
+        if self._cancelled:
+            decisions.append(Cancel(tuple(self._cancelled)))
+            self._cancelled = []
+        expired, wake_at = self._expire(now)
+        if expired:
+            decisions.append(Reject(tuple(expired), BACKLOG_TIMEOUT))
+        reaped = self._reap(now)
+        if reaped is not None:
+            wake_at = reaped if wake_at is None else min(wake_at, reaped)
         batches: list[Dispatch[W]] = []
         for instance in list(self._free):
             batch, wait_until = self._form(instance, now)
@@ -184,11 +262,34 @@ class SequencePolicy(Generic[W]):
         decisions.extend(batches)
         return Poll(decisions, wake_at)
 
+    def _expire(self, now: float) -> tuple[list[W], float | None]:
+        """Backlogged sequences whose earliest request timeout passed leave the backlog, every
+        request of them rejected (UNAVAILABLE, Triton's reaper); the next such deadline."""
+        expired: list[W] = []
+        nearest = math.inf
+        for seq in list(self._backlog):
+            if seq.expires == math.inf:
+                continue
+            if now >= seq.expires:
+                self._backlog.remove(seq)
+                expired += [r.item for r in seq.queue]
+                self._count -= len(seq.queue)
+                seq.queue.clear()
+                if self._by_id.get(seq.corrid) is seq:
+                    del self._by_id[seq.corrid]
+            else:
+                nearest = min(nearest, seq.expires)
+        return expired, (None if nearest == math.inf else nearest)
+
     def _reap(self, now: float) -> float | None:
-        """Free the slots of sequences idle for too long; the nearest idle deadline."""
+        """Free the slots of sequences idle for too long, or cancelled and done; the nearest
+        idle deadline."""
         nearest = math.inf
         for place, seq in list(self._slots.items()):
             if seq.queue or seq.running:
+                continue
+            if seq.cancelled:
+                self._vacate(place, release=seq.dispatched)  # no state if nothing ran
                 continue
             deadline = seq.last + self._idle
             if now >= deadline:
@@ -205,22 +306,37 @@ class SequencePolicy(Generic[W]):
         if not waiting:
             return None, None
         oldest = min(seq.queue[0].arrived for _, seq in waiting)
+        signature = self._signature
         if self.schedule.strategy == "oldest":
+            # Triton's dynamic batcher over the candidates, oldest head first: the batch
+            # grows until a head whose shapes differ, and then cannot grow
             waiting.sort(key=lambda pair: pair[1].queue[0].arrived)
-            chosen = waiting[: self._rows]
+            first = signature(waiting[0][1].queue[0].item)
+            chosen = []
+            for pair in waiting[: self._rows]:
+                if signature(pair[1].queue[0].item) != first:
+                    break
+                chosen.append(pair)
             n = len(chosen)
+            stopped = n < min(len(waiting), self._rows)
             expired = self._delay == 0 or now >= oldest + self._delay
-            if not (expired or n in self._preferred or n >= self._max_preferred):
+            if not (expired or stopped or n in self._preferred or n >= self._max_preferred):
                 return None, oldest + self._delay
         else:
-            occupied = sum(1 for (i, _) in self._slots if i == instance)
-            if (self._delay > 0 and len(waiting) < occupied and now < oldest + self._delay):
+            # Triton's direct batcher waits only with both a delay and a minimum slot
+            # utilization, until the ready rows reach it or the oldest waited the delay
+            utilization = self.schedule.min_slot_utilization
+            if (self._delay > 0 and utilization > 0 and now < oldest + self._delay
+                    and len(waiting) / self._rows < utilization):
                 return None, oldest + self._delay
-            chosen = waiting
+            # a head whose shapes differ from the lowest slot's waits for a later batch;
+            # its slot is a padding row this time, as Triton's null request
+            first = signature(waiting[0][1].queue[0].item)
+            chosen = [pair for pair in waiting if signature(pair[1].queue[0].item) == first]
         items: list[W] = []
         rows: list[SlotRow] = []
         by_slot = dict(chosen)
-        order = (range(max(by_slot) + 1) if self.schedule.strategy == "direct"
+        order = (range(waiting[-1][0] + 1) if self.schedule.strategy == "direct"
                  else [slot for slot, _ in chosen])
         ran: list[_Sequence[W]] = []
         for slot in order:
@@ -232,7 +348,7 @@ class SequencePolicy(Generic[W]):
             self._count -= 1
             rows.append(SlotRow(slot, len(items), request.start, request.end, seq.corrid))
             items.append(request.item)
-            seq.running = True
+            seq.running = seq.dispatched = True
             ran.append(seq)
             if request.end:  # the worker drops the state after this batch
                 self._vacate((instance, slot), release=False)
@@ -262,17 +378,18 @@ class SequencePolicy(Generic[W]):
     def drain(self) -> list[W]:
         """Remove and return every request still held (queued in a slot or the backlog, or
         to be rejected); the sequences are forgotten."""
-        items = [item for item, _ in self._rejected]
+        items = [item for item, _ in self._rejected] + self._cancelled
         seqs = {id(s): s for s in (*self._slots.values(), *self._backlog, *self._by_id.values())}
         for seq in seqs.values():
             items += [r.item for r in seq.queue]
             seq.queue.clear()
         self._rejected = []
+        self._cancelled = []
         self._count = 0
         return items
 
     def pending(self) -> int:
-        return self._count + len(self._rejected)
+        return self._count + len(self._rejected) + len(self._cancelled)
 
     def idle_instances(self) -> int:
         return len(self._free)

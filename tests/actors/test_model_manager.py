@@ -164,3 +164,48 @@ async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFac
         assert h.state("m") == (ModelState.READY, "")
         factory.fail_load = None
         assert (await h.core.infer(make_request(3))).outputs[0].data[0, 0] == 6
+
+
+def _ensemble(steps: list[str]) -> str:
+    """An ensemble over fake-model-shaped steps, run one after another."""
+    tensors = ["INPUT0", *(f"T{i}" for i in range(len(steps) - 1)), "OUTPUT0"]
+    body = ", ".join(
+        f'{{ model_name: "{model}" model_version: -1 '
+        f'input_map {{ key: "INPUT0" value: "{tensors[i]}" }} '
+        f'output_map {{ key: "OUTPUT0" value: "{tensors[i + 1]}" }} }}'
+        for i, model in enumerate(steps))
+    return ('platform: "ensemble"\nmax_batch_size: 8\n'
+            'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+            'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+            f"ensemble_scheduling {{ step [ {body} ] }}\n")
+
+
+async def test_nested_ensembles_load_and_only_real_cycles_are_refused(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """An ensemble step may be an ensemble (Triton's L0_decoupled nested_square): loaded
+    together at start-up, in any order, the outer one waits for the inner one instead of
+    seeing a circular dependency; two ensembles that use each other are refused, loaded
+    together or alone, and the loads end."""
+    write_fake_model(tmp_path, "m")
+    write_fake_model(tmp_path, "inner", _ensemble(["m", "m"]))
+    write_fake_model(tmp_path, "outer", _ensemble(["inner", "m"]))
+    write_fake_model(tmp_path, "outer2", _ensemble(["inner"]))
+    write_fake_model(tmp_path, "c1", _ensemble(["c2"]))
+    write_fake_model(tmp_path, "c2", _ensemble(["c1"]))
+    write_fake_model(tmp_path, "self", _ensemble(["self"]))
+    async with _manager(tmp_path, factory,
+                        ["outer", "outer2", "inner", "m", "c1", "c2"]) as h:
+        assert h.failed == ["c1", "c2"]
+        for name, factor in (("outer", 8), ("outer2", 4), ("inner", 4)):
+            request = make_request(3)
+            request.model_name = name
+            response = await h.core.infer(request)
+            assert response.outputs[0].data[0, 0] == 3 * factor
+        for name in ("c1", "self"):
+            error = await h.command(messages.LoadModel, name)
+            assert error is not None and "circular dependency between ensembles" in error.message
+        # the inner ensemble, not yet loaded, is loaded with the outer one
+        assert await h.command(messages.UnloadModel, "inner") is None
+        assert await h.command(messages.UnloadModel, "outer2") is None
+        assert await h.command(messages.LoadModel, "outer2") is None
+        assert h.state("inner") == (ModelState.READY, "")

@@ -413,6 +413,19 @@ def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
     for name in ("py_add_sub", "ens_add_sub_py", "py_error", "py_repeat"):
         copy_model(repo, name)
     write_ensemble(repo, "ens_undeclared", REPEAT_IO, REPEAT_STEPS)
+    write_ensemble(repo, "ens_declared", ERROR_IO + DECOUPLED,
+                   '{ model_name: "py_error" input_map { key: "INPUT0" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
+    # Y descends from the ensemble input X, IDX from py_repeat's responses: never paired
+    write_ensemble(repo, "ens_mixed",
+                   'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }, '
+                   '{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+                   'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }, '
+                   '{ name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]',
+                   '{ model_name: "py_repeat" input_map { key: "IN" value: "IN" } '
+                   'output_map { key: "OUT" value: "T" } output_map { key: "IDX" value: "IDX" } },'
+                   ' { model_name: "py_error" input_map { key: "INPUT0" value: "X" } '
+                   'output_map { key: "OUTPUT0" value: "Y" } }')
     write_ensemble(repo, "ens_unknown", ERROR_IO,
                    '{ model_name: "nope" input_map { key: "INPUT0" value: "X" } '
                    'output_map { key: "OUTPUT0" value: "Y" } }')
@@ -441,14 +454,30 @@ def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
                          "written by any step"),
         ("ens_wrong_io", "model 'py_error' has no input 'IN'"),
         ("ens_cycle", "has a cycle"),
-        ("ens_undeclared", "model 'py_repeat' is decoupled, so the ensemble must be too: add "
-                           "'model_transaction_policy { decoupled: true }' to ensemble "
-                           "'ens_undeclared'"),
+        ("ens_mixed", "in ensemble ens_mixed, step of model 'ens_mixed' receives inputs "
+                      "originated from different decoupled models"),
     ]:
         with pytest.raises(InferenceServerException) as raised:
             client.load_model(name)
         assert message in raised.value.message(), raised.value.message()
     assert client.is_server_live()
+    # Triton decides an ensemble's transaction policy from its steps: with a decoupled step
+    # the ensemble is decoupled (it streams) though its config does not say so ...
+    client.load_model("ens_undeclared")
+    config = client.get_model_config("ens_undeclared")
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_undeclared", [http_input("IN", np.array([1], dtype=np.int32), "INT32")])
+    assert "doesn't support models with decoupled transaction policy" in raised.value.message()
+    got = _stream_until_final(server, "ens_undeclared", np.array([4, 5], dtype=np.int32), "u")
+    assert sorted(r.as_numpy("Y").tolist() for r, e in got
+                  if e is None and r.as_numpy("Y") is not None) == [[4], [5]]
+    # ... and without one it answers once, though its config says decoupled
+    client.load_model("ens_declared")
+    assert not client.get_model_config("ens_declared").get("model_transaction_policy", {}).get(
+        "decoupled", False)
+    result = client.infer("ens_declared", [http_input("X", np.array([4], dtype=np.int32), "INT32")])
+    assert result.as_numpy("Y").tolist() == [4]
 
 
 def test_answers_match_triton_2_51(server: ServerProcess) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from nursery.actors import ensemble
 from nursery.errors import ConfigError, ErrorKind, InternalError, NurseryError
-from nursery.messages import CancelWork, CloseIntake, InferWork
+from nursery.messages import CancelWork, CloseIntake, InferWork, Part
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -126,7 +126,9 @@ def test_every_request_gets_one_correct_answer(graph: tuple[EnsemblePlan, dict[s
         answer = answers[i][0]
         inputs = {n: value + k for k, n in enumerate(plan.inputs)}
         expected = evaluate(plan, consts, inputs)
+        needed = _needed_by_fixpoint(plan, list(plan.outputs))  # the others are pruned
         fails = [s for s in plan.steps if s.model_name == f"m{failing}"
+                 and s.model_name in needed
                  and sum(expected[t] for t in s.input_map.values()) % 3 == 0]
         if fails:
             assert isinstance(answer, NurseryError)
@@ -139,14 +141,94 @@ def test_every_request_gets_one_correct_answer(graph: tuple[EnsemblePlan, dict[s
         assert got == {n: expected[n] for n in plan.outputs}
 
 
+def _needed_by_fixpoint(plan: EnsemblePlan, requested: list[str]) -> set[str]:
+    """Triton's pruning, restated: a step runs when one of its outputs is requested or read
+    by a step that runs."""
+    needed: set[str] = set()
+    while True:
+        wanted = set(requested) | {t for s in plan.steps if s.model_name in needed
+                                   for t in s.input_map.values()}
+        grown = {s.model_name for s in plan.steps if wanted & set(s.output_map.values())}
+        if grown == needed:
+            return needed
+        needed = grown
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs(), data=st.data(), omit=st.integers(-1, 5), decoupled=st.booleans())
+def test_only_needed_steps_run_and_absent_outputs_are_left_out(
+        graph: tuple[EnsemblePlan, dict[str, int]], data: st.DataObject, omit: int,
+        decoupled: bool) -> None:
+    """Triton's ensemble scheduler: steps that no requested output needs are pruned (never
+    called); a step that does not produce one of its outputs leaves that tensor absent: the
+    steps reading it get no such input (these models take their inputs as optional) and the
+    answer leaves it out, with no error. Both for ordinary and decoupled flows."""
+    plan, consts = graph
+    requested = data.draw(st.lists(st.sampled_from(plan.outputs), min_size=1, unique=True))
+    called: list[str] = []
+
+    def compute(request: InferenceRequest) -> InferenceResponse:
+        called.append(request.model_name)
+        total = sum(int(t.data[0]) for t in request.inputs.values())
+        outputs = [Tensor(o.name, DataType.INT64, (1,),
+                          np.array([total + consts[f"{request.model_name}/{o.name}"]], np.int64))
+                   for o in request.requested_outputs
+                   if not (request.model_name == f"m{omit}" and o.name == "OUT0")]
+        return InferenceResponse(request.model_name, "1", outputs, id=request.id)
+
+    async def infer(request: InferenceRequest) -> InferenceResponse:
+        await trio.sleep(0.001)
+        return compute(request)
+
+    async def stream(request: InferenceRequest, on_part: Any) -> None:
+        await trio.sleep(0.001)
+        await on_part(Part(compute(request), None, True))
+
+    inputs = {n: Tensor(n, DataType.INT64, (1,), np.array([k + 1], np.int64))
+              for k, n in enumerate(plan.inputs)}
+    request = InferenceRequest("ens", "", inputs, tuple(RequestedOutput(o) for o in requested))
+    parts: list[Any] = []
+
+    async def main() -> Any:
+        if decoupled:
+            await ensemble.run_decoupled_flow(plan, "1", request, stream, parts.append)
+            return None
+        return await ensemble.run_flow(plan, "1", request, infer)
+
+    answer = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if decoupled:
+        assert [p.final for p in parts] == [True] and parts[0].error is None
+        answer = parts[0].response
+    # the expected values, with absent tensors
+    values: dict[str, int] = {n: k + 1 for k, n in enumerate(plan.inputs)}
+    absent: set[str] = set()
+    pending = list(plan.steps)
+    while pending:
+        step = next(s for s in pending
+                    if all(t in values or t in absent for t in s.input_map.values()))
+        pending.remove(step)
+        total = sum(values[t] for t in step.input_map.values() if t in values)
+        for out, t in step.output_map.items():
+            if step.model_name == f"m{omit}" and out == "OUT0":
+                absent.add(t)
+            else:
+                values[t] = total + consts[f"{step.model_name}/{out}"]
+    assert sorted(called) == sorted(_needed_by_fixpoint(plan, requested))
+    assert {t.name: int(t.data[0]) for t in answer.outputs} == {
+        n: values[n] for n in requested if n not in absent}
+    assert [t.name for t in answer.outputs] == [n for n in requested if n not in absent]
+
+
 def test_requested_outputs_and_independent_steps_overlap() -> None:
     plan = EnsemblePlan.build("e", ["x"], ["a", "b"], [
         EnsembleStep("ma", -1, {"IN": "x"}, {"OUT": "a"}),
         EnsembleStep("mb", -1, {"IN": "x"}, {"OUT": "b"}),
     ])
     running: list[int] = [0, 0]
+    called: list[str] = []
 
     async def infer(request: InferenceRequest) -> InferenceResponse:
+        called.append(request.model_name)
         running[0] += 1
         running[1] = max(running)
         await trio.sleep(1)
@@ -157,11 +239,15 @@ def test_requested_outputs_and_independent_steps_overlap() -> None:
     async def main() -> None:
         x = Tensor("x", DataType.FP32, (2,), np.array([1, 2], np.float32))
         request = InferenceRequest("e", "", {"x": x}, (RequestedOutput("b"),))
+        response = await ensemble.run_flow(plan, "1", request, infer)
+        assert [t.name for t in response.outputs] == ["b"]
+        assert response.outputs[0].data is x.data  # passed along, never copied
+        assert called == ["mb"]  # "a" was not asked for: its step is pruned
+        request = InferenceRequest("e", "", {"x": x}, (RequestedOutput("b"), RequestedOutput("a")))
         start = trio.current_time()
         response = await ensemble.run_flow(plan, "1", request, infer)
         assert trio.current_time() - start == pytest.approx(1.0)  # both steps at once
-        assert [t.name for t in response.outputs] == ["b"]
-        assert response.outputs[0].data is x.data  # passed along, never copied
+        assert [t.name for t in response.outputs] == ["b", "a"]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert running[1] == 2
@@ -365,7 +451,10 @@ def test_optional_inputs_left_out_are_left_out_of_the_steps(
         assert len(got) == 1, got
         response = got[0]
     assert isinstance(response, InferenceResponse), got
-    for step in plan.steps:  # every step ran, without the inputs left out
+    needed = plan.needed(plan.outputs)  # the others are pruned, as in Triton
+    assert set(seen) == {plan.steps[i].model_name for i in needed}
+    for i in needed:  # every needed step ran, without the inputs left out
+        step = plan.steps[i]
         assert seen[step.model_name] == {i for i, t in step.input_map.items() if t not in omitted}
     expected = evaluate(plan, consts, {n: given_inputs.get(n, 0) for n in plan.inputs})
     assert {t.name: int(t.data[0]) for t in response.outputs} == {n: expected[n]

@@ -69,6 +69,8 @@ class Accumulator:
     def execute(self, inputs: Mapping[str, np.ndarray],
                 output_names: Sequence[str]) -> dict[str, np.ndarray]:
         self.factory.threads.setdefault(self.index, set()).add(threading.get_ident())
+        if self.factory.gate is not None:  # a test holds the batch on the instance's thread
+            self.factory.gate.wait(30)
         total = inputs["INPUT"] + inputs["INPUT_STATE"]
         for row in range(total.shape[0]):
             self.factory.rows.append((self.index, int(inputs["CORRID"][row, 0]),
@@ -89,6 +91,7 @@ class AccumulatorFactory:
         self.rows: list[tuple[int, int, int, float]] = []  # (instance, corrid, start, ready)
         self.threads: dict[int, set[int]] = {}
         self.closed: list[int] = []
+        self.gate: threading.Event | None = None
 
     def auto_complete(self, config: Any, version_path: Path) -> None:
         pass

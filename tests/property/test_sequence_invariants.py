@@ -20,7 +20,15 @@ idle timeout). After every poll a reference model checks:
   order;
 - batches go only to free instances, hold at most max_batch_size rows, and (direct) each row
   is its slot, padding rows marking the empty ones; with no queue delay, a free instance never
-  leaves a queued request of its slots waiting.
+  leaves a queued request of its slots waiting;
+- cancelling a queued request cancels its sequence, as Triton: in a slot, it and every later
+  request are answered CANCELLED and never run (the earlier ones still do), and the slot is
+  freed (its state released only if something of it ran) once nothing of it is queued or
+  running; in the backlog, the whole sequence is cancelled; the ID must START again;
+- a request's own timeout counts only while its sequence waits in the backlog (Triton's
+  reaper): once the earliest such deadline passes, every request of that backlogged sequence
+  is rejected ("timeout of the corresponding sequence has been expired") and the ID is
+  forgotten; a sequence that got a slot never times out.
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from nursery.errors import ErrorKind
-from nursery.scheduling.decisions import Dispatch, Reject, Release
+from nursery.scheduling.decisions import Cancel, Dispatch, Reject, Release
 from nursery.scheduling.sequence_policy import (
+    BACKLOG_TIMEOUT,
     SequencePolicy,
     SequenceSchedule,
     SlotRow,
@@ -56,6 +65,8 @@ class Gen:
     over: bool = False  # its END ran or it was released
     last: float = 0.0  # last arrival or completion
     running: bool = False
+    cancelled: bool = False
+    expires: float = float("inf")  # while backlogged: the earliest request deadline
 
 
 @dataclass(eq=False)
@@ -67,6 +78,8 @@ class Req:
     gen: Gen | None
     index: int = -1
     outcome: str = ""
+    timeout_us: int = 0
+    shape: int = 0  # the signature: requests of different shapes never share a batch
 
 
 @st.composite
@@ -88,7 +101,8 @@ class SequenceMachine(RuleBasedStateMachine):
     def setup(self, schedule: SequenceSchedule, instances: int) -> None:
         self.schedule = schedule
         self.instances = instances
-        self.policy = SequencePolicy[Req](schedule, instances, model="m")
+        self.policy = SequencePolicy[Req](schedule, instances, model="m",
+                                          signature=lambda req: req.shape)
         self.now = 0.0
         self.idle = schedule.idle_us / 1e6
         self.live: dict[Hashable, Gen] = {}  # IDs whose END has not arrived and not released
@@ -100,6 +114,7 @@ class SequenceMachine(RuleBasedStateMachine):
         self.holding: list[Gen] = []  # sequences with a slot (the policy's view, predicted)
         self.backlog: list[Gen] = []
         self.capacity = instances * schedule.slots_per_instance
+        self.to_cancel: set[int] = set()  # id() of requests a Cancel decision must answer
         for i in range(instances):
             self.policy.instance_ready(i, self.now)
         self._poll()
@@ -107,8 +122,10 @@ class SequenceMachine(RuleBasedStateMachine):
     # -- rules -------------------------------------------------------------------------------
 
     @rule(cid=st.sampled_from(IDS), start=st.booleans(), end=st.booleans(),
-          value=st.integers(1, 1000))
-    def send(self, cid: Hashable, start: bool, end: bool, value: int) -> None:
+          value=st.integers(1, 1000), timeout_us=st.sampled_from([0, 0, 0, 3_000]),
+          shape=st.sampled_from([0, 0, 0, 1]))
+    def send(self, cid: Hashable, start: bool, end: bool, value: int, timeout_us: int,
+             shape: int) -> None:
         gen = self.live.get(cid)
         if gen is None and start:
             gen = Gen(cid)
@@ -125,7 +142,10 @@ class SequenceMachine(RuleBasedStateMachine):
                 self.live.pop(cid, None)
             else:
                 self.live[cid] = gen
-        req = Req(cid, start, end, value, gen, len(gen.sent) - 1 if gen else -1)
+        if gen is not None and gen in self.backlog and timeout_us:
+            gen.expires = min(gen.expires, self.now + timeout_us / 1e6)
+        req = Req(cid, start, end, value, gen, len(gen.sent) - 1 if gen else -1,
+                  timeout_us=timeout_us, shape=shape)
         self.requests.append(req)
         self.policy.arrive(req, self.now)
         self._poll()
@@ -141,6 +161,38 @@ class SequenceMachine(RuleBasedStateMachine):
         self.policy.instance_ready(instance, self.now)
         self._poll()
 
+    @precondition(lambda self: any(r.gen is not None and not r.outcome
+                                   and id(r) not in self.to_cancel and r.index >= r.gen.ran
+                                   for r in self.requests))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        queued = [r for r in self.requests if r.gen is not None and not r.outcome
+                  and id(r) not in self.to_cancel and r.index >= r.gen.ran]
+        req = data.draw(st.sampled_from(queued))
+        gen = req.gen
+        assert gen is not None
+        assert self.policy.cancel(req), "a queued request could not be cancelled"
+        req.outcome = "cancelled"
+        backlogged = gen in self.backlog
+        first = 0 if backlogged else req.index
+        event("backlogged sequence cancelled" if backlogged else "sequence cancelled in a slot")
+        for other in self.requests:
+            if (other.gen is gen and other.index >= first and other is not req
+                    and other.outcome != "cancelled"):  # not by an earlier cancel
+                assert not other.outcome
+                self.to_cancel.add(id(other))
+        del gen.sent[first:]
+        gen.cancelled = True
+        if self.live.get(gen.cid) is gen:
+            del self.live[gen.cid]
+        if backlogged:
+            self.backlog.remove(gen)
+            gen.over = True
+        elif gen.place is None and not gen.sent:  # nothing of it ran: freed, no release
+            self._over(gen, None)
+        self._poll()
+        assert not self.to_cancel, "the rest of a cancelled sequence was not answered"
+
     @rule(dt=st.sampled_from([0.0002, 0.001, 0.004, 0.06]))
     def tick(self, dt: float) -> None:
         self.now += dt
@@ -153,19 +205,43 @@ class SequenceMachine(RuleBasedStateMachine):
         if poll.wake_at is not None:
             assert poll.wake_at > self.now, "asked to be woken in the past"
         for decision in poll.decisions:
-            if isinstance(decision, Reject):
+            if isinstance(decision, Reject) and decision.reason == BACKLOG_TIMEOUT:
+                assert decision.kind is None  # the scheduler's UNAVAILABLE
+                gens = {id(r.gen): r.gen for r in decision.items}
+                for gen in gens.values():
+                    assert gen is not None and gen in self.backlog, "timed out outside the backlog"
+                    assert self.now >= gen.expires, "timed out early"
+                    mine = [r for r in decision.items if r.gen is gen]
+                    assert [r.index for r in mine] == list(range(len(gen.sent))), \
+                        "a timed-out sequence's requests were not all rejected, in order"
+                    event("backlogged sequence timed out")
+                    self.backlog.remove(gen)
+                    gen.over = True
+                    if self.live.get(gen.cid) is gen:
+                        del self.live[gen.cid]
+                for req in decision.items:
+                    assert not req.outcome
+                    req.outcome = "timed out"
+            elif isinstance(decision, Reject):
                 assert decision.kind is ErrorKind.INVALID_ARG
                 for req in decision.items:
                     assert req.gen is None, "a request of a live sequence was rejected"
                     assert decision.reason == not_started_message(req.sequence_id, "m")
                     assert not req.outcome
                     req.outcome = "rejected"
+            elif isinstance(decision, Cancel):
+                for req in decision.items:
+                    assert id(req) in self.to_cancel, "cancelled a request of another sequence"
+                    self.to_cancel.discard(id(req))
+                    assert not req.outcome
+                    req.outcome = "cancelled"
             elif isinstance(decision, Release):
                 for slot in decision.slots:
                     place = (decision.instance, slot)
                     gen = self.holder.get(place)
                     assert gen is not None, "released a slot nobody held"
-                    assert self._idle_expired(gen), "released a sequence that was not idle"
+                    assert self._idle_expired(gen) or self._cancel_done(gen), \
+                        "released a sequence that was not idle"
                     event("idle sequence released")
                     assert not gen.over
                     self._over(gen, place)
@@ -186,10 +262,14 @@ class SequenceMachine(RuleBasedStateMachine):
         return (gen.ran == len(gen.sent) and not gen.running
                 and self.now >= gen.last + self.idle)
 
-    def _over(self, gen: Gen, place: tuple[int, int]) -> None:
+    def _cancel_done(self, gen: Gen) -> bool:
+        return gen.cancelled and gen.ran == len(gen.sent) and not gen.running
+
+    def _over(self, gen: Gen, place: tuple[int, int] | None) -> None:
         gen.over = True
-        self.holder.pop(place, None)
-        self.state.pop(place, None)
+        if place is not None:
+            self.holder.pop(place, None)
+            self.state.pop(place, None)
         self.holding.remove(gen)
         if self.backlog:
             self.holding.append(self.backlog.pop(0))
@@ -202,9 +282,11 @@ class SequenceMachine(RuleBasedStateMachine):
         assert rows is not None and all(isinstance(r, SlotRow) for r in rows)
         assert 1 <= len(rows) <= max(1, self.schedule.max_batch_size)
         assert sorted(r.item for r in rows if r.ready) == list(range(len(decision.items)))
+        assert len({r.shape for r in decision.items}) == 1, "shapes mixed in one batch"
         if self.schedule.strategy == "direct":
             assert [r.slot for r in rows] == list(range(len(rows))), "direct rows are slots"
-            assert rows[-1].ready
+            if len({r.shape for r in self.requests if r.gen is not None and not r.outcome}) == 1:
+                assert rows[-1].ready, "a trailing padding row with nothing of another shape"
         else:
             assert all(r.ready for r in rows)
         event(f"batch of {len(decision.items)}")
@@ -263,6 +345,9 @@ class SequenceMachine(RuleBasedStateMachine):
             return
         for gen in self.holding:
             assert not self._idle_expired(gen), "an idle sequence kept its slot"
+            assert not self._cancel_done(gen), "a cancelled sequence kept its slot"
+        for gen in self.backlog:
+            assert self.now < gen.expires, "a timed-out sequence stayed in the backlog"
 
     def teardown(self) -> None:
         if not hasattr(self, "policy"):
@@ -282,7 +367,8 @@ class SequenceMachine(RuleBasedStateMachine):
             self.now = max(self.now + 1e-4, poll.wake_at or 0.0)
         assert self.policy.pending() == 0
         for req in self.requests:
-            assert req.outcome in ("ran", "rejected"), "a request got no outcome"
+            assert req.outcome in ("ran", "rejected", "cancelled", "timed out"), \
+                "a request got no outcome"
             assert (req.outcome == "rejected") == (req.gen is None)
 
     def _replay(self, poll: object) -> None:
@@ -297,10 +383,86 @@ class SequenceMachine(RuleBasedStateMachine):
                         self._over(gen, place)
             elif isinstance(decision, Reject):
                 for req in decision.items:
-                    req.outcome = "rejected"
+                    req.outcome = ("timed out" if decision.reason == BACKLOG_TIMEOUT
+                                   else "rejected")
+                    if req.gen in self.backlog:  # timed out: it never takes a slot
+                        self.backlog.remove(req.gen)
+            elif isinstance(decision, Cancel):
+                for req in decision.items:
+                    req.outcome = "cancelled"
 
 
 SequenceMachine.TestCase.settings = settings(
     max_examples=120, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestSequencePolicy = SequenceMachine.TestCase
+
+
+def _direct_policy(utilization: float) -> SequencePolicy[Req]:
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=4, max_batch_size=4,
+                                idle_us=10_000_000, max_queue_delay_us=1_000,
+                                min_slot_utilization=utilization)
+    policy = SequencePolicy[Req](schedule, 1, model="m")
+    policy.instance_ready(0, 0.0)
+    return policy
+
+
+def test_direct_delay_waits_for_the_minimum_slot_utilization() -> None:
+    """Triton's direct batcher: with a queue delay and a minimum slot utilization, a batch
+    waits until ready rows / max_batch_size reaches it, or the oldest waited the delay."""
+    policy = _direct_policy(0.5)
+    policy.arrive(Req(1, True, False, 1, None), 0.0)
+    poll = policy.poll(0.0)
+    assert poll.decisions == [] and poll.wake_at == 0.001  # 1/4 < 0.5: wait
+    policy.arrive(Req(2, True, False, 1, None), 0.0002)
+    [batch] = policy.poll(0.0002).decisions  # 2/4 reaches 0.5: at once
+    assert isinstance(batch, Dispatch) and len(batch.items) == 2
+    policy.instance_ready(0, 0.0003)
+    policy.arrive(Req(1, False, False, 1, None), 0.0003)
+    assert policy.poll(0.0003).decisions == []
+    [batch] = policy.poll(0.0014).decisions  # the delay passed: one row goes alone
+    assert isinstance(batch, Dispatch) and len(batch.items) == 1
+
+
+def test_direct_delay_without_a_minimum_utilization_never_waits() -> None:
+    policy = _direct_policy(0.0)
+    policy.arrive(Req(1, True, False, 1, None), 0.0)
+    [batch] = policy.poll(0.0).decisions
+    assert isinstance(batch, Dispatch) and len(batch.items) == 1
+
+
+def test_direct_pads_the_slot_of_a_differing_shape() -> None:
+    """Triton's direct batcher: the lowest slot's head sets the shapes; a head that differs
+    waits, its slot a padding row (the null request), and runs in the next batch."""
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=3, max_batch_size=3)
+    policy = SequencePolicy[Req](schedule, 1, model="m", signature=lambda req: req.shape)
+    policy.instance_ready(0, 0.0)
+    a, b, c = (Req(cid, True, False, 1, None, shape=shape)
+               for cid, shape in ((1, 5), (2, 6), (3, 5)))
+    for req in (a, b, c):
+        policy.arrive(req, 0.0)
+    [batch] = policy.poll(0.0).decisions
+    assert isinstance(batch, Dispatch) and batch.items == (a, c)
+    assert [(r.slot, r.ready) for r in batch.rows or ()] == [(0, True), (1, False), (2, True)]
+    policy.instance_ready(0, 0.001)
+    [batch] = policy.poll(0.001).decisions
+    assert isinstance(batch, Dispatch) and batch.items == (b,)
+    assert [(r.slot, r.ready) for r in batch.rows or ()] == [(0, False), (1, True)]
+
+
+def test_oldest_stops_a_batch_at_a_differing_shape() -> None:
+    """Triton's oldest strategy batches candidates through a dynamic batcher: the batch grows
+    from the oldest head and is sent as soon as the next head's shapes differ."""
+    schedule = SequenceSchedule(strategy="oldest", slots_per_instance=3, max_batch_size=3,
+                                preferred_batch_sizes=(3,), max_queue_delay_us=1_000_000)
+    policy = SequencePolicy[Req](schedule, 1, model="m", signature=lambda req: req.shape)
+    policy.instance_ready(0, 0.0)
+    a, b, c = (Req(cid, True, False, 1, None, shape=shape)
+               for cid, shape in ((1, 5), (2, 5), (3, 6)))
+    for t, req in enumerate((a, b, c)):
+        policy.arrive(req, t * 1e-4)
+    [batch] = policy.poll(0.001).decisions  # cannot grow to 3: sent before the delay ends
+    assert isinstance(batch, Dispatch) and batch.items == (a, b)
+    policy.instance_ready(0, 0.002)
+    poll = policy.poll(0.002)
+    assert poll.decisions == [] and poll.wake_at is not None  # alone: waits for the delay

@@ -279,6 +279,10 @@ class Connection:
         watchdog how long the peer has left the current piece (at most ``_WRITE_STEP`` bytes)
         unread."""
         async with self.lock:
+            # taking the lock ends with a schedule point that cannot raise: a writer cancelled
+            # there (its stream reset meanwhile) must leave before its first byte, the
+            # connection whole; from here to the first send nothing yields
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 if len(data) <= _WRITE_STEP:
                     self.writing_since = trio.current_time()
