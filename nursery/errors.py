@@ -71,6 +71,15 @@ class ResourceExhausted(NurseryError):
     kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
+class AnsweredError(NurseryError):
+    """An error a model answered with (a Python model's ``InferenceResponse(error=...)``): the
+    request failed for its client, but the model executed and answered it, so Triton's
+    statistics count it a success."""
+
+    def __init__(self, message: str, kind: ErrorKind | None = None) -> None:
+        super().__init__(message, kind)
+
+
 class ConfigError(InvalidArgument):
     """A model configuration that cannot be used, naming the model, the file and the field."""
 

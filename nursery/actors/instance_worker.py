@@ -27,7 +27,7 @@ from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, BackendInstance
 from nursery.config.model import ModelConfig
 from nursery.config.warmup import WarmupSample
-from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
+from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError, Unavailable
 from nursery.execution import batch as batching
 from nursery.execution.sequence import SlotStates
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots
@@ -140,8 +140,9 @@ def _run_requests(
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
     t1 = time.monotonic_ns()
     _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_END", t1))
-    failed = isinstance(responses, NurseryError) or any(
-        isinstance(r, NurseryError) for r in responses)
+    failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
+        isinstance(r, NurseryError) and not isinstance(r, AnsweredError)  # success to Triton
+        for r in responses)
     return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
 
 

@@ -134,14 +134,23 @@ def test_errors_are_per_request_and_the_model_keeps_serving(server: ServerProces
         return client.infer("py_error", [http_input(
             "INPUT0", np.array([value], dtype=np.int32), "INT32")]).as_numpy("OUTPUT0")
 
+    def counts() -> tuple[int, int]:
+        stats = client.get_inference_statistics("py_error")["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"]), int(stats["fail"]["count"])
+
+    before = counts()
     with pytest.raises(InferenceServerException) as raised:
         call(0)
+    assert counts() == (before[0], before[1] + 1)  # an exception: the request failed
     message = raised.value.message()
     assert message.startswith("Failed to process the request(s) for model 'py_error_0', "
                               "message: TritonModelException: zero is not allowed")
     assert "model.py(" in message and "): execute" in message  # the model's own frame
+    before = counts()
     with pytest.raises(InferenceServerException) as raised:
         call(1)
+    # an error response: the model executed and answered; Triton counts it a success
+    assert counts() == (before[0] + 1, before[1])
     assert raised.value.message() == "one is refused"
     assert raised.value.status() == "400"  # TritonError.INVALID_ARG
     assert call(5).tolist() == [5]

@@ -197,3 +197,11 @@ def test_initialize_failure_is_a_load_failure(tmp_path: Path) -> None:
     assert raised.value.kind is ErrorKind.INTERNAL
     assert raised.value.message.startswith("RuntimeError: cannot start\n\nAt:\n")
     assert "model.py(4): initialize" in raised.value.message
+
+
+def test_logger_level_constants_as_triton_models_write_them() -> None:
+    logger = pb_utils.Logger
+    assert (logger.INFO, logger.WARNING, logger.ERROR, logger.VERBOSE) == (
+        pb_utils.LogLevel.INFO, pb_utils.LogLevel.WARNING, pb_utils.LogLevel.ERROR,
+        pb_utils.LogLevel.VERBOSE)
+    logger.log("a line at warning level", logger.WARNING)  # the form Triton's examples use

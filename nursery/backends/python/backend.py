@@ -48,7 +48,7 @@ from nursery.backends.python.process import ProcessInstance
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import ModelConfig
-from nursery.errors import ConfigError, InternalError, NurseryError
+from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
 from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import current_token
@@ -154,7 +154,8 @@ class PythonInstance:
                 "Expected an 'InferenceResponse' object in the execute function return list, "
                 f"found type '{type(response).__name__}'.")
         if response.has_error():
-            return pb_utils.error_to_nursery(response.error())
+            error = pb_utils.error_to_nursery(response.error())
+            return AnsweredError(error.message, error.kind)  # counted a success, as in Triton
         wanted = request.requested_outputs
         names = {o.name for o in wanted} if wanted else self._output_set
         if self._state_outputs:

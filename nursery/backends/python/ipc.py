@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from nursery.errors import ErrorKind, NurseryError
+from nursery.errors import AnsweredError, ErrorKind, NurseryError
 from nursery.messages import Part
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -203,7 +203,7 @@ def _put(w: _Writer, value: Any) -> Any:
                              [w.add(t) for t in value.outputs], value.id,
                              dict(value.parameters)))
     if isinstance(value, NurseryError):
-        return ("error", (value.kind.value, value.message))
+        return ("error", (value.kind.value, value.message, isinstance(value, AnsweredError)))
     if isinstance(value, Part):
         return ("part", (_put(w, value.response), _put(w, value.error), value.final))
     if isinstance(value, tuple | list):
@@ -220,7 +220,7 @@ def _get(r: _Reader, value: Any) -> Any:
         return InferenceResponse(model, version, [r.tensor(d) for d in outputs], id=rid,
                                  parameters=params)
     if kind == "error":
-        return NurseryError(body[1], ErrorKind(body[0]))
+        return (AnsweredError if body[2] else NurseryError)(body[1], ErrorKind(body[0]))
     if kind == "part":
         return Part(_get(r, body[0]), _get(r, body[1]), body[2])
     if kind == "seq":

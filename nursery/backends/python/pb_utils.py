@@ -522,6 +522,12 @@ class LogLevel:
 class Logger:
     """Triton's model logger: lines go to the server log."""
 
+    # ``pb_utils.Logger.INFO`` etc., as Triton's models write them
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
     _LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
                LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
 
