@@ -467,8 +467,6 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         inputs = _tensor_specs(proto.input, "input", where)
     with config_boundary(name, "output"):
         outputs = _tensor_specs(proto.output, "output", where)
-    if not inputs:
-        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no inputs")
     if not outputs:
         raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no outputs")
     with config_boundary(name, "instance_group"):

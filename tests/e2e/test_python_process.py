@@ -302,3 +302,28 @@ def test_execution_env_path(tmp_path: Path, start_server: type[ServerProcess]) -
     assert index["no_env"]["state"] == "UNAVAILABLE"
     assert "envonly_module" in index["no_env"]["reason"]
     assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_model_with_no_inputs(tmp_path: Path, start_server: type[ServerProcess],
+                                mode: str) -> None:
+    """A model may declare no inputs (it makes its outputs from nothing), as in Triton."""
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    (repo / "gen" / "1").mkdir(parents=True)
+    (repo / "gen" / "config.pbtxt").write_text(
+        'name: "gen"\nbackend: "python"\nmax_batch_size: 0\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+    (repo / "gen" / "1" / "model.py").write_text(
+        "import numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse([pb_utils.Tensor(\n"
+        "            'OUT', np.array([1.5, 2.5], np.float32))]) for _ in requests]\n")
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}")
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    assert client.get_model_metadata("gen")["inputs"] == []
+    assert client.infer("gen", []).as_numpy("OUT").tolist() == [1.5, 2.5]
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    assert g.infer("gen", []).as_numpy("OUT").tolist() == [1.5, 2.5]
+    assert server.stop() == 0, server.log()
