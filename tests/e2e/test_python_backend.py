@@ -23,7 +23,7 @@ from tests.conftest import ROOT, ServerProcess, make_models, running_server
 pytestmark = pytest.mark.e2e
 
 MODELS = ROOT / "tests" / "models"
-PY_MODELS = ["py_add_sub", "py_string_identity", "py_identity_fp32", "py_bls", "py_bls_async",
+PY_MODELS = ["py_add_sub", "py_split", "py_string_identity", "py_identity_fp32", "py_bls", "py_bls_async",
              "py_repeat", "py_bls_decoupled", "py_bls_stream", "py_error", "ens_add_sub_py"]
 
 
@@ -596,3 +596,10 @@ def _internal_errors(server: ServerProcess) -> float:
         text = r.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("nursery_internal_errors_total{"))
+
+
+def test_a_model_split_over_files_imports_relatively(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    data = np.array([1.0, 2.5], dtype=np.float32)
+    got = client.infer("py_split", [http_input("INPUT0", data, "FP32")]).as_numpy("OUTPUT0")
+    assert got.tolist() == [2.0, 5.0]

@@ -96,11 +96,19 @@ def import_model(path: Path, model_name: str) -> ModuleType:
     with _path_lock:
         if folder not in sys.path:
             sys.path.insert(0, folder)
-    name = f"_nursery_python_model_{next(_module_ids)}"
+    # the version folder is a package of its own, so a model split over several files can
+    # use relative imports (``from .helpers import x``), as under Triton
+    package_name = f"_nursery_python_model_{next(_module_ids)}"
+    package = ModuleType(package_name)
+    package.__path__ = [folder]
+    package.__package__ = package_name
+    sys.modules[package_name] = package
+    name = f"{package_name}.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"model '{model_name}': cannot import '{path}'")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:

@@ -1,0 +1,5 @@
+"""Part of py_split's model, imported relatively."""
+
+
+def double(values):
+    return values * 2
