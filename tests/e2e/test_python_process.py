@@ -327,3 +327,28 @@ def test_a_model_with_no_inputs(tmp_path: Path, start_server: type[ServerProcess
     g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     assert g.infer("gen", []).as_numpy("OUT").tolist() == [1.5, 2.5]
     assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_decoupled_answers_after_execute_returns(
+        tmp_path: Path, start_server: type[ServerProcess], mode: str) -> None:
+    """The model's event loop runs on after ``execute`` returns, as in Triton: responses its
+    tasks send later arrive, and two requests' coroutines run at once."""
+    import queue as queue_
+
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_async_late", repo / "py_async_late")
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}")
+    got: queue_.Queue[object] = queue_.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: got.put(error or result))
+    for value in (10.0, 20.0):
+        item = grpcclient.InferInput("IN", [1], "FP32")
+        item.set_data_from_numpy(np.array([value], dtype=np.float32))
+        client.async_stream_infer("py_async_late", [item], request_id=str(value))
+    values = sorted(float(got.get(timeout=30).as_numpy("OUT")[0]) for _ in range(6))
+    client.stop_stream()
+    assert values == [10.0, 11.0, 12.0, 20.0, 21.0, 22.0]
+    assert server.stop() == 0, server.log()

@@ -34,6 +34,7 @@ import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -51,7 +52,7 @@ from nursery.config.model import ModelConfig
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
 from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
-from nursery.runtime.threads import current_token
+from nursery.runtime.threads import bind_context, current_context, current_token
 from nursery.schema import inference as pb
 from nursery.types import InferenceRequest, InferenceResponse, Tensor, datatype_of_array
 
@@ -146,6 +147,7 @@ class PythonInstance:
         # stub process, a stand-in that sends it on the channel
         self._token = token if token is not None else current_token()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._all_outputs = [o.name for o in config.outputs]
         self._output_set = frozenset(self._all_outputs)
         # implicit state outputs (sequence models) go back to the instance worker, which keeps
@@ -188,20 +190,63 @@ class PythonInstance:
     # -- execution ---------------------------------------------------------------------------
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
-        """This instance's asyncio loop (for ``async def`` models), created on first use. Its
-        executor runs ``async_exec`` BLS calls, each waiting on its target: allow many."""
+        """This instance's asyncio loop (for ``async def`` models), created on first use and
+        run for good on a thread of its own, as Triton's stub runs one: tasks an ``execute``
+        starts go on after it returns (a decoupled model's senders), and coroutines of several
+        calls can be in flight. Its executor runs ``async_exec`` BLS calls; the loop's thread
+        carries the instance thread's context (the model client)."""
         if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.set_default_executor(ThreadPoolExecutor(
+            loop = asyncio.new_event_loop()
+            loop.set_default_executor(ThreadPoolExecutor(
                 max_workers=64, thread_name_prefix=f"{self.instance_name}-bls"))
+            context = current_context()
+
+            def run() -> None:
+                bind_context(context)
+                asyncio.set_event_loop(loop)
+                loop.run_forever()
+
+            self._loop_thread = threading.Thread(target=run, name=f"{self.instance_name}-async",
+                                                 daemon=True)
+            self._loop_thread.start()
+            self._loop = loop
         return self._loop
 
-    def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
+    def _await(self, awaitable: Any) -> Any:
+        """Run a coroutine on the instance's loop and wait for its result here."""
+        return asyncio.run_coroutine_threadsafe(awaitable, self._event_loop()).result()
+
+    def _call_execute(self, requests: list[pb_utils.InferenceRequest],
+                      senders: list[ResponseSender] | None = None) -> Any:
         result = self._model.execute(requests)
-        if type(result) is not list and inspect.isawaitable(result):  # async def execute:
-            # run it on this thread's own loop
-            result = self._event_loop().run_until_complete(result)
+        if type(result) is not list and inspect.isawaitable(result):  # async def execute
+            if self.decoupled and senders is not None:
+                # as in Triton, a decoupled model's coroutine runs on while the next requests
+                # come in; it answers through its senders (an exception closes what is open)
+                future: Any = asyncio.run_coroutine_threadsafe(
+                    result, self._event_loop())  # type: ignore[arg-type]
+                future.add_done_callback(partial(self._finished_late, senders))
+                return None
+            result = self._await(result)
         return result
+
+    def _finished_late(self, senders: list[ResponseSender], future: Any) -> None:
+        exc = future.exception()
+        error: NurseryError
+        if exc is None:
+            result = future.result()
+            if result is None:
+                return
+            error = InternalError(
+                f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                "execute function must return None.")
+        else:
+            error = self._failure(exc)
+            log.error("%s", error.message)
+        for sender in senders:
+            if not sender.closed:
+                sender.closed = True
+                sender._deliver(Part(None, error, True))
 
     def execute_requests(self, work: Sequence[InferWork]) -> list[Any]:
         """Run ``execute`` on these requests; one answer per request, ``None`` where the
@@ -225,7 +270,7 @@ class PythonInstance:
     def _execute(self, requests: list[pb_utils.InferenceRequest], senders: list[ResponseSender],
                  originals: list[InferenceRequest]) -> list[Any]:
         try:
-            result = self._call_execute(requests)
+            result = self._call_execute(requests, senders)
         except Exception as exc:
             error = self._failure(exc)
             log.error("%s", error.message)  # Triton logs it too (an error path, not the hot one)
@@ -291,10 +336,15 @@ class PythonInstance:
             if finalize is not None:
                 result = finalize()
                 if inspect.isawaitable(result):
-                    self._event_loop().run_until_complete(result)
+                    self._await(result)
         finally:
-            if self._loop is not None:
-                self._loop.close()
+            loop = self._loop
+            if loop is not None:
+                loop.call_soon_threadsafe(loop.stop)
+                if self._loop_thread is not None:
+                    self._loop_thread.join(timeout=5)
+                if not loop.is_running():
+                    loop.close()
 
 
 class PythonFactory:
