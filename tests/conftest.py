@@ -133,6 +133,28 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
         server.stop()
 
 
+# A ceiling on the address space of the test run and the servers it starts (they inherit it):
+# a test that allocates without bound then fails with MemoryError where it allocates, instead
+# of the kernel's OOM killer taking the whole run (seen once, at 24 GB). Not on GPU machines
+# (CUDA maps large virtual ranges); NURSERY_TEST_MEMORY_LIMIT_GB=0 turns it off.
+MEMORY_LIMIT_GB = float(os.environ.get("NURSERY_TEST_MEMORY_LIMIT_GB", "16"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import resource
+
+    from nursery.runtime.devices import gpu_count
+
+    if MEMORY_LIMIT_GB <= 0 or gpu_count() > 0:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = int(MEMORY_LIMIT_GB * (1 << 30))
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``@pytest.mark.gpu`` tests are deselected on a machine without a GPU unless a marker
     expression is given (``pytest -m gpu`` selects exactly them, anywhere)."""

@@ -81,11 +81,15 @@ def _serves(server: ServerProcess) -> None:
     """The process is alive and answers a real client's inference."""
     assert server.proc.poll() is None, server.log()
     client = _client(server)
-    x = np.arange(4, dtype=np.float32).reshape(1, 4)
-    inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
-    inp.set_data_from_numpy(x)
-    np.testing.assert_array_equal(client.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
-    client.close()
+    try:
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(x)
+        # a deadline: a call that cannot get a connection fails instead of waiting on
+        np.testing.assert_array_equal(client.infer("identity_fp32", [inp], client_timeout=10)
+                                      .as_numpy("OUTPUT0"), x)
+    finally:
+        client.close()  # also when the call failed: no channel left reconnecting behind
 
 
 def _infer_message(n: int) -> bytes:
