@@ -121,6 +121,12 @@ def datatype_of_array(array: np.ndarray) -> DataType:
         raise InvalidArgument(f"numpy dtype {dt} has no protocol datatype") from None
 
 
+def tensor_of(name: str, array: Any) -> Tensor:
+    """A tensor named ``name`` over ``array``, its datatype and shape read from the array."""
+    array = np.asarray(array)
+    return Tensor(name, datatype_of_array(array), tuple(array.shape), array)
+
+
 def element_count(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:

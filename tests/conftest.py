@@ -102,6 +102,17 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def wait_for_file(path: Path, timeout: float = 60.0) -> None:
+    """Until ``path`` exists (a model touches it to say where it is), bounded: a test never
+    waits forever."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
 @contextmanager
 def running_server(repo: Path | list[Path], *extra: str,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -75,19 +75,19 @@ async def serve_version(
                                 client=client,
                             ),
                         )
+                workers = [w for w in intakes if w is not None]  # each started, or we raised
                 await version_nursery.start(
                     partial(
                         scheduler.run,
                         name=config.name,
                         policy=choice.policy,
                         inbox=inbox,
-                        instances=[w for w in intakes if w is not None],
+                        instances=workers,
                         preserve_ordering=bool(config.batching
                                                and config.batching.preserve_ordering),
                         summaries=summaries,
                     )
                 )
-                workers = [w for w in intakes if w is not None]
 
                 def healthy() -> bool:
                     return all(w.healthy() for w in workers)

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from nursery.config.model import ModelConfig
 from nursery.scheduling.batch_policy import DynamicBatchPolicy
-from nursery.scheduling.decisions import SchedulingPolicy
+from nursery.scheduling.decisions import SchedulingPolicy, W
 from nursery.scheduling.fifo import FifoPolicy
 from nursery.scheduling.sequence_policy import SequencePolicy
-
-W = TypeVar("W")
 
 MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAVAILABLE)
 # Places per instance under the default scheduler: the thread holds its next request while it

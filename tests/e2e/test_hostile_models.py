@@ -13,7 +13,6 @@ import base64
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProcess, make_models
+from tests.conftest import ROOT, ServerProcess, make_models, wait_for_file
 from tests.e2e.test_http_tritonclient import _raw
 
 pytestmark = pytest.mark.e2e
@@ -31,15 +30,6 @@ def _fp32(value: float) -> list[httpclient.InferInput]:
     tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
     return [tensor]
-
-
-def _wait_for(path: Path) -> None:
-    """Until ``path`` exists (bounded: a test never waits forever)."""
-    for _ in range(600):
-        if path.exists():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{path} never appeared")
 
 
 def _metric(server: ServerProcess, name: str, unit: str) -> float:
@@ -79,7 +69,7 @@ def test_hung_model_does_not_hold_up_the_server(tmp_path: Path,
 
     worker = threading.Thread(target=hang)
     worker.start()
-    _wait_for(marker)
+    wait_for_file(marker)
     marker.unlink()
     # while the model hangs, the repository API serves other models at once
     assert {"name": "add_sub"} in client.get_model_repository_index()
@@ -99,7 +89,7 @@ def test_hung_model_does_not_hold_up_the_server(tmp_path: Path,
     # a second hang, then SIGTERM: the shutdown finishes (exit code 0) instead of waiting
     worker = threading.Thread(target=hang)
     worker.start()
-    _wait_for(marker)
+    wait_for_file(marker)
     client.load_model("mlp")
     assert server.stop(timeout=60) == 0, server.log()
     worker.join(60)

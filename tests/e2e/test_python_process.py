@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ROOT, ServerProcess, make_models
+from tests.conftest import ROOT, ServerProcess, make_models, wait_for_file
 
 pytestmark = pytest.mark.e2e
 
@@ -44,15 +44,6 @@ def _stubs(server: ServerProcess) -> set[int]:
         if ppid == server.proc.pid and b"nursery.backends.python.stub" in cmdline:
             found.add(int(entry.name))
     return found
-
-
-def _wait_for(path: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never appeared")
 
 
 def test_a_crashing_model_costs_its_requests_only(tmp_path: Path,
@@ -114,7 +105,7 @@ def test_a_hung_stub_is_killed_at_unload_and_at_shutdown(
 
     worker = threading.Thread(target=hang)
     worker.start()
-    _wait_for(marker)
+    wait_for_file(marker, timeout=30)
     marker.unlink()
     client.unload_model("py_hang")  # returns: the stub is killed after the timeout
     worker.join(60)
@@ -125,7 +116,7 @@ def test_a_hung_stub_is_killed_at_unload_and_at_shutdown(
     assert client.infer("py_hang", _fp32(2.0)).as_numpy("OUTPUT0")[0, 0] == 2.0
     worker = threading.Thread(target=hang)
     worker.start()
-    _wait_for(marker)
+    wait_for_file(marker, timeout=30)
     stubs = _stubs(server)
     assert server.stop(timeout=60) == 0, server.log()
     worker.join(60)
@@ -238,7 +229,7 @@ def test_is_cancelled_sees_the_client_leave(tmp_path: Path, start_server: type[S
     with pytest.raises(Exception):  # noqa: B017, PT011 - the client's own timeout, any form
         impatient.infer("py_cancel", one(-1.0))
     impatient.close()
-    _wait_for(marker, timeout=20)
+    wait_for_file(marker, timeout=20)
     assert time.monotonic() - started < 15  # seen well before the model's 30 s
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     assert client.infer("py_cancel", one(2.0)).as_numpy("OUTPUT0")[0] == 2.0

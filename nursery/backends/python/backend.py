@@ -54,7 +54,7 @@ from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import bind_context, current_context, current_token
 from nursery.schema import inference as pb
-from nursery.types import InferenceRequest, InferenceResponse, Tensor, datatype_of_array
+from nursery.types import InferenceRequest, InferenceResponse, tensor_of
 
 log = logging.getLogger("nursery.backends.python")
 
@@ -314,7 +314,7 @@ class PythonInstance:
                 output_names: Sequence[str]) -> dict[str, np.ndarray]:
         """One request from plain arrays (warm-up samples): the outputs, or the error raised."""
         request = InferenceRequest(self.model_name, self.version, {
-            n: Tensor(n, datatype_of_array(a), tuple(a.shape), a) for n, a in inputs.items()})
+            n: tensor_of(n, a) for n, a in inputs.items()})
         got: list[Any] = []
 
         def keep(answer: Any) -> None:
@@ -449,10 +449,6 @@ def start_model(path: Path, config: ModelConfig, args: dict[str, str], version: 
         raise InternalError(describe(exc)) from exc  # the load failure reason, as Triton
     return PythonInstance(model, config, version, name, token)
 
-
-def tensor_of(name: str, array: Any) -> Tensor:
-    array = np.asarray(array)
-    return Tensor(name, datatype_of_array(array), tuple(array.shape), array)
 
 
 FACTORY = PythonFactory()

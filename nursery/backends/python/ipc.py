@@ -23,7 +23,15 @@ import numpy as np
 
 from nursery.errors import AnsweredError, ErrorKind, NurseryError
 from nursery.messages import Part
-from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from nursery.types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    tensor_from_bytes,
+    tensor_to_bytes,
+)
 
 MAX_PACKET = 1 << 20  # one control message; tensors travel apart, so this is ample
 
@@ -35,30 +43,6 @@ class ChannelClosed(Exception):
 _Slot = tuple[int, int]  # where one tensor's bytes sit in its message: (offset, size)
 
 
-def _tensor_bytes(tensor: Tensor) -> bytes | memoryview:
-    data = tensor.data
-    if tensor.datatype is DataType.BYTES:
-        out = bytearray()
-        for item in np.asarray(data, dtype=object).reshape(-1):
-            raw = item if isinstance(item, bytes) else str(item).encode()
-            out += len(raw).to_bytes(4, "little") + raw
-        return bytes(out)
-    array = np.ascontiguousarray(data)
-    return array.data.cast("B")
-
-
-def _tensor_from(buffer: memoryview, datatype: DataType, shape: tuple[int, ...]) -> Any:
-    if datatype is DataType.BYTES:
-        items: list[bytes] = []
-        at = 0
-        while at < len(buffer):
-            size = int.from_bytes(buffer[at:at + 4], "little")
-            items.append(bytes(buffer[at + 4:at + 4 + size]))
-            at += 4 + size
-        return np.array(items, dtype=object).reshape(shape)
-    return np.frombuffer(bytes(buffer), dtype=datatype.numpy_dtype).reshape(shape)
-
-
 class _Writer:
     """Collects the tensors of one message (their bytes are written when it is sent)."""
 
@@ -67,7 +51,9 @@ class _Writer:
         self.size = 0
 
     def add(self, tensor: Tensor) -> tuple[str, str, tuple[int, ...], _Slot]:
-        data = _tensor_bytes(tensor)
+        array = (np.asarray(tensor.data, dtype=object) if tensor.datatype is DataType.BYTES
+                 else tensor.data)
+        data = tensor_to_bytes(array, tensor.datatype)  # the wire form: BYTES length-prefixed
         slot = (self.size, len(data))
         self.parts.append(data)
         self.size += len(data)
@@ -159,8 +145,10 @@ class _Reader:
         else:
             offset, nbytes = slot
             buffer = self.view[offset:offset + nbytes]
-        try:
-            data = _tensor_from(buffer, kind, shape)  # a copy: the ring is reused
+        try:  # checked against shape and datatype: a stub's message is not trusted
+            data = tensor_from_bytes(buffer, kind, shape, f"tensor '{name}'")
+            if kind is not DataType.BYTES:
+                data = data.copy()  # out of the ring, which is reused
         finally:
             buffer.release()
         return Tensor(name, kind, shape, data)

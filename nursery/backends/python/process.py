@@ -38,7 +38,7 @@ from nursery.config.model import ModelConfig
 from nursery.errors import InternalError, NurseryError, Unavailable
 from nursery.messages import InferWork, Part
 from nursery.runtime.threads import current_context, current_token
-from nursery.types import InferenceRequest, Tensor, datatype_of_array
+from nursery.types import InferenceRequest, tensor_of
 
 log = logging.getLogger("nursery.backends.python")
 FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
@@ -332,7 +332,7 @@ class ProcessInstance:
                 output_names: Sequence[str]) -> dict[str, np.ndarray]:
         """One warm-up sample; the outputs, or the error raised."""
         request = InferenceRequest(self.model_name, self.version, {
-            n: Tensor(n, datatype_of_array(a), tuple(a.shape), a) for n, a in inputs.items()})
+            n: tensor_of(n, a) for n, a in inputs.items()})
         self.channel.send("warm", request, list(output_names))
         answer = self._control.get()
         if answer[0] != "warmed":

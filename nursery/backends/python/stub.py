@@ -30,7 +30,7 @@ from nursery.config.model import read_model_config
 from nursery.errors import NurseryError
 from nursery.messages import Part
 from nursery.runtime import threads
-from nursery.types import InferenceRequest, InferenceResponse
+from nursery.types import InferenceRequest, InferenceResponse, tensor_of
 
 
 class _Direct:
@@ -72,12 +72,29 @@ class StubClient:
         self.calls: dict[int, queue.SimpleQueue[Any]] = {}
         self._ids = itertools.count(1)
 
-    def _start(self, request: InferenceRequest, decoupled: bool) -> tuple[int, Any]:
+    def _open(self, kind: str, *args: Any) -> tuple[int, queue.SimpleQueue[Any]]:
+        """Send a call to the server; its answers arrive on the queue (the reader routes
+        them by call id)."""
         call = next(self._ids)
         answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.calls[call] = answers
-        self.channel.send("bls", call, request, decoupled)
+        try:
+            self.channel.send(kind, call, *args)
+        except BaseException:
+            self.calls.pop(call, None)
+            raise
         return call, answers
+
+    def _ask(self, kind: str, *args: Any) -> Any:
+        """A call with one answer: that answer, or its error raised."""
+        call, answers = self._open(kind, *args)
+        try:
+            answer = answers.get()
+        finally:
+            self.calls.pop(call, None)
+        if isinstance(answer, NurseryError):
+            raise answer
+        return answer
 
     @property
     def custom_metrics(self) -> StubClient:
@@ -85,41 +102,22 @@ class StubClient:
         server's answer, so a refused operation raises in the model as in Triton)."""
         return self
 
-    def _metric_call(self, *args: Any) -> Any:
-        call = next(self._ids)
-        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.calls[call] = answers
-        try:
-            self.channel.send("metric", call, *args)
-            answer = answers.get()
-        finally:
-            self.calls.pop(call, None)
-        if isinstance(answer, NurseryError):
-            raise answer
-        return answer
-
     def family(self, name: str, description: str, kind: int) -> None:
-        self._metric_call("family", name, description, kind)
+        self._ask("metric", "family", name, description, kind)
 
     def metric(self, name: str, labels: Any, buckets: Any) -> None:
-        self._metric_call("metric", name, labels, buckets)
+        self._ask("metric", "metric", name, labels, buckets)
 
     def update(self, name: str, labels: Any, op: str, value: float = 0.0) -> float:
-        return float(self._metric_call("update", name, labels, op, value))
+        return float(self._ask("metric", "update", name, labels, op, value))
 
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
-        call, answers = self._start(request, False)
-        try:
-            answer = answers.get()
-        finally:
-            self.calls.pop(call, None)
-        if isinstance(answer, NurseryError):
-            raise answer
+        answer = self._ask("bls", request, False)
         assert isinstance(answer, InferenceResponse)
         return answer
 
     def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
-        call, answers = self._start(request, True)
+        call, answers = self._open("bls", request, True)
         try:
             while True:
                 part = answers.get()
@@ -216,7 +214,7 @@ def serve(channel: Channel) -> int:
                 outputs = instance_.execute({t.name: t.data for t in inputs.inputs.values()},
                                             names)
                 channel.send("warmed", InferenceResponse(name, version, [
-                    t for t in (python_backend.tensor_of(n, a) for n, a in outputs.items())]))
+                    tensor_of(n, a) for n, a in outputs.items()]))
             except NurseryError as exc:
                 channel.send("warmed", exc)
 
