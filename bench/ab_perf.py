@@ -5,7 +5,9 @@ than 5% slower), this serves the same repository from a base revision (a git wor
 under a temporary folder) and from the working tree, one server at a time, and measures each
 (protocol, model, concurrency) in alternating order for ``--rounds`` rounds. It reports, per
 row, the median infer/s of each side with the spread (min-max) and the median ratio, and the
-server's CPU per request (from /proc, user + system of the server process).
+server's CPU per request (from /proc, user + system of the server process). Each figure is
+perf_analyzer's mean over three windows, whatever their spread (a stability criterion never
+settles on this machine while anything else runs); the rounds give the spread.
 
     python bench/ab_perf.py --base 3c53c53 --rounds 3
     python bench/ab_perf.py --base HEAD~5 --protocols http-bin,grpc --models mlp --concurrency 1,16
@@ -43,7 +45,7 @@ def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
     url = server.url if protocol != "grpc" else f"127.0.0.1:{server.grpc_port}"
     args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc" if protocol == "grpc" else "http",
             "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
-            "--stability-percentage", "50", "--max-trials", "4", "--input-data", "zero"]
+            "--stability-percentage", "999", "--max-trials", "3", "--input-data", "zero"]
     if protocol == "http":  # JSON tensors (perf_analyzer's default is the binary extension)
         args += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     before, served = server_cpu(server.proc.pid), _successes(server, model)

@@ -12,6 +12,7 @@ perf_analyzer's figures to see what the HTTP stack costs.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -20,10 +21,12 @@ from typing import Any
 import numpy as np
 import trio
 
-from nursery.actors import model_manager
-from nursery.actors.directory import Directory
-from nursery.core import Core
-from nursery.types import InferenceRequest, Tensor
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nursery.actors import model_manager  # noqa: E402
+from nursery.actors.directory import Directory  # noqa: E402
+from nursery.core import Core  # noqa: E402
+from nursery.types import InferenceRequest, Tensor  # noqa: E402
 
 
 def request_for(core: Core, model: str) -> InferenceRequest:
@@ -54,14 +57,15 @@ async def main(args: argparse.Namespace) -> None:
                 for _ in range(per_task):
                     await core.infer(request)
 
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             async with trio.open_nursery() as workers:
                 for _ in range(concurrency):
                     workers.start_soon(worker)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
             total = per_task * concurrency
             print(f"{args.model} concurrency {concurrency}: {total / elapsed:,.0f} infer/s, "
-                  f"{elapsed / total * 1e6:.1f} us per request")
+                  f"{elapsed / total * 1e6:.1f} us per request, CPU {cpu / total * 1e6:.1f} us "
+                  "per request (all threads)")
         await commands.aclose()
 
 

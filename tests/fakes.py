@@ -82,6 +82,7 @@ class FakeInstance:
         self.factory = factory
         self.placement = placement
         self.threads: set[int] = set()
+        self.inline_safe = factory.inline_safe
 
     def execute(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         self.threads.add(threading.get_ident())
@@ -106,6 +107,7 @@ class FakeFactory:
         self.fail_load: str | None = None
         self.fail_execute = False
         self.compute = 0.0
+        self.inline_safe = False  # may run on the trio thread (InlinePolicy)
         self.instances: list[FakeInstance] = []
         self.executions: list[tuple[int, int]] = []
         self.closed: list[int] = []

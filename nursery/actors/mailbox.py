@@ -14,6 +14,10 @@ meaning when the other side is gone:
 - :func:`ask` sends a request with a fresh one-shot reply channel and waits for the answer. An
   actor that has stopped cannot answer: :class:`~nursery.errors.Unavailable` with the caller's
   words.
+
+A one-shot reply is a :class:`OneShot`: both ends of a capacity-1 memory channel in one small
+object (a request's reply costs one allocation and one wake-up instead of a channel's state,
+two ends and their statistics), with the channel's meanings kept exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import outcome
 import trio
 
 from nursery.errors import Unavailable
@@ -29,6 +34,80 @@ T = TypeVar("T")
 
 GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 _NOT_TAKEN = (*GONE, trio.WouldBlock)
+
+_EMPTY = object()
+
+
+class OneShot:
+    """A reply slot for exactly one answer, with a capacity-1 memory channel's interface and
+    meanings for both ends: the sender's ``send_nowait`` (``WouldBlock`` once it holds an
+    answer, ``BrokenResourceError`` once the receiver has gone, ``ClosedResourceError`` after
+    the sender's ``close``) and ``statistics().open_receive_channels``; the receiver's
+    ``await receive()`` (``EndOfChannel`` when the sender closed without answering) and
+    ``with slot:`` / ``close_receiver()``, which tell the sender nobody waits. Trio thread
+    only."""
+
+    __slots__ = ("_value", "_task", "_send_closed", "open_receive_channels")
+
+    def __init__(self) -> None:
+        self._value: Any = _EMPTY
+        self._task: Any = None
+        self._send_closed = False
+        self.open_receive_channels = 1
+
+    # -- the sender's end ---------------------------------------------------------------------
+
+    def send_nowait(self, value: Any) -> None:
+        if self._send_closed:
+            raise trio.ClosedResourceError
+        if not self.open_receive_channels:
+            raise trio.BrokenResourceError
+        if self._value is not _EMPTY:
+            raise trio.WouldBlock
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task, outcome.Value(value))
+        else:
+            self._value = value
+
+    def close(self) -> None:
+        """The sender's close: a receiver still waiting with no answer gets ``EndOfChannel``."""
+        self._send_closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task, outcome.Error(trio.EndOfChannel()))
+
+    def statistics(self) -> OneShot:
+        return self
+
+    # -- the receiver's end -------------------------------------------------------------------
+
+    async def receive(self) -> Any:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._value is not _EMPTY:
+            value, self._value = self._value, _EMPTY
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return value
+        if self._send_closed:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise trio.EndOfChannel
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def close_receiver(self) -> None:
+        self.open_receive_channels = 0
+        self._value = _EMPTY
+
+    def __enter__(self) -> OneShot:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close_receiver()
 
 
 def answer(reply: Any, value: Any, *, close: bool = False) -> bool:
@@ -59,13 +138,13 @@ async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySen
     """Send ``make(reply)`` to the actor and wait for its answer on ``reply``. Raises
     ``Unavailable(gone)`` when the actor has stopped. Leaving early (cancellation) closes the
     reply channel's receive end, which tells the actor nobody waits."""
-    send, receive = trio.open_memory_channel[T](1)
+    slot = OneShot()
     try:
-        await inbox.send(make(send))
+        await inbox.send(make(slot))  # type: ignore[arg-type]
     except GONE:
         raise Unavailable(gone) from None
-    with receive:
+    with slot:
         try:
-            return await receive.receive()
+            return await slot.receive()  # type: ignore[no-any-return]
         except trio.EndOfChannel:  # the actor closed the reply without answering (it stopped)
             raise Unavailable(gone) from None

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from nursery.actors import mailbox
+from nursery.actors.mailbox import OneShot
 from nursery.actors.directory import Directory, ModelHandle
 from nursery.errors import InvalidArgument, NurseryError
 from nursery.execution.admission import make_work
@@ -98,7 +99,7 @@ class ModelClient:
         work, receive = self.submit(request, handle, queue=False)
         return await self.run(work, receive, handle)
 
-    async def run(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+    async def run(self, work: InferWork, receive: OneShot,
                   handle: ModelHandle) -> InferenceResponse:
         """The rest of :meth:`infer` for a request checked by ``submit(..., queue=False)``:
         the cache, tracing, the queue and the answer. A caller that must tell a request's
@@ -109,16 +110,16 @@ class ModelClient:
         return await self._queued(work, receive, handle)
 
     def submit(self, request: InferenceRequest, handle: ModelHandle | None = None, *,
-               queue: bool = True) -> tuple[InferWork, trio.MemoryReceiveChannel[Any]]:
+               queue: bool = True) -> tuple[InferWork, OneShot]:
         """Check a request and queue it without waiting (a stream queues its requests in the
         order they came, which a sequence needs); :meth:`wait` gets the answer."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
-        send, receive = trio.open_memory_channel[Any](1)
-        work = make_work(request, handle.config, send)
+        slot = OneShot()
+        work = make_work(request, handle.config, slot)
         if queue:
             self._queue(work, handle)
-        return work, receive
+        return work, slot
 
     def _queue(self, work: InferWork, handle: ModelHandle) -> None:
         trace = work.request.trace
@@ -128,7 +129,7 @@ class ModelClient:
             self.arrival_log.record(handle.name, handle.version, work)
         handle.submit(work)
 
-    async def wait(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+    async def wait(self, work: InferWork, receive: OneShot,
                    handle: ModelHandle) -> InferenceResponse:
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
@@ -140,7 +141,7 @@ class ModelClient:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    async def _queued(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+    async def _queued(self, work: InferWork, receive: OneShot,
                       handle: ModelHandle) -> InferenceResponse:
         request = work.request
         trace = request.trace  # None: not sampled yet; False: sampled, not traced
@@ -153,7 +154,7 @@ class ModelClient:
         self._queue(work, handle)
         return await self.wait(work, receive, handle)
 
-    async def _traced(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+    async def _traced(self, work: InferWork, receive: OneShot,
                       handle: ModelHandle, trace: Any, own: bool = True) -> InferenceResponse:
         request = work.request
         trace.model_version = handle.version
@@ -172,7 +173,7 @@ class ModelClient:
             if own:
                 trace.finish()
 
-    async def _cached(self, work: InferWork, receive: trio.MemoryReceiveChannel[Any],
+    async def _cached(self, work: InferWork, receive: OneShot,
                       handle: ModelHandle,
                       cache: trio.MemorySendChannel[Any]) -> InferenceResponse:
         """Ask the ResponseCache first; on a miss run the model and give it the answer."""
@@ -186,7 +187,7 @@ class ModelClient:
             return await self._queued(work, receive, handle)
         t1 = time.monotonic_ns()
         if found is not None:
-            receive.close()
+            receive.close_receiver()
             handle.report(CacheOutcome(True, t1 - t0, t1 - t0))
             return InferenceResponse(found.model_name, found.model_version, found.outputs,
                                      request.id, dict(found.parameters))

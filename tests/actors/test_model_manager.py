@@ -90,6 +90,30 @@ async def test_load_serve_unload(tmp_path: Path, factory: FakeFactory) -> None:
             await h.core.infer(make_request(1))
 
 
+async def test_small_batches_of_an_inline_safe_backend_run_on_the_trio_thread(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """InlinePolicy: once batches are measured to take less than a thread hand-off, an
+    ``inline_safe`` backend computes on the trio thread, with a threaded probe now and then;
+    every answer is right either way. A slow model stays on its thread."""
+    write_fake_model(tmp_path, "m")
+    factory.inline_safe = True
+    async with _manager(tmp_path, factory, ["m"]) as h:
+        for i in range(200):
+            response = await h.core.infer(make_request(i))
+            np.testing.assert_array_equal(response.outputs[0].data, np.full((1, 2), 2 * i))
+        (instance,) = factory.instances
+        assert threading.get_ident() in instance.threads  # inline
+        assert len(instance.threads) == 2  # and its own thread: the first batches and probes
+        stats = await h.core.model_statistics("m")
+        assert stats[0][2].success.count == 200
+    slow = FakeFactory()
+    slow.inline_safe, slow.compute = True, 0.002
+    async with _manager(tmp_path, slow, ["m"]) as h:
+        for i in range(20):
+            await h.core.infer(make_request(i))
+        assert threading.get_ident() not in slow.instances[0].threads
+
+
 async def test_failed_load_reports_reason(tmp_path: Path, factory: FakeFactory) -> None:
     write_fake_model(tmp_path, "good", FAKE_CONFIG.replace("fake", "fake"))
     bad = write_fake_model(tmp_path, "bad")

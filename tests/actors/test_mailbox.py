@@ -1,0 +1,102 @@
+"""The one-shot reply slot keeps a capacity-1 memory channel's meanings (mailbox.OneShot),
+and the inline policy (instance_worker.InlinePolicy) decides as documented."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from nursery.actors import mailbox
+from nursery.actors.instance_worker import InlinePolicy
+from nursery.actors.mailbox import OneShot
+from nursery.messages import ExecuteBatch
+
+
+async def test_answer_before_and_after_the_receiver_waits() -> None:
+    early = OneShot()
+    assert mailbox.answer(early, 1)
+    assert await early.receive() == 1
+    late = OneShot()
+    async with trio.open_nursery() as n:
+        got = []
+
+        async def wait() -> None:
+            got.append(await late.receive())
+
+        n.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert mailbox.answer(late, 2)
+    assert got == [2]
+
+
+async def test_second_answer_and_gone_receiver_are_not_taken() -> None:
+    slot = OneShot()
+    assert mailbox.answer(slot, 1)
+    assert not mailbox.answer(slot, 2)  # WouldBlock: it holds an answer
+    with pytest.raises(trio.WouldBlock):
+        slot.send_nowait(3)
+    gone = OneShot()
+    with gone:
+        pass
+    assert gone.statistics().open_receive_channels == 0
+    with pytest.raises(trio.BrokenResourceError):
+        gone.send_nowait(1)
+    assert not mailbox.answer(gone, 1)
+
+
+async def test_sender_close_ends_a_waiting_receiver() -> None:
+    slot = OneShot()
+    async with trio.open_nursery() as n:
+        ended = []
+
+        async def wait() -> None:
+            with pytest.raises(trio.EndOfChannel):
+                await slot.receive()
+            ended.append(True)
+
+        n.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        slot.close()
+    assert ended == [True]
+    with pytest.raises(trio.ClosedResourceError):
+        slot.send_nowait(1)
+    answered = OneShot()
+    mailbox.answer(answered, 5, close=True)  # answered then closed: the answer still arrives
+    assert await answered.receive() == 5
+
+
+async def test_cancelled_receiver_leaves_the_slot_answerable_and_says_it_left() -> None:
+    slot = OneShot()
+    with trio.move_on_after(1):
+        with slot:
+            await slot.receive()
+    assert slot.open_receive_channels == 0
+    assert not mailbox.answer(slot, 1)  # nobody waits: dropped, not delivered to a dead task
+
+
+async def test_ask_with_an_actor_that_closes_without_answering() -> None:
+    inbox, actor = trio.open_memory_channel[OneShot](1)
+    async with trio.open_nursery() as n:
+        async def stop_without_answer() -> None:
+            (await actor.receive()).close()
+
+        n.start_soon(stop_without_answer)
+        with pytest.raises(mailbox.Unavailable, match="gone away"):
+            await mailbox.ask(inbox, lambda reply: reply, gone="gone away")
+
+
+def test_inline_policy() -> None:
+    batch = ExecuteBatch(())
+    off = InlinePolicy(enabled=False)
+    off.ran(1)
+    assert not off.take(batch)
+    policy = InlinePolicy(enabled=True, below_ns=100_000, probe=4)
+    assert not policy.take(batch)  # nothing measured yet: threaded
+    for _ in range(20):
+        policy.ran(10_000)
+    taken = [policy.take(batch) for _ in range(8)]
+    assert taken.count(False) == 2  # one threaded probe in every four
+    assert not policy.take(ExecuteBatch((), ordered=True))  # answers in order: never inline
+    for _ in range(20):
+        policy.ran(1_000_000)  # the model got slow
+    assert not any(policy.take(batch) for _ in range(8))
