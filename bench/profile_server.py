@@ -137,7 +137,8 @@ def main() -> None:
         requests = _successes(server, args.model) - served
     finally:
         server.stop()
-    rate = next((line for line in pa_out.splitlines() if line.startswith(f"Concurrency: {args.concurrency},")), "")
+    rate = next((line for line in pa_out.splitlines()
+                 if line.startswith(f"Concurrency: {args.concurrency},")), "")
     text = (f"# {name}\n\n`python bench/profile_server.py {' '.join(sys.argv[1:])}`\n\n"
             f"perf_analyzer: {rate}\n\nserver CPU: {spent / max(requests, 1) * 1e6:.0f} µs per request "
             f"({requests} requests, {spent:.1f} s CPU in {elapsed:.1f} s)\n\n"

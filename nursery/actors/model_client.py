@@ -21,8 +21,8 @@ from typing import Any
 import trio
 
 from nursery.actors import mailbox
-from nursery.actors.mailbox import OneShot
 from nursery.actors.directory import Directory, ModelHandle
+from nursery.actors.mailbox import OneShot
 from nursery.errors import InvalidArgument, NurseryError
 from nursery.execution.admission import make_work
 from nursery.messages import (
