@@ -333,7 +333,8 @@ async def run(
         running[id(batch)] = batch
         if inline.take(batch):
             t0 = time.monotonic_ns()
-            result = outcome.capture(runner, backend, config, version, batch, states)
+            result = outcome.capture(runner, backend, config, version, batch,  # type: ignore[call-overload]
+                                     states)
             inline.ran(time.monotonic_ns() - t0)
             finished(batch, result)
             return
