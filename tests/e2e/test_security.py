@@ -561,3 +561,42 @@ def test_a_key_that_does_not_fit_its_certificate_stops_the_start(tmp_path: Path,
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "cannot use the certificate" in done.stderr + done.stdout
+
+
+# -- the card servers -----------------------------------------------------------------------
+
+
+def test_card_servers_keep_the_doors(pki: Pki, tmp_path: Path) -> None:
+    """hypercorn and grpclib (the card-servers extra) with TLS, hypercorn with the HTTP
+    restrictions, both with forwarded headers; grpclib refuses restricted groups at start
+    rather than leave them open."""
+    proc = _start(tmp_path, "--http-server=hypercorn", "--grpc-server=grpclib",
+                  "--grpc-use-ssl=true", f"--grpc-server-cert={pki.server.cert}",
+                  f"--grpc-server-key={pki.server.key}", f"--http-ssl-cert={pki.server.cert}",
+                  f"--http-ssl-key={pki.server.key}",
+                  "--http-restricted-api=inference:infer-key=infer-value",
+                  "--http-header-forward-pattern=my_header.*",
+                  "--grpc-header-forward-pattern=my_header.*",
+                  tls=_client_context(pki.ca.path))
+    try:
+        http = _https(proc, pki)
+        with pytest.raises(InferenceServerException, match="This API is restricted") as err:
+            http.infer("py_params", _params_input(httpclient))
+        assert err.value.status() == "403"
+        result = http.infer("py_params", _params_input(httpclient),
+                            headers={**INFER_KEY, "my_header_1": "h"})
+        assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"my_header_1": "h"}
+        http.close()
+        with _grpc(proc, ssl=True, root_certificates=str(pki.ca.path)) as grpc:
+            result = grpc.infer("py_params", _params_input(grpcclient),
+                                headers={"my_header_2": "g"})
+            assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"my_header_2": "g"}
+    finally:
+        _stop(proc)
+    done = subprocess.run([sys.executable, "-m", "nursery", "serve", "--model-repository",
+                           str(tmp_path), "--grpc-server=grpclib", "--allow-http=false",
+                           "--allow-metrics=false", "--grpc-port=0",
+                           "--grpc-restricted-protocol=health:k=v"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--grpc-restricted-protocol is served by --grpc-server nursery only" in done.stderr

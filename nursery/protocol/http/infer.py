@@ -176,13 +176,16 @@ def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None 
 def restricted(restrictions: Restrictions, raw_path: bytes,
                headers: list[tuple[bytes, bytes]]) -> Response | None:
     """403 with Triton's message when the path's group is restricted and the request lacks
-    the header (or its value); None when it may pass."""
-    path = unquote(raw_path.split(b"?", 1)[0].decode("latin-1"))
-    key = restrictions.refusal(
-        http_group(path), ((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers))
-    if key is None:
-        return None
-    return 403, list(_JSON_HEADERS), error_body(http_refusal_message(key))
+    the header (or its value); None when it may pass. The group is read from the path as
+    sent and as decoded (the inference route matches the one, the route table the other), so
+    that no spelling of a path slips past its group."""
+    raw = raw_path.split(b"?", 1)[0].decode("latin-1")
+    pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    for path in (raw, unquote(raw)):
+        key = restrictions.refusal(http_group(path), pairs)
+        if key is not None:
+            return 403, list(_JSON_HEADERS), error_body(http_refusal_message(key))
+    return None
 
 
 async def infer_response(
