@@ -178,10 +178,11 @@ def mtls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Triton's L0_http / L0_grpc restricted set-ups, both ports, plus forwarded headers; no
     --allow-client-shm, no --allow-model-file-upload (explicit mode, so that loads reach
-    the file-upload check)."""
+    the file-upload check). py_params runs in a stub process here (the forwarded headers
+    cross the stub's wire) and on the server's thread in the card-servers test."""
     proc = _start(tmp_path_factory.mktemp("locked"),
                   "--model-control-mode=explicit", "--load-model=add_sub",
-                  "--load-model=py_params",
+                  "--load-model=py_params", "--backend-config=python,nursery-instance-mode=process",
                   "--http-restricted-api=model-repository:admin-key=admin-value",
                   "--http-restricted-api=inference,metadata:infer-key=infer-value",
                   "--grpc-restricted-protocol=model-repository:admin-key=admin-value",

@@ -333,8 +333,8 @@ async def handle_infer(
     except NurseryError as error:
         await send_response(send, error_response(error))
         return
-    await send_response(send, await infer_response(core, model, version, headers, body, max_input_size,
-                                           forward))
+    answer = await infer_response(core, model, version, headers, body, max_input_size, forward)
+    await send_response(send, answer)
 
 
 async def send_response(send: Send, response: Response) -> None:

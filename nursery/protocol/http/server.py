@@ -28,6 +28,11 @@ What a client may hold (the house rules 8 and 9), each a setting (``nursery/sett
   an ``Exception``) always passes through. A peer that resets or vanishes ends its connection
   quietly (``trio.BrokenResourceError`` and ``OSError``).
 
+The doors (docs/security.md): with ``tls`` the port speaks HTTPS only (the handshake runs on
+the connection's first read, under its head deadline; a failed one ends the connection
+quietly); ``restrictions`` answers 403 to a request of a restricted group without its header,
+before anything else is looked at; ``forward`` turns matching headers into request parameters.
+
 Shutdown (``close``): stop accepting, close idle keep-alive connections, let busy ones finish
 their request and close. The caller's cancel scope bounds the wait.
 """
