@@ -137,7 +137,8 @@ def build_repo(repo: Path) -> None:
 
 
 def server_flags() -> list[str]:
-    flags = ["--model-control-mode", "explicit", "--log-verbose", "0"]
+    # --allow-client-shm: the shm_* workers register regions
+    flags = ["--model-control-mode", "explicit", "--log-verbose", "0", "--allow-client-shm=true"]
     for name in (*MODELS, "py_repeat"):
         flags += ["--load-model", name]
     return flags

@@ -18,7 +18,7 @@ from nursery import __version__
 from nursery.actors import mailbox
 from nursery.actors.directory import Directory, ModelHandle
 from nursery.actors.model_client import ModelClient
-from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable
+from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable, Unsupported
 from nursery.messages import (
     CacheStatsQuery,
     IndexEntry,
@@ -36,6 +36,12 @@ from nursery.scheduling.cache_store import CacheTotals
 from nursery.shm import cuda as cuda_shm
 from nursery.shm.system import SharedMemoryRegistry
 from nursery.types import InferenceRequest, InferenceResponse
+
+# a load with `file:` parameters while --allow-model-file-upload is off (nursery only: Triton
+# writes any client's files, a model.py included, and runs them); worded as Triton's refusal
+# of client shared memory
+FILE_UPLOAD_DISABLED = ("Model file upload is disabled. Start the server with "
+                        "'--allow-model-file-upload=true' to enable.")
 
 SERVER_NAME = "triton"  # what Triton's clients expect in server metadata; --id changes it
 
@@ -77,6 +83,7 @@ class Services:
     server_name: str = SERVER_NAME
     strict_readiness: bool = True
     control_mode: str = "none"  # --model-control-mode
+    allow_model_file_upload: bool = False  # --allow-model-file-upload: `file:` load parameters
 
 
 class Core:
@@ -134,7 +141,9 @@ class Core:
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)
-        if cuda_shm.available():  # only where CUDA regions can be opened
+        if not self.shm.allow_client:  # --allow-client-shm is off: clients cannot use it
+            extensions.remove("system_shared_memory")
+        elif cuda_shm.available():  # only where CUDA regions can be opened
             extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
         return {"name": self.services.server_name, "version": __version__,
                 "extensions": extensions}
@@ -204,6 +213,8 @@ class Core:
     async def load_model(self, name: str, config: Any = None,
                          files: dict[str, bytes] | None = None) -> None:
         self._check_explicit()
+        if files and not self.services.allow_model_file_upload:
+            raise Unsupported(FILE_UPLOAD_DISABLED)
         error = await self._ask_manager(lambda reply: LoadModel(name, reply, config, files))
         if error is not None:
             raise error

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import ssl
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypedDict
@@ -38,10 +39,12 @@ from nursery.protocol.grpc.server import serve_grpc
 from nursery.protocol.http.metrics import build_metrics_app
 from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
+from nursery.protocol.tls import TlsError, server_context
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy
 from nursery.settings import Settings
+from nursery.shm.system import SharedMemoryRegistry
 
 log = logging.getLogger("nursery.server")
 
@@ -109,8 +112,29 @@ def _http_deadlines(settings: Settings) -> _Deadlines:
             "keep_alive_timeout": settings.http_keepalive_timeout}
 
 
+@dataclass(frozen=True)
+class _Tls:
+    """The ports' TLS contexts, built once before anything starts (None: clear text)."""
+
+    http: ssl.SSLContext | None = None
+    grpc: ssl.SSLContext | None = None
+
+
+def _tls_contexts(settings: Settings) -> _Tls:
+    """Read the certificate files now: a file that cannot be read or a key that does not
+    fit stops the start-up with the reason."""
+    try:
+        http = (server_context(settings.http_tls, ["http/1.1"], "--http-ssl-cert")
+                if settings.http_tls is not None and settings.allow_http else None)
+        grpc = (server_context(settings.grpc_tls, ["h2"], "--grpc-use-ssl")
+                if settings.grpc_tls is not None and settings.allow_grpc else None)
+    except TlsError as exc:
+        raise StartupError(str(exc)) from None
+    return _Tls(http, grpc)
+
+
 async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
-                      shutdown: trio.Event) -> list[str]:
+                      shutdown: trio.Event, tls: ssl.SSLContext | None = None) -> list[str]:
     """Start the HTTP frontend; it stops accepting and drains once ``shutdown`` is set."""
     if settings.http_server == "hypercorn":
         card = card_servers.hypercorn_server()  # the card's server, an optional extra
@@ -120,7 +144,8 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
                         max_input_size=settings.http_max_input_size,
                         max_body_size=settings.http_max_body_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
-                        **_http_deadlines(settings))
+                        tls=tls, restrictions=settings.http_restrictions,
+                        forward=settings.http_forward, **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         async with trio.open_nursery() as http_nursery:
@@ -192,8 +217,9 @@ async def serve(
     _report_inactive(settings)
     try:
         card_servers.check_selected(settings)
-    except card_servers.MissingExtra as exc:
+    except (card_servers.MissingExtra, card_servers.NotServed) as exc:
         raise StartupError(str(exc)) from None
+    tls = _tls_contexts(settings)
     try:
         tracer = TraceManager(settings.trace)
     except ValueError as exc:  # e.g. OpenTelemetry mode without its packages
@@ -218,7 +244,7 @@ async def serve(
         if unreadable and settings.exit_on_error:
             raise StartupError(f"failed to load all models: {unreadable[0]}")
         await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
-                     handle_signals, task_status)
+                     handle_signals, task_status, tls)
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
         if arrival_log is not None:
@@ -229,7 +255,8 @@ async def serve(
 async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                  arrival_log: ArrivalLog | None,
                  log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
-                 handle_signals: bool, task_status: trio.TaskStatus[Running]) -> None:
+                 handle_signals: bool, task_status: trio.TaskStatus[Running],
+                 tls: _Tls) -> None:
     directory = Directory()
     faults = FaultCounter()
     commands, inbox = trio.open_memory_channel[ManagerCommand](16)
@@ -254,6 +281,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                              custom_metrics=CustomMetrics())
         lifecycle = Lifecycle()
         core = Core(Services(directory, client, commands, faults=faults,
+                             shm=SharedMemoryRegistry(allow_client=settings.allow_client_shm),
+                             allow_model_file_upload=settings.allow_model_file_upload,
                              log_manager=log_manager, lifecycle=lifecycle,
                              server_name=settings.server_id,
                              strict_readiness=settings.strict_readiness,
@@ -310,12 +339,12 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                 if settings.allow_grpc:
                     grpc_binds = await frontends.start(
                         serve_grpc, core, settings.grpc_address, settings.grpc_port, shutdown,
-                        settings.grpc_server, settings,
+                        settings.grpc_server, settings, tls.grpc,
                     )
                     for bind in grpc_binds:
                         log.info("Started GRPCInferenceService at %s", bind)
                 if settings.allow_http:
-                    binds = await _start_http(frontends, core, settings, shutdown)
+                    binds = await _start_http(frontends, core, settings, shutdown, tls.http)
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
                 if settings.allow_metrics:

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nursery.observability.logs import escape_from_environment
 from nursery.observability.tracing import TraceSettings, settings_from_config
+from nursery.protocol.access import (
+    CATEGORIES,
+    GRPC_KEY_PREFIX,
+    HeaderForward,
+    Restrictions,
+    compile_forward_pattern,
+    parse_restrictions,
+)
+from nursery.protocol.tls import TlsFiles
 from nursery.scheduling.cache_store import parse_cache_config
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
 
@@ -94,6 +105,16 @@ class Settings:
     # --backend-config=<backend>,<setting>=<value>: (backend, setting, value); backend "" for a
     # global setting. The Python backend reads nursery-instance-mode (thread | process).
     backend_config: tuple[tuple[str, str, str], ...] = ()
+    # the locked doors (docs/security.md): TLS, restricted groups, forwarded headers, and the
+    # two switches that are off unless the operator turns them on
+    grpc_tls: TlsFiles | None = None  # --grpc-use-ssl[-mutual] and its files
+    http_tls: TlsFiles | None = None  # --http-ssl-cert / --http-ssl-key (nursery only)
+    http_restrictions: Restrictions = Restrictions()  # --http-restricted-api
+    grpc_restrictions: Restrictions = Restrictions()  # --grpc-restricted-protocol
+    http_forward: HeaderForward = HeaderForward()  # --http-header-forward-pattern
+    grpc_forward: HeaderForward = HeaderForward()  # --grpc-header-forward-pattern
+    allow_client_shm: bool = False  # --allow-client-shm (Triton 2.68: off by default)
+    allow_model_file_upload: bool = False  # --allow-model-file-upload (nursery only)
 
 
 def _bool(text: str) -> bool:
@@ -286,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(it reads Content-Length into an int32).",
     )
     _grpc_flags(parser)
+    _door_flags(parser)
     parser.add_argument(
         "--http-head-timeout-secs", type=float, default=DEFAULT_HTTP_HEAD_TIMEOUT,
         metavar="<float>",
@@ -404,6 +426,99 @@ def _grpc_flags(parser: argparse.ArgumentParser) -> None:
        "0 never. Default is 60000 (1 minute).")
 
 
+def _door_flags(parser: argparse.ArgumentParser) -> None:
+    """TLS, restricted groups, forwarded headers, client shared memory and file uploads
+    (docs/security.md)."""
+    groups = ", ".join(CATEGORIES)
+    _bool_flag(parser, "--grpc-use-ssl", False, "Use SSL authentication for GRPC requests.")
+    _bool_flag(parser, "--grpc-use-ssl-mutual", False,
+               "Use mutual SSL authentication for GRPC requests: every client must present a "
+               "certificate signed by --grpc-root-cert. This option will preempt "
+               "'--grpc-use-ssl' if it is also specified.")
+    parser.add_argument("--grpc-server-cert", default="", metavar="<string>",
+                        help="File holding PEM-encoded server certificate. Ignored unless "
+                        "--grpc-use-ssl is true.")
+    parser.add_argument("--grpc-server-key", default="", metavar="<string>",
+                        help="File holding PEM-encoded server key. Ignored unless "
+                        "--grpc-use-ssl is true.")
+    parser.add_argument("--grpc-root-cert", default="", metavar="<string>",
+                        help="File holding PEM-encoded root certificate, which client "
+                        "certificates are checked against under --grpc-use-ssl-mutual.")
+    parser.add_argument("--http-ssl-cert", default="", metavar="<string>",
+                        help="(nursery only) File holding the PEM-encoded certificate (chain) "
+                        "of the HTTP port: with --http-ssl-key, the port speaks HTTPS only. "
+                        "Triton's HTTP port has no TLS (a proxy goes in front).")
+    parser.add_argument("--http-ssl-key", default="", metavar="<string>",
+                        help="(nursery only) File holding the PEM-encoded private key of "
+                        "--http-ssl-cert.")
+    parser.add_argument(
+        "--http-restricted-api", action="append", default=[], metavar="<string>:<string>=<string>",
+        help="Specify restricted HTTP api setting. The format of this flag is "
+        "--http-restricted-api=<apis>:<key>=<value>. Where <api> is a comma-separated list of "
+        "apis to be restricted. <key> will be additional header key to be checked when a HTTP "
+        f"request is received, and <value> is the value expected to be matched. Allowed APIs: "
+        f"{groups}")
+    parser.add_argument(
+        "--grpc-restricted-protocol", action="append", default=[],
+        metavar="<string>:<string>=<string>",
+        help="Specify restricted GRPC protocol setting. The format of this flag is "
+        "--grpc-restricted-protocol=<protocols>:<key>=<value>. Where <protocol> is a "
+        "comma-separated list of protocols to be restricted. <key> will be additional header "
+        "key to be checked when a GRPC request is received (sent as the metadata key "
+        f"'{GRPC_KEY_PREFIX}<key>'), and <value> is the value expected to be matched. Allowed "
+        f"protocols: {groups}")
+    parser.add_argument("--http-header-forward-pattern", default="", metavar="<string>",
+                        help="The regular expression pattern that will be used for forwarding "
+                        "HTTP headers as inference request parameters.")
+    parser.add_argument("--grpc-header-forward-pattern", default="", metavar="<string>",
+                        help="The regular expression pattern that will be used for forwarding "
+                        "GRPC headers as inference request parameters.")
+    _bool_flag(parser, "--allow-client-shm", False,
+               "Allow clients to register (and unregister) system and CUDA shared memory "
+               "regions. While false, registration is refused and the shared-memory "
+               "extensions are not listed in server metadata; status queries still answer.")
+    _bool_flag(parser, "--allow-model-file-upload", False,
+               "(nursery only) Allow the model repository API's 'file:' load parameters, which "
+               "write files (a model.py: code the server runs) into a model's folder. While "
+               "false, a load that carries files is refused.")
+
+
+def _door_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The door flags checked and turned into settings; a malformed one stops here with
+    the reason (Triton's for the restrictions)."""
+    out: dict[str, Any] = {}
+    try:
+        out["http_restrictions"] = parse_restrictions(
+            args.http_restricted_api, "http-restricted-api", "api")
+        out["grpc_restrictions"] = parse_restrictions(
+            args.grpc_restricted_protocol, "grpc-restricted-protocol", "protocol",
+            GRPC_KEY_PREFIX)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for side in ("http", "grpc"):
+        pattern = getattr(args, f"{side}_header_forward_pattern")
+        try:
+            out[f"{side}_forward"] = HeaderForward(compile_forward_pattern(pattern))
+        except re.error as exc:
+            parser.error(f"--{side}-header-forward-pattern '{pattern}' is not a valid regular "
+                         f"expression: {exc}")
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if not args.grpc_server_cert or not args.grpc_server_key:
+            parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+            parser.error("--grpc-use-ssl-mutual needs --grpc-root-cert (the certificate that "
+                         "signs the clients' certificates)")
+        out["grpc_tls"] = TlsFiles(args.grpc_server_cert, args.grpc_server_key,
+                                   args.grpc_root_cert, bool(args.grpc_use_ssl_mutual))
+    if args.http_ssl_cert or args.http_ssl_key:
+        if not args.http_ssl_cert or not args.http_ssl_key:
+            parser.error("--http-ssl-cert and --http-ssl-key go together")
+        out["http_tls"] = TlsFiles(args.http_ssl_cert, args.http_ssl_key)
+    out["allow_client_shm"] = args.allow_client_shm
+    out["allow_model_file_upload"] = args.allow_model_file_upload
+    return out
+
+
 def _non_negative(text: str) -> int:
     value = _strict_int(text)
     if value < 0:
@@ -492,7 +607,9 @@ def settings_from_args(argv: list[str]) -> Settings:
         if not eq or not key:
             parser.error(f"--backend-config {entry}: expected <backend>,<setting>=<value>")
         backend_config.append((backend, key, value))
+    doors = _door_settings(parser, args)
     return Settings(
+        **doors,
         backend_config=tuple(backend_config),
         model_repositories=tuple(Path(os.path.abspath(r)) for r in repos),
         http_port=args.http_port,

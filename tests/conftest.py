@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -73,13 +74,17 @@ class ServerProcess:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> None:
+    def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready",
+                   tls: ssl.SSLContext | None = None) -> None:
+        """Until the HTTP port answers ``path`` with 200 (over HTTPS with ``tls``)."""
         deadline = time.monotonic() + timeout
+        scheme = "https" if tls is not None else "http"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(f"http://{self.url}{path}", timeout=2) as r:
+                with urllib.request.urlopen(f"{scheme}://{self.url}{path}", timeout=2,
+                                            context=tls) as r:
                     if r.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):

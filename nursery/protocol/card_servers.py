@@ -48,10 +48,17 @@ def grpclib_server() -> ModuleType:
     return grpclib_server
 
 
+class NotServed(Exception):
+    """A flag asks for something the selected card server does not do."""
+
+
 def check_selected(settings: Settings) -> None:
     """Import the card servers the settings select for a port that is on, before anything
-    starts: :class:`MissingExtra` names the extra to install."""
+    starts: :class:`MissingExtra` names the extra to install, :class:`NotServed` a flag the
+    card server cannot honour (a door it would leave open is refused, not ignored)."""
     if settings.allow_http and settings.http_server == "hypercorn":
         hypercorn_server()
     if settings.allow_grpc and settings.grpc_server == "grpclib":
+        if settings.grpc_restrictions:
+            raise NotServed("--grpc-restricted-protocol is served by --grpc-server nursery only")
         grpclib_server()

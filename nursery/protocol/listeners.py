@@ -1,11 +1,19 @@
-"""Opening the TCP listeners of a frontend, shared by the HTTP and the HTTP/2 servers."""
+"""Opening the TCP listeners of a frontend, shared by the HTTP and the HTTP/2 servers; with a
+TLS context, each listener hands out TLS streams (``trio.SSLStream``), whose handshake runs on
+the connection's first read, in the connection's task."""
 
 from __future__ import annotations
 
+import ssl
+
 import trio
 
+Listener = trio.SocketListener | trio.SSLListener[trio.SocketStream]
+ServerStream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
-async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], list[str]]:
+
+async def open_listeners(host: str, port: int, tls: ssl.SSLContext | None = None,
+                         ) -> tuple[list[Listener], list[str]]:
     """Listeners on ``host:port`` (every address when ``host`` is empty) and their
     ``address:port`` names, with the real port when ``port`` is 0."""
     listeners = await trio.open_tcp_listeners(port, host=host or None, backlog=1024)
@@ -13,4 +21,24 @@ async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener
     for listener in listeners:
         address = listener.socket.getsockname()
         binds.append(f"{address[0]}:{address[1]}")
-    return listeners, binds
+    if tls is None:
+        return list(listeners), binds
+    # https_compatible: a peer may close without TLS's close_notify (as browsers, curl and
+    # gRPC clients do), and closing does not wait for the peer's
+    return [trio.SSLListener(listener, tls, https_compatible=True) for listener in listeners], \
+        binds
+
+
+def socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType:
+    """The TCP socket under a connection's stream, TLS or not."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    assert isinstance(stream, trio.SocketStream)
+    return stream.socket
+
+
+async def send_eof(stream: trio.abc.Stream) -> None:
+    """Half-close the sending side where the stream can (a TLS stream cannot without ending
+    TLS: then nothing; the caller closes it soon)."""
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        await stream.send_eof()

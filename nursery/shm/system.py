@@ -36,7 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from nursery.errors import AlreadyExists, InternalError, InvalidArgument, NotFound, ResourceExhausted
+from nursery.errors import (
+    AlreadyExists,
+    InternalError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unsupported,
+)
 from nursery.shm.cuda import CudaRegion  # imports CuPy only when a CUDA region is opened
 
 SHM_DIR = Path("/dev/shm")
@@ -146,14 +153,30 @@ def _open_key(name: str, key: str) -> int:
         raise InternalError(f"Unable to open shared memory region: '{key}'") from None
 
 
+# Triton's words when a client registers or unregisters a region without --allow-client-shm
+CLIENT_SHM_DISABLED = ("Client shared memory is disabled. Start the server with "
+                       "'--allow-client-shm=true' to enable.")
+
+
 class SharedMemoryRegistry:
     """Registered regions by name. Thread-safe: the frontends call it from the trio thread,
-    and nothing else needs to, but a lock costs nothing here."""
+    and nothing else needs to, but a lock costs nothing here.
 
-    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
+    ``allow_client``: whether clients may register and unregister regions. The server passes
+    ``--allow-client-shm`` (off by default, as in Triton 2.68); while off, registering and
+    unregistering are refused (UNSUPPORTED, Triton's message) and ``status`` still answers.
+    A registry built without the flag (tests, embedding) allows them."""
+
+    def __init__(self, max_regions: int = MAX_REGIONS, allow_client: bool = True) -> None:
         self._regions: dict[str, SystemRegion | CudaRegion] = {}
         self._lock = threading.Lock()
         self.max_regions = max_regions
+        self.allow_client = allow_client
+
+    def check_client_allowed(self) -> None:
+        """Refuse (UNSUPPORTED, Triton's message) unless clients may register regions."""
+        if not self.allow_client:
+            raise Unsupported(CLIENT_SHM_DISABLED)
 
     def _check_room(self, name: str) -> None:
         """Called under the lock, before anything is opened for a new region."""
@@ -167,6 +190,7 @@ class SharedMemoryRegistry:
     # -- registration ---------------------------------------------------------------------
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.check_client_allowed()
         if key.lstrip("/").startswith(RESERVED_PREFIX):
             raise InvalidArgument(
                 f"cannot register shared memory region '{name}' with key '{key}' as the key "
@@ -189,6 +213,7 @@ class SharedMemoryRegistry:
             self._regions[name] = SystemRegion(name, key, offset, byte_size, fd)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.check_client_allowed()
         with self._lock:
             self._check_room(name)
         self.add(CudaRegion(name, raw_handle, device_id, byte_size))
@@ -206,6 +231,7 @@ class SharedMemoryRegistry:
     def unregister(self, name: str, kind: str = "system") -> None:
         """Unregistering a name that is not registered (as this kind) succeeds, as in Triton;
         no name unregisters every region of this kind (as ``status`` lists them all)."""
+        self.check_client_allowed()
         if not name:
             self.unregister_all(kind)
             return

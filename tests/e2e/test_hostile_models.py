@@ -101,7 +101,7 @@ def test_repository_load_with_file_and_folder_of_one_path(
         tmp_path: Path, start_server: type[ServerProcess]) -> None:
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
-    server = start_server(repo, "--model-control-mode=explicit")
+    server = start_server(repo, "--model-control-mode=explicit", "--allow-model-file-upload=true")
     config = (repo / "add_sub" / "config.pbtxt").read_text()
     model = (repo / "add_sub" / "1" / "model.onnx").read_bytes()
     body = {"parameters": {
@@ -130,7 +130,7 @@ def test_model_name_longer_than_a_file_name(tmp_path: Path,
                                             start_server: type[ServerProcess]) -> None:
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
-    server = start_server(repo, "--model-control-mode=explicit")
+    server = start_server(repo, "--model-control-mode=explicit", "--allow-model-file-upload=true")
     name = "m" * 300
     status, answer = _raw(server, "POST", f"/v2/repository/models/{name}/load", b"{}")
     assert status == 500 and b"longer than 255 bytes" in answer, answer

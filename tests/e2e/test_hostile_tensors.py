@@ -52,7 +52,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         make_models.config_text("slow_add_sub", io, out, 8,
                                 "dynamic_batching { preferred_batch_size: [ 8 ] "
                                 f"max_queue_delay_microseconds: {SLOW_DELAY_US} }}\n"))
-    with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
+    # the shared-memory tests below register regions: Triton's --allow-client-shm
+    with running_server(repo, "--allow-client-shm=true",
+                        tmp_path_factory=tmp_path_factory) as proc:
         yield proc
 
 

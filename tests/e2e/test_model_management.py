@@ -106,7 +106,8 @@ def test_file_override_path_traversal(tmp_path: Path, start_server: type[ServerP
                                       path: str) -> None:
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
-    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub")
+    server = start_server(repo, "--model-control-mode=explicit", "--load-model=add_sub",
+                          "--allow-model-file-upload=true")
     http = httpclient.InferenceServerClient(server.url)
     config = http.get_model_config("add_sub")
     with pytest.raises(InferenceServerException, match="must stay within model directory"):
@@ -119,7 +120,7 @@ def test_file_override_serves_the_given_model(tmp_path: Path,
                                               start_server: type[ServerProcess]) -> None:
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
-    server = start_server(repo, "--model-control-mode=explicit")
+    server = start_server(repo, "--model-control-mode=explicit", "--allow-model-file-upload=true")
     http = httpclient.InferenceServerClient(server.url)
     onnx_bytes = (repo / "add_sub" / "1" / "model.onnx").read_bytes()
     config = {"name": "fresh", "platform": "onnxruntime_onnx", "max_batch_size": 4,
@@ -146,7 +147,7 @@ def test_file_override_keys_with_a_leading_slash(tmp_path: Path,
     (or several) and ``..`` that stays inside are accepted (core's model_repository_manager)."""
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
-    server = start_server(repo, "--model-control-mode=explicit")
+    server = start_server(repo, "--model-control-mode=explicit", "--allow-model-file-upload=true")
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     onnx_bytes = (repo / "add_sub" / "1" / "model.onnx").read_bytes()

@@ -29,7 +29,8 @@ def shm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     repo = tmp_path_factory.mktemp("shm_repo")
     make_models.write_add_sub(repo)
     make_models.write_string_identity(repo)
-    with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
+    with running_server(repo, "--allow-client-shm=true",
+                        tmp_path_factory=tmp_path_factory) as proc:
         yield proc
 
 

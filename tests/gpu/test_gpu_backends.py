@@ -66,7 +66,8 @@ def gpu_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gpu_server(gpu_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(gpu_repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    proc = ServerProcess(gpu_repo, "--allow-client-shm=true",  # the CUDA shared-memory test
+                         log_path=tmp_path_factory.mktemp("log") / "server.log")
     try:
         proc.wait_ready(timeout=300)
         yield proc

@@ -53,7 +53,6 @@ except ImportError:  # pragma: no cover - exercised only without orjson
 # Request parameters with a meaning of their own; other keys are passed to the model.
 _RESERVED = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
              "binary_data_output", "headers"}
-_ALLOWED_TRITON = {"triton_enable_empty_final_response"}
 _MAX_SHAPE_DIM = 2**63 - 1
 
 _CONTENT_FIELDS = (
@@ -216,7 +215,7 @@ def decode_request(
     params = _check_parameters(body.get("parameters"), "parameters")
     custom: dict[str, Any] = {}
     for key, value in params.items():
-        if key.startswith("triton_") and key not in _ALLOWED_TRITON:
+        if key.startswith("triton_"):  # every one over HTTP, as Triton (http_server.cc)
             raise InvalidArgument(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and "
                 "should not be specified."

@@ -11,6 +11,7 @@ those of nursery's own server (``service.py``); each handler crosses into trio o
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +20,10 @@ import trio_asyncio
 from grpclib.server import Server
 
 from nursery.core import Core
+from nursery.protocol.access import NO_FORWARD
 from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
 from nursery.protocol.grpc.service import Draining, HealthService, InferenceService
+from nursery.settings import Settings
 
 
 class AsyncioInferenceService(InferenceService):
@@ -43,13 +46,18 @@ async def serve_grpclib(
     host: str,
     port: int,
     shutdown: trio.Event,
+    settings: Settings | None = None,
+    tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """``settings``: the forwarded headers; ``tls``: the port speaks TLS only (grpclib
+    checks the ALPN itself). Restricted groups are refused at start (card_servers)."""
     draining = Draining()
+    forward = settings.grpc_forward if settings is not None else NO_FORWARD
     async with trio_asyncio.open_loop():
-        server = Server([AsyncioInferenceService(core, draining), HealthService(core)],
+        server = Server([AsyncioInferenceService(core, draining, forward), HealthService(core)],
                         codec=StrictProtoCodec())
-        await trio_asyncio.aio_as_trio(server.start)(host or None, port, backlog=1024)
+        await trio_asyncio.aio_as_trio(server.start)(host or None, port, backlog=1024, ssl=tls)
         task_status.started([f"{host or '0.0.0.0'}:{port}"])
         try:
             await shutdown.wait()

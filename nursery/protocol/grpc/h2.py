@@ -36,6 +36,7 @@ from __future__ import annotations
 import builtins
 import logging
 import math
+import ssl
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -44,7 +45,7 @@ import hpack
 import hpack.exceptions
 import trio
 
-from nursery.protocol.listeners import open_listeners
+from nursery.protocol.listeners import ServerStream, open_listeners
 from nursery.runtime import supervision
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 
@@ -243,7 +244,7 @@ Application = Callable[[Stream], Awaitable[None]]
 
 
 class Connection:
-    def __init__(self, server: H2Server, sock: trio.SocketStream) -> None:
+    def __init__(self, server: H2Server, sock: ServerStream) -> None:
         self.server = server
         self.sock = sock
         self.scope = trio.CancelScope()
@@ -725,7 +726,8 @@ class Connection:
 
 
 class H2Server:
-    """Serves HTTP/2 (prior knowledge, no TLS) with ``app`` answering each stream."""
+    """Serves HTTP/2 with ``app`` answering each stream: prior knowledge in clear text, or,
+    with ``tls`` (an ``ssl.SSLContext`` offering ALPN h2), over TLS only."""
 
     def __init__(self, app: Application, *, max_streams: int = 4096,
                  stream_window: int = 4 * 1024 * 1024, connection_window: int = 16 * 1024 * 1024,
@@ -734,8 +736,10 @@ class H2Server:
                  idle_timeout: float = 300.0, keepalive_time: float = 7200.0,
                  keepalive_timeout: float = 20.0, keepalive_permit_without_calls: bool = False,
                  max_pings_without_data: int = 2, min_recv_ping_interval: float = 300.0,
-                 max_ping_strikes: int = 2, write_timeout: float = 60.0) -> None:
+                 max_ping_strikes: int = 2, write_timeout: float = 60.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.app = app
+        self.tls = tls
         self.max_streams = max_streams
         self.stream_window = stream_window
         self.connection_window = connection_window
@@ -769,7 +773,7 @@ class H2Server:
 
     async def serve(self, host: str, port: int,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners, binds = await open_listeners(host, port)
+        listeners, binds = await open_listeners(host, port, self.tls)
         async with trio.open_nursery() as connections:
             with trio.CancelScope() as self._accepting:
                 task_status.started(binds)
@@ -788,7 +792,7 @@ class H2Server:
             conn.close_streams()
             conn.scope.cancel()
 
-    async def _connection(self, sock: trio.SocketStream) -> None:
+    async def _connection(self, sock: ServerStream) -> None:
         """The connection's supervision boundary: nothing but Cancelled (and the like) leaves
         it, so one connection never ends the others or the server."""
         try:
@@ -837,7 +841,7 @@ class H2Server:
                     clocks.cancel()
                     conn.close_streams()
 
-    async def _refuse_connection(self, sock: trio.SocketStream) -> None:
+    async def _refuse_connection(self, sock: ServerStream) -> None:
         """Beyond the cap: our SETTINGS and GOAWAY (no stream processed), then close. Nothing
         is read, so the socket is held for at most ``SHORT`` seconds."""
         self.refused_connections += 1

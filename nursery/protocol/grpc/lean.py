@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import resource
+import ssl
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +35,7 @@ import trio
 from grpclib.const import Status
 
 from nursery.core import Core
+from nursery.protocol.access import GRPC_GROUPS, OPEN, Restrictions, grpc_refusal_message
 from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
 from nursery.protocol.grpc.h2 import (
     H2Server,
@@ -250,12 +252,14 @@ class GrpcApp:
     """Routes each HTTP/2 stream to its service method (the grpclib handler mapping)."""
 
     def __init__(self, services: Iterable[Any], codec: StrictProtoCodec,
-                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE) -> None:
+                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE,
+                 restrictions: Restrictions = OPEN) -> None:
         self.mapping: dict[str, grpclib.const.Handler] = {}
         for service in services:
             self.mapping.update(service.__mapping__())
         self.codec = codec
         self.max_input = max_input
+        self.restrictions = restrictions  # --grpc-restricted-protocol
 
     async def __call__(self, stream: Stream) -> None:
         headers = dict(stream.headers)
@@ -272,10 +276,16 @@ class GrpcApp:
         if headers.get("te") != "trailers":
             await _abort(stream, 400, Status.UNKNOWN, 'Required "te: trailers" header is missing')
             return
-        handler = self.mapping.get(headers.get(":path", ""))
+        path = headers.get(":path", "")
+        handler = self.mapping.get(path)
         if handler is None:
             await _abort(stream, 200, Status.UNIMPLEMENTED, "Method not found")
             return
+        if self.restrictions:  # Triton: UNAVAILABLE before the call runs (a stream: at once)
+            key = self.restrictions.refusal(GRPC_GROUPS.get(path), stream.headers)
+            if key is not None:
+                await _abort(stream, 200, Status.UNAVAILABLE, grpc_refusal_message(key))
+                return
         deadline = None
         timeout = headers.get("grpc-timeout")
         if timeout is not None:
@@ -322,7 +332,8 @@ def _seconds(ms: int) -> float:
     return math.inf if ms <= 0 or ms >= 2**31 - 1 else ms / 1000
 
 
-def h2_server_for(app: GrpcApp, settings: Settings) -> H2Server:
+def h2_server_for(app: GrpcApp, settings: Settings,
+                  tls: ssl.SSLContext | None = None) -> H2Server:
     """The HTTP/2 server with the gRPC flags' limits, keepalive and ping policy."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and settings.grpc_max_connections > soft // 2:
@@ -341,6 +352,7 @@ def h2_server_for(app: GrpcApp, settings: Settings) -> H2Server:
         min_recv_ping_interval=settings.grpc_http2_min_recv_ping_interval_without_data / 1000,
         max_ping_strikes=settings.grpc_http2_max_ping_strikes,
         write_timeout=_seconds(settings.grpc_write_timeout),
+        tls=tls,
     )
 
 
@@ -350,17 +362,19 @@ async def serve_lean(
     port: int,
     shutdown: trio.Event,
     settings: Settings | None = None,
+    tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The gRPC port on the lean server; shutdown as the grpclib server's
     (``grpclib_server.py``): refuse new inference RPCs, let those in flight finish, then
-    GOAWAY and close. ``settings`` gives the
-    port's limits and keepalive (the defaults when None)."""
+    GOAWAY and close. ``settings`` gives the port's limits, keepalive, restricted groups and
+    forwarded headers (the defaults when None); ``tls``: the port speaks TLS only."""
     draining = Draining()
-    inference = InferenceService(core, draining)
     options = settings if settings is not None else Settings(model_repositories=())
-    app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size)
-    server = h2_server_for(app, options)
+    inference = InferenceService(core, draining, options.grpc_forward)
+    app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size,
+                  options.grpc_restrictions)
+    server = h2_server_for(app, options, tls)
     server.faults = core.faults  # counted in nursery_internal_errors_total{unit="grpc"}
     inference.on_internal_error = server.internal_error
     async with trio.open_nursery() as nursery:

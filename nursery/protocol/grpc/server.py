@@ -4,6 +4,8 @@ design card's grpclib server on a trio-asyncio loop (``grpclib_server.py``, with
 
 from __future__ import annotations
 
+import ssl
+
 import trio
 
 from nursery.core import Core
@@ -19,10 +21,12 @@ async def serve_grpc(
     shutdown: trio.Event,
     impl: str = "nursery",
     settings: Settings | None = None,
+    tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     if impl == "grpclib":
         card = card_servers.grpclib_server()
-        await card.serve_grpclib(core, host, port, shutdown, task_status=task_status)
+        await card.serve_grpclib(core, host, port, shutdown, settings, tls,
+                                 task_status=task_status)
         return
-    await serve_lean(core, host, port, shutdown, settings, task_status=task_status)
+    await serve_lean(core, host, port, shutdown, settings, tls, task_status=task_status)

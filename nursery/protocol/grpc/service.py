@@ -23,6 +23,7 @@ from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import ErrorKind, InvalidArgument, NurseryError, Unavailable, Unsupported
 from nursery.messages import Part
+from nursery.protocol.access import NO_FORWARD, HeaderForward, ReservedHeader
 from nursery.protocol.codecs import grpc_messages as grpc_codec
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.codecs.grpc_wire import FINAL_RESPONSE, encode_stream_response
@@ -65,6 +66,24 @@ def _traceparent(stream: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _forwarded(forward: HeaderForward, stream: Any) -> dict[str, str] | NurseryError:
+    """The call's metadata that --grpc-header-forward-pattern forwards as request parameters,
+    or the error (a reserved name) each request of the call gets."""
+    if forward.pattern is None or not stream.metadata:
+        return {}
+    try:
+        return forward.parameters((str(k), str(v)) for k, v in dict(stream.metadata).items())
+    except ReservedHeader as exc:
+        return InvalidArgument(str(exc))
+
+
+def _add_forwarded(request: Any, forwarded: dict[str, str] | NurseryError) -> None:
+    if isinstance(forwarded, NurseryError):
+        raise forwarded
+    if forwarded:
+        request.parameters.update(forwarded)
+
+
 class Draining:
     """Counts RPCs in progress; once draining, new inference RPCs are refused."""
 
@@ -87,9 +106,11 @@ class Draining:
 
 
 class InferenceService(pb.GrpcInferenceServiceBase):
-    def __init__(self, core: Core, draining: Draining) -> None:
+    def __init__(self, core: Core, draining: Draining,
+                 forward: HeaderForward = NO_FORWARD) -> None:
         self.core = core
         self.draining = draining
+        self.forward = forward  # --grpc-header-forward-pattern
         # where an unexpected exception in one request of a stream is reported (the lean
         # server counts it in H2Server.internal_errors)
         self.on_internal_error: Callable[[str, BaseException], None] = log_internal_error
@@ -140,9 +161,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         mode) makes the request's trace a child of the caller's span, as in Triton."""
         message = await stream.recv_message()
         traceparent = _traceparent(stream) if self.core.tracer.active else ""
-        await stream.send_message(await self._call(self._infer, message, traceparent))
+        forwarded = _forwarded(self.forward, stream)
+        await stream.send_message(await self._call(self._infer, message, traceparent, forwarded))
 
-    async def _infer(self, message: Any, traceparent: str = "") -> bytes:
+    async def _infer(self, message: Any, traceparent: str = "",
+                     forwarded: dict[str, str] | NurseryError | None = None) -> bytes:
         """The ModelInferResponse in wire form (the codec passes bytes through)."""
         self.draining.enter()
         tracer = self.core.tracer
@@ -157,6 +180,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     "ModelInfer RPC doesn't support models with decoupled transaction policy")
             shm = self.core.shm
             request = grpc_codec.decode_request(message, shm)
+            if forwarded:
+                _add_forwarded(request, forwarded)
             shm_outputs = grpc_codec.decode_shm_outputs(message, shm)
             request.trace = trace or False  # False: sampled here, not traced
             response = await self.core.infer(request, handle)
@@ -270,13 +295,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         with closing:
             await self._serve_stream(receive, reply, unexpected, infer, decoupled, finish,
-                                     traceparent, grpc_error)
+                                     traceparent, grpc_error, _forwarded(self.forward, stream))
         if failure:  # ends the stream: grpc-status and message, as Triton's Finish(status)
             raise _status(failure[0])
 
     async def _serve_stream(self, receive: Any, reply: Any, unexpected: Any, infer: Any,
                             decoupled: Any, finish: Any, traceparent: str,
-                            check_first: bool) -> None:
+                            check_first: bool,
+                            forwarded: dict[str, str] | NurseryError | None = None) -> None:
         """Read the stream's requests, check and queue each in order, answer as they end."""
         shm = self.core.shm
         tracer = self.core.tracer
@@ -309,6 +335,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 try:
                     handle = self.core.resolve(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message, shm)
+                    if forwarded:
+                        _add_forwarded(request, forwarded)
                     if handle.config.decoupled:  # responses as they come
                         nursery.start_soon(bounded, decoupled, request, handle)
                         continue
@@ -442,7 +470,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def system_shared_memory_unregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.core.shm.unregister(request.name, "system")  # no name: every region
+        self._sync(self.core.shm.unregister, request.name, "system")  # no name: every region
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory_status(
@@ -462,7 +490,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def cuda_shared_memory_unregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        self.core.shm.unregister(request.name, "cuda")  # no name: every region
+        self._sync(self.core.shm.unregister, request.name, "cuda")  # no name: every region
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:

@@ -228,12 +228,21 @@ def field_line_ok(line: bytes) -> bool:
             and _BAD_VALUE_CHAR.search(value) is None)
 
 
+# Triton's cap on the chunks of one chunked body (kMaxChunkedChunks, http_server.cc): each
+# chunk is a separate buffer there, and a body of a million one-byte chunks costs memory
+# out of all proportion to its size; empty chunks are not counted
+MAX_CHUNKS = 1 << 16
+TOO_MANY_CHUNKS = (f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+                   "Send fewer or larger HTTP chunks.")
+
+
 class ChunkedReader:
     """Decodes a chunked body fed in pieces; ``feed`` returns True once the body is complete.
 
     Every size is checked against ``limit`` before its data is taken; a size line, a trailer
     line and the trailer section are bounded (``MAX_CHUNK_LINE``, ``MAX_TRAILERS``), so the
     reader holds at most ``limit`` bytes of body plus one bounded line whatever it is fed.
+    More than ``MAX_CHUNKS`` non-empty chunks: 400 with Triton's message.
     """
 
     def __init__(self, limit: int) -> None:
@@ -242,6 +251,7 @@ class ChunkedReader:
         self._buf = bytearray()
         self._need = -1  # bytes of chunk data still to take; -1 = expecting a size line
         self._trailers = -1  # trailer lines seen; -1 = not in the trailer section yet
+        self.chunks = 0  # non-empty chunks taken
         self.done = False
         self.leftover = b""
 
@@ -277,6 +287,9 @@ class ChunkedReader:
                     continue
                 if len(self.body) + size > self.limit:
                     raise HttpError(413, "request body too large")
+                self.chunks += 1
+                if self.chunks > MAX_CHUNKS:
+                    raise HttpError(400, TOO_MANY_CHUNKS)
                 self._need = size
             if len(buf) < self._need + 2:
                 return False

@@ -10,15 +10,23 @@ from __future__ import annotations
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
 from nursery.config.model import ModelConfig
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError, Unsupported
+from nursery.protocol.access import (
+    HeaderForward,
+    ReservedHeader,
+    Restrictions,
+    http_group,
+    http_refusal_message,
+)
 from nursery.protocol.codecs import binary_tensor
 from nursery.protocol.codecs import json_tensors as json_codec
-from nursery.protocol.codecs.status import http_error
+from nursery.protocol.codecs.status import error_body, http_error
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -165,13 +173,29 @@ def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None 
     return status, [*_JSON_HEADERS, *(extra or [])], body
 
 
+def restricted(restrictions: Restrictions, raw_path: bytes,
+               headers: list[tuple[bytes, bytes]]) -> Response | None:
+    """403 with Triton's message when the path's group is restricted and the request lacks
+    the header (or its value); None when it may pass. The group is read from the path as
+    sent and as decoded (the inference route matches the one, the route table the other), so
+    that no spelling of a path slips past its group."""
+    raw = raw_path.split(b"?", 1)[0].decode("latin-1")
+    pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    for path in (raw, unquote(raw)):
+        key = restrictions.refusal(http_group(path), pairs)
+        if key is not None:
+            return 403, list(_JSON_HEADERS), error_body(http_refusal_message(key))
+    return None
+
+
 async def infer_response(
     core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
-    max_input_size: int,
+    max_input_size: int, forward: HeaderForward | None = None,
 ) -> Response:
     """The whole inference route: request head and body in, status, headers, payload out.
 
     ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
+    ``forward``: the headers that become request parameters (--http-header-forward-pattern).
     """
     header_len: bytes | None = None
     encoding: bytes | None = None
@@ -216,6 +240,12 @@ async def infer_response(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
                 core.shm,
             )
+        if forward is not None and forward.pattern is not None:
+            try:
+                request.parameters.update(forward.parameters(
+                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers))
+            except ReservedHeader as exc:
+                raise InvalidArgument(str(exc)) from None
         request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
@@ -282,6 +312,7 @@ def body_limit(headers: list[tuple[bytes, bytes]], max_input_size: int,
 async def handle_infer(
     core: Core, scope: dict[str, Any], receive: Receive, send: Send,
     model: str, version: str, max_input_size: int, max_body_size: int = 2**31 - 1,
+    forward: HeaderForward | None = None,
 ) -> None:
     """The inference route as an ASGI handler (hypercorn's path)."""
     headers = scope["headers"]
@@ -293,19 +324,20 @@ async def handle_infer(
             # (past 4300 digits int() raises, and it is quadratic before that)
             declared = (int(value) if len(value) <= 20 else limit + 1) if value.isdigit() else 0
             if declared > limit:
-                await _send(send, error_response(refuse(declared, limit)))
+                await send_response(send, error_response(refuse(declared, limit)))
                 return
     try:
         body = await read_body(receive, limit, refuse)
     except ClientGone:
         return
     except NurseryError as error:
-        await _send(send, error_response(error))
+        await send_response(send, error_response(error))
         return
-    await _send(send, await infer_response(core, model, version, headers, body, max_input_size))
+    answer = await infer_response(core, model, version, headers, body, max_input_size, forward)
+    await send_response(send, answer)
 
 
-async def _send(send: Send, response: Response) -> None:
+async def send_response(send: Send, response: Response) -> None:
     status, headers, payload = response
     await send({"type": "http.response.start", "status": status,
                 "headers": [*headers, (b"content-length", str(len(payload)).encode())]})

@@ -20,7 +20,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from nursery.core import Core
-from nursery.protocol.http.infer import handle_infer
+from nursery.protocol.access import NO_FORWARD, OPEN, HeaderForward, Restrictions
+from nursery.protocol.http.infer import handle_infer, restricted, send_response
 from nursery.protocol.http.routes import (
     INFER_PATH,
     JSON_TYPE,
@@ -76,18 +77,27 @@ def build_quart_app(core: Core) -> QuartTrio:
 
 
 def build_card_app(core: Core, *, max_input_size: int,
-                   max_body_size: int = DEFAULT_HTTP_MAX_BODY_SIZE) -> ASGIApp:
-    """The ASGI callable hypercorn serves: the lean inference handler first, quart for the rest."""
+                   max_body_size: int = DEFAULT_HTTP_MAX_BODY_SIZE,
+                   restrictions: Restrictions = OPEN,
+                   forward: HeaderForward = NO_FORWARD) -> ASGIApp:
+    """The ASGI callable hypercorn serves: the restricted groups' check, then the lean
+    inference handler, quart for the rest."""
     quart_app = build_quart_app(core)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and restrictions:
+            refused = restricted(restrictions, scope.get("raw_path") or scope["path"].encode(),
+                                 scope["headers"])
+            if refused is not None:
+                await send_response(send, refused)
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             match = INFER_PATH.match(scope.get("raw_path") or scope["path"].encode())
             if match is not None:
                 model = unquote(match.group(1).decode("latin-1"))
                 version = match.group(2).decode() if match.group(2) else ""
                 await handle_infer(core, scope, receive, send, model, version, max_input_size,
-                                   max_body_size)
+                                   max_body_size, forward)
                 return
         await quart_app(scope, receive, send)  # type: ignore[arg-type]  # ASGI dict scope
 
@@ -114,8 +124,12 @@ async def serve_hypercorn(
     """The HTTP port on hypercorn; once ``shutdown`` is set it stops accepting and lets the
     requests in flight finish (for at most ``--exit-timeout-secs``)."""
     app = build_card_app(core, max_input_size=settings.http_max_input_size,
-                         max_body_size=settings.http_max_body_size)
+                         max_body_size=settings.http_max_body_size,
+                         restrictions=settings.http_restrictions, forward=settings.http_forward)
     config = hypercorn_config(settings.http_address, settings.http_port,
                               settings.exit_timeout_secs)
+    if settings.http_tls is not None:  # --http-ssl-cert / --http-ssl-key
+        config.certfile = settings.http_tls.cert
+        config.keyfile = settings.http_tls.key
     await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait,  # type: ignore[arg-type]
                           task_status=task_status)

@@ -219,6 +219,7 @@ async def system_shm_status(core: Core, req: RouteRequest) -> Answer:
 
 
 async def system_shm_register(core: Core, req: RouteRequest) -> Answer:
+    core.shm.check_client_allowed()  # before the body is read, as Triton
     data = _json_body(req.body)
     key = data.get("key")
     if not isinstance(key, str):
@@ -241,6 +242,7 @@ async def system_shm_register(core: Core, req: RouteRequest) -> Answer:
 
 
 async def system_shm_unregister(core: Core, req: RouteRequest) -> Answer:
+    core.shm.check_client_allowed()  # before the body is read, as Triton
     core.shm.unregister(req.param("region"), "system")  # no region: every region
     return 200, b""
 
@@ -250,6 +252,7 @@ async def cuda_shm_status(core: Core, req: RouteRequest) -> Answer:
 
 
 async def cuda_shm_register(core: Core, req: RouteRequest) -> Answer:
+    core.shm.check_client_allowed()  # before the body is read, as Triton
     data = _json_body(req.body)
     raw = data.get("raw_handle")
     b64 = raw.get("b64") if isinstance(raw, dict) else None
@@ -271,6 +274,7 @@ async def cuda_shm_register(core: Core, req: RouteRequest) -> Answer:
 
 
 async def cuda_shm_unregister(core: Core, req: RouteRequest) -> Answer:
+    core.shm.check_client_allowed()  # before the body is read, as Triton
     core.shm.unregister(req.param("region"), "cuda")  # no region: every region
     return 200, b""
 

@@ -28,6 +28,11 @@ What a client may hold (the house rules 8 and 9), each a setting (``nursery/sett
   an ``Exception``) always passes through. A peer that resets or vanishes ends its connection
   quietly (``trio.BrokenResourceError`` and ``OSError``).
 
+The doors (docs/security.md): with ``tls`` the port speaks HTTPS only (the handshake runs on
+the connection's first read, under its head deadline; a failed one ends the connection
+quietly); ``restrictions`` answers 403 to a request of a restricted group without its header,
+before anything else is looked at; ``forward`` turns matching headers into request parameters.
+
 Shutdown (``close``): stop accepting, close idle keep-alive connections, let busy ones finish
 their request and close. The caller's cancel scope bounds the wait.
 """
@@ -38,6 +43,7 @@ import logging
 import math
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +52,7 @@ from urllib.parse import unquote
 import trio
 
 from nursery.core import Core
+from nursery.protocol.access import NO_FORWARD, OPEN, HeaderForward, Restrictions
 from nursery.protocol.codecs.status import error_body
 from nursery.protocol.http import http1
 from nursery.protocol.http.infer import (
@@ -54,9 +61,10 @@ from nursery.protocol.http.infer import (
     body_too_large,
     error_response,
     infer_response,
+    restricted,
     too_large,
 )
-from nursery.protocol.listeners import open_listeners
+from nursery.protocol.listeners import ServerStream, open_listeners, send_eof, socket_of
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
 
@@ -126,7 +134,7 @@ _JSON = [(b"content-type", b"application/json")]
 @dataclass(eq=False)
 class _Connection:
     scope: trio.CancelScope
-    stream: trio.SocketStream
+    stream: ServerStream
     # When the sweep cancels ``scope``: a plain float, since setting a cancel scope's own
     # deadline costs about 2.5 us (trio's deadline heap) and a request would set it 3 times.
     deadline: float = math.inf
@@ -136,10 +144,11 @@ class _Connection:
     served: int = 0  # request heads read
 
 
-def _client_gone(stream: trio.SocketStream) -> bool:
-    """True when the peer closed the connection (EOF pending); never blocks, consumes nothing."""
+def _client_gone(stream: ServerStream) -> bool:
+    """True when the peer closed the connection (EOF pending); never blocks, consumes nothing.
+    On a TLS connection, bytes still to read (a TLS record) count as "still there"."""
     try:
-        probe = socket.fromfd(stream.socket.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+        probe = socket.fromfd(socket_of(stream).fileno(), socket.AF_INET, socket.SOCK_STREAM)
     except OSError:
         return False  # cannot tell (no file descriptor to spare): keep the request
     with probe:
@@ -151,7 +160,7 @@ def _client_gone(stream: trio.SocketStream) -> bool:
             return True  # reset or closed
 
 
-async def _last_answer(stream: trio.SocketStream, status: int, message: str) -> None:
+async def _last_answer(stream: ServerStream, status: int, message: str) -> None:
     """Send an error answer with ``connection: close``, then read what the client sent
     meanwhile until it closes (at most ``_BIG`` bytes, at most ``_REFUSE_GRACE`` seconds for
     all of it), so that closing with unread bytes does not reset the connection before the
@@ -160,7 +169,7 @@ async def _last_answer(stream: trio.SocketStream, status: int, message: str) -> 
     try:
         with trio.move_on_after(_REFUSE_GRACE):
             await stream.send_all(http1.response_head(status, _JSON, len(body), False) + body)
-            await stream.send_eof()
+            await send_eof(stream)  # a TLS stream: the client closes after the answer
             drained = 0
             while drained < _BIG:
                 data = await stream.receive_some(_BIG)
@@ -181,7 +190,9 @@ class HttpServer:
                  keep_alive_timeout: float = 75.0, head_timeout: float = 30.0,
                  body_timeout: float = 60.0, max_connections: int = 1000,
                  sweep_interval: float = 0.1, serve_infer: bool = True,
-                 faults: FaultCounter | None = None) -> None:
+                 faults: FaultCounter | None = None, tls: ssl.SSLContext | None = None,
+                 restrictions: Restrictions = OPEN,
+                 forward: HeaderForward = NO_FORWARD) -> None:
         self.core = core
         self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
@@ -193,6 +204,9 @@ class HttpServer:
         self.body_timeout = body_timeout
         self.max_connections = max_connections
         self.sweep_interval = sweep_interval
+        self.tls = tls  # --http-ssl-cert / --http-ssl-key: the port speaks TLS only
+        self.restrictions = restrictions  # --http-restricted-api
+        self.forward = forward  # --http-header-forward-pattern
         self.closing = False
         self.internal_errors = 0
         self.refused_connections = 0
@@ -206,7 +220,7 @@ class HttpServer:
 
     async def serve(self, host: str, port: int,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners, binds = await open_listeners(host, port)
+        listeners, binds = await open_listeners(host, port, self.tls)
         async with trio.open_nursery() as connections:
             sweeper = trio.CancelScope()
             connections.start_soon(self._sweep, sweeper)
@@ -247,7 +261,7 @@ class HttpServer:
             if conn.phase == _IDLE:
                 conn.scope.cancel()
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
+    async def _connection(self, stream: ServerStream) -> None:
         """One connection. Its supervision boundary is in :meth:`_run_connection` (which answers
         500 where it still can); this outer one only makes sure that nothing but a
         ``BaseException`` that is not an ``Exception`` (``trio.Cancelled``...) ever leaves a
@@ -264,12 +278,13 @@ class HttpServer:
             if rest is not None:
                 raise rest from None
 
-    async def _run_connection(self, stream: trio.SocketStream) -> None:
+    async def _run_connection(self, stream: ServerStream) -> None:
         conn = _Connection(trio.CancelScope(), stream, trio.current_time() + self.head_timeout)
         self._connections.add(conn)
         try:
-            client = stream.socket.getpeername()
-            server = stream.socket.getsockname()
+            sock = socket_of(stream)
+            client = sock.getpeername()
+            server = sock.getsockname()
             with conn.scope:
                 await self._serve(conn, client, server)
             if conn.scope.cancelled_caught and conn.phase in (_HEAD, _BODY):
@@ -291,7 +306,7 @@ class HttpServer:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: ServerStream) -> None:
         """Answer ``503 connection limit reached`` and close (past ``_MAX_REFUSING`` answers
         in flight: close at once)."""
         self.refused_connections += 1
@@ -408,7 +423,7 @@ class HttpServer:
             await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
         if head.chunked:
             reader = http1.ChunkedReader(limit)
-            data = bytes(buf)
+            data: bytes | bytearray = bytes(buf)
             buf.clear()
             if not reader.feed(data):
                 conn.deadline = trio.current_time() + self.body_timeout
@@ -427,10 +442,10 @@ class HttpServer:
         if len(buf) < length:
             conn.deadline = trio.current_time() + self.body_timeout
             while len(buf) < length:
-                data = await stream.receive_some(_BIG)
-                if not data:
+                piece = await stream.receive_some(_BIG)
+                if not piece:
                     return None, None
-                buf += data
+                buf += piece
         body = bytes(buf[:length])
         del buf[:length]
         return body, None
@@ -451,16 +466,20 @@ class HttpServer:
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
                       server: Any) -> Response:
+        if self.restrictions:
+            refused = restricted(self.restrictions, head.path, head.headers)
+            if refused is not None:
+                return refused
         if head.method == b"POST" and self.serve_infer:
             match = _INFER.match(head.path)
             if match is not None:
                 model = unquote(match.group(1).decode("latin-1"))
                 version = match.group(2).decode() if match.group(2) else ""
                 return await infer_response(self.core, model, version, head.headers, body,
-                                            self.max_input_size)
+                                            self.max_input_size, self.forward)
         return await call_asgi(self.app, head, body, client, server)
 
-    async def _send(self, stream: trio.SocketStream, head: http1.RequestHead | None,
+    async def _send(self, stream: ServerStream, head: http1.RequestHead | None,
                     response: Response, keep_alive: bool) -> None:
         status, headers, payload = response
         version = head.version if head is not None else b"1.1"
