@@ -4,8 +4,8 @@ perf_analyzer drives one (protocol, model, concurrency) point.
     python bench/profile_server.py --protocol http-bin --model mlp --concurrency 16 --batching
     python bench/profile_server.py --protocol grpc --model add_sub --concurrency 1 --seconds 20
 
-Writes, under ``bench/profiles/<name>/``: ``samples.txt`` (py-spy's collapsed stacks, every
-thread, GIL holder marked), ``flame.svg``, and ``summary.md``: infer/s, the server's CPU µs per
+Writes, under ``bench/profiles/<name>/``: ``samples.txt.gz`` (py-spy's collapsed stacks, every
+thread), ``flame.svg``, and ``summary.md``: infer/s, the server's CPU µs per
 request (from /proc), and the top functions by own samples and by inclusive samples on the
 trio thread (the one that limits throughput) and over all threads. Models are the peer
 harness's: ``add_sub`` (2 x FP32[16]) and ``mlp`` (784-1024-1024-10), ``max_batch_size`` 32 with
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import os
 import subprocess
 import sys
@@ -62,7 +63,10 @@ def summarize(samples: Path, top: int) -> str:
     incl_gil: collections.Counter[str] = collections.Counter()
     by_thread: collections.Counter[str] = collections.Counter()
     total = gil_total = 0
-    for line in samples.read_text().splitlines():
+    opener = gzip.open if samples.suffix == ".gz" else open
+    with opener(samples, "rt") as f:
+        lines_in = f.read().splitlines()
+    for line in lines_in:
         stack, _, count_text = line.rpartition(" ")
         if not stack:
             continue
@@ -144,6 +148,9 @@ def main() -> None:
             f"({requests} requests, {spent:.1f} s CPU in {elapsed:.1f} s)\n\n"
             + summarize(out / "samples.txt", args.top) + "\n")
     (out / "summary.md").write_text(text)
+    raw = out / "samples.txt"
+    (out / "samples.txt.gz").write_bytes(gzip.compress(raw.read_bytes()))
+    raw.unlink()
     print(text)
 
 
