@@ -80,6 +80,25 @@ class Duration:
         return Duration(self.count + count, self.ns + ns)
 
 
+class _Tally:
+    """A mutable :class:`Duration` for the accumulator (no allocation per batch); ``add``
+    returns itself, so ``x = x.add(...)`` reads the same for both."""
+
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> _Tally:
+        self.count += count
+        self.ns += ns
+        return self
+
+    def frozen(self) -> Duration:
+        return Duration(self.count, self.ns)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchReport:
     """One model execution, as its instance worker saw it."""
@@ -136,13 +155,13 @@ class StatsAccumulator:
         self.last_inference_ms = 0
         self.inference_count = 0
         self.execution_count = 0
-        self.success = Duration()
-        self.fail = Duration()
-        self.queue = Duration()
-        self.compute_input = Duration()
-        self.compute_infer = Duration()
-        self.compute_output = Duration()
-        self.batch: dict[int, tuple[Duration, Duration, Duration]] = {}
+        self.success = _Tally()
+        self.fail = _Tally()
+        self.queue = _Tally()
+        self.compute_input = _Tally()
+        self.compute_infer = _Tally()
+        self.compute_output = _Tally()
+        self.batch: dict[int, tuple[_Tally, _Tally, _Tally]] = {}
         self.failures: dict[str, int] = {}
         self.cache_hit = Duration()
         self.cache_miss = Duration()
@@ -177,15 +196,17 @@ class StatsAccumulator:
         self.inference_count += report.batch_size
         if self.windows is not None and report.enqueued_ns:
             self._sample(report)
-        self.success = self.success.add(report.request_ns, n)
-        self.queue = self.queue.add(report.queue_ns, n)
-        self.compute_input = self.compute_input.add(report.compute_input_ns * n, n)
-        self.compute_infer = self.compute_infer.add(report.compute_infer_ns * n, n)
-        self.compute_output = self.compute_output.add(report.compute_output_ns * n, n)
-        a, b, c = self.batch.get(report.batch_size, (Duration(), Duration(), Duration()))
-        self.batch[report.batch_size] = (a.add(report.compute_input_ns),
-                                         b.add(report.compute_infer_ns),
-                                         c.add(report.compute_output_ns))
+        self.success.add(report.request_ns, n)
+        self.queue.add(report.queue_ns, n)
+        self.compute_input.add(report.compute_input_ns * n, n)
+        self.compute_infer.add(report.compute_infer_ns * n, n)
+        self.compute_output.add(report.compute_output_ns * n, n)
+        per_size = self.batch.get(report.batch_size)
+        if per_size is None:
+            per_size = self.batch[report.batch_size] = (_Tally(), _Tally(), _Tally())
+        per_size[0].add(report.compute_input_ns)
+        per_size[1].add(report.compute_infer_ns)
+        per_size[2].add(report.compute_output_ns)
 
     def record_cache(self, hit: bool, cache_ns: int, request_ns: int) -> None:
         """A response-cache outcome. A hit is a successful request that never reached a worker
@@ -233,13 +254,14 @@ class StatsAccumulator:
             last_inference_ms=self.last_inference_ms,
             inference_count=self.inference_count,
             execution_count=self.execution_count,
-            success=self.success,
-            fail=self.fail,
-            queue=self.queue,
-            compute_input=self.compute_input,
-            compute_infer=self.compute_infer,
-            compute_output=self.compute_output,
-            batch_stats=MappingProxyType(dict(self.batch)),
+            success=self.success.frozen(),
+            fail=self.fail.frozen(),
+            queue=self.queue.frozen(),
+            compute_input=self.compute_input.frozen(),
+            compute_infer=self.compute_infer.frozen(),
+            compute_output=self.compute_output.frozen(),
+            batch_stats=MappingProxyType({size: (a.frozen(), b.frozen(), c.frozen())
+                                          for size, (a, b, c) in self.batch.items()}),
             failures_by_reason=MappingProxyType(dict(self.failures)),
             pending=pending,
             cache_hit=self.cache_hit,
