@@ -209,12 +209,14 @@ class InlinePolicy:
     and holds no thread-affine state, as ONNX Runtime on the CPU) has its batches run inline
     while the time they take stays below ``below_ns`` (a moving average of what batches
     measured, inline or not, refreshed by a threaded batch every ``probe`` batches so a model
-    that got slower is noticed). Never for batches whose answers must keep their order
-    (``preserve_ordering``), sequence batches (their state lives on the thread) or instances
-    under the rate limiter. A request answered inline is answered before the scheduler's
-    dispatch returns; nothing else changes for it (statistics, tracing, errors)."""
+    that got slower is noticed) and the batch has no more rows than the largest batch measured
+    fast (a bigger batch goes to the thread and is measured there). Never for batches whose
+    answers must keep their order (``preserve_ordering``), sequence batches (their state lives
+    on the thread) or instances under the rate limiter. A request answered inline is answered
+    before the scheduler's dispatch returns; nothing else changes for it (statistics, tracing,
+    errors)."""
 
-    __slots__ = ("enabled", "below_ns", "avg_ns", "count", "probe")
+    __slots__ = ("enabled", "below_ns", "avg_ns", "count", "probe", "rows_ok")
 
     def __init__(self, enabled: bool, below_ns: int = 100_000, probe: int = 64) -> None:
         self.enabled = enabled
@@ -222,15 +224,21 @@ class InlinePolicy:
         self.avg_ns = float(below_ns)  # unknown: start threaded
         self.count = 0
         self.probe = probe
+        self.rows_ok = 0  # the largest batch (rows) measured below ``below_ns``
 
     def take(self, batch: ExecuteBatch) -> bool:
         if not self.enabled or batch.ordered:
             return False
         self.count += 1
-        return self.avg_ns < self.below_ns and self.count % self.probe != 0
+        return (self.avg_ns < self.below_ns and self.count % self.probe != 0
+                and sum(w.batch_size for w in batch.work) <= self.rows_ok)
 
-    def ran(self, ns: int) -> None:
+    def ran(self, ns: int, rows: int) -> None:
         self.avg_ns += (ns - self.avg_ns) / 8
+        if ns < self.below_ns:
+            self.rows_ok = max(self.rows_ok, rows)
+        elif rows <= self.rows_ok:
+            self.rows_ok = rows - 1
 
     def timed(self, batch: ExecuteBatch, finished: Callable[[ExecuteBatch, Any], None],
               result: outcome.Outcome[Any]) -> None:
@@ -238,7 +246,7 @@ class InlinePolicy:
         if value is not None:
             report = value[1]
             if report is not None:
-                self.ran(report.ended_ns - report.started_ns)
+                self.ran(report.ended_ns - report.started_ns, report.batch_size)
         finished(batch, result)
 
 
@@ -335,7 +343,7 @@ async def run(
             t0 = time.monotonic_ns()
             result = outcome.capture(runner, backend, config, version, batch,  # type: ignore[call-overload]
                                      states)
-            inline.ran(time.monotonic_ns() - t0)
+            inline.ran(time.monotonic_ns() - t0, sum(w.batch_size for w in batch.work))
             finished(batch, result)
             return
         thread.submit(runner, (backend, config, version, batch, states),

@@ -10,6 +10,7 @@ from nursery.actors import mailbox
 from nursery.actors.instance_worker import InlinePolicy
 from nursery.actors.mailbox import OneShot
 from nursery.messages import ExecuteBatch
+from tests.fakes import make_work
 
 
 async def test_answer_before_and_after_the_receiver_waits() -> None:
@@ -85,18 +86,28 @@ async def test_ask_with_an_actor_that_closes_without_answering() -> None:
             await mailbox.ask(inbox, lambda reply: reply, gone="gone away")
 
 
+def _batch(rows: int, ordered: bool = False) -> ExecuteBatch:
+    work, _ = make_work(0, rows)
+    return ExecuteBatch((work,), ordered=ordered)
+
+
 def test_inline_policy() -> None:
-    batch = ExecuteBatch(())
+    batch = _batch(1)
     off = InlinePolicy(enabled=False)
-    off.ran(1)
+    off.ran(1, 1)
     assert not off.take(batch)
     policy = InlinePolicy(enabled=True, below_ns=100_000, probe=4)
     assert not policy.take(batch)  # nothing measured yet: threaded
     for _ in range(20):
-        policy.ran(10_000)
+        policy.ran(10_000, 1)
     taken = [policy.take(batch) for _ in range(8)]
     assert taken.count(False) == 2  # one threaded probe in every four
-    assert not policy.take(ExecuteBatch((), ordered=True))  # answers in order: never inline
+    assert not policy.take(_batch(1, ordered=True))  # answers in order: never inline
+    assert not any(policy.take(_batch(4)) for _ in range(3))  # bigger than any measured fast
+    policy.ran(20_000, 4)
+    assert policy.take(_batch(4)) or policy.take(_batch(4))
+    policy.ran(500_000, 4)  # four rows turned out slow
+    assert not any(policy.take(_batch(4)) for _ in range(3))
     for _ in range(20):
-        policy.ran(1_000_000)  # the model got slow
+        policy.ran(1_000_000, 1)  # the model got slow
     assert not any(policy.take(batch) for _ in range(8))
