@@ -156,9 +156,10 @@ async def test_execute_answers_become_responses_or_errors(tmp_path: Path) -> Non
     assert answers[0].message.startswith("Failed to process the request(s) for model "
                                          "'b_0', message: KeyError: 'boom'\n\nAt:\n")
     answers, _ = await run_one(instance, 1)
-    assert answers[0].message == ("Number of InferenceResponse objects do not match the number "
-                                  "of InferenceRequest objects. InferenceRequest(s) size is:1, "
-                                  "and InferenceResponse(s) size is:0")
+    assert answers[0].message == (  # Triton's words, its prefix and its trailing newline
+        "Failed to process the request(s) for model 'b_0', message: Number of "
+        "InferenceResponse objects do not match the number of InferenceRequest objects. "
+        "InferenceRequest(s) size is:1, and InferenceResponse(s) size is:0\n")
     answers, _ = await run_one(instance, 2)
     assert "Expected an 'InferenceResponse' object" in answers[0].message
     answers, got = await run_one(instance, 3)  # answered through the sender
@@ -205,3 +206,46 @@ def test_logger_level_constants_as_triton_models_write_them() -> None:
         pb_utils.LogLevel.INFO, pb_utils.LogLevel.WARNING, pb_utils.LogLevel.ERROR,
         pb_utils.LogLevel.VERBOSE)
     logger.log("a line at warning level", logger.WARNING)  # the form Triton's examples use
+
+
+class _Instance:
+    model_name = "m"
+
+    def __init__(self, decoupled: bool) -> None:
+        self.decoupled = decoupled
+
+    def convert(self, response: Any, request: Any) -> Any:
+        return response
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_response_sender_rules_and_messages(decoupled: bool) -> None:
+    """Triton's ResponseSender checks, in its order and with its words."""
+    from nursery.backends.python.sender import ResponseSender
+
+    got: list[Any] = []
+    request = InferenceRequest("m", "", {})
+    sender = ResponseSender(got.append, request, _Instance(decoupled), lambda: False)
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    with pytest.raises(pb_utils.TritonModelException, match="^Unable to send response. "
+                       "Unsupported flag provided.$"):
+        sender.send(pb_utils.InferenceResponse([]), flags=2)
+    with pytest.raises(pb_utils.TritonModelException, match="^Inference Response object must "
+                       "be provided when the response flags is set to zero.$"):
+        sender.send()
+    if not decoupled:
+        with pytest.raises(pb_utils.TritonModelException, match="Non-decoupled model cannot "
+                           "send complete final before sending a response."):
+            sender.send(flags=final)
+    sender.send(pb_utils.InferenceResponse([]))
+    if not decoupled:
+        with pytest.raises(pb_utils.TritonModelException, match="Non-decoupled model cannot "
+                           "send more than one response."):
+            sender.send(pb_utils.InferenceResponse([]))
+    sender.send(flags=final)
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(flags=final)
+    if decoupled:
+        assert [(p.final, p.response is not None) for p in got] == [(False, True), (True, False)]
+    else:
+        assert len(got) == 1 and isinstance(got[0], pb_utils.InferenceResponse)

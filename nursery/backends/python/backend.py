@@ -67,6 +67,11 @@ _path_lock = threading.Lock()
 _OWN_DIR = str(Path(__file__).resolve().parent.parent)
 
 
+class _Refused(Exception):  # noqa: N818 - Triton's PythonBackendException
+    """What the stub refuses in the answers of ``execute`` (reported without a type or
+    frames, as Triton reports its own checks)."""
+
+
 def register_utils() -> None:
     """Make ``import triton_python_backend_utils`` find nursery's implementation."""
     sys.modules.setdefault(UTILS_MODULE, pb_utils)
@@ -162,7 +167,7 @@ class PythonInstance:
         if not isinstance(response, pb_utils.InferenceResponse):
             return InternalError(
                 "Expected an 'InferenceResponse' object in the execute function return list, "
-                f"found type '{type(response).__name__}'.")
+                f"found type '{type(response)}'.")
         if response.has_error():
             error = pb_utils.error_to_nursery(response.error())
             return AnsweredError(error.message, error.kind)  # counted a success, as in Triton
@@ -183,9 +188,10 @@ class PythonInstance:
                                  parameters=dict(response._parameters))
 
     def _failure(self, exc: BaseException) -> NurseryError:
+        what = str(exc) if isinstance(exc, _Refused) else describe(exc)
         return InternalError(  # Triton 2.51's words (it names the instance "model")
             f"Failed to process the request(s) for model '{self.instance_name}', "
-            f"message: {describe(exc)}")
+            f"message: {what}")
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -232,21 +238,17 @@ class PythonInstance:
 
     def _finished_late(self, senders: list[ResponseSender], future: Any) -> None:
         exc = future.exception()
-        error: NurseryError
         if exc is None:
-            result = future.result()
-            if result is None:
+            if future.result() is None:
                 return
-            error = InternalError(
-                f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                "execute function must return None.")
-        else:
-            error = self._failure(exc)
-            log.error("%s", error.message)
+            exc = _Refused(f"Python model '{self.instance_name}' is using the decoupled mode "
+                           "and the execute function must return None.")
+        error = self._failure(exc)
+        log.error("%s", error.message)
         for sender in senders:
-            if not sender.closed:
-                sender.closed = True
-                sender._deliver(Part(None, error, True))
+            answer = sender.fail(error)
+            if answer is not None:
+                sender._deliver(Part(None, answer, True))
 
     def execute_requests(self, work: Sequence[InferWork]) -> list[Any]:
         """Run ``execute`` on these requests; one answer per request, ``None`` where the
@@ -269,45 +271,60 @@ class PythonInstance:
 
     def _execute(self, requests: list[pb_utils.InferenceRequest], senders: list[ResponseSender],
                  originals: list[InferenceRequest]) -> list[Any]:
+        """``execute``, then its answers checked as Triton's stub checks them: anything the
+        rules refuse fails every request of the call that is not answered yet."""
         try:
             result = self._call_execute(requests, senders)
+            return self._answers(result, senders, originals)
         except Exception as exc:
             error = self._failure(exc)
             log.error("%s", error.message)  # Triton logs it too (an error path, not the hot one)
-            return self._close_open(senders, error)
-        if self.decoupled:
-            if result is not None:
-                return self._close_open(senders, InternalError(
-                    f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                    "execute function must return None."))
-            return [None] * len(senders)
+            return [sender.fail(error) for sender in senders]
+        finally:
+            for sender in senders:
+                sender.returned = True
+
+    def _answers(self, result: Any, senders: list[ResponseSender],
+                 originals: list[InferenceRequest]) -> list[Any]:
         if result is None:
-            return self._close_open(senders, InternalError(
-                f"Python model '{self.instance_name}' returned no responses: a model that is "
-                "not decoupled must return one InferenceResponse per request, or send one "
-                "with TRITONSERVER_RESPONSE_COMPLETE_FINAL through the request's response "
-                "sender."))
-        if not isinstance(result, list | tuple) or len(result) != len(requests):
-            size = len(result) if isinstance(result, list | tuple) else 1
-            return self._close_open(senders, InternalError(
+            if self.decoupled:
+                return [None] * len(senders)
+            # the model may answer later through a sender it took; a request whose sender it
+            # never took cannot be answered any more (Triton would leave it waiting)
+            return [None if sender.taken else sender.fail(InternalError(
+                f"Python model '{self.instance_name}' returned no response for a request: a "
+                "model that is not decoupled must return one InferenceResponse per request, "
+                "or send one through the request's response sender.")) for sender in senders]
+        if self.decoupled:
+            raise _Refused(f"Python model '{self.instance_name}' is using the decoupled mode "
+                           "and the execute function must return None.")
+        if type(result) is not list:
+            raise _Refused("Expected a list in the execute return, found type "
+                           f"'{type(result)}'.")
+        if len(result) != len(senders):
+            raise _Refused(
                 "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
-                f"InferenceResponse(s) size is:{size}"))
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(senders)}, and "
+                f"InferenceResponse(s) size is:{len(result)}\n")
+        for sender, response in zip(senders, result, strict=True):
+            if response is None:
+                continue
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise _Refused("Expected an 'InferenceResponse' object in the execute "
+                               f"function return list, found type '{type(response)}'.")
+            if sender.sent > 0:
+                raise _Refused("Unable to send response. Non-decoupled model cannot send "
+                               "more than one response.")
         answers: list[Any] = []
         for sender, request, response in zip(senders, originals, result, strict=True):
-            if sender.closed:
-                answers.append(None)  # answered through the sender already
-            else:
-                sender.closed = True
+            if response is None:
+                answers.append(None if sender.taken else sender.fail(InternalError(
+                    f"Python model '{self.instance_name}' returned None for a request whose "
+                    "response sender it never used: nothing can answer that request.")))
+            elif sender.claim():
                 answers.append(self.convert(response, request))
-        return answers
-
-    @staticmethod
-    def _close_open(senders: list[ResponseSender], error: NurseryError) -> list[Any]:
-        answers: list[Any] = []
-        for sender in senders:
-            answers.append(None if sender.closed else error)
-            sender.closed = True
+            else:
+                answers.append(None)  # the sender answered meanwhile (another thread)
         return answers
 
     def execute(self, inputs: Mapping[str, np.ndarray],

@@ -33,6 +33,8 @@ from nursery.types import Tensor as _Tensor
 class ResponseSender(Protocol):
     """What ``request.get_response_sender()`` gives (``nursery.backends.python.sender``)."""
 
+    taken: bool
+
     def send(self, response: Any = None, flags: int = 0) -> None: ...
 
     def is_cancelled(self) -> bool: ...
@@ -314,6 +316,23 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
     return bool(policy and policy.get("decoupled"))
 
 
+def _checked_parameters(parameters: Any) -> dict[str, Any]:
+    """Request and response ``parameters`` as Triton's stub takes them: a dict (or None) of
+    str keys and bool, int or str values; anything else raises with Triton's words."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return dict(parameters)
+
+
 # -- responses ------------------------------------------------------------------------------
 
 
@@ -326,9 +345,7 @@ class InferenceResponse:
             raise TritonModelException('"output_tensors" must be a list.')
         self._outputs = output_tensors
         self._error = error
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters = parameters or {}
+        self._parameters = _checked_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -344,8 +361,9 @@ class InferenceResponse:
 
     @classmethod
     def _from_nursery(cls, response: _Response) -> InferenceResponse:
-        return cls([Tensor._wrap(t) for t in response.outputs], None,
-                   dict(response.parameters))
+        obj = cls([Tensor._wrap(t) for t in response.outputs])
+        obj._parameters = dict(response.parameters)  # the target model's, as it sent them
+        return obj
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -376,9 +394,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters = dict(parameters or {})
+        self._parameters = _checked_parameters(parameters)
         self._sender: ResponseSender | None = None
         # the model client of the instance whose thread builds this request (its BLS route)
         self._client = current_context()
@@ -398,10 +414,11 @@ class InferenceRequest:
             | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
                if request.sequence_end or params.get("sequence_end") else 0),
             timeout=request.timeout_us,
-            parameters={k: v for k, v in params.items()
-                        if k not in ("sequence_id", "sequence_start", "sequence_end",
-                                     "priority", "timeout", "binary_data_output")},
         )
+        # the client's parameters as they came (a client may send any JSON value)
+        obj._parameters = {k: v for k, v in params.items()
+                           if k not in ("sequence_id", "sequence_start", "sequence_end",
+                                        "priority", "timeout", "binary_data_output")}
         obj._sender = sender
         return obj
 
@@ -433,6 +450,7 @@ class InferenceRequest:
         if self._sender is None:
             raise TritonModelException(
                 "a response sender is only available for requests the model is serving")
+        self._sender.taken = True  # the model may answer through it after execute returns
         return self._sender
 
     def is_cancelled(self) -> bool:

@@ -1,0 +1,248 @@
+"""Parts of Triton's Python-backend API checked end to end in both instance modes (the model on
+the server's thread and in a stub process): the response sender's rules with Triton's
+messages (the cases of Triton's qa/L0_backend_python/response_sender), response parameters,
+the ``is_ready()`` hook, cancelling a BLS stream, Python-based backends and
+``auto_complete_config`` in a stub."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ROOT, ServerProcess, running_server
+
+pytestmark = pytest.mark.e2e
+
+MODELS = ROOT / "tests" / "models"
+DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+
+
+def _copy(repo: Path, model: str, name: str | None = None, extra: str = "") -> None:
+    name = name or model
+    shutil.copytree(MODELS / model, repo / name)
+    config = repo / name / "config.pbtxt"
+    text = config.read_text().replace(f'name: "{model}"', f'name: "{name}"')
+    config.write_text(text + extra)
+
+
+def build_repo(repo: Path) -> Path:
+    _copy(repo, "py_sender")
+    _copy(repo, "py_sender", "py_sender_decoupled", DECOUPLED)
+    _copy(repo, "py_response_params")
+    _copy(repo, "py_response_params", "py_response_params_decoupled", DECOUPLED)
+    _copy(repo, "py_response_params_bls")
+    return repo
+
+
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = build_repo(tmp_path_factory.mktemp("apirepo"))
+    with running_server(repo, f"--backend-config=python,nursery-instance-mode={request.param}",
+                        tmp_path_factory=tmp_path_factory) as proc:
+        yield proc
+
+
+# -- the response sender --------------------------------------------------------------------
+
+def _sender_inputs(module: Any, pre: int = 0, pre_final: bool = False, ret: bool = False,
+                   post: int = 0, post_final: bool = False) -> list[Any]:
+    inputs = []
+    for name, value, datatype in (("PRE", np.uint8(pre), "UINT8"),
+                                  ("PRE_FINAL", np.bool_(pre_final), "BOOL"),
+                                  ("RETURN", np.bool_(ret), "BOOL"),
+                                  ("POST", np.uint8(post), "UINT8"),
+                                  ("POST_FINAL", np.bool_(post_final), "BOOL")):
+        item = module.InferInput(name, [1], datatype)
+        item.set_data_from_numpy(np.array([value]))
+        inputs.append(item)
+    return inputs
+
+
+def _stream(server: ServerProcess, model: str, **case: Any) -> list[tuple[list[int], str]]:
+    """One request over ModelStreamInfer: each answer as (INDEX values, error text), up to
+    the final one (the empty final response is asked for and left out)."""
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    got: list[tuple[list[int], str]] = []
+    try:
+        client.async_stream_infer(model, _sender_inputs(grpcclient, **case),
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=20)
+            if error is not None:
+                got.append(([], error.message()))
+                final = True  # an error ends the request
+            else:
+                index = result.as_numpy("INDEX")
+                if index is not None:
+                    got.append((index.tolist(), ""))
+                params = result.get_response().parameters
+                final = "triton_final_response" not in params or params[
+                    "triton_final_response"].bool_param
+            if final:
+                break
+        with pytest.raises(queue.Empty):
+            results.get(timeout=0.5)  # nothing after the final answer (post-return sends too)
+    finally:
+        client.stop_stream()
+        client.close()
+    return got
+
+
+def test_non_decoupled_sender_rules(server: ServerProcess) -> None:
+    model = "py_sender"
+    assert _stream(server, model, ret=True) == [([0], "")]
+    assert _stream(server, model, pre=1, pre_final=True) == [([1000], "")]
+    assert _stream(server, model, post=1, post_final=True) == [([2000], "")]
+    # the final flag before any response raises in execute: the request fails with it
+    ((values, error),) = _stream(server, model, pre_final=True)
+    assert values == [] and error.startswith(
+        "Failed to process the request(s) for model 'py_sender_0_0', message: "
+        "TritonModelException: Unable to send response. Non-decoupled model cannot send "
+        "complete final before sending a response.\n\nAt:\n"), error
+    # a second response raises in execute; the first one was the answer
+    assert _stream(server, model, pre=2, pre_final=True) == [([1000], "")]
+    # sent, then returned: the sent one is the answer (the return is refused, quietly)
+    assert _stream(server, model, pre=1, pre_final=True, ret=True) == [([1000], "")]
+    # returned, then sent after the return: the send raises in the model's thread
+    assert _stream(server, model, ret=True, post=1, post_final=True) == [([0], "")]
+    _wait_in_log(server, "post-return send refused: Unable to send response. Non-decoupled "
+                         "model cannot send more than one response.")
+    # the final flag alone after the return: Triton would leave the request waiting; here it
+    # gets the error the model's send raised
+    ((values, error),) = _stream(server, model, post_final=True)
+    assert error == ("Unable to send response. Non-decoupled model cannot send complete "
+                     "final before sending a response.")
+    # a request that nothing answers (None returned, sender never taken) fails at once
+    ((values, error),) = _stream(server, model)
+    assert "returned no response for a request" in error
+
+
+def test_non_decoupled_sender_over_http(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    for case, index in (({"ret": True}, 0), ({"pre": 1, "pre_final": True}, 1000),
+                        ({"post": 1, "post_final": True}, 2000),
+                        ({"pre": 2, "pre_final": True}, 1000)):
+        result = client.infer("py_sender", _sender_inputs(httpclient, **case))
+        assert result.as_numpy("INDEX").tolist() == [index], case
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("py_sender", _sender_inputs(httpclient, pre_final=True))
+    assert "Non-decoupled model cannot send complete final before sending a response" in (
+        raised.value.message())
+
+
+def test_decoupled_sender_rules(server: ServerProcess) -> None:
+    model = "py_sender_decoupled"
+    assert _stream(server, model, pre_final=True) == []
+    assert _stream(server, model, post_final=True) == []
+    assert _stream(server, model, pre=1, pre_final=True) == [([1000], "")]
+    assert _stream(server, model, post=2, post_final=True) == [([2000], ""), ([2001], "")]
+    assert _stream(server, model, pre=1, post=3, post_final=True) == [
+        ([1000], ""), ([2000], ""), ([2001], ""), ([2002], "")]
+    # returning a response from a decoupled model's execute fails the request
+    message = ("Failed to process the request(s) for model 'py_sender_decoupled_0_0', message: "
+               "Python model 'py_sender_decoupled_0_0' is using the decoupled mode and the "
+               "execute function must return None.")
+    assert _stream(server, model, ret=True) == [([], message)]
+    # ... but not one its sender already closed: only the sent response arrives
+    assert _stream(server, model, pre=1, pre_final=True, ret=True) == [([1000], "")]
+    # returned, then sent: the error ends the request and the later send raises
+    assert _stream(server, model, ret=True, post=1, post_final=True) == [([], message)]
+    _wait_in_log(server, "post-return send refused: Unable to send response. Response sender "
+                         "has been closed.")
+
+
+def _wait_in_log(server: ServerProcess, text: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"not in the server log: {text}"
+        time.sleep(0.05)
+
+
+# -- response parameters ----------------------------------------------------------------------
+
+def _params_input(module: Any, name: str, value: Any) -> Any:
+    item = module.InferInput(name, [1], "BYTES")
+    item.set_data_from_numpy(np.array([json.dumps(value).encode()], dtype=np.object_))
+    return item
+
+
+def _grpc_parameters(result: Any) -> dict[str, Any]:
+    out = {}
+    for key, value in result.get_response().parameters.items():
+        out[key] = getattr(value, value.WhichOneof("parameter_choice"))
+    return out
+
+
+GOOD_PARAMETERS = [{}, {"many_elements": False}, {"bool": True, "str": "Hello World!", "int": 1024},
+                   {"a": "1", "b": "2", "c": 3, "d": False, "e": 5, "f": ""}]
+BAD_PARAMETERS = [
+    ([], "Expect dict, got <class 'list'>"),
+    ({"1": "int key"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+    ({"int": 2, "float": 0.5},
+     "Expect parameters values to have type bool/int/str, found type <class 'float'>"),
+    ({"bool": True, "null": None},
+     "Expect parameters values to have type bool/int/str, found type <class 'NoneType'>"),
+    ({"str": "", "list": ["variable"]},
+     "Expect parameters values to have type bool/int/str, found type <class 'list'>"),
+]
+
+
+def test_response_parameters_reach_the_client(server: ServerProcess) -> None:
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    h = httpclient.InferenceServerClient(server.url)
+    for params in GOOD_PARAMETERS:
+        result = g.infer("py_response_params", [_params_input(grpcclient, "PARAMS", params)])
+        assert _grpc_parameters(result) == params
+        assert json.loads(result.as_numpy("OUTPUT")[0]) == params
+        result = h.infer("py_response_params", [_params_input(httpclient, "PARAMS", params)])
+        assert result.get_response().get("parameters", {}) == params
+    for params, message in BAD_PARAMETERS:  # refused when the model builds the response
+        with pytest.raises(InferenceServerException) as raised:
+            g.infer("py_response_params", [_params_input(grpcclient, "PARAMS", params)])
+        assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert message in raised.value.message()
+        with pytest.raises(InferenceServerException) as raised:
+            h.infer("py_response_params", [_params_input(httpclient, "PARAMS", params)])
+        assert raised.value.status() == "400" and message in raised.value.message()
+
+
+def test_response_parameters_of_a_decoupled_model(server: ServerProcess) -> None:
+    params = [{"bool": False, "int": 2048}, {"str": "Hello World!"}]
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("py_response_params_decoupled",
+                                  [_params_input(grpcclient, "PARAMS", params)])
+        got = [results.get(timeout=20) for _ in params]
+    finally:
+        client.stop_stream()
+        client.close()
+    for (result, error), expected in zip(got, params, strict=True):
+        assert error is None
+        # the final flag comes apart from the responses: each says it is not the last
+        assert _grpc_parameters(result) == {**expected, "triton_final_response": False}
+
+
+def test_response_parameters_of_bls_responses(server: ServerProcess) -> None:
+    params = {"bool": False, "int": 2048, "str": "Hello World!"}
+    decoupled = [{}, {"bool": True, "int": 10000}, {"str": "?"}]
+    client = httpclient.InferenceServerClient(server.url)
+    result = client.infer("py_response_params_bls", [
+        _params_input(httpclient, "PARAMS", params),
+        _params_input(httpclient, "PARAMS_DECOUPLED", decoupled)])
+    assert json.loads(result.as_numpy("OUTPUT")[0]) == [params, *decoupled]
