@@ -42,6 +42,9 @@ def build_repo(repo: Path) -> Path:
     _copy(repo, "py_response_params")
     _copy(repo, "py_response_params", "py_response_params_decoupled", DECOUPLED)
     _copy(repo, "py_response_params_bls")
+    _copy(repo, "py_ready")
+    _copy(repo, "py_ready", "py_ready_async",
+          'parameters { key: "async_is_ready" value { string_value: "1" } }\n')
     return repo
 
 
@@ -246,3 +249,33 @@ def test_response_parameters_of_bls_responses(server: ServerProcess) -> None:
         _params_input(httpclient, "PARAMS", params),
         _params_input(httpclient, "PARAMS_DECOUPLED", decoupled)])
     assert json.loads(result.as_numpy("OUTPUT")[0]) == [params, *decoupled]
+
+
+# -- is_ready() ---------------------------------------------------------------------------------
+
+def test_is_ready_hook_decides_model_and_server_readiness(server: ServerProcess) -> None:
+    """python_backend's is_ready() (Triton's TRITONBACKEND_ModelInstanceReady): asked by the
+    model's and the (strict) server's readiness; False, an exception, a non-bool or no answer
+    within 5 s: not ready. Inference goes on meanwhile, as in Triton."""
+    repo = Path(server.args[server.args.index("--model-repository") + 1])
+    h = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    data = np.array([1.5, 2.5], dtype=np.float32)
+    for model in ("py_ready", "py_ready_async"):
+        state = repo / model / "ready_state"
+        assert h.is_model_ready(model) and g.is_model_ready(model) and h.is_server_ready()
+        for answer in ("false", "raise", "number"):
+            state.write_text(answer)
+            assert not h.is_model_ready(model), answer
+            assert not g.is_model_ready(model), answer
+            assert not h.is_server_ready() and not g.is_server_ready(), answer
+            item = httpclient.InferInput("INPUT0", [2], "FP32")
+            item.set_data_from_numpy(data)
+            assert h.infer(model, [item]).as_numpy("OUTPUT0").tolist() == data.tolist()
+        if model == "py_ready":  # no answer within the time limit (once: it costs 5 s)
+            state.write_text("slow")
+            assert not h.is_model_ready(model)
+        state.write_text("true")
+        assert h.is_model_ready(model)
+        assert g.is_model_ready(model) and h.is_server_ready()
+    assert h.is_model_ready("py_sender")  # no hook: ready as long as the instance is

@@ -159,6 +159,18 @@ class PythonInstance:
         # them for the slot and never sends them
         self._state_outputs = frozenset(config.sequence.state_outputs
                                         if config.sequence is not None else ())
+        # the model's is_ready() (python_backend 2.67+): asked by the readiness endpoints
+        self.has_ready_hook = callable(getattr(model, "is_ready", None))
+
+    def check_ready(self) -> bool:
+        """The model's ``is_ready()`` (``async def`` too), called off the execute thread as
+        Triton's stub calls it; anything but a bool is an error, with Triton's words."""
+        result = self._model.is_ready()
+        if inspect.isawaitable(result):
+            result = self._await(result)
+        if not isinstance(result, bool):
+            raise InternalError("is_ready() must return a boolean value")
+        return result
 
     # -- answers -----------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from nursery.types import InferenceRequest, tensor_of
 log = logging.getLogger("nursery.backends.python")
 FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
 CANCEL_POLL = 0.05  # seconds between looks for requesters that stopped waiting
+READY_WAIT = 10.0  # seconds an is_ready() answer is waited for at most
 
 
 def _stub_environment(own_site: bool = True) -> dict[str, str]:
@@ -87,6 +88,9 @@ class ProcessInstance:
         self._open: dict[tuple[int, int], InferWork] = {}  # requests a sender may still answer
         self._results: dict[int, queue.SimpleQueue[Any]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
+        self._ready_ids = itertools.count(1)
+        self.has_ready_hook = False  # the model defines is_ready() (the stub says)
         self.restarts = 0
         self._life = threading.Lock()  # one start at a time (the reviver, a batch)
         self._closing = False
@@ -133,6 +137,7 @@ class ProcessInstance:
             pass  # the reader reports the death
         answer = self._control.get()
         if answer[0] == "ready":
+            self.has_ready_hook = bool(answer[1]) if len(answer) > 1 else False
             self.dead = False
             log.info("model '%s': instance %s runs in stub process %d", config.name,
                      self.instance_name, self.process.pid)
@@ -159,6 +164,10 @@ class ProcessInstance:
                         results.put(message[2])
                 elif kind == "part":
                     self._part(message[1], message[2], message[3])
+                elif kind == "ready_answer":
+                    answers = self._ready_calls.get(message[1])
+                    if answers is not None:
+                        answers.put(message[2])
                 elif kind == "bls":
                     self._bls.submit(self._call, channel, *message[1:])
                 elif kind == "metric":
@@ -191,6 +200,8 @@ class ProcessInstance:
             self._open.clear()
         for answers in results:
             answers.put(_Dead())
+        for answers in list(self._ready_calls.values()):
+            answers.put(False)  # a readiness check in flight: not ready
         for work in open_requests:  # requests a sender was still answering (decoupled)
             answer = Part(None, error, True) if self.decoupled else error
             self._token.run_sync_soon(mailbox.tell, work.reply, answer)
@@ -287,6 +298,25 @@ class ProcessInstance:
                 pass
         except ChannelClosed:
             pass
+
+    def check_ready(self) -> bool:
+        """The model's ``is_ready()``, run in the stub (the instance worker bounds the wait;
+        this one is bounded too, so an abandoned call does not stay forever)."""
+        if self.dead:
+            return False
+        call = next(self._ready_ids)
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ready_calls[call] = answers
+        try:
+            self.channel.send("is_ready", call)
+            answer = answers.get(timeout=READY_WAIT)
+        except (ChannelClosed, queue.Empty):
+            return False
+        finally:
+            self._ready_calls.pop(call, None)
+        if isinstance(answer, NurseryError):
+            raise answer
+        return bool(answer)
 
     # -- the backend contract ------------------------------------------------------------------
 

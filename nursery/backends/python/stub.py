@@ -27,7 +27,7 @@ from nursery.backends.python import backend as python_backend
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.config.json_form import config_from_json
 from nursery.config.model import read_model_config
-from nursery.errors import NurseryError
+from nursery.errors import InternalError, NurseryError
 from nursery.messages import Part
 from nursery.runtime import threads
 from nursery.types import InferenceRequest, InferenceResponse, tensor_of
@@ -149,6 +149,7 @@ def serve(channel: Channel) -> int:
     client = StubClient(channel)
     inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
     cancelled: set[tuple[int, int]] = set()  # (batch, index) whose requester went away
+    served: list[Any] = []  # the model's instance, once initialized
 
     def read() -> None:
         try:
@@ -158,6 +159,9 @@ def serve(channel: Channel) -> int:
                     cancelled.add((message[1], message[2]))
                 elif message[0] == "forget":
                     cancelled.discard((message[1], message[2]))
+                elif message[0] == "is_ready":
+                    threading.Thread(target=check_ready, args=(message[1],),
+                                     name="stub-is-ready", daemon=True).start()
                 elif message[0] in ("bls_answer", "bls_part", "metric_answer"):
                     answers = client.calls.get(message[1])
                     if answers is not None:
@@ -166,6 +170,21 @@ def serve(channel: Channel) -> int:
                     inbox.put(message)
         except ChannelClosed:
             inbox.put(None)  # the server is gone: finalize and leave
+
+    def check_ready(call: int) -> None:
+        """The model's is_ready(), on a thread of its own (execute may be running)."""
+        threads.bind_context(client)
+        answer: Any
+        try:
+            answer = served[0].check_ready() if served else False
+        except NurseryError as exc:
+            answer = exc
+        except Exception as exc:  # noqa: BLE001 - the readiness check reports it
+            answer = InternalError(python_backend.describe(exc))
+        try:
+            channel.send("ready_answer", call, answer)
+        except ChannelClosed:
+            pass
 
     threading.Thread(target=read, name="stub-reader", daemon=True).start()
     root = logging.getLogger()
@@ -191,7 +210,8 @@ def serve(channel: Channel) -> int:
     except Exception as exc:  # noqa: BLE001 - the load fails with the reason
         channel.send("failed", python_backend.describe(exc))
         return 1
-    channel.send("ready")
+    served.append(instance_)
+    channel.send("ready", instance_.has_ready_hook)
     while True:
         message = inbox.get()
         if message is None or message[0] == "finalize":
