@@ -43,6 +43,8 @@ def build_repo(repo: Path) -> Path:
     _copy(repo, "py_response_params", "py_response_params_decoupled", DECOUPLED)
     _copy(repo, "py_response_params_bls")
     _copy(repo, "py_ready")
+    _copy(repo, "py_until_cancelled")
+    _copy(repo, "py_bls_cancel")
     _copy(repo, "py_ready", "py_ready_async",
           'parameters { key: "async_is_ready" value { string_value: "1" } }\n')
     return repo
@@ -279,3 +281,22 @@ def test_is_ready_hook_decides_model_and_server_readiness(server: ServerProcess)
         assert h.is_model_ready(model)
         assert g.is_model_ready(model) and h.is_server_ready()
     assert h.is_model_ready("py_sender")  # no hook: ready as long as the instance is
+
+
+# -- cancelling a BLS stream ------------------------------------------------------------------
+
+def test_bls_stream_cancel_cancels_the_downstream_request(server: ServerProcess) -> None:
+    """python_backend's ResponseIterator.cancel(): the called model sees is_cancelled() and
+    ends its stream with a CANCELLED response; a cancel() after the end does nothing."""
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    inputs = []
+    for name, value in (("IN", 2), ("MAX_SUM", 10)):
+        item = httpclient.InferInput(name, [1], "INT32")
+        item.set_data_from_numpy(np.array([value], dtype=np.int32))
+        inputs.append(item)
+    for _ in range(2):
+        result = client.infer("py_bls_cancel", inputs)
+        assert result.as_numpy("IS_CANCELLED").tolist() == [True]
+        total = int(result.as_numpy("SUM")[0])
+        assert 10 <= total < 2 * 500  # stopped by the cancellation, not by the model's limit
+        assert result.as_numpy("AFTER_END").tolist() == [b""]

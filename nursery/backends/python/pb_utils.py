@@ -494,11 +494,11 @@ class InferenceRequest:
                     ErrorKind.UNAVAILABLE)
             request = self._to_nursery()
             if decoupled:
-                return _responses(client.stream_from_thread(request), self._model_name)
+                return ResponseIterator(client.stream_from_thread(request), self._model_name)
             return InferenceResponse._from_nursery(client.infer_from_thread(request))
         except NurseryError as exc:
             failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
-            return iter([failed]) if decoupled else failed
+            return ResponseIterator(iter([failed]), self._model_name) if decoupled else failed
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """``exec`` for ``async def execute``: an awaitable; other calls proceed meanwhile."""
@@ -517,14 +517,33 @@ def _bls_error(model: str, error: NurseryError) -> NurseryError:
     return error
 
 
-def _responses(parts: Iterator[Any], model: str) -> Iterator[InferenceResponse]:
-    for part in parts:
+class ResponseIterator:
+    """What ``exec(decoupled=True)`` returns: the responses as the target model sends them
+    (an empty final response last when it sent a bare final flag). ``cancel()`` cancels the
+    request: the target's ``request.is_cancelled()`` turns true and the responses it still
+    sends keep coming; after the last response it does nothing."""
+
+    def __init__(self, parts: Iterator[Any], model: str) -> None:
+        self._parts = parts
+        self._model = model
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        part = next(self._parts)
+        if isinstance(part, InferenceResponse):
+            return part
         if part.error is not None:
-            yield InferenceResponse([], error_from_nursery(_bls_error(model, part.error)))
-        elif part.response is not None:
-            yield InferenceResponse._from_nursery(part.response)
-        else:
-            yield InferenceResponse([])  # the empty final response
+            return InferenceResponse([], error_from_nursery(_bls_error(self._model, part.error)))
+        if part.response is not None:
+            return InferenceResponse._from_nursery(part.response)
+        return InferenceResponse([])  # the empty final response
+
+    def cancel(self) -> None:
+        cancel = getattr(self._parts, "cancel", None)
+        if cancel is not None:
+            cancel()
 
 
 # -- logging --------------------------------------------------------------------------------

@@ -89,6 +89,7 @@ class ProcessInstance:
         self._results: dict[int, queue.SimpleQueue[Any]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
+        self._streams: dict[int, Any] = {}  # BLS streams in flight, by the stub's call id
         self._ready_ids = itertools.count(1)
         self.has_ready_hook = False  # the model defines is_ready() (the stub says)
         self.restarts = 0
@@ -168,6 +169,10 @@ class ProcessInstance:
                     answers = self._ready_calls.get(message[1])
                     if answers is not None:
                         answers.put(message[2])
+                elif kind == "bls_cancel":  # the model cancelled a BLS stream
+                    stream = self._streams.get(message[1])
+                    if stream is not None:
+                        stream.cancel()  # a short hop to the trio thread
                 elif kind == "bls":
                     self._bls.submit(self._call, channel, *message[1:])
                 elif kind == "metric":
@@ -287,8 +292,13 @@ class ProcessInstance:
             if client is None:
                 raise Unavailable("models cannot call other models here: no model client")
             if decoupled:
-                for part in client.stream_from_thread(request):
-                    channel.send("bls_part", call, part)
+                stream = client.stream_from_thread(request)
+                self._streams[call] = stream  # the model may cancel it
+                try:
+                    for part in stream:
+                        channel.send("bls_part", call, part)
+                finally:
+                    self._streams.pop(call, None)
                 return
             channel.send("bls_answer", call, client.infer_from_thread(request))
         except NurseryError as error:

@@ -18,7 +18,6 @@ import queue
 import socket
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,19 +115,38 @@ class StubClient:
         assert isinstance(answer, InferenceResponse)
         return answer
 
-    def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
-        call, answers = self._open("bls", request, True)
-        try:
-            while True:
-                part = answers.get()
-                if isinstance(part, NurseryError):
-                    yield Part(None, part, True)
-                    return
-                yield part
-                if part.final:
-                    return
-        finally:
-            self.calls.pop(call, None)
+    def stream_from_thread(self, request: InferenceRequest) -> _StubStream:
+        return _StubStream(self, *self._open("bls", request, True))
+
+
+class _StubStream:
+    """A BLS stream seen from the stub: the parts the server relays, and ``cancel()``, which
+    the server turns into the request's cancellation."""
+
+    def __init__(self, client: StubClient, call: int, answers: queue.SimpleQueue[Any]) -> None:
+        self._client, self._call, self._answers = client, call, answers
+        self._done = False
+
+    def __iter__(self) -> _StubStream:
+        return self
+
+    def __next__(self) -> Part:
+        if self._done:
+            raise StopIteration
+        part = self._answers.get()
+        if isinstance(part, NurseryError):
+            part = Part(None, part, True)
+        if part.final:
+            self._done = True
+            self._client.calls.pop(self._call, None)
+        return part  # type: ignore[no-any-return]
+
+    def cancel(self) -> None:
+        if not self._done:
+            try:
+                self._client.channel.send("bls_cancel", self._call)
+            except ChannelClosed:
+                pass
 
 
 class _ToServer(logging.Handler):
