@@ -300,3 +300,63 @@ def test_bls_stream_cancel_cancels_the_downstream_request(server: ServerProcess)
         total = int(result.as_numpy("SUM")[0])
         assert 10 <= total < 2 * 500  # stopped by the cancellation, not by the model's limit
         assert result.as_numpy("AFTER_END").tolist() == [b""]
+
+
+# -- Python-based backends, auto_complete_config in a stub ------------------------------------
+
+BACKENDS = ROOT / "tests" / "python_backends"
+
+
+def _based_repo(repo: Path) -> None:
+    for name, operation, versions in (("add", "add", (1, 2)), ("sub", "sub", (1,))):
+        for version in versions:
+            folder = repo / name / str(version)
+            folder.mkdir(parents=True)
+            (folder / "model.json").write_text(json.dumps({"operation": operation}))
+        (repo / name / "config.pbtxt").write_text('backend: "add_sub"\n')
+    (repo / "nothing").mkdir()
+    (repo / "nothing" / "1").mkdir()
+    (repo / "nothing" / "config.pbtxt").write_text('backend: "no_such_backend"\n')
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_python_based_backend(mode: str, tmp_path: Path, start_server: Any) -> None:
+    """Triton's Python-based backends: backend "add_sub" is <backend directory>/add_sub/
+    model.py; each model naming it has its own folder (get_model_dir()), its configuration
+    completed by the backend's auto_complete_config, in a stub process in process mode."""
+    repo = tmp_path / "repo"
+    _based_repo(repo)
+    server = start_server(repo, "--model-control-mode=explicit",
+                          f"--backend-directory={BACKENDS}",
+                          f"--backend-config=python,nursery-instance-mode={mode}")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.load_model(
+        "add", config='{"backend":"add_sub","version_policy":{"latest":{"num_versions":2}}}')
+    client.load_model("sub")
+    a = np.random.default_rng(0).random(4, dtype=np.float32)
+    b = np.random.default_rng(1).random(4, dtype=np.float32)
+    for model, version, expected in (("add", "1", a + b), ("add", "2", a + b),
+                                     ("sub", "1", a - b)):
+        assert client.is_model_ready(model, model_version=version)
+        inputs = [grpcclient.InferInput("INPUT0", [4], "FP32"),
+                  grpcclient.InferInput("INPUT1", [4], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer(model, inputs, model_version=version,
+                              outputs=[grpcclient.InferRequestedOutput("OUTPUT")])
+        np.testing.assert_allclose(result.as_numpy("OUTPUT"), expected, rtol=1e-6)
+    config = httpclient.InferenceServerClient(server.url).get_model_config("sub")
+    assert config["backend"] == "add_sub" and config["runtime"] == "model.py"
+    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
+    metadata = client.get_model_metadata("sub", as_json=True)
+    assert metadata["platform"] == "add_sub"
+    completed_in = int((repo / "sub" / "1" / "autocomplete_pid").read_text())
+    if mode == "process":  # the server never imported the backend's model.py
+        assert completed_in != server.proc.pid
+    else:
+        assert completed_in == server.proc.pid
+    with pytest.raises(InferenceServerException) as raised:
+        client.load_model("nothing")
+    assert "backend 'no_such_backend' is not available" in raised.value.message()
+    assert f"{BACKENDS / 'no_such_backend' / 'model.py'}" in raised.value.message()
+    client.close()

@@ -44,8 +44,8 @@ import numpy as np
 from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
-from nursery.backends.python.environment import environment_path
-from nursery.backends.python.process import ProcessInstance
+from nursery.backends.python.environment import environment_path, interpreter_for
+from nursery.backends.python.process import ProcessInstance, complete_in_stub
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import ModelConfig
@@ -62,6 +62,7 @@ UTILS_MODULE = "triton_python_backend_utils"
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INSTANCE_MODE_KEY = "nursery_instance_mode"  # the model's parameter
 INSTANCE_MODE_SETTING = "nursery-instance-mode"  # --backend-config=python,<this>=process
+PYTHON_BASED_RUNTIME = "model.py"  # the runtime Triton records for a Python-based backend
 _module_ids = itertools.count()
 _path_lock = threading.Lock()
 _OWN_DIR = str(Path(__file__).resolve().parent.parent)
@@ -165,6 +166,7 @@ class PythonInstance:
     def check_ready(self) -> bool:
         """The model's ``is_ready()`` (``async def`` too), called off the execute thread as
         Triton's stub calls it; anything but a bool is an error, with Triton's words."""
+        pb_utils.set_model_dir(str(self.config.path / self.version))
         result = self._model.is_ready()
         if inspect.isawaitable(result):
             result = self._await(result)
@@ -219,8 +221,11 @@ class PythonInstance:
                 max_workers=64, thread_name_prefix=f"{self.instance_name}-bls"))
             context = current_context()
 
+            model_dir = str(self.config.path / self.version)
+
             def run() -> None:
                 bind_context(context)
+                pb_utils.set_model_dir(model_dir)
                 asyncio.set_event_loop(loop)
                 loop.run_forever()
 
@@ -381,8 +386,11 @@ class PythonFactory:
     platform = ""
     default_filename = "model.py"
 
-    def __init__(self, instance_mode: str = "thread") -> None:
+    def __init__(self, instance_mode: str = "thread", name: str = "python",
+                 script: Path | None = None) -> None:
         self.instance_mode = instance_mode  # the server's default (--backend-config)
+        self.name = name
+        self.script = script  # a Python-based backend's model.py (--backend-directory)
 
     def configured(self, settings: Mapping[str, str]) -> PythonFactory:
         """This backend under ``--backend-config=python,...`` settings."""
@@ -390,28 +398,35 @@ class PythonFactory:
         if mode not in ("thread", "process"):
             raise ConfigError(f"--backend-config=python,{INSTANCE_MODE_SETTING}: 'thread' or "
                               f"'process', not '{mode}'")
-        return PythonFactory(mode)
+        return PythonFactory(mode, self.name, self.script)
+
+    def python_based(self, name: str, script: Path) -> PythonFactory:
+        """Backend ``name`` served by ``script`` (``<backend directory>/<name>/model.py``):
+        every model that names it runs that file, as Triton's Python-based backends do."""
+        return PythonFactory(self.instance_mode, name, script)
+
+    def model_file(self, default_model_filename: str, version_path: Path) -> Path:
+        if self.script is not None:
+            return self.script
+        return _model_file(default_model_filename, version_path)
 
     def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
         """Triton calls the model's static ``auto_complete_config`` with the configuration
         as read; what it completes (max_batch_size, inputs, outputs, dynamic batching, the
-        transaction policy) goes back into ``config``. A model with its own environment
-        (``EXECUTION_ENV_PATH``) is not imported into the server for this: its configuration
-        must be complete."""
-        if ENV_PARAMETER in config.parameters:
+        transaction policy) goes back into ``config``. A model whose instances run in stub
+        processes (or under its own ``EXECUTION_ENV_PATH``) is completed in a stub process
+        too, so its ``model.py`` is never imported into the server."""
+        if self.script is not None and not config.runtime:
+            config.runtime = PYTHON_BASED_RUNTIME  # as Triton records a Python-based backend
+        path = self.model_file(config.default_model_filename, version_path)
+        given = json.loads(json.dumps(config_to_json(config)))
+        if self._in_process(config):
+            data = complete_in_stub(path, config.name, str(version_path), given,
+                                    _environment_of(config, version_path))
+        else:
+            data = complete_config(path, config.name, str(version_path), given)
+        if data is None:
             return
-        path = _model_file(config.default_model_filename, version_path)
-        module = import_model(path, config.name)
-        complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
-        if complete is None:
-            return
-        helper = pb_utils.ModelConfig(json.loads(json.dumps(config_to_json(config))))
-        try:
-            result = complete(helper)
-        except Exception as exc:
-            raise ConfigError(
-                f"model '{config.name}': auto_complete_config failed: {describe(exc)}") from exc
-        data = (result if result is not None else helper).as_dict()
         try:
             done: pb.ModelConfig = message_from_json(data, pb.ModelConfig, "config")
         except ConfigJsonError as exc:
@@ -425,6 +440,13 @@ class PythonFactory:
             config.dynamic_batching = done.dynamic_batching
         if "model_transaction_policy" in data:
             config.model_transaction_policy = done.model_transaction_policy
+
+    def _in_process(self, config: pb.ModelConfig) -> bool:
+        if ENV_PARAMETER in config.parameters:
+            return True
+        parameter = config.parameters.get(INSTANCE_MODE_KEY)
+        mode = (parameter.string_value if parameter is not None else "").strip().lower()
+        return (mode or self.instance_mode) == "process"
 
     def load(self, config: ModelConfig, version_path: Path,
              placement: InstancePlacement) -> PythonInstance | ProcessInstance:
@@ -440,11 +462,47 @@ class PythonFactory:
             "model_version": version_path.name,
             "model_name": config.name,
         }
+        path = self.model_file(config.default_model_filename, version_path)
         if (instance_mode(config, self.instance_mode) == "process"
                 or environment_path(config) is not None):  # an environment needs a process
-            return ProcessInstance(config, version_path.name, name, args)
-        path = _model_file(config.default_model_filename, version_path)
+            return ProcessInstance(config, version_path.name, name, args, path)
         return start_model(path, config, args, version_path.name, name)
+
+
+def _environment_of(config: pb.ModelConfig, version_path: Path) -> Path | None:
+    """The interpreter of a model's EXECUTION_ENV_PATH, from the configuration as read."""
+    parameter = config.parameters.get(ENV_PARAMETER)
+    raw = (parameter.string_value if parameter is not None else "").strip()
+    if not raw:
+        return None
+    model_dir = version_path.parent
+    env = Path(raw.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir)))
+    try:
+        return interpreter_for(config.name, env)
+    except NurseryError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def complete_config(path: Path, model_name: str, model_dir: str,
+                    given: dict[str, Any]) -> dict[str, Any] | None:
+    """``TritonPythonModel.auto_complete_config`` of ``path`` on ``given`` (the configuration
+    as Triton's JSON): the completed configuration, or None when the model has no such
+    method. Raises :class:`ConfigError` with the model's words."""
+    pb_utils.set_model_dir(model_dir)
+    module = import_model(path, model_name)
+    complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
+    if complete is None:
+        return None
+    helper = pb_utils.ModelConfig(given)
+    try:
+        result = complete(helper)
+    except Exception as exc:
+        raise ConfigError(
+            f"model '{model_name}': auto_complete_config failed: {describe(exc)}") from exc
+    if result is not None and not isinstance(result, pb_utils.ModelConfig):
+        raise ConfigError(f"auto_complete_config function in model '{model_name}' must "
+                          "return a valid pb.ModelConfig object.")
+    return (result if result is not None else helper).as_dict()
 
 
 def instance_mode(config: ModelConfig, default: str = "thread") -> str:
@@ -461,6 +519,7 @@ def instance_mode(config: ModelConfig, default: str = "thread") -> str:
 def start_model(path: Path, config: ModelConfig, args: dict[str, str], version: str,
                 name: str, token: Any = None) -> PythonInstance:
     """Import ``model.py``, create ``TritonPythonModel`` and run its ``initialize``."""
+    pb_utils.set_model_dir(str(config.path / version))
     module = import_model(path, config.name)
     try:
         model = module.TritonPythonModel()

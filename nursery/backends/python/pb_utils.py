@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -76,6 +77,21 @@ TRITON_STRING_TO_NUMPY = {
 }
 
 _log = logging.getLogger("nursery.python_model")
+_here = threading.local()  # per thread: the model folder of the instance it runs
+_last_model_dir = ""
+
+
+def get_model_dir() -> str:
+    """The model's version folder (``<repository>/<model>/<version>``), as Triton's stub
+    answers it; for a Python-based backend, the folder of the model using it."""
+    return str(getattr(_here, "model_dir", _last_model_dir))
+
+
+def set_model_dir(path: str) -> None:
+    """The backend says which model's folder this thread serves."""
+    global _last_model_dir
+    _here.model_dir = path
+    _last_model_dir = path  # threads a model starts itself (one model per stub process)
 
 
 # -- errors ---------------------------------------------------------------------------------

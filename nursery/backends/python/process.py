@@ -12,6 +12,7 @@ unload or the shutdown does past their deadline.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import queue
@@ -35,7 +36,7 @@ from nursery.backends.python.environment import (
 )
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.config.model import ModelConfig
-from nursery.errors import InternalError, NurseryError, Unavailable
+from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
 from nursery.messages import InferWork, Part
 from nursery.runtime.threads import current_context, current_token
 from nursery.types import InferenceRequest, tensor_of
@@ -60,6 +61,38 @@ def _stub_environment(own_site: bool = True) -> dict[str, str]:
     return env
 
 
+AUTO_COMPLETE_TIMEOUT = 300.0  # seconds a stub may take to import model.py and complete
+
+
+def complete_in_stub(script: Path, model_name: str, model_dir: str, given: dict[str, Any],
+                     python: Path | None = None) -> dict[str, Any] | None:
+    """``auto_complete_config`` run in a stub process of its own (under the model's own
+    interpreter when it has an EXECUTION_ENV_PATH), so the server never imports the model's
+    ``model.py``: the completed configuration, None without the method, or a ConfigError."""
+    command = ([sys.executable, "-m", "nursery.backends.python.stub", "auto-complete"]
+               if python is None else [str(python), "-c", BOOTSTRAP, "auto-complete"])
+    request = json.dumps({"script": str(script), "model": model_name, "model_dir": model_dir,
+                          "config": given})
+    try:
+        done = subprocess.run(command, input=request.encode(), capture_output=True,
+                              timeout=AUTO_COMPLETE_TIMEOUT, check=False, close_fds=True,
+                              env=_stub_environment(own_site=python is None))
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"model '{model_name}': auto_complete_config did not finish within "
+                          f"{AUTO_COMPLETE_TIMEOUT:.0f} s") from None
+    try:
+        answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        how = (f"exit code {done.returncode}" if done.returncode >= 0
+               else f"killed by signal {-done.returncode}")
+        tail = done.stderr.decode(errors="replace").strip()[-2000:]
+        raise ConfigError(f"model '{model_name}': the stub process completing its "
+                          f"configuration failed ({how}){': ' + tail if tail else ''}") from None
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    return answer.get("config")  # type: ignore[no-any-return]
+
+
 class _Dead(Exception):
     """The stub process is gone."""
 
@@ -68,8 +101,11 @@ class ProcessInstance:
     """One ``TritonPythonModel`` in its stub process (``nursery.backends.python.stub``)."""
 
     def __init__(self, config: ModelConfig, version: str, name: str,
-                 args: Mapping[str, str]) -> None:
+                 args: Mapping[str, str], script: Path | None = None) -> None:
         self.config = config
+        # the model's file (a Python-based backend's model.py lives in the backend directory)
+        self.script = script if script is not None else (
+            config.path / version / (config.default_model_filename or "model.py"))
         self.version = version
         self.model_name = config.name
         self.instance_name = name
@@ -133,7 +169,7 @@ class ProcessInstance:
         config = self.config
         try:
             channel.send("init", str(config.path), config.name, self.version,
-                         self.instance_name, dict(config.json), self._args)
+                         self.instance_name, dict(config.json), self._args, str(self.script))
         except ChannelClosed:
             pass  # the reader reports the death
         answer = self._control.get()

@@ -21,7 +21,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from nursery.backends.base import get_factory
 from nursery.backends.python import backend as python_backend
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.config.json_form import config_from_json
@@ -213,14 +212,13 @@ def serve(channel: Channel) -> int:
     first = inbox.get()
     if first is None or first[0] != "init":
         return 1
-    _, folder, name, version, instance, config_json, args = first
+    _, folder, name, version, instance, config_json, args, script = first
     try:
         python_backend.register_utils()
         proto = config_from_json(json.dumps(config_json))
-        config, _ = read_model_config(Path(folder), name, backends=get_factory,
+        config, _ = read_model_config(Path(folder), name, backends=_any_backend,
                                       auto_complete=False, proto=proto)
-        path = Path(folder) / version / (config.default_model_filename or "model.py")
-        instance_ = python_backend.start_model(path, config, args, version, instance,
+        instance_ = python_backend.start_model(Path(script), config, args, version, instance,
                                                token=_Direct())
     except NurseryError as exc:
         channel.send("failed", exc.message)
@@ -257,7 +255,33 @@ def serve(channel: Channel) -> int:
                 channel.send("warmed", exc)
 
 
+def _any_backend(backend: str, model_name: str) -> Any:
+    """Every model a stub runs is a Python model (a Python-based backend's too)."""
+    return python_backend.FACTORY
+
+
+def auto_complete() -> int:
+    """``auto-complete``: a request as JSON on stdin (the script, the model's name and
+    folder, its configuration); the answer as one JSON line on stdout."""
+    request = json.loads(sys.stdin.read())
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    try:
+        done = python_backend.complete_config(Path(request["script"]), request["model"],
+                                              request["model_dir"], request["config"])
+        answer: dict[str, Any] = {"config": done}
+    except NurseryError as exc:
+        answer = {"error": exc.message}
+    except Exception as exc:  # noqa: BLE001 - the load fails with the reason
+        answer = {"error": f"model '{request['model']}': auto_complete_config failed: "
+                           f"{python_backend.describe(exc)}"}
+    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["auto-complete"]:
+        return auto_complete()
     sock = socket.socket(fileno=int(argv[1]))
     return serve(Channel(sock))
 
