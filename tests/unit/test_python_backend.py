@@ -249,3 +249,39 @@ def test_response_sender_rules_and_messages(decoupled: bool) -> None:
         assert [(p.final, p.response is not None) for p in got] == [(False, True), (True, False)]
     else:
         assert len(got) == 1 and isinstance(got[0], pb_utils.InferenceResponse)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("""
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                raise ValueError("no shapes known")
+     """, "model 'c': auto_complete_config failed: ValueError: no shapes known"),
+    ("""
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                return {"max_batch_size": 2}
+     """, "auto_complete_config function in model 'c' must return a valid pb.ModelConfig "
+          "object."),
+    ("""
+        import os
+        os._exit(3)
+     """, "model 'c': the stub process completing its configuration failed (exit code 3)"),
+])
+def test_auto_complete_in_a_stub_reports_failures(tmp_path: Path, source: str,
+                                                  message: str) -> None:
+    """auto_complete_config in a stub process of its own (models in process mode): what goes
+    wrong there fails the load with the reason, the server untouched."""
+    from nursery.backends.python.process import complete_in_stub
+    from nursery.errors import ConfigError
+
+    path = write_model(tmp_path, "c", 'backend: "python"\n', source)
+    with pytest.raises(ConfigError) as raised:
+        complete_in_stub(path / "1" / "model.py", "c", str(path / "1"), {"name": "c"})
+    assert raised.value.message.startswith(message), raised.value.message
+    done = complete_in_stub(write_model(tmp_path / "ok", "c", "", AUTO) / "1" / "model.py",
+                            "c", str(tmp_path), {"name": "c"})
+    assert done is not None and done["max_batch_size"] == 4
+    assert [i["name"] for i in done["input"]] == ["IN"]
