@@ -45,7 +45,13 @@ from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
 from nursery.backends.python.environment import environment_path, interpreter_for
-from nursery.backends.python.process import ProcessInstance, complete_in_stub
+from nursery.backends.python.process import (
+    MEMORY_LIMIT_KEY,
+    MEMORY_LIMIT_SETTING,
+    ProcessInstance,
+    complete_in_stub,
+    parse_size,
+)
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import ModelConfig
@@ -387,10 +393,11 @@ class PythonFactory:
     default_filename = "model.py"
 
     def __init__(self, instance_mode: str = "thread", name: str = "python",
-                 script: Path | None = None) -> None:
+                 script: Path | None = None, memory_limit: str = "") -> None:
         self.instance_mode = instance_mode  # the server's default (--backend-config)
         self.name = name
         self.script = script  # a Python-based backend's model.py (--backend-directory)
+        self.memory_limit = memory_limit  # the server's default stub RSS limit ("": none)
 
     def configured(self, settings: Mapping[str, str]) -> PythonFactory:
         """This backend under ``--backend-config=python,...`` settings."""
@@ -398,12 +405,25 @@ class PythonFactory:
         if mode not in ("thread", "process"):
             raise ConfigError(f"--backend-config=python,{INSTANCE_MODE_SETTING}: 'thread' or "
                               f"'process', not '{mode}'")
-        return PythonFactory(mode, self.name, self.script)
+        limit = settings.get(MEMORY_LIMIT_SETTING, self.memory_limit).strip()
+        if limit:
+            parse_size(limit, f"--backend-config=python,{MEMORY_LIMIT_SETTING}")
+        return PythonFactory(mode, self.name, self.script, limit)
 
     def python_based(self, name: str, script: Path) -> PythonFactory:
         """Backend ``name`` served by ``script`` (``<backend directory>/<name>/model.py``):
         every model that names it runs that file, as Triton's Python-based backends do."""
-        return PythonFactory(self.instance_mode, name, script)
+        return PythonFactory(self.instance_mode, name, script, self.memory_limit)
+
+    def memory_limit_of(self, config: ModelConfig) -> int | None:
+        """``parameters { key: "nursery_memory_limit" value { string_value: "512M" } }`` (or
+        the server's ``--backend-config=python,nursery-memory-limit=...``): the resident
+        memory each stub process of the model may hold; past it the stub is killed and
+        started again. None: no limit."""
+        raw = str(config.parameters.get(MEMORY_LIMIT_KEY, "")).strip() or self.memory_limit
+        if not raw:
+            return None
+        return parse_size(raw, f"model '{config.name}': parameter '{MEMORY_LIMIT_KEY}'")
 
     def model_file(self, default_model_filename: str, version_path: Path) -> Path:
         if self.script is not None:
@@ -442,7 +462,9 @@ class PythonFactory:
             config.model_transaction_policy = done.model_transaction_policy
 
     def _in_process(self, config: pb.ModelConfig) -> bool:
-        if ENV_PARAMETER in config.parameters:
+        if ENV_PARAMETER in config.parameters or MEMORY_LIMIT_KEY in config.parameters:
+            return True
+        if self.memory_limit:
             return True
         parameter = config.parameters.get(INSTANCE_MODE_KEY)
         mode = (parameter.string_value if parameter is not None else "").strip().lower()
@@ -463,9 +485,11 @@ class PythonFactory:
             "model_name": config.name,
         }
         path = self.model_file(config.default_model_filename, version_path)
+        limit = self.memory_limit_of(config)
         if (instance_mode(config, self.instance_mode) == "process"
-                or environment_path(config) is not None):  # an environment needs a process
-            return ProcessInstance(config, version_path.name, name, args, path)
+                or environment_path(config) is not None  # an environment needs a process
+                or limit is not None):  # and so does a memory limit
+            return ProcessInstance(config, version_path.name, name, args, path, limit)
         return start_model(path, config, args, version_path.name, name)
 
 

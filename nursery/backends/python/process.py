@@ -44,6 +44,34 @@ from nursery.types import InferenceRequest, tensor_of
 log = logging.getLogger("nursery.backends.python")
 FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
 CANCEL_POLL = 0.05  # seconds between looks for requesters that stopped waiting
+MEMORY_POLL_TICKS = 4  # a look at the stub's memory every 4 of those (0.2 s)
+MEMORY_LIMIT_KEY = "nursery_memory_limit"  # the model's parameter
+MEMORY_LIMIT_SETTING = "nursery-memory-limit"  # --backend-config=python,<this>=<size>
+MIB = 1 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident memory (RSS), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parse_size(text: str, where: str) -> int:
+    """``512M``, ``2G``, ``512MiB``, ``1GB`` (binary multiples) or bytes."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in "KMGT" else (raw, "")
+    try:
+        size = int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise ConfigError(f"{where}: expected a size such as 512M or 2G, got '{text}'") from None
+    if size <= 0:
+        raise ConfigError(f"{where}: expected a size above 0, got '{text}'")
+    return size
 READY_WAIT = 10.0  # seconds an is_ready() answer is waited for at most
 
 
@@ -101,8 +129,11 @@ class ProcessInstance:
     """One ``TritonPythonModel`` in its stub process (``nursery.backends.python.stub``)."""
 
     def __init__(self, config: ModelConfig, version: str, name: str,
-                 args: Mapping[str, str], script: Path | None = None) -> None:
+                 args: Mapping[str, str], script: Path | None = None,
+                 memory_limit: int | None = None) -> None:
         self.config = config
+        self.memory_limit = memory_limit  # bytes of RSS the stub may hold (None: no limit)
+        self._kill_reason = ""
         # the model's file (a Python-based backend's model.py lives in the backend directory)
         self.script = script if script is not None else (
             config.path / version / (config.default_model_filename or "model.py"))
@@ -152,6 +183,7 @@ class ProcessInstance:
     def _spawn(self) -> None:
         channel, theirs = Channel.pair()
         self.channel = channel
+        self._kill_reason = ""
         self.dead = True  # until the stub says it is ready: a batch waits for the start
         self._control = queue.SimpleQueue()
         try:
@@ -188,7 +220,8 @@ class ProcessInstance:
         code = self.process.poll()
         how = f" (exit code {code})" if code is not None and code >= 0 else (
             f" (killed by signal {-code})" if code is not None else "")
-        return f"Stub process '{self.instance_name}' is not healthy{how}."
+        why = f": {self._kill_reason}" if self._kill_reason else ""
+        return f"Stub process '{self.instance_name}' is not healthy{how}{why}."
 
     def _read(self, channel: Channel) -> None:
         try:
@@ -240,7 +273,7 @@ class ProcessInstance:
             open_requests = list(self._open.values())
             self._open.clear()
         for answers in results:
-            answers.put(_Dead())
+            answers.put(_Dead(error.message))
         for answers in list(self._ready_calls.values()):
             answers.put(False)  # a readiness check in flight: not ready
         for work in open_requests:  # requests a sender was still answering (decoupled)
@@ -269,8 +302,12 @@ class ProcessInstance:
         """Tell the stub when a requester stops waiting (``request.is_cancelled()`` there):
         the reply channel's receive end closes, which only the server can see."""
         told: set[tuple[int, int]] = set()
-        while not self._closing:
+        for tick in itertools.count():
+            if self._closing:
+                return
             time.sleep(CANCEL_POLL)
+            if self.memory_limit is not None and tick % MEMORY_POLL_TICKS == 0:
+                self._check_memory()
             with self._lock:
                 open_now = list(self._open.items())
             keys = {key for key, _ in open_now}
@@ -281,6 +318,22 @@ class ProcessInstance:
                 if key not in told and work.abandoned():
                     told.add(key)
                     self._tell("cancel", *key)
+
+    def _check_memory(self) -> None:
+        """Kill a stub whose resident memory passed the model's limit (it is then started
+        again, as after any death, and its requests fail with the reason)."""
+        process = self.process
+        if self.dead or process.poll() is not None:
+            return
+        rss = resident_bytes(process.pid)
+        if rss is None or self.memory_limit is None or rss <= self.memory_limit:
+            return
+        self._kill_reason = (
+            f"its resident memory ({rss / MIB:.0f} MiB) passed the limit of "
+            f"{self.memory_limit / MIB:.0f} MiB ({MEMORY_LIMIT_KEY}); it was killed")
+        log.error("model '%s': instance %s: %s", self.model_name, self.instance_name,
+                  self._kill_reason)
+        process.kill()
 
     def _tell(self, *message: Any) -> None:
         if not self.dead:
@@ -393,7 +446,7 @@ class ProcessInstance:
             with self._lock:
                 del self._results[batch]
         if isinstance(answers, _Dead):
-            error = InternalError(self._death())
+            error = InternalError(str(answers))
             with self._lock:
                 for index in range(len(work)):
                     self._open.pop((batch, index), None)
