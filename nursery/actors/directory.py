@@ -44,18 +44,14 @@ class ModelHandle:
     # started again after it died); the version's readiness, as Triton 2.60+ reports it
     healthy: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
     # the readiness endpoints' full check: healthy, and each instance's own readiness hook
-    # (a Python model's is_ready(), called in its instance with a time limit)
-    ready: Callable[[], Awaitable[bool]] = field(default=None, repr=False,  # type: ignore[assignment]
-                                                 compare=False)
+    # (a Python model's is_ready(), called in its instance with a time limit); None: healthy
+    ready: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False,
+                                                        compare=False)
 
-    def __post_init__(self) -> None:
+    async def check_ready(self) -> bool:
         if self.ready is None:
-            healthy = self.healthy
-
-            async def ready() -> bool:
-                return healthy()
-
-            object.__setattr__(self, "ready", ready)
+            return self.healthy()
+        return await self.ready()
 
     @property
     def version_str(self) -> str:
@@ -175,7 +171,7 @@ class Directory:
             handle = self.resolve(name, version)
         except (NotFound, Unavailable, InvalidArgument):
             return False
-        return await handle.ready()
+        return await handle.check_ready()
 
     async def check_all_ready(self) -> bool:
         """:meth:`all_ready`, with every READY version's readiness hooks asked."""
@@ -183,7 +179,7 @@ class Directory:
             return False
         for entry in self.table.models.values():
             for status in entry.versions.values():
-                if status.handle is not None and not await status.handle.ready():
+                if status.handle is not None and not await status.handle.check_ready():
                     return False
         return True
 

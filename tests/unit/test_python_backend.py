@@ -285,3 +285,15 @@ def test_auto_complete_in_a_stub_reports_failures(tmp_path: Path, source: str,
                             "c", str(tmp_path), {"name": "c"})
     assert done is not None and done["max_batch_size"] == 4
     assert [i["name"] for i in done["input"]] == ["IN"]
+
+
+def test_memory_limit_sizes() -> None:
+    from nursery.backends.python.process import parse_size
+    from nursery.errors import ConfigError
+
+    assert parse_size("512M", "x") == 512 << 20 and parse_size("2G", "x") == 2 << 30
+    assert parse_size("1GiB", "x") == 1 << 30 and parse_size("300MB", "x") == 300 << 20
+    assert parse_size("4096", "x") == 4096 and parse_size("1.5k", "x") == 1536
+    for bad in ("", "lots", "-1M", "0"):
+        with pytest.raises(ConfigError, match="^x: expected a size"):
+            parse_size(bad, "x")
