@@ -166,7 +166,8 @@ class PythonInstance:
         # them for the slot and never sends them
         self._state_outputs = frozenset(config.sequence.state_outputs
                                         if config.sequence is not None else ())
-        # the model's is_ready() (python_backend 2.67+): asked by the readiness endpoints
+        # the model's is_ready() (python_backend's user-defined readiness): asked by the
+        # readiness endpoints
         self.has_ready_hook = callable(getattr(model, "is_ready", None))
 
     def check_ready(self) -> bool:
