@@ -26,6 +26,7 @@ pytestmark = pytest.mark.e2e
 
 MODELS = ROOT / "tests" / "models"
 DECOUPLED = "model_transaction_policy { decoupled: true }\n"
+ASYNC = 'parameters { key: "use_async" value { string_value: "1" } }\n'
 
 
 def _copy(repo: Path, model: str, name: str | None = None, extra: str = "") -> None:
@@ -39,6 +40,8 @@ def _copy(repo: Path, model: str, name: str | None = None, extra: str = "") -> N
 def build_repo(repo: Path) -> Path:
     _copy(repo, "py_sender")
     _copy(repo, "py_sender", "py_sender_decoupled", DECOUPLED)
+    _copy(repo, "py_sender", "py_sender_async", ASYNC)
+    _copy(repo, "py_sender", "py_sender_decoupled_async", DECOUPLED + ASYNC)
     _copy(repo, "py_response_params")
     _copy(repo, "py_response_params", "py_response_params_decoupled", DECOUPLED)
     _copy(repo, "py_response_params_bls")
@@ -107,15 +110,15 @@ def _stream(server: ServerProcess, model: str, **case: Any) -> list[tuple[list[i
     return got
 
 
-def test_non_decoupled_sender_rules(server: ServerProcess) -> None:
-    model = "py_sender"
+@pytest.mark.parametrize("model", ["py_sender", "py_sender_async"])
+def test_non_decoupled_sender_rules(server: ServerProcess, model: str) -> None:
     assert _stream(server, model, ret=True) == [([0], "")]
     assert _stream(server, model, pre=1, pre_final=True) == [([1000], "")]
     assert _stream(server, model, post=1, post_final=True) == [([2000], "")]
     # the final flag before any response raises in execute: the request fails with it
     ((values, error),) = _stream(server, model, pre_final=True)
     assert values == [] and error.startswith(
-        "Failed to process the request(s) for model 'py_sender_0_0', message: "
+        f"Failed to process the request(s) for model '{model}_0_0', message: "
         "TritonModelException: Unable to send response. Non-decoupled model cannot send "
         "complete final before sending a response.\n\nAt:\n"), error
     # a second response raises in execute; the first one was the answer
@@ -149,8 +152,8 @@ def test_non_decoupled_sender_over_http(server: ServerProcess) -> None:
         raised.value.message())
 
 
-def test_decoupled_sender_rules(server: ServerProcess) -> None:
-    model = "py_sender_decoupled"
+@pytest.mark.parametrize("model", ["py_sender_decoupled", "py_sender_decoupled_async"])
+def test_decoupled_sender_rules(server: ServerProcess, model: str) -> None:
     assert _stream(server, model, pre_final=True) == []
     assert _stream(server, model, post_final=True) == []
     assert _stream(server, model, pre=1, pre_final=True) == [([1000], "")]
@@ -158,8 +161,8 @@ def test_decoupled_sender_rules(server: ServerProcess) -> None:
     assert _stream(server, model, pre=1, post=3, post_final=True) == [
         ([1000], ""), ([2000], ""), ([2001], ""), ([2002], "")]
     # returning a response from a decoupled model's execute fails the request
-    message = ("Failed to process the request(s) for model 'py_sender_decoupled_0_0', message: "
-               "Python model 'py_sender_decoupled_0_0' is using the decoupled mode and the "
+    message = (f"Failed to process the request(s) for model '{model}_0_0', message: "
+               f"Python model '{model}_0_0' is using the decoupled mode and the "
                "execute function must return None.")
     assert _stream(server, model, ret=True) == [([], message)]
     # ... but not one its sender already closed: only the sent response arrives
