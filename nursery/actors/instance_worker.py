@@ -376,24 +376,37 @@ async def run(
 
 class _ReadyCheck:
     """A backend's readiness hook, called off the trio thread with Triton's time limit; one
-    call at a time per instance (checks that come meanwhile share its answer). A hook that
-    raises, answers late or is not a bool: not ready (the reason at --log-verbose 1)."""
+    call at a time per instance (checks that come meanwhile share its answer, and while a
+    call given up on has not returned, checks answer not ready without calling again). A
+    hook that raises, answers late or is not a bool: not ready (the reason at
+    --log-verbose 1)."""
 
     def __init__(self, model: str, instance: str) -> None:
         self._where = f"model '{model}' instance {instance}"
         self._running: trio.Event | None = None
         self._answer = False
+        self._busy = False  # a hook call is running in the model (even one given up on)
 
     async def __call__(self, backend: Any) -> bool:
         if self._running is not None:
             await self._running.wait()
             return self._answer
+        if self._busy:  # an earlier call still has not returned: no second one beside it
+            log.debug("%s is not ready: its readiness check has not returned yet", self._where)
+            return False
         self._running = done = trio.Event()
         self._answer = False
+
+        def check() -> bool:
+            try:
+                return bool(backend.check_ready())
+            finally:
+                self._busy = False
+
+        self._busy = True
         try:
             with trio.move_on_after(READY_TIMEOUT) as waited:
-                self._answer = bool(await trio.to_thread.run_sync(
-                    backend.check_ready, abandon_on_cancel=True))
+                self._answer = await trio.to_thread.run_sync(check, abandon_on_cancel=True)
             if waited.cancelled_caught:
                 log.debug("%s is not ready: its readiness check did not answer within %.0f s",
                           self._where, READY_TIMEOUT)
