@@ -131,13 +131,17 @@ class Core:
     def server_live(self) -> bool:
         return self.lifecycle.live
 
-    def server_ready(self) -> bool:
+    async def server_ready(self) -> bool:
         if not self.lifecycle.accepting:
             return False
-        return self.directory.all_ready() if self.services.strict_readiness else True
+        if not self.services.strict_readiness:
+            return True
+        return await self.directory.check_all_ready()
 
-    def model_ready(self, name: str, version: str = "") -> bool:
-        return self.directory.is_ready(name, version)
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """Ready, as Triton answers it: a READY version whose instances are healthy and
+        whose backends' readiness hooks (a Python model's ``is_ready()``) say so."""
+        return await self.directory.check_ready(name, version)
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)

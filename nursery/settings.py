@@ -115,6 +115,8 @@ class Settings:
     grpc_forward: HeaderForward = HeaderForward()  # --grpc-header-forward-pattern
     allow_client_shm: bool = False  # --allow-client-shm (Triton 2.68: off by default)
     allow_model_file_upload: bool = False  # --allow-model-file-upload (nursery only)
+    # --backend-directory: where Python-based backends live (<dir>/<name>/model.py)
+    backend_directory: Path = Path("/opt/tritonserver/backends")
 
 
 def _bool(text: str) -> bool:
@@ -133,7 +135,6 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: 
 
 # Flags tritonserver has whose features are not in this build yet: accepted, then reported.
 _LATER_FLAGS = {
-    "--backend-directory": "backend directories",
     "--model-load-thread-count": "parallel model loading settings",
     "--pinned-memory-pool-byte-size": "pinned memory pools",
     "--cuda-memory-pool-byte-size": "CUDA memory pools",
@@ -372,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
         "<backend name>,<setting>=<value>. nursery's Python backend reads "
         "nursery-instance-mode=process (each instance in a stub process of its own) or "
         "thread (on the server's instance thread, the default).")
+    parser.add_argument(
+        "--backend-directory", default="/opt/tritonserver/backends", metavar="<string>",
+        help="The global directory searched for backends. nursery serves Python-based "
+        "backends from it: a model whose configuration names backend \"<name>\" runs "
+        "<dir>/<name>/model.py. Default is /opt/tritonserver/backends.")
     for flag, feature in _LATER_FLAGS.items():
         parser.add_argument(flag, action="append", default=None, metavar="<value>",
                             help=f"Accepted for compatibility; {feature} is not active yet.")
@@ -611,6 +617,7 @@ def settings_from_args(argv: list[str]) -> Settings:
     return Settings(
         **doors,
         backend_config=tuple(backend_config),
+        backend_directory=Path(os.path.abspath(args.backend_directory)),
         model_repositories=tuple(Path(os.path.abspath(r)) for r in repos),
         http_port=args.http_port,
         grpc_port=args.grpc_port,

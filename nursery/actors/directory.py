@@ -9,7 +9,7 @@ intake channel and the model's frozen configuration.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -43,6 +43,15 @@ class ModelHandle:
     # whether every instance can serve now (False while a Python stub process is being
     # started again after it died); the version's readiness, as Triton 2.60+ reports it
     healthy: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
+    # the readiness endpoints' full check: healthy, and each instance's own readiness hook
+    # (a Python model's is_ready(), called in its instance with a time limit); None: healthy
+    ready: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False,
+                                                        compare=False)
+
+    async def check_ready(self) -> bool:
+        if self.ready is None:
+            return self.healthy()
+        return await self.ready()
 
     @property
     def version_str(self) -> str:
@@ -154,6 +163,25 @@ class Directory:
         except (NotFound, Unavailable, InvalidArgument):
             return False
         return handle.healthy()
+
+    async def check_ready(self, name: str, version: str) -> bool:
+        """:meth:`is_ready`, with the model's own readiness hooks asked (Triton's model
+        readiness calls each instance's ``TRITONBACKEND_ModelInstanceReady``)."""
+        try:
+            handle = self.resolve(name, version)
+        except (NotFound, Unavailable, InvalidArgument):
+            return False
+        return await handle.check_ready()
+
+    async def check_all_ready(self) -> bool:
+        """:meth:`all_ready`, with every READY version's readiness hooks asked."""
+        if not self.all_ready():
+            return False
+        for entry in self.table.models.values():
+            for status in entry.versions.values():
+                if status.handle is not None and not await status.handle.check_ready():
+                    return False
+        return True
 
     def all_ready(self) -> bool:
         """Strict readiness: every known model has a READY version (or was unloaded)."""

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ log = logging.getLogger("nursery.instance")
 
 # Seconds a cancelled worker still waits for the batches on its thread before abandoning it.
 ABANDON_GRACE = 1.0
+READY_TIMEOUT = 5.0  # seconds a backend's readiness hook may take (Triton's is_ready limit)
 
 
 def _run_batch(
@@ -360,7 +361,17 @@ async def run(
     def healthy() -> bool:
         return backend is None or bool(getattr(backend, "healthy", True))
 
-    intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait, healthy)
+    check = _ReadyCheck(config.name, placement.name)
+
+    async def ready() -> bool:
+        if not healthy():
+            return False
+        if backend is None or not getattr(backend, "has_ready_hook", False):
+            return True  # no hook: no call to the model at all
+        return await check(backend)
+
+    intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait, healthy,
+                          ready)
     try:
         async with scheduler:
             backend = await thread.call(factory.load, config, version_path, placement,
@@ -423,6 +434,52 @@ async def run(
                 limiter.unregister(limit_key)
 
 
+class _ReadyCheck:
+    """A backend's readiness hook, called off the trio thread with Triton's time limit; one
+    call at a time per instance (checks that come meanwhile share its answer, and while a
+    call given up on has not returned, checks answer not ready without calling again). A
+    hook that raises, answers late or is not a bool: not ready (the reason at
+    --log-verbose 1)."""
+
+    def __init__(self, model: str, instance: str) -> None:
+        self._where = f"model '{model}' instance {instance}"
+        self._running: trio.Event | None = None
+        self._answer = False
+        self._busy = False  # a hook call is running in the model (even one given up on)
+
+    async def __call__(self, backend: Any) -> bool:
+        if self._running is not None:
+            await self._running.wait()
+            return self._answer
+        if self._busy:  # an earlier call still has not returned: no second one beside it
+            log.debug("%s is not ready: its readiness check has not returned yet", self._where)
+            return False
+        self._running = done = trio.Event()
+        self._answer = False
+
+        def check() -> bool:
+            try:
+                return bool(backend.check_ready())
+            finally:
+                self._busy = False
+
+        self._busy = True
+        try:
+            with trio.move_on_after(READY_TIMEOUT) as waited:
+                self._answer = await trio.to_thread.run_sync(check, abandon_on_cancel=True)
+            if waited.cancelled_caught:
+                log.debug("%s is not ready: its readiness check did not answer within %.0f s",
+                          self._where, READY_TIMEOUT)
+            elif not self._answer:
+                log.debug("%s is not ready (user-defined check failed)", self._where)
+        except Exception as exc:  # noqa: BLE001 - a failing hook means not ready, no more
+            log.debug("%s is not ready: %s", self._where, getattr(exc, "message", exc))
+        finally:
+            self._running = None
+            done.set()
+        return self._answer
+
+
 async def _close_when(intake: WorkerIntake, queued: trio.MemorySendChannel[Any]) -> None:
     await intake.closed.wait()
     queued.close()  # the queued batches still run; then the loop ends
@@ -436,10 +493,19 @@ class WorkerIntake:
     :meth:`aclose` says no more batches will come."""
 
     def __init__(self, accept: Callable[[ExecuteBatch | ReleaseSlots], None],
-                 healthy: Callable[[], bool] = lambda: True) -> None:
+                 healthy: Callable[[], bool] = lambda: True,
+                 ready: Callable[[], Awaitable[bool]] | None = None) -> None:
         self._accept = accept
         self.healthy = healthy  # the instance can serve now (a dead stub: not until restarted)
+        self._ready = ready
         self.closed = trio.Event()
+
+    async def ready(self) -> bool:
+        """The instance's readiness as a readiness endpoint asks it: healthy, and the
+        backend's own hook (a Python model's ``is_ready()``) says so."""
+        if self._ready is None:
+            return self.healthy()
+        return await self._ready()
 
     def send_nowait(self, message: ExecuteBatch | ReleaseSlots) -> None:
         if self.closed.is_set():

@@ -228,31 +228,74 @@ class ModelClient:
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
         return trio.from_thread.run(self.infer_one, request, trio_token=self.token)
 
-    def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
+    def stream_from_thread(self, request: InferenceRequest) -> ThreadStream:
         """The answers of one request, yielded on the calling thread as the target model
-        sends them (a decoupled model's stream arrives while it is still running)."""
-        reply = ThreadReply()
+        sends them (a decoupled model's stream arrives while it is still running); the
+        request is sent at once, and ``cancel()`` cancels it."""
+        return ThreadStream(self, request)
+
+
+class ThreadStream:
+    """The parts of one request for a caller on a plain thread (a BLS stream). ``cancel()``
+    is Triton's ``TRITONSERVER_InferenceRequestCancel``: the target model's
+    ``request.is_cancelled()`` turns true, a request still queued is dropped (answered
+    CANCELLED), and what the model sends afterwards still arrives; once the stream has
+    ended it does nothing."""
+
+    def __init__(self, client: ModelClient, request: InferenceRequest) -> None:
+        self._client = client
+        self._reply = ThreadReply()
+        self._handle: ModelHandle | None = None
+        self._work: InferWork | None = None
+        self._finished = False
+        self._parts = self._run(self._submit(request))  # the request is sent now
+
+    def __iter__(self) -> ThreadStream:
+        return self
+
+    def __next__(self) -> Part:
+        return next(self._parts)
+
+    def cancel(self) -> None:
+        self._reply.cancelled = True
+        handle, work = self._handle, self._work
+        if handle is not None and work is not None and not self._finished:
+            try:
+                trio.from_thread.run_sync(handle.cancel, work, trio_token=self._client.token)
+            except trio.RunFinishedError:
+                pass
+
+    def _submit(self, request: InferenceRequest) -> Part | None:
+        reply = self._reply
 
         def submit() -> InferWork | None:
-            handle = self.resolve(request.model_name, request.model_version)
+            handle = self._client.resolve(request.model_name, request.model_version)
             if not handle.config.decoupled:
                 return None
             work = make_work(request, handle.config, reply)  # type: ignore[arg-type]
             reply.meter = ResponseMeter(handle, work.enqueued_ns)
+            self._handle = handle
             handle.submit(work)
             return work
 
         try:
-            work = trio.from_thread.run_sync(submit, trio_token=self.token)
-            if work is None:  # not decoupled: its one response is the final part
-                yield Part(self.infer_from_thread(request), None, True)
-                return
+            self._work = trio.from_thread.run_sync(submit, trio_token=self._client.token)
         except NurseryError as error:
-            yield Part(None, error, True)
-            return
+            return Part(None, error, True)
+        if self._work is None:  # not decoupled: its one response is the final part
+            try:
+                return Part(self._client.infer_from_thread(request), None, True)
+            except NurseryError as error:
+                return Part(None, error, True)
+        return None
+
+    def _run(self, only: Part | None) -> Iterator[Part]:
         try:
+            if only is not None:
+                yield only
+                return
             while True:
-                item = reply.queue.get()
+                item = self._reply.queue.get()
                 if isinstance(item, NurseryError):
                     yield Part(None, item, True)
                     return
@@ -260,7 +303,8 @@ class ModelClient:
                 if item.final:
                     return
         finally:
-            reply.open_receive_channels = 0  # the caller stopped listening
+            self._finished = True
+            self._reply.closed = True  # the caller stopped listening
 
 
 class ThreadReply:
@@ -269,8 +313,14 @@ class ThreadReply:
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.open_receive_channels = 1
+        self.closed = False  # the caller stopped listening
+        self.cancelled = False  # the caller cancelled the request
         self.meter: ResponseMeter | None = None
+
+    @property
+    def open_receive_channels(self) -> int:
+        """0 once the requester is gone or cancelled: ``InferWork.abandoned()`` reads it."""
+        return 0 if self.closed or self.cancelled else 1
 
     def send_nowait(self, item: Any) -> None:  # on the trio thread
         if self.meter is not None:

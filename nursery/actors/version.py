@@ -92,7 +92,14 @@ async def serve_version(
                 def healthy() -> bool:
                     return all(w.healthy() for w in workers)
 
-                task_status.started((ModelHandle(config.name, version, config, intake, healthy),
+                async def ready() -> bool:
+                    for worker in workers:
+                        if not await worker.ready():
+                            return False
+                    return True
+
+                task_status.started((ModelHandle(config.name, version, config, intake, healthy,
+                                                 ready),
                                      intake.clone()))
     finally:
         intake.close()

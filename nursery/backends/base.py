@@ -50,6 +50,8 @@ class BackendFactory(Protocol):
         ...
 
 
+PYTHON_BASED_SCRIPT = "model.py"  # <backend directory>/<name>/model.py is backend <name>
+
 # backend name -> module exposing FACTORY; imported lazily so that a missing optional
 # package (torch, tensorrt) only matters to the models that use it.
 _MODULES = {
@@ -78,14 +80,24 @@ class Backends:
     a test adds (``Backends({"fake": factory})``). Called like :func:`get_factory`."""
 
     def __init__(self, extra: Mapping[str, BackendFactory] | None = None,
-                 settings: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 settings: Mapping[str, Mapping[str, str]] | None = None,
+                 directory: Path | None = None) -> None:
         self._extra = dict(extra or {})
         self._settings = dict(settings or {})  # --backend-config, by backend
+        self._directory = directory  # --backend-directory: Python-based backends
 
     def __call__(self, backend: str, model_name: str) -> BackendFactory:
         found = self._extra.get(backend)
         if found is not None:
             return found
+        if backend not in _MODULES and self._directory is not None:
+            script = self._directory / backend / PYTHON_BASED_SCRIPT
+            if script.is_file():  # a Python-based backend, as Triton finds one
+                python = self("python", model_name)
+                based: BackendFactory = python.python_based(  # type: ignore[attr-defined]
+                    backend, script)
+                self._extra[backend] = based
+                return based
         settings = self._settings.get(backend)
         if settings:
             factory = get_factory(backend, model_name)
@@ -95,10 +107,13 @@ class Backends:
                 self._extra[backend] = configured
                 return configured
             return factory
-        if backend not in _MODULES and self._extra:
+        if backend not in _MODULES and (self._extra or self._directory is not None):
             known = ", ".join(sorted({*_MODULES, *self._extra}))
+            searched = ("" if self._directory is None else
+                        f"; no Python-based backend at "
+                        f"'{self._directory / backend / PYTHON_BASED_SCRIPT}'")
             raise ConfigError(
                 f"model '{model_name}': backend '{backend}' is not available in this server "
-                f"(available: {known})"
+                f"(available: {known}{searched})"
             )
         return get_factory(backend, model_name)

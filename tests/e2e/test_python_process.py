@@ -343,3 +343,33 @@ def test_async_decoupled_answers_after_execute_returns(
     client.stop_stream()
     assert values == [10.0, 11.0, 12.0, 20.0, 21.0, 22.0]
     assert server.stop() == 0, server.log()
+
+
+def _mib(value: int) -> list[httpclient.InferInput]:
+    item = httpclient.InferInput("MIB", [1], "INT32")
+    item.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return [item]
+
+
+def test_a_stub_past_its_memory_limit_is_killed_and_started_again(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """``nursery_memory_limit`` (the model's parameter): a stub whose resident memory passes
+    it is killed; its request fails with the reason, the next one gets a fresh stub."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_leak", repo / "py_leak")
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    pid = int(client.infer("py_leak", _mib(8)).as_numpy("PID")[0])
+    assert _stubs(server) == {pid}
+    with pytest.raises(InferenceServerException) as failed:
+        client.infer("py_leak", _mib(400))
+    message = failed.value.message()
+    assert message.startswith("Stub process 'py_leak_0_0' is not healthy (killed by signal 9): "
+                              "its resident memory ("), message
+    assert message.endswith("MiB) passed the limit of 200 MiB (nursery_memory_limit); it was "
+                            "killed."), message
+    again = int(client.infer("py_leak", _mib(8)).as_numpy("PID")[0])
+    assert again != pid and client.is_model_ready("py_leak")
+    assert "passed the limit of 200 MiB" in server.log()
+    client.close()
+    assert server.stop() == 0, server.log()

@@ -187,10 +187,10 @@ class StubCore:
     def server_live(self) -> bool:
         return True
 
-    def server_ready(self) -> bool:
+    async def server_ready(self) -> bool:
         return True
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         return False
 
 

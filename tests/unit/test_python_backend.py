@@ -156,9 +156,10 @@ async def test_execute_answers_become_responses_or_errors(tmp_path: Path) -> Non
     assert answers[0].message.startswith("Failed to process the request(s) for model "
                                          "'b_0', message: KeyError: 'boom'\n\nAt:\n")
     answers, _ = await run_one(instance, 1)
-    assert answers[0].message == ("Number of InferenceResponse objects do not match the number "
-                                  "of InferenceRequest objects. InferenceRequest(s) size is:1, "
-                                  "and InferenceResponse(s) size is:0")
+    assert answers[0].message == (  # Triton's words, its prefix and its trailing newline
+        "Failed to process the request(s) for model 'b_0', message: Number of "
+        "InferenceResponse objects do not match the number of InferenceRequest objects. "
+        "InferenceRequest(s) size is:1, and InferenceResponse(s) size is:0\n")
     answers, _ = await run_one(instance, 2)
     assert "Expected an 'InferenceResponse' object" in answers[0].message
     answers, got = await run_one(instance, 3)  # answered through the sender
@@ -205,3 +206,94 @@ def test_logger_level_constants_as_triton_models_write_them() -> None:
         pb_utils.LogLevel.INFO, pb_utils.LogLevel.WARNING, pb_utils.LogLevel.ERROR,
         pb_utils.LogLevel.VERBOSE)
     logger.log("a line at warning level", logger.WARNING)  # the form Triton's examples use
+
+
+class _Instance:
+    model_name = "m"
+
+    def __init__(self, decoupled: bool) -> None:
+        self.decoupled = decoupled
+
+    def convert(self, response: Any, request: Any) -> Any:
+        return response
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_response_sender_rules_and_messages(decoupled: bool) -> None:
+    """Triton's ResponseSender checks, in its order and with its words."""
+    from nursery.backends.python.sender import ResponseSender
+
+    got: list[Any] = []
+    request = InferenceRequest("m", "", {})
+    sender = ResponseSender(got.append, request, _Instance(decoupled), lambda: False)
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    with pytest.raises(pb_utils.TritonModelException, match="^Unable to send response. "
+                       "Unsupported flag provided.$"):
+        sender.send(pb_utils.InferenceResponse([]), flags=2)
+    with pytest.raises(pb_utils.TritonModelException, match="^Inference Response object must "
+                       "be provided when the response flags is set to zero.$"):
+        sender.send()
+    if not decoupled:
+        with pytest.raises(pb_utils.TritonModelException, match="Non-decoupled model cannot "
+                           "send complete final before sending a response."):
+            sender.send(flags=final)
+    sender.send(pb_utils.InferenceResponse([]))
+    if not decoupled:
+        with pytest.raises(pb_utils.TritonModelException, match="Non-decoupled model cannot "
+                           "send more than one response."):
+            sender.send(pb_utils.InferenceResponse([]))
+    sender.send(flags=final)
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(flags=final)
+    if decoupled:
+        assert [(p.final, p.response is not None) for p in got] == [(False, True), (True, False)]
+    else:
+        assert len(got) == 1 and isinstance(got[0], pb_utils.InferenceResponse)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("""
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                raise ValueError("no shapes known")
+     """, "model 'c': auto_complete_config failed: ValueError: no shapes known"),
+    ("""
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                return {"max_batch_size": 2}
+     """, "auto_complete_config function in model 'c' must return a valid pb.ModelConfig "
+          "object."),
+    ("""
+        import os
+        os._exit(3)
+     """, "model 'c': the stub process completing its configuration failed (exit code 3)"),
+])
+def test_auto_complete_in_a_stub_reports_failures(tmp_path: Path, source: str,
+                                                  message: str) -> None:
+    """auto_complete_config in a stub process of its own (models in process mode): what goes
+    wrong there fails the load with the reason, the server untouched."""
+    from nursery.backends.python.process import complete_in_stub
+    from nursery.errors import ConfigError
+
+    path = write_model(tmp_path, "c", 'backend: "python"\n', source)
+    with pytest.raises(ConfigError) as raised:
+        complete_in_stub(path / "1" / "model.py", "c", str(path / "1"), {"name": "c"})
+    assert raised.value.message.startswith(message), raised.value.message
+    done = complete_in_stub(write_model(tmp_path / "ok", "c", "", AUTO) / "1" / "model.py",
+                            "c", str(tmp_path), {"name": "c"})
+    assert done is not None and done["max_batch_size"] == 4
+    assert [i["name"] for i in done["input"]] == ["IN"]
+
+
+def test_memory_limit_sizes() -> None:
+    from nursery.backends.python.process import parse_size
+    from nursery.errors import ConfigError
+
+    assert parse_size("512M", "x") == 512 << 20 and parse_size("2G", "x") == 2 << 30
+    assert parse_size("1GiB", "x") == 1 << 30 and parse_size("300MB", "x") == 300 << 20
+    assert parse_size("4096", "x") == 4096 and parse_size("1.5k", "x") == 1536
+    for bad in ("", "lots", "-1M", "0"):
+        with pytest.raises(ConfigError, match="^x: expected a size"):
+            parse_size(bad, "x")

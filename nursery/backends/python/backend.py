@@ -44,8 +44,14 @@ import numpy as np
 from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
-from nursery.backends.python.environment import environment_path
-from nursery.backends.python.process import ProcessInstance
+from nursery.backends.python.environment import environment_path, interpreter_for
+from nursery.backends.python.process import (
+    MEMORY_LIMIT_KEY,
+    MEMORY_LIMIT_SETTING,
+    ProcessInstance,
+    complete_in_stub,
+    parse_size,
+)
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import ModelConfig
@@ -62,9 +68,15 @@ UTILS_MODULE = "triton_python_backend_utils"
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INSTANCE_MODE_KEY = "nursery_instance_mode"  # the model's parameter
 INSTANCE_MODE_SETTING = "nursery-instance-mode"  # --backend-config=python,<this>=process
+PYTHON_BASED_RUNTIME = "model.py"  # the runtime Triton records for a Python-based backend
 _module_ids = itertools.count()
 _path_lock = threading.Lock()
 _OWN_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+class _Refused(Exception):  # noqa: N818 - Triton's PythonBackendException
+    """What the stub refuses in the answers of ``execute`` (reported without a type or
+    frames, as Triton reports its own checks)."""
 
 
 def register_utils() -> None:
@@ -154,6 +166,20 @@ class PythonInstance:
         # them for the slot and never sends them
         self._state_outputs = frozenset(config.sequence.state_outputs
                                         if config.sequence is not None else ())
+        # the model's is_ready() (python_backend's user-defined readiness): asked by the
+        # readiness endpoints
+        self.has_ready_hook = callable(getattr(model, "is_ready", None))
+
+    def check_ready(self) -> bool:
+        """The model's ``is_ready()`` (``async def`` too), called off the execute thread as
+        Triton's stub calls it; anything but a bool is an error, with Triton's words."""
+        pb_utils.set_model_dir(str(self.config.path / self.version))
+        result = self._model.is_ready()
+        if inspect.isawaitable(result):
+            result = self._await(result)
+        if not isinstance(result, bool):
+            raise InternalError("is_ready() must return a boolean value")
+        return result
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -162,7 +188,7 @@ class PythonInstance:
         if not isinstance(response, pb_utils.InferenceResponse):
             return InternalError(
                 "Expected an 'InferenceResponse' object in the execute function return list, "
-                f"found type '{type(response).__name__}'.")
+                f"found type '{type(response)}'.")
         if response.has_error():
             error = pb_utils.error_to_nursery(response.error())
             return AnsweredError(error.message, error.kind)  # counted a success, as in Triton
@@ -183,9 +209,10 @@ class PythonInstance:
                                  parameters=dict(response._parameters))
 
     def _failure(self, exc: BaseException) -> NurseryError:
+        what = str(exc) if isinstance(exc, _Refused) else describe(exc)
         return InternalError(  # Triton 2.51's words (it names the instance "model")
             f"Failed to process the request(s) for model '{self.instance_name}', "
-            f"message: {describe(exc)}")
+            f"message: {what}")
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -201,8 +228,11 @@ class PythonInstance:
                 max_workers=64, thread_name_prefix=f"{self.instance_name}-bls"))
             context = current_context()
 
+            model_dir = str(self.config.path / self.version)
+
             def run() -> None:
                 bind_context(context)
+                pb_utils.set_model_dir(model_dir)
                 asyncio.set_event_loop(loop)
                 loop.run_forever()
 
@@ -232,21 +262,17 @@ class PythonInstance:
 
     def _finished_late(self, senders: list[ResponseSender], future: Any) -> None:
         exc = future.exception()
-        error: NurseryError
         if exc is None:
-            result = future.result()
-            if result is None:
+            if future.result() is None:
                 return
-            error = InternalError(
-                f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                "execute function must return None.")
-        else:
-            error = self._failure(exc)
-            log.error("%s", error.message)
+            exc = _Refused(f"Python model '{self.instance_name}' is using the decoupled mode "
+                           "and the execute function must return None.")
+        error = self._failure(exc)
+        log.error("%s", error.message)
         for sender in senders:
-            if not sender.closed:
-                sender.closed = True
-                sender._deliver(Part(None, error, True))
+            answer = sender.fail(error)
+            if answer is not None:
+                sender._deliver(Part(None, answer, True))
 
     def execute_requests(self, work: Sequence[InferWork]) -> list[Any]:
         """Run ``execute`` on these requests; one answer per request, ``None`` where the
@@ -269,45 +295,60 @@ class PythonInstance:
 
     def _execute(self, requests: list[pb_utils.InferenceRequest], senders: list[ResponseSender],
                  originals: list[InferenceRequest]) -> list[Any]:
+        """``execute``, then its answers checked as Triton's stub checks them: anything the
+        rules refuse fails every request of the call that is not answered yet."""
         try:
             result = self._call_execute(requests, senders)
+            return self._answers(result, senders, originals)
         except Exception as exc:
             error = self._failure(exc)
             log.error("%s", error.message)  # Triton logs it too (an error path, not the hot one)
-            return self._close_open(senders, error)
-        if self.decoupled:
-            if result is not None:
-                return self._close_open(senders, InternalError(
-                    f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                    "execute function must return None."))
-            return [None] * len(senders)
+            return [sender.fail(error) for sender in senders]
+        finally:
+            for sender in senders:
+                sender.returned = True
+
+    def _answers(self, result: Any, senders: list[ResponseSender],
+                 originals: list[InferenceRequest]) -> list[Any]:
         if result is None:
-            return self._close_open(senders, InternalError(
-                f"Python model '{self.instance_name}' returned no responses: a model that is "
-                "not decoupled must return one InferenceResponse per request, or send one "
-                "with TRITONSERVER_RESPONSE_COMPLETE_FINAL through the request's response "
-                "sender."))
-        if not isinstance(result, list | tuple) or len(result) != len(requests):
-            size = len(result) if isinstance(result, list | tuple) else 1
-            return self._close_open(senders, InternalError(
+            if self.decoupled:
+                return [None] * len(senders)
+            # the model may answer later through a sender it took; a request whose sender it
+            # never took cannot be answered any more (Triton would leave it waiting)
+            return [None if sender.taken else sender.fail(InternalError(
+                f"Python model '{self.instance_name}' returned no response for a request: a "
+                "model that is not decoupled must return one InferenceResponse per request, "
+                "or send one through the request's response sender.")) for sender in senders]
+        if self.decoupled:
+            raise _Refused(f"Python model '{self.instance_name}' is using the decoupled mode "
+                           "and the execute function must return None.")
+        if type(result) is not list:
+            raise _Refused("Expected a list in the execute return, found type "
+                           f"'{type(result)}'.")
+        if len(result) != len(senders):
+            raise _Refused(
                 "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
-                f"InferenceResponse(s) size is:{size}"))
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(senders)}, and "
+                f"InferenceResponse(s) size is:{len(result)}\n")
+        for sender, response in zip(senders, result, strict=True):
+            if response is None:
+                continue
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise _Refused("Expected an 'InferenceResponse' object in the execute "
+                               f"function return list, found type '{type(response)}'.")
+            if sender.sent > 0:
+                raise _Refused("Unable to send response. Non-decoupled model cannot send "
+                               "more than one response.")
         answers: list[Any] = []
         for sender, request, response in zip(senders, originals, result, strict=True):
-            if sender.closed:
-                answers.append(None)  # answered through the sender already
-            else:
-                sender.closed = True
+            if response is None:
+                answers.append(None if sender.taken else sender.fail(InternalError(
+                    f"Python model '{self.instance_name}' returned None for a request whose "
+                    "response sender it never used: nothing can answer that request.")))
+            elif sender.claim():
                 answers.append(self.convert(response, request))
-        return answers
-
-    @staticmethod
-    def _close_open(senders: list[ResponseSender], error: NurseryError) -> list[Any]:
-        answers: list[Any] = []
-        for sender in senders:
-            answers.append(None if sender.closed else error)
-            sender.closed = True
+            else:
+                answers.append(None)  # the sender answered meanwhile (another thread)
         return answers
 
     def execute(self, inputs: Mapping[str, np.ndarray],
@@ -352,8 +393,12 @@ class PythonFactory:
     platform = ""
     default_filename = "model.py"
 
-    def __init__(self, instance_mode: str = "thread") -> None:
+    def __init__(self, instance_mode: str = "thread", name: str = "python",
+                 script: Path | None = None, memory_limit: str = "") -> None:
         self.instance_mode = instance_mode  # the server's default (--backend-config)
+        self.name = name
+        self.script = script  # a Python-based backend's model.py (--backend-directory)
+        self.memory_limit = memory_limit  # the server's default stub RSS limit ("": none)
 
     def configured(self, settings: Mapping[str, str]) -> PythonFactory:
         """This backend under ``--backend-config=python,...`` settings."""
@@ -361,28 +406,48 @@ class PythonFactory:
         if mode not in ("thread", "process"):
             raise ConfigError(f"--backend-config=python,{INSTANCE_MODE_SETTING}: 'thread' or "
                               f"'process', not '{mode}'")
-        return PythonFactory(mode)
+        limit = settings.get(MEMORY_LIMIT_SETTING, self.memory_limit).strip()
+        if limit:
+            parse_size(limit, f"--backend-config=python,{MEMORY_LIMIT_SETTING}")
+        return PythonFactory(mode, self.name, self.script, limit)
+
+    def python_based(self, name: str, script: Path) -> PythonFactory:
+        """Backend ``name`` served by ``script`` (``<backend directory>/<name>/model.py``):
+        every model that names it runs that file, as Triton's Python-based backends do."""
+        return PythonFactory(self.instance_mode, name, script, self.memory_limit)
+
+    def memory_limit_of(self, config: ModelConfig) -> int | None:
+        """``parameters { key: "nursery_memory_limit" value { string_value: "512M" } }`` (or
+        the server's ``--backend-config=python,nursery-memory-limit=...``): the resident
+        memory each stub process of the model may hold; past it the stub is killed and
+        started again. None: no limit."""
+        raw = str(config.parameters.get(MEMORY_LIMIT_KEY, "")).strip() or self.memory_limit
+        if not raw:
+            return None
+        return parse_size(raw, f"model '{config.name}': parameter '{MEMORY_LIMIT_KEY}'")
+
+    def model_file(self, default_model_filename: str, version_path: Path) -> Path:
+        if self.script is not None:
+            return self.script
+        return _model_file(default_model_filename, version_path)
 
     def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
         """Triton calls the model's static ``auto_complete_config`` with the configuration
         as read; what it completes (max_batch_size, inputs, outputs, dynamic batching, the
-        transaction policy) goes back into ``config``. A model with its own environment
-        (``EXECUTION_ENV_PATH``) is not imported into the server for this: its configuration
-        must be complete."""
-        if ENV_PARAMETER in config.parameters:
+        transaction policy) goes back into ``config``. A model whose instances run in stub
+        processes (or under its own ``EXECUTION_ENV_PATH``) is completed in a stub process
+        too, so its ``model.py`` is never imported into the server."""
+        if self.script is not None and not config.runtime:
+            config.runtime = PYTHON_BASED_RUNTIME  # as Triton records a Python-based backend
+        path = self.model_file(config.default_model_filename, version_path)
+        given = json.loads(json.dumps(config_to_json(config)))
+        if self._in_process(config):
+            data = complete_in_stub(path, config.name, str(version_path), given,
+                                    _environment_of(config, version_path))
+        else:
+            data = complete_config(path, config.name, str(version_path), given)
+        if data is None:
             return
-        path = _model_file(config.default_model_filename, version_path)
-        module = import_model(path, config.name)
-        complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
-        if complete is None:
-            return
-        helper = pb_utils.ModelConfig(json.loads(json.dumps(config_to_json(config))))
-        try:
-            result = complete(helper)
-        except Exception as exc:
-            raise ConfigError(
-                f"model '{config.name}': auto_complete_config failed: {describe(exc)}") from exc
-        data = (result if result is not None else helper).as_dict()
         try:
             done: pb.ModelConfig = message_from_json(data, pb.ModelConfig, "config")
         except ConfigJsonError as exc:
@@ -396,6 +461,15 @@ class PythonFactory:
             config.dynamic_batching = done.dynamic_batching
         if "model_transaction_policy" in data:
             config.model_transaction_policy = done.model_transaction_policy
+
+    def _in_process(self, config: pb.ModelConfig) -> bool:
+        if ENV_PARAMETER in config.parameters or MEMORY_LIMIT_KEY in config.parameters:
+            return True
+        if self.memory_limit:
+            return True
+        parameter = config.parameters.get(INSTANCE_MODE_KEY)
+        mode = (parameter.string_value if parameter is not None else "").strip().lower()
+        return (mode or self.instance_mode) == "process"
 
     def load(self, config: ModelConfig, version_path: Path,
              placement: InstancePlacement) -> PythonInstance | ProcessInstance:
@@ -411,11 +485,49 @@ class PythonFactory:
             "model_version": version_path.name,
             "model_name": config.name,
         }
+        path = self.model_file(config.default_model_filename, version_path)
+        limit = self.memory_limit_of(config)
         if (instance_mode(config, self.instance_mode) == "process"
-                or environment_path(config) is not None):  # an environment needs a process
-            return ProcessInstance(config, version_path.name, name, args)
-        path = _model_file(config.default_model_filename, version_path)
+                or environment_path(config) is not None  # an environment needs a process
+                or limit is not None):  # and so does a memory limit
+            return ProcessInstance(config, version_path.name, name, args, path, limit)
         return start_model(path, config, args, version_path.name, name)
+
+
+def _environment_of(config: pb.ModelConfig, version_path: Path) -> Path | None:
+    """The interpreter of a model's EXECUTION_ENV_PATH, from the configuration as read."""
+    parameter = config.parameters.get(ENV_PARAMETER)
+    raw = (parameter.string_value if parameter is not None else "").strip()
+    if not raw:
+        return None
+    model_dir = version_path.parent
+    env = Path(raw.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir)))
+    try:
+        return interpreter_for(config.name, env)
+    except NurseryError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def complete_config(path: Path, model_name: str, model_dir: str,
+                    given: dict[str, Any]) -> dict[str, Any] | None:
+    """``TritonPythonModel.auto_complete_config`` of ``path`` on ``given`` (the configuration
+    as Triton's JSON): the completed configuration, or None when the model has no such
+    method. Raises :class:`ConfigError` with the model's words."""
+    pb_utils.set_model_dir(model_dir)
+    module = import_model(path, model_name)
+    complete = getattr(module.TritonPythonModel, "auto_complete_config", None)
+    if complete is None:
+        return None
+    helper = pb_utils.ModelConfig(given)
+    try:
+        result = complete(helper)
+    except Exception as exc:
+        raise ConfigError(
+            f"model '{model_name}': auto_complete_config failed: {describe(exc)}") from exc
+    if result is not None and not isinstance(result, pb_utils.ModelConfig):
+        raise ConfigError(f"auto_complete_config function in model '{model_name}' must "
+                          "return a valid pb.ModelConfig object.")
+    return (result if result is not None else helper).as_dict()
 
 
 def instance_mode(config: ModelConfig, default: str = "thread") -> str:
@@ -432,6 +544,7 @@ def instance_mode(config: ModelConfig, default: str = "thread") -> str:
 def start_model(path: Path, config: ModelConfig, args: dict[str, str], version: str,
                 name: str, token: Any = None) -> PythonInstance:
     """Import ``model.py``, create ``TritonPythonModel`` and run its ``initialize``."""
+    pb_utils.set_model_dir(str(config.path / version))
     module = import_model(path, config.name)
     try:
         model = module.TritonPythonModel()

@@ -40,7 +40,12 @@ def environment_path(config: ModelConfig) -> Path | None:
 def interpreter(config: ModelConfig, env: Path) -> Path:
     """The Python that runs this model's stubs: ``<env>/bin/python`` of the folder, or of the
     archive once unpacked. Raises :class:`ConfigError` with what is wrong."""
-    where = f"model '{config.name}': {PARAMETER} '{env}'"
+    return interpreter_for(config.name, env)
+
+
+def interpreter_for(model_name: str, env: Path) -> Path:
+    """:func:`interpreter` by the model's name."""
+    where = f"model '{model_name}': {PARAMETER} '{env}'"
     if not env.exists():
         raise ConfigError(f"{where} does not exist")
     folder = env if env.is_dir() else _unpacked(env, where)

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -32,6 +33,8 @@ from nursery.types import Tensor as _Tensor
 
 class ResponseSender(Protocol):
     """What ``request.get_response_sender()`` gives (``nursery.backends.python.sender``)."""
+
+    taken: bool
 
     def send(self, response: Any = None, flags: int = 0) -> None: ...
 
@@ -74,6 +77,21 @@ TRITON_STRING_TO_NUMPY = {
 }
 
 _log = logging.getLogger("nursery.python_model")
+_here = threading.local()  # per thread: the model folder of the instance it runs
+_last_model_dir = ""
+
+
+def get_model_dir() -> str:
+    """The model's version folder (``<repository>/<model>/<version>``), as Triton's stub
+    answers it; for a Python-based backend, the folder of the model using it."""
+    return str(getattr(_here, "model_dir", _last_model_dir))
+
+
+def set_model_dir(path: str) -> None:
+    """The backend says which model's folder this thread serves."""
+    global _last_model_dir
+    _here.model_dir = path
+    _last_model_dir = path  # threads a model starts itself (one model per stub process)
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -314,6 +332,23 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
     return bool(policy and policy.get("decoupled"))
 
 
+def _checked_parameters(parameters: Any) -> dict[str, Any]:
+    """Request and response ``parameters`` as Triton's stub takes them: a dict (or None) of
+    str keys and bool, int or str values; anything else raises with Triton's words."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+    return dict(parameters)
+
+
 # -- responses ------------------------------------------------------------------------------
 
 
@@ -326,9 +361,7 @@ class InferenceResponse:
             raise TritonModelException('"output_tensors" must be a list.')
         self._outputs = output_tensors
         self._error = error
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters = parameters or {}
+        self._parameters = _checked_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -344,8 +377,9 @@ class InferenceResponse:
 
     @classmethod
     def _from_nursery(cls, response: _Response) -> InferenceResponse:
-        return cls([Tensor._wrap(t) for t in response.outputs], None,
-                   dict(response.parameters))
+        obj = cls([Tensor._wrap(t) for t in response.outputs])
+        obj._parameters = dict(response.parameters)  # the target model's, as it sent them
+        return obj
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -376,9 +410,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        if isinstance(parameters, str):
-            parameters = json.loads(parameters) if parameters else {}
-        self._parameters = dict(parameters or {})
+        self._parameters = _checked_parameters(parameters)
         self._sender: ResponseSender | None = None
         # the model client of the instance whose thread builds this request (its BLS route)
         self._client = current_context()
@@ -398,10 +430,11 @@ class InferenceRequest:
             | (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
                if request.sequence_end or params.get("sequence_end") else 0),
             timeout=request.timeout_us,
-            parameters={k: v for k, v in params.items()
-                        if k not in ("sequence_id", "sequence_start", "sequence_end",
-                                     "priority", "timeout", "binary_data_output")},
         )
+        # the client's parameters as they came (a client may send any JSON value)
+        obj._parameters = {k: v for k, v in params.items()
+                           if k not in ("sequence_id", "sequence_start", "sequence_end",
+                                        "priority", "timeout", "binary_data_output")}
         obj._sender = sender
         return obj
 
@@ -433,6 +466,7 @@ class InferenceRequest:
         if self._sender is None:
             raise TritonModelException(
                 "a response sender is only available for requests the model is serving")
+        self._sender.taken = True  # the model may answer through it after execute returns
         return self._sender
 
     def is_cancelled(self) -> bool:
@@ -476,11 +510,11 @@ class InferenceRequest:
                     ErrorKind.UNAVAILABLE)
             request = self._to_nursery()
             if decoupled:
-                return _responses(client.stream_from_thread(request), self._model_name)
+                return ResponseIterator(client.stream_from_thread(request), self._model_name)
             return InferenceResponse._from_nursery(client.infer_from_thread(request))
         except NurseryError as exc:
             failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
-            return iter([failed]) if decoupled else failed
+            return ResponseIterator(iter([failed]), self._model_name) if decoupled else failed
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """``exec`` for ``async def execute``: an awaitable; other calls proceed meanwhile."""
@@ -499,14 +533,33 @@ def _bls_error(model: str, error: NurseryError) -> NurseryError:
     return error
 
 
-def _responses(parts: Iterator[Any], model: str) -> Iterator[InferenceResponse]:
-    for part in parts:
+class ResponseIterator:
+    """What ``exec(decoupled=True)`` returns: the responses as the target model sends them
+    (an empty final response last when it sent a bare final flag). ``cancel()`` cancels the
+    request: the target's ``request.is_cancelled()`` turns true and the responses it still
+    sends keep coming; after the last response it does nothing."""
+
+    def __init__(self, parts: Iterator[Any], model: str) -> None:
+        self._parts = parts
+        self._model = model
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        part = next(self._parts)
+        if isinstance(part, InferenceResponse):
+            return part
         if part.error is not None:
-            yield InferenceResponse([], error_from_nursery(_bls_error(model, part.error)))
-        elif part.response is not None:
-            yield InferenceResponse._from_nursery(part.response)
-        else:
-            yield InferenceResponse([])  # the empty final response
+            return InferenceResponse([], error_from_nursery(_bls_error(self._model, part.error)))
+        if part.response is not None:
+            return InferenceResponse._from_nursery(part.response)
+        return InferenceResponse([])  # the empty final response
+
+    def cancel(self) -> None:
+        cancel = getattr(self._parts, "cancel", None)
+        if cancel is not None:
+            cancel()
 
 
 # -- logging --------------------------------------------------------------------------------

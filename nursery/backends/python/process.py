@@ -12,6 +12,7 @@ unload or the shutdown does past their deadline.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import queue
@@ -35,7 +36,7 @@ from nursery.backends.python.environment import (
 )
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.config.model import ModelConfig
-from nursery.errors import InternalError, NurseryError, Unavailable
+from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
 from nursery.messages import InferWork, Part
 from nursery.runtime.threads import current_context, current_token
 from nursery.types import InferenceRequest, tensor_of
@@ -43,6 +44,35 @@ from nursery.types import InferenceRequest, tensor_of
 log = logging.getLogger("nursery.backends.python")
 FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
 CANCEL_POLL = 0.05  # seconds between looks for requesters that stopped waiting
+MEMORY_POLL_TICKS = 4  # a look at the stub's memory every 4 of those (0.2 s)
+MEMORY_LIMIT_KEY = "nursery_memory_limit"  # the model's parameter
+MEMORY_LIMIT_SETTING = "nursery-memory-limit"  # --backend-config=python,<this>=<size>
+MIB = 1 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident memory (RSS), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parse_size(text: str, where: str) -> int:
+    """``512M``, ``2G``, ``512MiB``, ``1GB`` (binary multiples) or bytes."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in "KMGT" else (raw, "")
+    try:
+        size = int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise ConfigError(f"{where}: expected a size such as 512M or 2G, got '{text}'") from None
+    if size <= 0:
+        raise ConfigError(f"{where}: expected a size above 0, got '{text}'")
+    return size
+READY_WAIT = 10.0  # seconds an is_ready() answer is waited for at most
 
 
 def _stub_environment(own_site: bool = True) -> dict[str, str]:
@@ -59,6 +89,38 @@ def _stub_environment(own_site: bool = True) -> dict[str, str]:
     return env
 
 
+AUTO_COMPLETE_TIMEOUT = 300.0  # seconds a stub may take to import model.py and complete
+
+
+def complete_in_stub(script: Path, model_name: str, model_dir: str, given: dict[str, Any],
+                     python: Path | None = None) -> dict[str, Any] | None:
+    """``auto_complete_config`` run in a stub process of its own (under the model's own
+    interpreter when it has an EXECUTION_ENV_PATH), so the server never imports the model's
+    ``model.py``: the completed configuration, None without the method, or a ConfigError."""
+    command = ([sys.executable, "-m", "nursery.backends.python.stub", "auto-complete"]
+               if python is None else [str(python), "-c", BOOTSTRAP, "auto-complete"])
+    request = json.dumps({"script": str(script), "model": model_name, "model_dir": model_dir,
+                          "config": given})
+    try:
+        done = subprocess.run(command, input=request.encode(), capture_output=True,
+                              timeout=AUTO_COMPLETE_TIMEOUT, check=False, close_fds=True,
+                              env=_stub_environment(own_site=python is None))
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"model '{model_name}': auto_complete_config did not finish within "
+                          f"{AUTO_COMPLETE_TIMEOUT:.0f} s") from None
+    try:
+        answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        how = (f"exit code {done.returncode}" if done.returncode >= 0
+               else f"killed by signal {-done.returncode}")
+        tail = done.stderr.decode(errors="replace").strip()[-2000:]
+        raise ConfigError(f"model '{model_name}': the stub process completing its "
+                          f"configuration failed ({how}){': ' + tail if tail else ''}") from None
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    return answer.get("config")  # type: ignore[no-any-return]
+
+
 class _Dead(Exception):
     """The stub process is gone."""
 
@@ -67,8 +129,14 @@ class ProcessInstance:
     """One ``TritonPythonModel`` in its stub process (``nursery.backends.python.stub``)."""
 
     def __init__(self, config: ModelConfig, version: str, name: str,
-                 args: Mapping[str, str]) -> None:
+                 args: Mapping[str, str], script: Path | None = None,
+                 memory_limit: int | None = None) -> None:
         self.config = config
+        self.memory_limit = memory_limit  # bytes of RSS the stub may hold (None: no limit)
+        self._kill_reason = ""
+        # the model's file (a Python-based backend's model.py lives in the backend directory)
+        self.script = script if script is not None else (
+            config.path / version / (config.default_model_filename or "model.py"))
         self.version = version
         self.model_name = config.name
         self.instance_name = name
@@ -87,6 +155,10 @@ class ProcessInstance:
         self._open: dict[tuple[int, int], InferWork] = {}  # requests a sender may still answer
         self._results: dict[int, queue.SimpleQueue[Any]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
+        self._streams: dict[int, Any] = {}  # BLS streams in flight, by the stub's call id
+        self._ready_ids = itertools.count(1)
+        self.has_ready_hook = False  # the model defines is_ready() (the stub says)
         self.restarts = 0
         self._life = threading.Lock()  # one start at a time (the reviver, a batch)
         self._closing = False
@@ -111,6 +183,7 @@ class ProcessInstance:
     def _spawn(self) -> None:
         channel, theirs = Channel.pair()
         self.channel = channel
+        self._kill_reason = ""
         self.dead = True  # until the stub says it is ready: a batch waits for the start
         self._control = queue.SimpleQueue()
         try:
@@ -128,11 +201,12 @@ class ProcessInstance:
         config = self.config
         try:
             channel.send("init", str(config.path), config.name, self.version,
-                         self.instance_name, dict(config.json), self._args)
+                         self.instance_name, dict(config.json), self._args, str(self.script))
         except ChannelClosed:
             pass  # the reader reports the death
         answer = self._control.get()
         if answer[0] == "ready":
+            self.has_ready_hook = bool(answer[1]) if len(answer) > 1 else False
             self.dead = False
             log.info("model '%s': instance %s runs in stub process %d", config.name,
                      self.instance_name, self.process.pid)
@@ -146,7 +220,8 @@ class ProcessInstance:
         code = self.process.poll()
         how = f" (exit code {code})" if code is not None and code >= 0 else (
             f" (killed by signal {-code})" if code is not None else "")
-        return f"Stub process '{self.instance_name}' is not healthy{how}."
+        why = f": {self._kill_reason}" if self._kill_reason else ""
+        return f"Stub process '{self.instance_name}' is not healthy{how}{why}."
 
     def _read(self, channel: Channel) -> None:
         try:
@@ -159,6 +234,14 @@ class ProcessInstance:
                         results.put(message[2])
                 elif kind == "part":
                     self._part(message[1], message[2], message[3])
+                elif kind == "ready_answer":
+                    answers = self._ready_calls.get(message[1])
+                    if answers is not None:
+                        answers.put(message[2])
+                elif kind == "bls_cancel":  # the model cancelled a BLS stream
+                    stream = self._streams.get(message[1])
+                    if stream is not None:
+                        stream.cancel()  # a short hop to the trio thread
                 elif kind == "bls":
                     self._bls.submit(self._call, channel, *message[1:])
                 elif kind == "metric":
@@ -190,7 +273,9 @@ class ProcessInstance:
             open_requests = list(self._open.values())
             self._open.clear()
         for answers in results:
-            answers.put(_Dead())
+            answers.put(_Dead(error.message))
+        for answers in list(self._ready_calls.values()):
+            answers.put(False)  # a readiness check in flight: not ready
         for work in open_requests:  # requests a sender was still answering (decoupled)
             answer = Part(None, error, True) if self.decoupled else error
             self._token.run_sync_soon(mailbox.tell, work.reply, answer)
@@ -217,8 +302,12 @@ class ProcessInstance:
         """Tell the stub when a requester stops waiting (``request.is_cancelled()`` there):
         the reply channel's receive end closes, which only the server can see."""
         told: set[tuple[int, int]] = set()
-        while not self._closing:
+        for tick in itertools.count():
+            if self._closing:
+                return
             time.sleep(CANCEL_POLL)
+            if self.memory_limit is not None and tick % MEMORY_POLL_TICKS == 0:
+                self._check_memory()
             with self._lock:
                 open_now = list(self._open.items())
             keys = {key for key, _ in open_now}
@@ -229,6 +318,22 @@ class ProcessInstance:
                 if key not in told and work.abandoned():
                     told.add(key)
                     self._tell("cancel", *key)
+
+    def _check_memory(self) -> None:
+        """Kill a stub whose resident memory passed the model's limit (it is then started
+        again, as after any death, and its requests fail with the reason)."""
+        process = self.process
+        if self.dead or process.poll() is not None:
+            return
+        rss = resident_bytes(process.pid)
+        if rss is None or self.memory_limit is None or rss <= self.memory_limit:
+            return
+        self._kill_reason = (
+            f"its resident memory ({rss / MIB:.0f} MiB) passed the limit of "
+            f"{self.memory_limit / MIB:.0f} MiB ({MEMORY_LIMIT_KEY}); it was killed")
+        log.error("model '%s': instance %s: %s", self.model_name, self.instance_name,
+                  self._kill_reason)
+        process.kill()
 
     def _tell(self, *message: Any) -> None:
         if not self.dead:
@@ -276,8 +381,13 @@ class ProcessInstance:
             if client is None:
                 raise Unavailable("models cannot call other models here: no model client")
             if decoupled:
-                for part in client.stream_from_thread(request):
-                    channel.send("bls_part", call, part)
+                stream = client.stream_from_thread(request)
+                self._streams[call] = stream  # the model may cancel it
+                try:
+                    for part in stream:
+                        channel.send("bls_part", call, part)
+                finally:
+                    self._streams.pop(call, None)
                 return
             channel.send("bls_answer", call, client.infer_from_thread(request))
         except NurseryError as error:
@@ -287,6 +397,25 @@ class ProcessInstance:
                 pass
         except ChannelClosed:
             pass
+
+    def check_ready(self) -> bool:
+        """The model's ``is_ready()``, run in the stub (the instance worker bounds the wait;
+        this one is bounded too, so an abandoned call does not stay forever)."""
+        if self.dead:
+            return False
+        call = next(self._ready_ids)
+        answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ready_calls[call] = answers
+        try:
+            self.channel.send("is_ready", call)
+            answer = answers.get(timeout=READY_WAIT)
+        except (ChannelClosed, queue.Empty):
+            return False
+        finally:
+            self._ready_calls.pop(call, None)
+        if isinstance(answer, NurseryError):
+            raise answer
+        return bool(answer)
 
     # -- the backend contract ------------------------------------------------------------------
 
@@ -317,7 +446,7 @@ class ProcessInstance:
             with self._lock:
                 del self._results[batch]
         if isinstance(answers, _Dead):
-            error = InternalError(self._death())
+            error = InternalError(str(answers))
             with self._lock:
                 for index in range(len(work)):
                     self._open.pop((batch, index), None)

@@ -18,16 +18,14 @@ import queue
 import socket
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nursery.backends.base import get_factory
 from nursery.backends.python import backend as python_backend
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.config.json_form import config_from_json
 from nursery.config.model import read_model_config
-from nursery.errors import NurseryError
+from nursery.errors import InternalError, NurseryError
 from nursery.messages import Part
 from nursery.runtime import threads
 from nursery.types import InferenceRequest, InferenceResponse, tensor_of
@@ -116,19 +114,38 @@ class StubClient:
         assert isinstance(answer, InferenceResponse)
         return answer
 
-    def stream_from_thread(self, request: InferenceRequest) -> Iterator[Part]:
-        call, answers = self._open("bls", request, True)
-        try:
-            while True:
-                part = answers.get()
-                if isinstance(part, NurseryError):
-                    yield Part(None, part, True)
-                    return
-                yield part
-                if part.final:
-                    return
-        finally:
-            self.calls.pop(call, None)
+    def stream_from_thread(self, request: InferenceRequest) -> _StubStream:
+        return _StubStream(self, *self._open("bls", request, True))
+
+
+class _StubStream:
+    """A BLS stream seen from the stub: the parts the server relays, and ``cancel()``, which
+    the server turns into the request's cancellation."""
+
+    def __init__(self, client: StubClient, call: int, answers: queue.SimpleQueue[Any]) -> None:
+        self._client, self._call, self._answers = client, call, answers
+        self._done = False
+
+    def __iter__(self) -> _StubStream:
+        return self
+
+    def __next__(self) -> Part:
+        if self._done:
+            raise StopIteration
+        part = self._answers.get()
+        if isinstance(part, NurseryError):
+            part = Part(None, part, True)
+        if part.final:
+            self._done = True
+            self._client.calls.pop(self._call, None)
+        return part  # type: ignore[no-any-return]
+
+    def cancel(self) -> None:
+        if not self._done:
+            try:
+                self._client.channel.send("bls_cancel", self._call)
+            except ChannelClosed:
+                pass
 
 
 class _ToServer(logging.Handler):
@@ -149,6 +166,7 @@ def serve(channel: Channel) -> int:
     client = StubClient(channel)
     inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
     cancelled: set[tuple[int, int]] = set()  # (batch, index) whose requester went away
+    served: list[Any] = []  # the model's instance, once initialized
 
     def read() -> None:
         try:
@@ -158,6 +176,9 @@ def serve(channel: Channel) -> int:
                     cancelled.add((message[1], message[2]))
                 elif message[0] == "forget":
                     cancelled.discard((message[1], message[2]))
+                elif message[0] == "is_ready":
+                    threading.Thread(target=check_ready, args=(message[1],),
+                                     name="stub-is-ready", daemon=True).start()
                 elif message[0] in ("bls_answer", "bls_part", "metric_answer"):
                     answers = client.calls.get(message[1])
                     if answers is not None:
@@ -166,6 +187,21 @@ def serve(channel: Channel) -> int:
                     inbox.put(message)
         except ChannelClosed:
             inbox.put(None)  # the server is gone: finalize and leave
+
+    def check_ready(call: int) -> None:
+        """The model's is_ready(), on a thread of its own (execute may be running)."""
+        threads.bind_context(client)
+        answer: Any
+        try:
+            answer = served[0].check_ready() if served else False
+        except NurseryError as exc:
+            answer = exc
+        except Exception as exc:  # noqa: BLE001 - the readiness check reports it
+            answer = InternalError(python_backend.describe(exc))
+        try:
+            channel.send("ready_answer", call, answer)
+        except ChannelClosed:
+            pass
 
     threading.Thread(target=read, name="stub-reader", daemon=True).start()
     root = logging.getLogger()
@@ -176,14 +212,13 @@ def serve(channel: Channel) -> int:
     first = inbox.get()
     if first is None or first[0] != "init":
         return 1
-    _, folder, name, version, instance, config_json, args = first
+    _, folder, name, version, instance, config_json, args, script = first
     try:
         python_backend.register_utils()
         proto = config_from_json(json.dumps(config_json))
-        config, _ = read_model_config(Path(folder), name, backends=get_factory,
+        config, _ = read_model_config(Path(folder), name, backends=_any_backend,
                                       auto_complete=False, proto=proto)
-        path = Path(folder) / version / (config.default_model_filename or "model.py")
-        instance_ = python_backend.start_model(path, config, args, version, instance,
+        instance_ = python_backend.start_model(Path(script), config, args, version, instance,
                                                token=_Direct())
     except NurseryError as exc:
         channel.send("failed", exc.message)
@@ -191,7 +226,8 @@ def serve(channel: Channel) -> int:
     except Exception as exc:  # noqa: BLE001 - the load fails with the reason
         channel.send("failed", python_backend.describe(exc))
         return 1
-    channel.send("ready")
+    served.append(instance_)
+    channel.send("ready", instance_.has_ready_hook)
     while True:
         message = inbox.get()
         if message is None or message[0] == "finalize":
@@ -219,7 +255,33 @@ def serve(channel: Channel) -> int:
                 channel.send("warmed", exc)
 
 
+def _any_backend(backend: str, model_name: str) -> Any:
+    """Every model a stub runs is a Python model (a Python-based backend's too)."""
+    return python_backend.FACTORY
+
+
+def auto_complete() -> int:
+    """``auto-complete``: a request as JSON on stdin (the script, the model's name and
+    folder, its configuration); the answer as one JSON line on stdout."""
+    request = json.loads(sys.stdin.read())
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    try:
+        done = python_backend.complete_config(Path(request["script"]), request["model"],
+                                              request["model_dir"], request["config"])
+        answer: dict[str, Any] = {"config": done}
+    except NurseryError as exc:
+        answer = {"error": exc.message}
+    except Exception as exc:  # noqa: BLE001 - the load fails with the reason
+        answer = {"error": f"model '{request['model']}': auto_complete_config failed: "
+                           f"{python_backend.describe(exc)}"}
+    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["auto-complete"]:
+        return auto_complete()
     sock = socket.socket(fileno=int(argv[1]))
     return serve(Channel(sock))
 

@@ -134,10 +134,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         return pb.ServerLiveResponse(live=self.core.server_live())
 
     async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.core.server_ready())
+        return pb.ServerReadyResponse(ready=await self.core.server_ready())
 
     async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(ready=await self.core.model_ready(request.name,
+                                                                    request.version))
 
     async def server_metadata(
         self, request: pb.ServerMetadataRequest
@@ -558,7 +559,7 @@ class HealthService(health_pb.HealthBase):
         self.core = core
 
     async def check(self, request: health_pb.HealthCheckRequest) -> health_pb.HealthCheckResponse:
-        serving = self.core.server_ready()
+        serving = await self.core.server_ready()
         status = (health_pb.HealthCheckResponseServingStatus.SERVING if serving
                   else health_pb.HealthCheckResponseServingStatus.NOT_SERVING)
         return health_pb.HealthCheckResponse(status=status)  # type: ignore[arg-type]  # betterproto types enum members as int

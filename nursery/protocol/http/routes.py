@@ -132,7 +132,7 @@ async def health_live(core: Core, req: RouteRequest) -> Answer:
 
 
 async def health_ready(core: Core, req: RouteRequest) -> Answer:
-    return 200 if core.server_ready() else 400, b""
+    return 200 if await core.server_ready() else 400, b""
 
 
 async def server_metadata(core: Core, req: RouteRequest) -> Answer:
@@ -140,7 +140,7 @@ async def server_metadata(core: Core, req: RouteRequest) -> Answer:
 
 
 async def model_ready(core: Core, req: RouteRequest) -> Answer:
-    if core.model_ready(req.param("model"), req.param("version")):
+    if await core.model_ready(req.param("model"), req.param("version")):
         return 200, b""
     return 400, error_body("Model version not ready")
 
