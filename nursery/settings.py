@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nursery.config.storage.url import CloudRoot, is_cloud_url, parse_root
 from nursery.observability.logs import escape_from_environment
 from nursery.observability.tracing import TraceSettings, settings_from_config
 from nursery.scheduling.cache_store import parse_cache_config
@@ -34,7 +35,7 @@ DEFAULT_GRPC_MAX_INPUT_SIZE = DEFAULT_HTTP_MAX_INPUT_SIZE
 
 @dataclass(frozen=True)
 class Settings:
-    model_repositories: tuple[Path, ...]
+    model_repositories: tuple[Path | CloudRoot, ...]
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -46,6 +47,8 @@ class Settings:
     allow_metrics: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: int = 15
+    # nursery only: a lasting cache of cloud repositories' objects (config/storage/mirror.py)
+    cloud_cache_directory: str = ""
     load_models: tuple[str, ...] = ()
     auto_complete: bool = True
     exit_on_error: bool = True
@@ -129,9 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model-repository", "--model-store", action="append", default=None, metavar="<path>",
-        help="Path to model repository directory. It may be specified multiple times to add "
-        "multiple model repositories. Note that if a model is not unique across all model "
-        "repositories at any time, the model will not be available. Defaults to "
+        help="Path to model repository directory, or a bucket: s3://bucket/path, "
+        "s3://host:port/bucket/path, gs://bucket/path, as://account/container/path. It may be "
+        "specified multiple times to add multiple model repositories. Note that if a model is "
+        "not unique across all model repositories at any time, the model will not be available. Defaults to "
         "./model_repository when that folder exists.",
     )
     parser.add_argument("--http-port", type=int, default=8000, metavar="<int>",
@@ -217,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--repository-poll-secs", type=int, default=15, metavar="<int>",
         help="Interval in seconds between each poll of the model repository to check for "
         "changes. Valid only when --model-control-mode=poll is specified.",
+    )
+    parser.add_argument(
+        "--cloud-cache-directory", default="", metavar="<path>",
+        help="(nursery only) Keep the files of s3://, gs:// and as:// model repositories in "
+        "this folder, keyed by each object's ETag or generation, so that a reload or a restart "
+        "downloads only the objects that changed. Without it, downloads go to a temporary "
+        "folder under TRITON_AWS_MOUNT_DIRECTORY / TRITON_GCS_MOUNT_DIRECTORY / "
+        "TRITON_AZURE_MOUNT_DIRECTORY (or the system's temporary folder), removed at exit.",
     )
     parser.add_argument(
         "--load-model", action="append", default=[], metavar="<string>",
@@ -494,7 +506,10 @@ def settings_from_args(argv: list[str]) -> Settings:
         backend_config.append((backend, key, value))
     return Settings(
         backend_config=tuple(backend_config),
-        model_repositories=tuple(Path(os.path.abspath(r)) for r in repos),
+        model_repositories=tuple(parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r))
+                                 for r in repos),
+        cloud_cache_directory=(os.path.abspath(args.cloud_cache_directory)
+                               if args.cloud_cache_directory else ""),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
