@@ -16,6 +16,7 @@ from nursery.config.storage.url import CloudRoot, is_cloud_url, parse_root
 from nursery.observability.logs import escape_from_environment
 from nursery.observability.tracing import TraceSettings, settings_from_config
 from nursery.scheduling.cache_store import parse_cache_config
+from nursery.scheduling.model_budget import Budget, parse_budget
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
@@ -49,6 +50,11 @@ class Settings:
     repository_poll_secs: int = 15
     # nursery only: a lasting cache of cloud repositories' objects (config/storage/mirror.py)
     cloud_cache_directory: str = ""
+    # nursery only, explicit mode: models that come and go with demand (actors/demand.py)
+    model_load_on_demand: bool = False
+    model_load_on_demand_timeout_secs: float = 60.0
+    model_load_budget: Budget = Budget()
+    model_load_pins: tuple[str, ...] = ()
     load_models: tuple[str, ...] = ()
     auto_complete: bool = True
     exit_on_error: bool = True
@@ -230,6 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
         "folder under TRITON_AWS_MOUNT_DIRECTORY / TRITON_GCS_MOUNT_DIRECTORY / "
         "TRITON_AZURE_MOUNT_DIRECTORY (or the system's temporary folder), removed at exit.",
     )
+    _bool_flag(parser, "--model-load-on-demand", False,
+               "(nursery only; explicit mode) A request for a model of the repository that is "
+               "not loaded loads it, then is served; requests arriving meanwhile wait for the "
+               "same load.")
+    parser.add_argument(
+        "--model-load-on-demand-timeout-secs", type=float, default=60.0, metavar="<float>",
+        help="(nursery only) How long requests wait for a load on demand. Default is 60.")
+    parser.add_argument(
+        "--model-load-budget", action="append", default=[], metavar="<string>",
+        help="(nursery only; explicit mode) models=<n> and/or bytes=<size> (2G, 512Mi, ...): "
+        "after each load, the least recently used idle models are unloaded until the loaded "
+        "ones fit; a model with requests in flight or named by --model-load-pin never is.")
+    parser.add_argument(
+        "--model-load-pin", action="append", default=[], metavar="<string>",
+        help="(nursery only) A model --model-load-budget never unloads. Repeatable.")
     parser.add_argument(
         "--load-model", action="append", default=[], metavar="<string>",
         help="Name of the model to be loaded on server startup. It may be specified multiple "
@@ -451,6 +472,15 @@ def settings_from_args(argv: list[str]) -> Settings:
         parser.error("Wildcard model name '*' must be the ONLY startup model if specified at all.")
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model only takes effect with --model-control-mode=explicit")
+    try:
+        budget = parse_budget(args.model_load_budget)
+    except ValueError as exc:
+        parser.error(f"--model-load-budget: {exc}")
+    if (args.model_load_on_demand or budget) and args.model_control_mode != "explicit":
+        parser.error("--model-load-on-demand and --model-load-budget only take effect with "
+                     "--model-control-mode=explicit")
+    if args.model_load_on_demand_timeout_secs <= 0:
+        parser.error("--model-load-on-demand-timeout-secs must be more than 0")
     metrics_config = []
     for entry in args.metrics_config:
         key, sep, value = entry.partition("=")
@@ -510,6 +540,10 @@ def settings_from_args(argv: list[str]) -> Settings:
                                  for r in repos),
         cloud_cache_directory=(os.path.abspath(args.cloud_cache_directory)
                                if args.cloud_cache_directory else ""),
+        model_load_on_demand=args.model_load_on_demand,
+        model_load_on_demand_timeout_secs=args.model_load_on_demand_timeout_secs,
+        model_load_budget=budget,
+        model_load_pins=tuple(args.model_load_pin),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -247,10 +248,13 @@ class _Manager:
     # -- state (the only writer) -----------------------------------------------------------
 
     def _set(self, name: str, version: int, state: ModelState, reason: str = "",
-             handle: ModelHandle | None = None) -> None:
+             handle: ModelHandle | None = None, load_secs: float | None = None) -> None:
         entry = self.entries.get(name) or ModelEntry(name, MappingProxyType({}))
         versions = dict(entry.versions)
-        versions[version] = VersionStatus(version, state, reason, handle)
+        if load_secs is None:  # a state change that is not a load keeps the last figure
+            old = versions.get(version)
+            load_secs = old.load_secs if old is not None else 0.0
+        versions[version] = VersionStatus(version, state, reason, handle, load_secs)
         self.entries[name] = ModelEntry(name, MappingProxyType(versions), "", entry.config)
         self._publish()
 
@@ -388,6 +392,7 @@ class _Manager:
         log.info("loading: %s:%d", name, version)
         scope = trio.CancelScope()
         done = trio.Event()
+        started = time.perf_counter()
         try:
             handle, control = await self.nursery.start(
                 partial(self._supervise_version, location, config, version, scope, done)
@@ -404,7 +409,7 @@ class _Manager:
             error = first_error(exc)
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
         self.live[(name, version)] = _Live(handle, control, scope, done)
-        self._set(name, version, ModelState.READY, "", handle)
+        self._set(name, version, ModelState.READY, "", handle, time.perf_counter() - started)
         log.info("successfully loaded '%s' version %d", name, version)
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
