@@ -5,6 +5,7 @@ the least recently used idle model, ``--model-load-pin`` keeps one; the metrics 
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 import time
 import urllib.request
@@ -16,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ServerProcess, make_models
+from tests.conftest import ROOT, ServerProcess, make_models, wait_for_file
 
 pytestmark = pytest.mark.e2e
 
@@ -136,3 +137,40 @@ def test_flags_need_explicit_mode(tmp_path: Path, start_server: type[ServerProce
     server = start_server(_repo(tmp_path), "--model-load-on-demand", wait=False)
     assert server.wait_exit() != 0
     assert "only take effect with --model-control-mode=explicit" in server.log()
+
+
+def test_a_busy_model_is_never_unloaded(tmp_path: Path,
+                                        start_server: type[ServerProcess]) -> None:
+    repo = _repo(tmp_path)
+    shutil.copytree(ROOT / "tests" / "models" / "py_hang", repo / "py_hang")
+    marker = tmp_path / "hanging"
+    with (repo / "py_hang" / "config.pbtxt").open("a") as config:
+        config.write(f'parameters {{ key: "hang_marker" value {{ string_value: "{marker}" }} }}\n')
+    server = start_server(repo, "--model-control-mode=explicit", "--model-load-on-demand",
+                          "--model-load-budget=models=1", "--model-unload-timeout-secs=2",
+                          "--exit-timeout-secs=5")
+    http = httpclient.InferenceServerClient(server.url)
+    answers: list[BaseException | None] = []
+
+    def hang() -> None:
+        data = np.full((1, 4), -1.0, np.float32)
+        inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32")]
+        inputs[0].set_data_from_numpy(data)
+        try:
+            httpclient.InferenceServerClient(server.url, network_timeout=120).infer(
+                "py_hang", inputs)
+            answers.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the answer is the point
+            answers.append(exc)
+
+    worker = threading.Thread(target=hang)
+    worker.start()
+    wait_for_file(marker)  # loaded on demand, and its request is in flight
+    _add_sub(http)  # over the budget, but the only other model is busy: it stays
+    assert http.is_model_ready("py_hang") and http.is_model_ready("add_sub")
+    _add_sub(http, "add_sub_b")  # the idle add_sub goes, never the busy py_hang
+    _wait(lambda: not http.is_model_ready("add_sub"))
+    assert http.is_model_ready("py_hang") and http.is_model_ready("add_sub_b")
+    assert server.stop() == 0  # the hung request is answered at shutdown
+    worker.join(60)
+    assert answers and answers[0] is not None
