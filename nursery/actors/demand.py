@@ -18,8 +18,8 @@ message. Its counts (loads on demand, unloads for the budget) are read by the me
 
 from __future__ import annotations
 
+import copy
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,12 +44,14 @@ MAX_REMEMBERED_FAILURES = 1024  # names that failed (clients may make up names):
 class DemandLoader:
     def __init__(self, directory: Directory, manager: trio.MemorySendChannel[ManagerCommand],
                  client: ModelClient, *, on_demand: bool = False, timeout: float = 60.0,
-                 budget: Budget | None = None, pinned: Iterable[str] = ()) -> None:
+                 budget: Budget | None = None, pinned: Iterable[str] = (),
+                 retry_after: float = RETRY_AFTER) -> None:
         self.directory = directory
         self.manager = manager
         self.client = client
         self.on_demand = on_demand
         self.timeout = timeout
+        self.retry_after = retry_after
         self.policy = LruBudget(budget or Budget())
         self.pinned = frozenset(pinned)
         self.loading: dict[str, trio.Event] = {}
@@ -85,10 +87,10 @@ class DemandLoader:
         got, raised again for a model that no repository holds (Triton's unknown-model
         answer)."""
         failed = self.failed_at.get(name)
-        if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER:
+        if failed is not None and trio.current_time() - failed[0] < self.retry_after:
             # failed a moment ago: not tried again for every request (a fresh error each
             # time, so that no traceback grows on a shared one)
-            raise NurseryError(failed[1].message, failed[1].kind)
+            raise copy.copy(failed[1])
         event = self.loading.get(name)
         if event is not None:  # another request is loading it: wait for that load
             with trio.move_on_after(self.timeout):
@@ -112,7 +114,7 @@ class DemandLoader:
                 error = missing  # in no repository
             if len(self.failed_at) >= MAX_REMEMBERED_FAILURES:
                 self.failed_at.clear()
-            self.failed_at[name] = (time.monotonic(), error)
+            self.failed_at[name] = (trio.current_time(), error)
             raise error
         self.failed_at.pop(name, None)
         self.demand_loads[name] += 1
