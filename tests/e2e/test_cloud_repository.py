@@ -6,6 +6,7 @@ costs its own model, never the server."""
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import cloud_servers
 from tests.cloud_servers import Cloud
-from tests.conftest import ServerProcess, make_models
+from tests.conftest import ROOT, ServerProcess, make_models
 
 pytestmark = pytest.mark.e2e
 
@@ -214,3 +215,33 @@ def test_none_mode_on_a_bucket_refuses_the_repository_api(
     _infer_add_sub(http)
     with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
         http.unload_model("add_sub")
+
+
+def test_python_models_ensembles_and_version_policies_from_a_bucket(
+        s3_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        start_server: type[ServerProcess]) -> None:
+    cloud = cloud_servers.s3_cloud(s3_port)
+    _use(cloud, monkeypatch)
+    staged = tmp_path / "staged"
+    for name in ("py_add_sub", "ens_add_sub_py"):
+        shutil.copytree(ROOT / "tests" / "models" / name, staged / name)
+    make_models.write_add_sub(staged)
+    for version in (2, 3):
+        shutil.copytree(staged / "add_sub" / "1", staged / "add_sub" / str(version))
+    config = staged / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text() + "\nversion_policy: { specific: { versions: [1, 3] } }\n")
+    cloud.put(staged)
+    cloud.put_bytes("ens_add_sub_py/1/", b"")  # an empty version folder: a folder marker
+    server = start_server(cloud.url)  # type: ignore[arg-type]
+    http = httpclient.InferenceServerClient(server.url)
+    assert http.is_model_ready("add_sub", "1") and http.is_model_ready("add_sub", "3")
+    assert not http.is_model_ready("add_sub", "2")
+    a = np.full((1, 16), 5.0, np.float32)
+    b = np.full((1, 16), 2.0, np.float32)
+    inputs = [httpclient.InferInput("A", [1, 16], "FP32"),
+              httpclient.InferInput("B", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = http.infer("ens_add_sub_py", inputs)
+    np.testing.assert_array_equal(result.as_numpy("TWICE_A"), 2 * a)
+    np.testing.assert_array_equal(result.as_numpy("TWICE_B"), 2 * b)

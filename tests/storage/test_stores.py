@@ -157,6 +157,24 @@ def test_a_server_that_stops_answering_times_out(monkeypatch: pytest.MonkeyPatch
     assert "timeout" in reason.lower() or "timed out" in reason.lower()
 
 
+@pytest.mark.parametrize("scheme", ["gs", "as"])
+def test_gcs_and_azure_servers_that_stop_answering_time_out(
+        scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NURSERY_STORAGE_TIMEOUT_SECS", "1")
+    forget_stores()
+    with cloud_servers.silent_server() as port:
+        if scheme == "gs":
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+            url = "gs://bucket/models"
+        else:
+            monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
+                               cloud_servers.azurite_connection(port))
+            url = "as://devstoreaccount1/container/models"
+        (reason,) = scan([parse_root(url)]).unreadable.values()
+    assert reason.startswith(f"failed to poll model repository '{url}': ")
+    assert "timeout" in reason.lower() or "timed out" in reason.lower(), reason
+
+
 def test_azure_wrong_key_is_refused(azure_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     cloud = cloud_servers.azure_cloud(azure_port)
     cloud.put_bytes("m/config.pbtxt", b"")

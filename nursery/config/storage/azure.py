@@ -20,14 +20,14 @@ from nursery.config.storage.url import CloudRoot
 CHUNK = 1 << 20
 
 
-def _sdk() -> tuple[Any, Any, Any]:
+def _sdk() -> tuple[Any, Any, Any, Any]:
     try:
         import azure.core
         import azure.core.exceptions as errors
-        from azure.storage.blob import BlobServiceClient
+        from azure.storage.blob import BlobServiceClient, ExponentialRetry
     except ImportError:
         raise missing_extra("as", "azure-storage-blob", "azure") from None
-    return BlobServiceClient, errors, azure.core.MatchConditions
+    return BlobServiceClient, errors, azure.core.MatchConditions, ExponentialRetry
 
 
 def describe(exc: BaseException) -> str:
@@ -42,12 +42,15 @@ def describe(exc: BaseException) -> str:
 
 class AzureStore:
     def __init__(self, root: CloudRoot) -> None:
-        service, self._errors, self._match = _sdk()
+        service, self._errors, self._match, retry = _sdk()
         self.root = root
         cred = from_file(root)
         limit = timeout()
-        options: dict[str, Any] = {"connection_timeout": limit, "read_timeout": limit,
-                                   "retry_total": 1}
+        # one retry after a second (the SDK's default waits 15 s, then 45 s, ...)
+        options: dict[str, Any] = {
+            "connection_timeout": limit, "read_timeout": limit,
+            "retry_policy": retry(initial_backoff=1, increment_base=2, retry_total=1,
+                                  random_jitter_range=1)}
         connection = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
         try:
             if cred is None and connection:

@@ -19,16 +19,17 @@ from nursery.config.storage.url import CloudRoot
 EMULATOR_PROJECT = "nursery"  # an emulator wants a project name; it checks none
 
 
-def _sdk() -> tuple[Any, Any, Any, Any, Any]:
+def _sdk() -> tuple[Any, Any, Any, Any, Any, Any]:
     try:
         import google.api_core.exceptions as api_errors
         import google.auth.exceptions as auth_errors
         import requests
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
+        from google.cloud.storage.retry import DEFAULT_RETRY
     except ImportError:
         raise missing_extra("gs", "google-cloud-storage", "gcs") from None
-    return storage, api_errors, auth_errors, requests, AnonymousCredentials
+    return storage, api_errors, auth_errors, requests, AnonymousCredentials, DEFAULT_RETRY
 
 
 def describe(exc: BaseException) -> str:
@@ -45,7 +46,10 @@ def describe(exc: BaseException) -> str:
 
 class GcsStore:
     def __init__(self, root: CloudRoot) -> None:
-        storage, api_errors, auth_errors, requests, anonymous = _sdk()
+        storage, api_errors, auth_errors, requests, anonymous, retry = _sdk()
+        # the SDK retries for two minutes by default: a server that stops answering would
+        # hold a load that long; retry within one timeout instead
+        self.retry = retry.with_timeout(timeout())
         self._errors: tuple[type[BaseException], ...] = (
             api_errors.GoogleAPIError, auth_errors.GoogleAuthError,
             requests.exceptions.RequestException)
@@ -73,12 +77,12 @@ class GcsStore:
             return [ObjectInfo(blob.name[len(prefix):], int(blob.size or 0),
                                str(blob.generation or blob.etag or ""))
                     for blob in self.client.list_blobs(self.root.bucket, prefix=prefix,
-                                                       timeout=timeout())]
+                                                       timeout=timeout(), retry=self.retry)]
         except self._errors as exc:
             raise StorageError(describe(exc)) from None
 
     def download(self, obj: ObjectInfo, dest: Path) -> None:
-        kwargs: dict[str, Any] = {"timeout": timeout()}
+        kwargs: dict[str, Any] = {"timeout": timeout(), "retry": self.retry}
         if obj.tag.isdigit():
             kwargs["if_generation_match"] = int(obj.tag)
         try:

@@ -135,6 +135,7 @@ def _fetch(model: RemoteModel, store: ObjectStore, base: Path, obj: ObjectInfo) 
             raise StorageError(
                 f"failed to download '{model.root.child_url(rel)}': got {size} bytes, "
                 f"the listing said {obj.size} (the object changed or the transfer broke)")
+        os.chmod(temp, 0o444)  # linked into model folders: nothing may write through them
         os.replace(temp, cached)
     except OSError as exc:
         raise StorageError(f"failed to download '{model.root.child_url(rel)}': "
