@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from nursery.config.repository import scan
-from nursery.config.storage import credentials, mirror
+from nursery.config.storage import credentials, forget_stores, mirror
 from nursery.config.storage.base import ObjectInfo, RemoteModel, StorageError, unsafe_part
 from nursery.config.storage.url import CloudRoot, parse_root
 from nursery.settings import settings_from_args
@@ -122,3 +123,20 @@ def test_a_malformed_root_is_unreadable_not_raised() -> None:
     assert found.unreadable == {
         parse_root("as://account"):
         "failed to poll model repository 'as://account': malformed URL: no container name"}
+
+
+@pytest.mark.parametrize(("url", "module", "extra"), [
+    ("s3://bucket/models", "boto3", "s3"),
+    ("gs://bucket/models", "google.cloud.storage", "gcs"),
+    ("as://account/container/models", "azure.storage.blob", "azure"),
+])
+def test_a_missing_extra_is_one_clear_line(url: str, module: str, extra: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # what an uninstalled package looks like
+    forget_stores()
+    (reason,) = scan([parse_root(url)]).unreadable.values()
+    forget_stores()
+    assert reason.startswith(f"failed to poll model repository '{url}': {url[:2]}:// "
+                             f"repositories need the '{extra}' extra "
+                             f"(pip install 'nursery[{extra}]'): ")
+    assert reason.endswith("is not installed") and "\n" not in reason
