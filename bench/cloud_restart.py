@@ -53,7 +53,7 @@ def _ready(server: ServerProcess, timeout: float = 600.0) -> float:
 
 
 def _start(url: str, logs: Path, *extra: str) -> float:
-    server = ServerProcess(url, *extra, log_path=logs / f"server-{time.monotonic_ns()}.log")  # type: ignore[arg-type]
+    server = ServerProcess(url, *extra, log_path=logs / f"server-{time.monotonic_ns()}.log")
     try:
         return _ready(server)
     finally:

@@ -75,7 +75,7 @@ def test_s3_serves_and_poll_follows_the_bucket(s3_port: int, tmp_path: Path,
     local = tmp_path / "local"
     make_models.write_add_sub(local)
     cloud.put(local)
-    server = start_server(cloud.url, "--model-control-mode=poll",  # type: ignore[arg-type]
+    server = start_server(cloud.url, "--model-control-mode=poll",
                           "--repository-poll-secs=1")
     http = httpclient.InferenceServerClient(server.url)
     assert _infer_add_sub(http).get_response()["model_version"] == "1"
@@ -112,7 +112,7 @@ def test_gcs_azure_and_local_roots_in_explicit_mode(s3_port: int, tmp_path: Path
         azure.put(staged / "add_sub_as", "add_sub_as")
         _use(gcs, monkeypatch)
         _use(azure, monkeypatch)
-        server = start_server([local, gcs.url, azure.url],  # type: ignore[list-item]
+        server = start_server([local, gcs.url, azure.url],
                               "--model-control-mode=explicit")
         http = httpclient.InferenceServerClient(server.url)
         grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -144,7 +144,7 @@ def test_bad_roots_and_bad_objects_cost_only_their_models(
     missing = cloud.url.replace("/nursery-", "/missing-")
     local = tmp_path / "local"
     make_models.write_mlp(local)
-    server = start_server([local, cloud.url, missing, "s3://"],  # type: ignore[list-item]
+    server = start_server([local, cloud.url, missing, "s3://"],
                           "--model-control-mode=poll", "--repository-poll-secs=1",
                           "--exit-on-error=false", "--strict-readiness=false")
     http = httpclient.InferenceServerClient(server.url)
@@ -165,7 +165,7 @@ def test_bad_roots_and_bad_objects_cost_only_their_models(
 
 def test_malformed_root_fails_the_start_with_exit_on_error(
         tmp_path: Path, start_server: type[ServerProcess]) -> None:
-    server = start_server("as://account", wait=False)  # type: ignore[arg-type]
+    server = start_server("as://account", wait=False)
     assert server.wait_exit() != 0
     assert ("failed to load all models: failed to poll model repository 'as://account': "
             "malformed URL: no container name") in server.log()
@@ -210,7 +210,7 @@ def test_none_mode_on_a_bucket_refuses_the_repository_api(
     _use(cloud, monkeypatch)
     make_models.write_add_sub(tmp_path / "staged")
     cloud.put(tmp_path / "staged")
-    server = start_server(cloud.url, "--model-control-mode=none")  # type: ignore[arg-type]
+    server = start_server(cloud.url, "--model-control-mode=none")
     http = httpclient.InferenceServerClient(server.url)
     _infer_add_sub(http)
     with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
@@ -232,7 +232,7 @@ def test_python_models_ensembles_and_version_policies_from_a_bucket(
     config.write_text(config.read_text() + "\nversion_policy: { specific: { versions: [1, 3] } }\n")
     cloud.put(staged)
     cloud.put_bytes("ens_add_sub_py/1/", b"")  # an empty version folder: a folder marker
-    server = start_server(cloud.url)  # type: ignore[arg-type]
+    server = start_server(cloud.url)
     http = httpclient.InferenceServerClient(server.url)
     assert http.is_model_ready("add_sub", "1") and http.is_model_ready("add_sub", "3")
     assert not http.is_model_ready("add_sub", "2")

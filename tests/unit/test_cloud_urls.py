@@ -133,6 +133,9 @@ def test_a_malformed_root_is_unreadable_not_raised() -> None:
 def test_a_missing_extra_is_one_clear_line(url: str, module: str, extra: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # what an uninstalled package looks like
+    parent, _, leaf = module.rpartition(".")
+    if parent in sys.modules:  # an imported package keeps its submodule as an attribute
+        monkeypatch.delattr(sys.modules[parent], leaf, raising=False)
     forget_stores()
     (reason,) = scan([parse_root(url)]).unreadable.values()
     forget_stores()
