@@ -143,3 +143,28 @@ def test_a_missing_extra_is_one_clear_line(url: str, module: str, extra: str,
                              f"repositories need the '{extra}' extra "
                              f"(pip install 'nursery[{extra}]'): ")
     assert reason.endswith("is not installed") and "\n" not in reason
+
+
+def test_a_model_of_too_many_objects_is_refused(tmp_path: Path) -> None:
+    root = parse_root("s3://bucket/models")
+    files = tuple(ObjectInfo(f"1/f{i}", 1, "t") for i in range(mirror.MAX_OBJECTS_PER_MODEL + 1))
+    with pytest.raises(StorageError, match="more than the 10000 a model may have"):
+        mirror.localize(RemoteModel(root, "m", files), None, tmp_path)  # type: ignore[arg-type]
+
+
+def test_demand_flags(tmp_path: Path) -> None:
+    settings = settings_from_args([
+        "--model-repository", str(tmp_path), "--model-control-mode=explicit",
+        "--model-load-on-demand", "--model-load-budget", "models=3",
+        "--model-load-budget", "bytes=1Gi", "--model-load-pin", "a", "--model-load-pin", "b",
+        "--model-load-on-demand-timeout-secs", "7.5"])
+    assert settings.model_load_on_demand
+    assert settings.model_load_budget.models == 3
+    assert settings.model_load_budget.bytes == 1024**3
+    assert settings.model_load_pins == ("a", "b")
+    assert settings.model_load_on_demand_timeout_secs == 7.5
+    for bad in (["--model-load-budget", "models=3"],  # not explicit mode
+                ["--model-control-mode=explicit", "--model-load-budget", "models=0"],
+                ["--model-control-mode=explicit", "--model-load-on-demand-timeout-secs", "0"]):
+        with pytest.raises(SystemExit):
+            settings_from_args(["--model-repository", str(tmp_path), *bad])

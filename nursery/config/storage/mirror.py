@@ -61,7 +61,14 @@ def model_folder(base: Path, model: RemoteModel) -> Path:
             / _digest(*listing)[:16])
 
 
+MAX_OBJECTS_PER_MODEL = 10_000  # as many files as a local model's fingerprint walks
+
+
 def check_keys(model: RemoteModel) -> None:
+    if len(model.files) > MAX_OBJECTS_PER_MODEL:
+        raise StorageError(
+            f"'{model.root.child_url(model.name)}' holds {len(model.files)} objects, more than "
+            f"the {MAX_OBJECTS_PER_MODEL} a model may have; refused")
     for obj in model.files:
         if unsafe_part(obj.rel):
             raise StorageError(
