@@ -45,6 +45,7 @@ from nursery.config.model import ModelConfig, read_model_config
 from nursery.config.repository import (
     ModelFingerprint,
     ModelLocation,
+    RepositoryScan,
     Root,
     check_model_name,
     model_fingerprint,
@@ -275,10 +276,15 @@ class _Manager:
         for name in names:  # ensembles wait for the composing models loading beside them
             self.loading.setdefault(name, trio.Event())
 
+        # one listing of the buckets for all of them (a bucket is listed, not walked: with
+        # ten models, one listing instead of ten)
+        scanned = await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud \
+            else None
+
         async def one(name: str) -> None:
             self.dependency_only.discard(name)
             try:
-                error = await self.load(name)
+                error = await self.load(name, scanned=scanned)
             finally:
                 event = self.loading.pop(name, None)
                 if event is not None:
@@ -293,7 +299,8 @@ class _Manager:
 
     async def load(self, name: str, override: pb.ModelConfig | None = None,
                    files: Mapping[str, bytes] | None = None,
-                   force: bool = False) -> NurseryError | None:
+                   force: bool = False, scanned: RepositoryScan | None = None
+                   ) -> NurseryError | None:
         """Load (or reload) every version the policy selects; versions it no longer selects
         are drained and unloaded. A model whose folder did not change since it loaded
         successfully is left as it is (unless a config override is given). Returns the error,
@@ -304,8 +311,12 @@ class _Manager:
             return InternalError(f"{poll_error}: {invalid}")
         if files and override is None:
             return InternalError(f"{poll_error}: file overrides require a 'config' override")
-        repo = (await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud
-                else scan(self.repositories))
+        if scanned is not None:  # scanned a moment ago for several loads
+            repo = scanned
+        elif self.has_cloud:
+            repo = await trio.to_thread.run_sync(scan, self.repositories)
+        else:
+            repo = scan(self.repositories)
         if name in repo.duplicates and not files:
             where = ", ".join(str(p) for p in repo.duplicates[name])
             reason = f"model '{name}' appears in more than one repository ({where})"
