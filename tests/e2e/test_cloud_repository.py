@@ -203,18 +203,27 @@ def test_a_restart_with_the_cache_downloads_only_what_changed(
         logging.getLogger("werkzeug").removeHandler(requests)
 
 
-def test_none_mode_on_a_bucket_refuses_the_repository_api(
+def test_none_mode_downloads_into_the_mount_directory(
         s3_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         start_server: type[ServerProcess]) -> None:
     cloud = cloud_servers.s3_cloud(s3_port)
     _use(cloud, monkeypatch)
     make_models.write_add_sub(tmp_path / "staged")
     cloud.put(tmp_path / "staged")
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(mount))
     server = start_server(cloud.url, "--model-control-mode=none")
     http = httpclient.InferenceServerClient(server.url)
     _infer_add_sub(http)
     with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
         http.unload_model("add_sub")
+    http.close()
+    # the download went to Triton's mount directory, and is removed at exit
+    (onnx,) = mount.glob("nursery-cloud-*/models/*/add_sub/*/1/model.onnx")
+    assert onnx.read_bytes() == (tmp_path / "staged" / "add_sub" / "1" / "model.onnx").read_bytes()
+    assert server.stop() == 0
+    assert not list(mount.iterdir())
 
 
 def test_python_models_ensembles_and_version_policies_from_a_bucket(
