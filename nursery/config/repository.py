@@ -90,7 +90,9 @@ def scan_bucket(root: CloudRoot) -> list[ModelLocation]:
         first, slash, rest = obj.rel.partition("/")
         if not slash or first.startswith(".") or check_model_name(first) is not None:
             continue
-        by_model.setdefault(first, []).append(replace(obj, rel=rest))
+        files = by_model.setdefault(first, [])
+        if rest:  # "m/" alone is the model folder's own marker: the folder, nothing in it
+            files.append(replace(obj, rel=rest))
     return [ModelLocation(name, Path(root.child_url(name)), root,
                           RemoteModel(root, name, tuple(sorted(files, key=lambda o: o.rel))))
             for name, files in sorted(by_model.items())]

@@ -30,6 +30,7 @@ def test_scan_lists_models_without_downloading(cloud: Cloud, tmp_path: Path) -> 
     _upload_add_sub(cloud, tmp_path)
     cloud.put_bytes("README.md", b"not a model: a file at the top")
     cloud.put_bytes(".hidden/config.pbtxt", b"")
+    cloud.put_bytes("add_sub/", b"")  # a console's "folder": the model folder's marker
     root = parse_root(cloud.url)
     found = scan([root])
     assert not found.unreadable
@@ -37,6 +38,7 @@ def test_scan_lists_models_without_downloading(cloud: Cloud, tmp_path: Path) -> 
     location = found.models["add_sub"]
     assert location.remote is not None
     assert sorted(o.rel for o in location.remote.files) == ["1/model.onnx", "config.pbtxt"]
+    assert mirror.localize(location.remote, open_store(root), tmp_path / "c").is_dir()
     # the fingerprint is the listing: each object's size and tag, nothing fetched
     fingerprint = model_fingerprint(location)
     assert [f[0] for f in fingerprint.files] == ["1/model.onnx", "config.pbtxt"]

@@ -93,9 +93,15 @@ def localize(model: RemoteModel, store: ObjectStore, base: Path) -> Path:
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for future in pending:
             future.cancel()
-        for future in futures:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+        for future, obj in zip(futures, files, strict=True):
+            if future.done() and not future.cancelled():
+                error = future.exception()
+                if isinstance(error, StorageError):
+                    raise error
+                if error is not None:  # a library error no store expected: still this load's
+                    url = model.root.child_url(f"{model.name}/{obj.rel}")
+                    raise StorageError(f"failed to download '{url}': "
+                                       f"{type(error).__name__}: {error}") from None
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=final.parent))
     try:
         for obj in model.files:
