@@ -16,7 +16,8 @@ import trio
 
 from nursery import __version__
 from nursery.actors import mailbox
-from nursery.actors.directory import Directory, ModelHandle
+from nursery.actors.demand import DemandLoader
+from nursery.actors.directory import Directory, ModelHandle, ModelState
 from nursery.actors.model_client import ModelClient
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable, Unsupported
 from nursery.messages import (
@@ -84,13 +85,15 @@ class Services:
     strict_readiness: bool = True
     control_mode: str = "none"  # --model-control-mode
     allow_model_file_upload: bool = False  # --allow-model-file-upload: `file:` load parameters
+    # --model-load-on-demand / --model-load-budget (explicit mode); None: neither
+    demand: DemandLoader | None = None
 
 
 class Core:
     """What the frontends may ask of the server."""
 
     __slots__ = ("services", "directory", "client", "shm", "faults", "tracer", "log_manager",
-                 "arrival_log", "lifecycle", "_manager")
+                 "arrival_log", "lifecycle", "_manager", "demand")
 
     def __init__(self, services: Services) -> None:
         self.services = services
@@ -104,6 +107,7 @@ class Core:
         self.arrival_log: ArrivalLog | None = services.client.arrival_log
         self.lifecycle = services.lifecycle
         self._manager = services.manager
+        self.demand = services.demand if services.demand and services.demand.active else None
 
     @classmethod
     def over(cls, directory: Directory,
@@ -154,6 +158,21 @@ class Core:
 
     def resolve(self, name: str, version: str = "") -> ModelHandle:
         return self.directory.resolve(name, version)
+
+    def load_durations(self) -> dict[tuple[str, str], float]:
+        """(model, version) -> seconds its load took, for every ready version."""
+        return {(name, str(v)): status.load_secs
+                for name, entry in self.directory.table.models.items()
+                for v, status in entry.versions.items()
+                if status.state is ModelState.READY}
+
+    async def acquire(self, name: str, version: str = "") -> ModelHandle:
+        """The version an inference request goes to: :meth:`resolve`, and with
+        ``--model-load-on-demand`` a model that is not loaded is loaded first (its use is
+        counted for ``--model-load-budget``)."""
+        if self.demand is None:
+            return self.directory.resolve(name, version)
+        return await self.demand.acquire(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         handle = self.directory.resolve(name, version)
@@ -222,6 +241,8 @@ class Core:
         error = await self._ask_manager(lambda reply: LoadModel(name, reply, config, files))
         if error is not None:
             raise error
+        if self.demand is not None:  # a load through the API counts against the budget too
+            await self.demand.enforce(keep=name)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit()

@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 import trio
 
 from nursery.actors import model_manager, rate_limiter, repository_poller, response_cache
+from nursery.actors.demand import DemandLoader
 from nursery.actors.directory import Directory
 from nursery.actors.model_client import ModelClient
 from nursery.actors.rate_limiter import RateLimiterClient
@@ -286,7 +287,13 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                              log_manager=log_manager, lifecycle=lifecycle,
                              server_name=settings.server_id,
                              strict_readiness=settings.strict_readiness,
-                             control_mode=settings.model_control_mode))
+                             control_mode=settings.model_control_mode,
+                             demand=DemandLoader(
+                                 directory, commands, client,
+                                 on_demand=settings.model_load_on_demand,
+                                 timeout=settings.model_load_on_demand_timeout_secs,
+                                 budget=settings.model_load_budget,
+                                 pinned=settings.model_load_pins)))
         sampling = trio.CancelScope()
         sampler = SystemSampler(cpu=options.cpu, gpu=options.gpu)
         if settings.allow_metrics:
@@ -308,6 +315,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                             inbox=inbox,
                             startup_models=names,
                             exit_on_error=settings.exit_on_error,
+                            cloud_cache=settings.cloud_cache_directory,
                             client=client,
                             backends=Backends(settings=_backend_settings(settings),
                                              directory=settings.backend_directory),

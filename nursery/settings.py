@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nursery.config.storage.url import CloudRoot, is_cloud_url, parse_root
 from nursery.observability.logs import escape_from_environment
 from nursery.observability.tracing import TraceSettings, settings_from_config
 from nursery.protocol.access import (
@@ -26,6 +27,7 @@ from nursery.protocol.access import (
 )
 from nursery.protocol.tls import TlsFiles
 from nursery.scheduling.cache_store import parse_cache_config
+from nursery.scheduling.model_budget import Budget, parse_budget
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
 
 DEFAULT_HTTP_MAX_INPUT_SIZE = 64 * 1024 * 1024
@@ -45,7 +47,7 @@ DEFAULT_GRPC_MAX_INPUT_SIZE = DEFAULT_HTTP_MAX_INPUT_SIZE
 
 @dataclass(frozen=True)
 class Settings:
-    model_repositories: tuple[Path, ...]
+    model_repositories: tuple[Path | CloudRoot, ...]
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -57,6 +59,13 @@ class Settings:
     allow_metrics: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: int = 15
+    # nursery only: a lasting cache of cloud repositories' objects (config/storage/mirror.py)
+    cloud_cache_directory: str = ""
+    # nursery only, explicit mode: models that come and go with demand (actors/demand.py)
+    model_load_on_demand: bool = False
+    model_load_on_demand_timeout_secs: float = 60.0
+    model_load_budget: Budget = Budget()
+    model_load_pins: tuple[str, ...] = ()
     load_models: tuple[str, ...] = ()
     auto_complete: bool = True
     exit_on_error: bool = True
@@ -151,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model-repository", "--model-store", action="append", default=None, metavar="<path>",
-        help="Path to model repository directory. It may be specified multiple times to add "
-        "multiple model repositories. Note that if a model is not unique across all model "
-        "repositories at any time, the model will not be available. Defaults to "
+        help="Path to model repository directory, or a bucket: s3://bucket/path, "
+        "s3://host:port/bucket/path, gs://bucket/path, as://account/container/path. It may be "
+        "specified multiple times to add multiple model repositories. Note that if a model is "
+        "not unique across all model repositories at any time, the model will not be available. Defaults to "
         "./model_repository when that folder exists.",
     )
     parser.add_argument("--http-port", type=int, default=8000, metavar="<int>",
@@ -240,6 +250,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="Interval in seconds between each poll of the model repository to check for "
         "changes. Valid only when --model-control-mode=poll is specified.",
     )
+    parser.add_argument(
+        "--cloud-cache-directory", default="", metavar="<path>",
+        help="(nursery only) Keep the files of s3://, gs:// and as:// model repositories in "
+        "this folder, keyed by each object's ETag or generation, so that a reload or a restart "
+        "downloads only the objects that changed. Without it, downloads go to a temporary "
+        "folder under TRITON_AWS_MOUNT_DIRECTORY / TRITON_GCS_MOUNT_DIRECTORY / "
+        "TRITON_AZURE_MOUNT_DIRECTORY (or the system's temporary folder), removed at exit.",
+    )
+    _bool_flag(parser, "--model-load-on-demand", False,
+               "(nursery only; explicit mode) A request for a model of the repository that is "
+               "not loaded loads it, then is served; requests arriving meanwhile wait for the "
+               "same load.")
+    parser.add_argument(
+        "--model-load-on-demand-timeout-secs", type=float, default=60.0, metavar="<float>",
+        help="(nursery only) How long requests wait for a load on demand. Default is 60.")
+    parser.add_argument(
+        "--model-load-budget", action="append", default=[], metavar="<string>",
+        help="(nursery only; explicit mode) models=<n> and/or bytes=<size> (2G, 512Mi, ...): "
+        "after each load, the least recently used idle models are unloaded until the loaded "
+        "ones fit; a model with requests in flight or named by --model-load-pin never is.")
+    parser.add_argument(
+        "--model-load-pin", action="append", default=[], metavar="<string>",
+        help="(nursery only) A model --model-load-budget never unloads. Repeatable.")
     parser.add_argument(
         "--load-model", action="append", default=[], metavar="<string>",
         help="Name of the model to be loaded on server startup. It may be specified multiple "
@@ -560,6 +593,15 @@ def settings_from_args(argv: list[str]) -> Settings:
         parser.error("Wildcard model name '*' must be the ONLY startup model if specified at all.")
     if args.load_model and args.model_control_mode != "explicit":
         parser.error("--load-model only takes effect with --model-control-mode=explicit")
+    try:
+        budget = parse_budget(args.model_load_budget)
+    except ValueError as exc:
+        parser.error(f"--model-load-budget: {exc}")
+    if (args.model_load_on_demand or budget) and args.model_control_mode != "explicit":
+        parser.error("--model-load-on-demand and --model-load-budget only take effect with "
+                     "--model-control-mode=explicit")
+    if args.model_load_on_demand_timeout_secs <= 0:
+        parser.error("--model-load-on-demand-timeout-secs must be more than 0")
     metrics_config = []
     for entry in args.metrics_config:
         key, sep, value = entry.partition("=")
@@ -618,7 +660,14 @@ def settings_from_args(argv: list[str]) -> Settings:
         **doors,
         backend_config=tuple(backend_config),
         backend_directory=Path(os.path.abspath(args.backend_directory)),
-        model_repositories=tuple(Path(os.path.abspath(r)) for r in repos),
+        model_repositories=tuple(parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r))
+                                 for r in repos),
+        cloud_cache_directory=(os.path.abspath(args.cloud_cache_directory)
+                               if args.cloud_cache_directory else ""),
+        model_load_on_demand=args.model_load_on_demand,
+        model_load_on_demand_timeout_secs=args.model_load_on_demand_timeout_secs,
+        model_load_budget=budget,
+        model_load_pins=tuple(args.model_load_pin),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,

@@ -43,7 +43,7 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m nursery serve`` in a subprocess on free loopback ports."""
 
-    def __init__(self, repo: Path | list[Path], *extra: str, log_path: Path,
+    def __init__(self, repo: Path | str | list[Path | str], *extra: str, log_path: Path,
                  cwd: Path = ROOT) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -119,7 +119,7 @@ def wait_for_file(path: Path, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def running_server(repo: Path | list[Path], *extra: str,
+def running_server(repo: Path | str | list[Path | str], *extra: str,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server for a module's tests: ready on entry; on exit stopped with SIGTERM, and it
     must have exited 0 (a clean shutdown is part of every e2e module's check)."""
@@ -137,7 +137,8 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
     """A factory: ``start_server(repo, *flags)`` starts one; all are stopped afterwards."""
     started: list[ServerProcess] = []
 
-    def start(repo: Path | list[Path], *extra: str, wait: bool = True) -> ServerProcess:
+    def start(repo: Path | str | list[Path | str], *extra: str,
+              wait: bool = True) -> ServerProcess:
         server = ServerProcess(repo, *extra, log_path=tmp_path / f"server{len(started)}.log")
         started.append(server)
         if wait:

@@ -85,6 +85,7 @@ class VersionStatus:
     state: ModelState
     reason: str = ""
     handle: ModelHandle | None = None
+    load_secs: float = 0.0  # how long its load took (nv_model_load_duration_secs)
 
 
 @dataclass(frozen=True)

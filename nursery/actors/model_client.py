@@ -84,6 +84,9 @@ class ModelClient:
         self.tracer = tracer if tracer is not None else TraceManager(TraceSettings())
         self.cache = cache  # the ResponseCache's inbox (None: no --cache-config)
         self.arrival_log = arrival_log
+        # requests waiting for an answer, by model: a busy model is never unloaded for
+        # --model-load-budget (actors/demand.py)
+        self.in_flight: dict[str, int] = {}
 
     def resolve(self, name: str, version: str = "") -> ModelHandle:
         return self.directory.resolve(name, version)
@@ -131,12 +134,20 @@ class ModelClient:
 
     async def wait(self, work: InferWork, receive: OneShot,
                    handle: ModelHandle) -> InferenceResponse:
+        name = handle.name
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
         try:
             with receive:  # leaving (also by cancellation) tells the scheduler nobody waits
                 answer = await receive.receive()
         except trio.Cancelled:
             handle.cancel(work)  # drop it from the queue now rather than at dispatch
             raise
+        finally:
+            left = self.in_flight[name] - 1
+            if left:
+                self.in_flight[name] = left
+            else:
+                del self.in_flight[name]
         if isinstance(answer, NurseryError):
             raise answer
         return answer  # type: ignore[no-any-return]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -44,11 +45,16 @@ from nursery.config.model import ModelConfig, read_model_config
 from nursery.config.repository import (
     ModelFingerprint,
     ModelLocation,
+    RepositoryScan,
+    Root,
     check_model_name,
-    fingerprint,
+    model_fingerprint,
     scan,
     write_override,
 )
+from nursery.config.storage import mirror, open_store
+from nursery.config.storage.base import RemoteModel, StorageError
+from nursery.config.storage.url import CloudRoot
 from nursery.config.warmup import warmup_samples
 from nursery.errors import (
     ConfigError,
@@ -98,10 +104,11 @@ class _Live:
 class _Manager:
     def __init__(
         self,
-        repositories: tuple[Path, ...],
+        repositories: tuple[Root, ...],
         directory: Directory,
         nursery: trio.Nursery,
         *,
+        cloud_cache: str = "",
         client: ModelClient,
         backends: Backends,
         summaries: bool,
@@ -131,6 +138,11 @@ class _Manager:
         # what each model's folder held when it last loaded, to reload only on change
         self.loaded_from: dict[str, ModelFingerprint | None] = {}
         self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
+        # where models of buckets are made local: --cloud-cache-directory, else a temporary
+        # folder per cloud (made on first use, under Triton's mount directory) removed at exit
+        self.cloud_cache = Path(cloud_cache) if cloud_cache else None
+        self.cloud_temp: dict[str, Path] = {}
+        self.has_cloud = any(isinstance(r, CloudRoot) for r in repositories)
         self.loading: dict[str, trio.Event] = {}  # models being loaded by load_many
         # ensembles checking their composing models -> the models they are made of: a
         # dependency path back to an ensemble is a cycle (a nested ensemble is not)
@@ -196,13 +208,54 @@ class _Manager:
             return repository_index(scan(self.repositories), self.entries, ready_only)
         return InternalError(f"repository index failed: {boundary.failure}")
 
+    async def serve_index(self, command: IndexRepository) -> None:
+        """The index when a repository is a bucket: listed off the trio thread (a storage
+        server that stops answering holds up this index only)."""
+        result: list[IndexEntry] | NurseryError = Unavailable("the server is stopping")
+        try:
+            with Boundary(self.faults, "manager", log, "repository index") as boundary:
+                found = await trio.to_thread.run_sync(scan, self.repositories)
+                result = repository_index(found, self.entries, command.ready_only)
+            if boundary.failure is not None:
+                result = InternalError(f"repository index failed: {boundary.failure}")
+        finally:
+            mailbox.answer(command.reply, result, close=True)
+
+    def cloud_base(self, root: CloudRoot) -> Path:
+        """The folder models of ``root`` are made local in."""
+        if self.cloud_cache is not None:
+            return self.cloud_cache
+        base = self.cloud_temp.get(root.scheme)
+        if base is None:
+            base = self.cloud_temp[root.scheme] = Path(tempfile.mkdtemp(
+                prefix="nursery-cloud-", dir=mirror.mount_directory(root.scheme)))
+        return base
+
+    async def _localize(self, remote: RemoteModel) -> Path:
+        """The complete local folder of a model in a bucket (downloaded off the trio
+        thread, only what the cache lacks)."""
+        try:
+            base = self.cloud_base(remote.root)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot make a download folder under "
+                f"{mirror.mount_directory(remote.root.scheme)}: {exc.strerror or exc}") from None
+
+        def fetch() -> Path:
+            return mirror.localize(remote, open_store(remote.root), base)
+
+        return await trio.to_thread.run_sync(fetch)
+
     # -- state (the only writer) -----------------------------------------------------------
 
     def _set(self, name: str, version: int, state: ModelState, reason: str = "",
-             handle: ModelHandle | None = None) -> None:
+             handle: ModelHandle | None = None, load_secs: float | None = None) -> None:
         entry = self.entries.get(name) or ModelEntry(name, MappingProxyType({}))
         versions = dict(entry.versions)
-        versions[version] = VersionStatus(version, state, reason, handle)
+        if load_secs is None:  # a state change that is not a load keeps the last figure
+            old = versions.get(version)
+            load_secs = old.load_secs if old is not None else 0.0
+        versions[version] = VersionStatus(version, state, reason, handle, load_secs)
         self.entries[name] = ModelEntry(name, MappingProxyType(versions), "", entry.config)
         self._publish()
 
@@ -223,10 +276,15 @@ class _Manager:
         for name in names:  # ensembles wait for the composing models loading beside them
             self.loading.setdefault(name, trio.Event())
 
+        # one listing of the buckets for all of them (a bucket is listed, not walked: with
+        # ten models, one listing instead of ten)
+        scanned = await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud \
+            else None
+
         async def one(name: str) -> None:
             self.dependency_only.discard(name)
             try:
-                error = await self.load(name)
+                error = await self.load(name, scanned=scanned)
             finally:
                 event = self.loading.pop(name, None)
                 if event is not None:
@@ -241,7 +299,8 @@ class _Manager:
 
     async def load(self, name: str, override: pb.ModelConfig | None = None,
                    files: Mapping[str, bytes] | None = None,
-                   force: bool = False) -> NurseryError | None:
+                   force: bool = False, scanned: RepositoryScan | None = None
+                   ) -> NurseryError | None:
         """Load (or reload) every version the policy selects; versions it no longer selects
         are drained and unloaded. A model whose folder did not change since it loaded
         successfully is left as it is (unless a config override is given). Returns the error,
@@ -252,7 +311,12 @@ class _Manager:
             return InternalError(f"{poll_error}: {invalid}")
         if files and override is None:
             return InternalError(f"{poll_error}: file overrides require a 'config' override")
-        repo = scan(self.repositories)
+        if scanned is not None:  # scanned a moment ago for several loads
+            repo = scanned
+        elif self.has_cloud:
+            repo = await trio.to_thread.run_sync(scan, self.repositories)
+        else:
+            repo = scan(self.repositories)
         if name in repo.duplicates and not files:
             where = ", ".join(str(p) for p in repo.duplicates[name])
             reason = f"model '{name}' appears in more than one repository ({where})"
@@ -267,13 +331,25 @@ class _Manager:
         else:
             found = repo.models.get(name)
             if found is None:
-                return InternalError(poll_error)
+                # a bucket that cannot be read may hold it: say why it could not be looked at
+                why = [r for root, r in repo.unreadable.items() if isinstance(root, CloudRoot)]
+                return InternalError(f"{poll_error}: {why[0]}" if why else poll_error)
             location = found
         current = None
         if override is None and not files:
-            current = await trio.to_thread.run_sync(fingerprint, location.path)
+            current = await trio.to_thread.run_sync(model_fingerprint, location)
             if current == self.loaded_from.get(name) and self._serving(name) and not force:
                 return None  # nothing changed since it loaded: nothing to do
+        remote = location.remote
+        if remote is not None:  # a model in a bucket: served only from a complete download
+            try:
+                location = replace(location, path=await self._localize(remote))
+            except StorageError as exc:
+                reason = f"Internal: {exc}"
+                log.error("failed to load '%s': %s", name, exc)
+                if not self._serving(name):
+                    self._set_model_failure(name, reason)
+                return InternalError(f"{poll_error}: {exc}")
         try:
             config, versions = await trio.to_thread.run_sync(
                 partial(read_model_config, location.path, name, backends=self.backends,
@@ -310,6 +386,8 @@ class _Manager:
             for version in dropped:  # the new version policy no longer selects these
                 nursery.start_soon(self._unload_version, name, version)
         self.loaded_from[name] = current
+        if remote is not None:  # every version now serves from this copy: drop older ones
+            await trio.to_thread.run_sync(mirror.prune, self.cloud_base(remote.root), remote)
         return None
 
     def _serving(self, name: str) -> bool:
@@ -325,6 +403,7 @@ class _Manager:
         log.info("loading: %s:%d", name, version)
         scope = trio.CancelScope()
         done = trio.Event()
+        started = time.perf_counter()
         try:
             handle, control = await self.nursery.start(
                 partial(self._supervise_version, location, config, version, scope, done)
@@ -341,7 +420,7 @@ class _Manager:
             error = first_error(exc)
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
         self.live[(name, version)] = _Live(handle, control, scope, done)
-        self._set(name, version, ModelState.READY, "", handle)
+        self._set(name, version, ModelState.READY, "", handle, time.perf_counter() - started)
         log.info("successfully loaded '%s' version %d", name, version)
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
@@ -568,7 +647,7 @@ class _Manager:
 
 async def run(
     *,
-    repositories: tuple[Path, ...],
+    repositories: tuple[Root, ...],
     directory: Directory,
     inbox: trio.MemoryReceiveChannel[ManagerCommand],
     startup_models: list[str],
@@ -580,6 +659,7 @@ async def run(
     unload_timeout: float = 30.0,
     rate_limiter: Any = None,
     faults: FaultCounter | None = None,
+    cloud_cache: str = "",
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
@@ -603,6 +683,7 @@ async def run(
             summaries=summaries,
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
+            cloud_cache=cloud_cache,
         )
         failed = await manager.load_many(startup_models)
         if failed and exit_on_error:
@@ -612,7 +693,9 @@ async def run(
         async with trio.open_nursery() as commands:
             async with inbox:
                 async for command in inbox:
-                    if isinstance(command, IndexRepository):
+                    if isinstance(command, IndexRepository) and manager.has_cloud:
+                        commands.start_soon(manager.serve_index, command)
+                    elif isinstance(command, IndexRepository):
                         mailbox.answer(command.reply, manager.answer_index(command.ready_only),
                                        close=True)
                     else:
@@ -620,4 +703,6 @@ async def run(
             commands.cancel_scope.cancel()  # shutting down: loads still running stop
         await manager.unload_all()
         shutil.rmtree(manager.override_root, ignore_errors=True)
+        for folder in manager.cloud_temp.values():
+            shutil.rmtree(folder, ignore_errors=True)
 

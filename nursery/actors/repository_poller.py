@@ -1,7 +1,8 @@
 """RepositoryPoller: in ``--model-control-mode=poll``, rescans the repositories on its own clock.
 
 Every ``--repository-poll-secs`` it takes a snapshot (each model folder's files, sizes and
-modification times; read off the trio thread), diffs it against the previous one (pure,
+modification times; for a bucket, each object's size and ETag or generation from one listing,
+nothing downloaded; read off the trio thread), diffs it against the previous one (pure,
 ``repository.diff``) and sends the ModelManager what changed: added and changed models are
 loaded (a failed reload leaves the old version serving; a model that failed to load is tried
 again every poll), removed models are unloaded.
@@ -14,13 +15,12 @@ again (a repository briefly unmounted does not unload what it serves).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import trio
 
 from nursery.actors.model_manager import LoadModel, UnloadModel
-from nursery.config.repository import ModelFingerprint, diff, scan, snapshot
+from nursery.config.repository import ModelFingerprint, Root, diff, scan, snapshot
 from nursery.runtime.supervision import Boundary, FaultCounter
 
 log = logging.getLogger("nursery.poller")
@@ -33,8 +33,8 @@ async def _ask(manager: trio.MemorySendChannel[Any], make: Any, name: str) -> An
         return await receive.receive()
 
 
-def _take(repositories: tuple[Path, ...], last: dict[str, ModelFingerprint] | None,
-          unreadable: set[Path]) -> dict[str, ModelFingerprint]:
+def _take(repositories: tuple[Root, ...], last: dict[str, ModelFingerprint] | None,
+          unreadable: set[Root]) -> dict[str, ModelFingerprint]:
     """The repositories' snapshot (blocking: run it off the trio thread). While a repository
     cannot be read, the models of ``last`` that no readable repository holds are kept;
     ``unreadable`` is updated, and logged when it changes (the first snapshot, ``last`` None,
@@ -56,14 +56,14 @@ def _take(repositories: tuple[Path, ...], last: dict[str, ModelFingerprint] | No
 
 async def run(
     *,
-    repositories: tuple[Path, ...],
+    repositories: tuple[Root, ...],
     manager: trio.MemorySendChannel[Any],
     interval: float,
     faults: FaultCounter | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     faults = faults or FaultCounter()
-    unreadable: set[Path] = set()
+    unreadable: set[Root] = set()
     async with manager:
         last: dict[str, ModelFingerprint] = await trio.to_thread.run_sync(
             _take, repositories, None, unreadable)
@@ -77,8 +77,8 @@ async def run(
                 last = await _poll(repositories, manager, last, failed, unreadable)
 
 
-async def _poll(repositories: tuple[Path, ...], manager: trio.MemorySendChannel[Any],
-                last: dict[str, ModelFingerprint], failed: set[str], unreadable: set[Path]
+async def _poll(repositories: tuple[Root, ...], manager: trio.MemorySendChannel[Any],
+                last: dict[str, ModelFingerprint], failed: set[str], unreadable: set[Root]
                 ) -> dict[str, ModelFingerprint]:
     current = await trio.to_thread.run_sync(_take, repositories, last, unreadable)
     changes = diff(last, current)

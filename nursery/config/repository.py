@@ -1,7 +1,10 @@
 """Pure functions over model repositories: find models, their versions, the version policy.
 
 Layout (Triton's): ``<repo>/<model>/config.pbtxt`` and numbered version folders
-``<repo>/<model>/<n>/`` holding the model file (``model.onnx`` and so on).
+``<repo>/<model>/<n>/`` holding the model file (``model.onnx`` and so on). A repository is a
+local folder or a bucket (``s3://``, ``gs://``, ``as://``: ``config/storage``); a bucket is
+scanned by listing its objects, and a model found there has a ``remote`` listing until the
+manager makes it local (``storage.mirror.localize``).
 """
 
 from __future__ import annotations
@@ -9,39 +12,53 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import betterproto
 
+from nursery.config.storage import open_store
+from nursery.config.storage.base import ObjectInfo, RemoteModel, StorageError
+from nursery.config.storage.url import CloudRoot
 from nursery.errors import InternalError
 from nursery.schema import inference as pb
+
+Root = Path | CloudRoot  # a repository: a local folder or a bucket
 
 
 @dataclass(frozen=True, slots=True)
 class ModelLocation:
     name: str
-    path: Path  # the model's folder
-    repository: Path  # the repository root it was found in
+    path: Path  # the model's folder (for a model in a bucket: its local copy, once made)
+    repository: Root  # the repository root it was found in
+    remote: RemoteModel | None = None  # a model in a bucket, not yet made local
 
 
 @dataclass(frozen=True, slots=True)
 class RepositoryScan:
     models: dict[str, ModelLocation]
     # models found in more than one repository: Triton refuses to load either copy
-    duplicates: dict[str, tuple[Path, ...]]
+    duplicates: dict[str, tuple[Root, ...]]
     # repositories that could not be read (missing, not a folder, no permission): the reason,
     # Triton's "failed to poll model repository '<path>': failed to open directory <path>"
-    unreadable: dict[Path, str] = field(default_factory=dict)
+    unreadable: dict[Root, str] = field(default_factory=dict)
 
 
-def scan(repositories: tuple[Path, ...] | list[Path]) -> RepositoryScan:
+def scan(repositories: tuple[Root, ...] | list[Root]) -> RepositoryScan:
     """Every model folder in the given repositories (hidden folders skipped). A repository
     that cannot be read is reported in ``unreadable``, never raised: the callers decide
-    (start-up fails on it with ``--exit-on-error``; the index and loads use the others)."""
+    (start-up fails on it with ``--exit-on-error``; the index and loads use the others).
+    A bucket is listed (blocking, over the network: run this off the trio thread)."""
     found: dict[str, list[ModelLocation]] = {}
-    unreadable: dict[Path, str] = {}
+    unreadable: dict[Root, str] = {}
     for repo in repositories:
+        if isinstance(repo, CloudRoot):
+            try:
+                for location in scan_bucket(repo):
+                    found.setdefault(location.name, []).append(location)
+            except StorageError as exc:
+                unreadable[repo] = f"failed to poll model repository '{repo}': {exc}"
+            continue
         try:
             entries = sorted(os.scandir(repo), key=lambda e: e.name)
         except OSError as exc:
@@ -59,6 +76,26 @@ def scan(repositories: tuple[Path, ...] | list[Path]) -> RepositoryScan:
         name: tuple(loc.repository for loc in locs) for name, locs in found.items() if len(locs) > 1
     }
     return RepositoryScan(models, duplicates, unreadable)
+
+
+def scan_bucket(root: CloudRoot) -> list[ModelLocation]:
+    """The model folders of a bucket, from one listing of its objects (nothing downloaded).
+    Objects directly under the root, and first components that cannot be a model name
+    (hidden, ``..``, empty: a key with ``//``), are not models and are skipped."""
+    objects = open_store(root).list()
+    if not objects:
+        raise StorageError(f"no object under {root}: the bucket path is empty or missing")
+    by_model: dict[str, list[ObjectInfo]] = {}
+    for obj in objects:
+        first, slash, rest = obj.rel.partition("/")
+        if not slash or first.startswith(".") or check_model_name(first) is not None:
+            continue
+        files = by_model.setdefault(first, [])
+        if rest:  # "m/" alone is the model folder's own marker: the folder, nothing in it
+            files.append(replace(obj, rel=rest))
+    return [ModelLocation(name, Path(root.child_url(name)), root,
+                          RemoteModel(root, name, tuple(sorted(files, key=lambda o: o.rel))))
+            for name, files in sorted(by_model.items())]
 
 
 def available_versions(model_path: Path) -> list[int]:
@@ -97,11 +134,19 @@ MAX_FILES_PER_MODEL = 10_000  # a fingerprint never walks an unbounded tree
 class ModelFingerprint:
     """What a model folder holds: every file's relative path, size and modification time."""
 
-    files: tuple[tuple[str, int, int], ...]
+    files: tuple[tuple[str, int, int | str], ...]
+
+
+def model_fingerprint(location: ModelLocation) -> ModelFingerprint:
+    """A model's fingerprint: its folder's files, or for a model in a bucket its listing
+    (each object's key, size and ETag or generation: found without downloading)."""
+    if location.remote is not None:
+        return ModelFingerprint(tuple((o.rel, o.size, o.tag) for o in location.remote.files))
+    return fingerprint(location.path)
 
 
 def fingerprint(model_path: Path) -> ModelFingerprint:
-    entries: list[tuple[str, int, int]] = []
+    entries: list[tuple[str, int, int | str]] = []
     stack = [model_path]
     while stack and len(entries) < MAX_FILES_PER_MODEL:
         folder = stack.pop()
@@ -126,7 +171,7 @@ def fingerprint(model_path: Path) -> ModelFingerprint:
 
 def snapshot(found: RepositoryScan) -> dict[str, ModelFingerprint]:
     """Every model of a scan (duplicates included, under their name) and its files."""
-    out = {name: fingerprint(loc.path) for name, loc in found.models.items()}
+    out = {name: model_fingerprint(loc) for name, loc in found.models.items()}
     for name in found.duplicates:
         out[name] = ModelFingerprint((("<duplicate>", 0, 0),))
     return out

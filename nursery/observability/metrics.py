@@ -182,6 +182,11 @@ class Scrape:
     decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None
     faults: Mapping[str, int] | None = None
     custom: Sequence[FamilySnapshot] = ()  # the families models defined (pb_utils.MetricFamily)
+    # (model, version) -> seconds its load took, for every ready version
+    load_durations: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    # --model-load-on-demand / --model-load-budget: model -> loads on demand, unloads
+    demand_loads: Mapping[str, int] = field(default_factory=dict)
+    evictions: Mapping[str, int] = field(default_factory=dict)
 
 
 def _custom_families(families: Sequence[FamilySnapshot]) -> Iterator[Metric]:
@@ -226,6 +231,7 @@ class TritonCollector:
              if options.histogram_latencies and scrape.decoupled else None),
             *_cache_families(scrape.cache_totals),
             _fault_family(scrape.faults),
+            *_load_families(scrape),
             *(_cpu_families(scrape.system) if options.cpu else ()),
             *(_gpu_families(scrape.system) if options.gpu and scrape.system.gpus else ()),
             *_custom_families(scrape.custom),
@@ -365,6 +371,25 @@ def _fault_family(faults: Mapping[str, int] | None) -> Metric | None:
     for unit, n in sorted(counts.items()):
         family.add_sample(name, {"unit": unit}, n)
     return family
+
+
+def _load_families(scrape: Scrape) -> Iterator[Metric]:
+    """Triton's load-time gauge, and nursery's counts of loads on demand and of unloads for
+    the load budget."""
+    gauge = GaugeMetricFamily("nv_model_load_duration_secs", "Model load time in seconds",
+                              labels=_MODEL_LABELS)
+    for (model, version), secs in sorted(scrape.load_durations.items()):
+        gauge.add_metric([model, version], secs)
+    yield gauge
+    for name, help_text, counts in (
+            ("nursery_model_demand_loads", "Loads of a model caused by a request for it "
+             "(--model-load-on-demand)", scrape.demand_loads),
+            ("nursery_model_budget_unloads", "Unloads of a least recently used idle model "
+             "to stay within --model-load-budget", scrape.evictions)):
+        family = _counter(name, help_text)
+        for model, count in sorted(counts.items()):
+            family.add_sample(name, {"model": model}, count)
+        yield family
 
 
 def _cpu_families(system: SystemSample) -> Iterator[Metric]:

@@ -184,6 +184,9 @@ class StubCore:
             raise PlantedBug("a bug")
         raise NotFound(f"Request for unknown model: '{name}' is not found")
 
+    async def acquire(self, name: str, version: str = "") -> object:
+        return self.resolve(name, version)  # as the core does without loading on demand
+
     def server_live(self) -> bool:
         return True
 

@@ -175,7 +175,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             trace.stamp("GRPC_WAITREAD_START")
             trace.stamp("GRPC_WAITREAD_END")
         try:
-            handle = self.core.resolve(message.model_name, message.model_version)
+            handle = await self.core.acquire(message.model_name, message.model_version)
             if handle.config.decoupled:
                 raise Unsupported(
                     "ModelInfer RPC doesn't support models with decoupled transaction policy")
@@ -334,7 +334,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
                 try:
-                    handle = self.core.resolve(message.model_name, message.model_version)
+                    handle = await self.core.acquire(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message, shm)
                     if forwarded:
                         _add_forwarded(request, forwarded)

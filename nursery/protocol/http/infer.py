@@ -215,7 +215,7 @@ async def infer_response(
         trace.stamp("HTTP_RECV_START")
         trace.stamp("HTTP_RECV_END")
     try:
-        handle = core.resolve(model, version)
+        handle = await core.acquire(model, version)
         if handle.config.decoupled:
             raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
         if encoding is not None:

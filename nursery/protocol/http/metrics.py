@@ -43,9 +43,12 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
                     if options.histogram_latencies and config.decoupled:
                         decoupled[(m, v)] = config.first_response_buckets
             totals = await core.cache_totals()  # None without a cache
-            body = endpoint.render(metrics.Scrape(entries, sampler.latest, frozenset(cached),
-                                                  totals, decoupled, core.faults.snapshot(),
-                                                  core.client.custom_metrics.snapshot()))
+            demand = core.demand
+            body = endpoint.render(metrics.Scrape(
+                entries, sampler.latest, frozenset(cached), totals, decoupled,
+                core.faults.snapshot(), core.client.custom_metrics.snapshot(),
+                core.load_durations(), dict(demand.demand_loads) if demand else {},
+                dict(demand.evictions) if demand else {}))
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})
