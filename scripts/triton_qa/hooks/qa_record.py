@@ -1,0 +1,59 @@
+"""Records every test case Triton's qa clients run, one JSON line each, into the file named by
+NURSERY_QA_RECORD (set by scripts/triton_qa/run.py). Loaded two ways, both from this folder on
+PYTHONPATH: `sitecustomize` calls install_unittest() (plain `python3 -m unittest` / `unittest.main`
+runs), and pytest loads the `nursery_qa_pytest` plugin through PYTEST_PLUGINS. Under pytest a
+unittest case reports through pytest's own result object, so no case is counted twice."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def record(test: str, outcome: str, message: str = "") -> None:
+    path = os.environ.get("NURSERY_QA_RECORD")
+    if not path:
+        return
+    line = json.dumps({"test": test, "outcome": outcome, "message": message[-2000:],
+                       "cwd": os.getcwd(), "argv": sys.argv[:6], "time": time.time()})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def _last_line(err: Any) -> str:
+    if isinstance(err, tuple) and len(err) == 3 and err[1] is not None:
+        return f"{type(err[1]).__name__}: {err[1]}"
+    return str(err)
+
+
+def install_unittest() -> None:
+    import unittest
+
+    base = unittest.TestResult
+
+    def wrap(name: str, outcome: str, with_err: bool) -> None:
+        original = getattr(base, name)
+
+        def method(self: Any, test: Any, *rest: Any) -> Any:
+            message = _last_line(rest[0]) if with_err and rest else (str(rest[0]) if rest else "")
+            record(test.id(), outcome, message)
+            return original(self, test, *rest)
+
+        setattr(base, name, method)
+
+    wrap("addSuccess", "passed", False)
+    wrap("addFailure", "failed", True)
+    wrap("addError", "error", True)
+    wrap("addSkip", "skipped", False)
+    wrap("addExpectedFailure", "xfailed", True)
+    wrap("addUnexpectedSuccess", "xpassed", False)
+    original_sub = base.addSubTest
+
+    def add_sub_test(self: Any, test: Any, subtest: Any, err: Any) -> Any:
+        if err is not None:
+            record(subtest.id(), "failed", _last_line(err))
+        return original_sub(self, test, subtest, err)
+
+    base.addSubTest = add_sub_test  # type: ignore[method-assign]

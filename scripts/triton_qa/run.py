@@ -1,0 +1,258 @@
+"""Run groups of Triton's own qa suite (its server repository's `qa/`) against nursery.
+
+    python scripts/triton_qa/run.py --triton-server /tmp/triton-server L0_parameters
+    python scripts/triton_qa/run.py --triton-server /tmp/triton-server L0_backend_python/bls ...
+
+`--triton-server` is a local checkout (or `git archive`) of github.com/triton-inference-server/
+server; nothing is fetched. For each run the harness builds a tree under `--work`
+(/tmp/nursery-qa by default) that looks like Triton's test container:
+
+- `qa/`: a copy of the checkout's qa/ in which `/opt/tritonserver` and `/data/inferenceserver`
+  are rewritten to the two folders below (in *.sh and *.py files only; the checkout itself is
+  never touched). Every other line of Triton's scripts, tests and models runs as written.
+- `opt/tritonserver/bin/tritonserver`: the stand-in, which maps the command line onto
+  `python -m nursery serve` (standin.py); `opt/tritonserver/backends/` (empty, for scripts that
+  put Python-based backends there); `opt/tritonserver/qa` -> `qa/`.
+- `data/inferenceserver/<version>/`: the model repositories Triton's CI generates. `--generate`
+  fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
+  stay absent, and a script copying from them fails as it would.
+- `shims/` first on PATH: `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
+  scripts install packages into their container; here that would change the machine),
+  `git clone`/`wget` fail (nothing is fetched at test time), `nvidia-smi` reports no GPU.
+
+Each group's `test.sh` then runs in its own folder under `bash`, in a private network namespace
+when `unshare --net` works (Triton's scripts use the fixed ports 8000-8002 and localhost; the
+namespace keeps them from meeting other servers on this machine and from reaching out).
+Subtests of L0_backend_python (`L0_backend_python/<sub>`) get the variables their parent
+script exports. Every unittest / pytest case a client runs is recorded (hooks/qa_record.py);
+`--work`/results/<group>.json holds the cases, the script's exit status and its log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+VERSION = "nursery"
+
+# Triton's generators (qa/common) and the data/inferenceserver folder each fills, as Triton's
+# gen_qa_model_repository script calls them, for the backends this machine has.
+GENERATORS: list[tuple[str, list[str], str]] = [
+    ("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
+    ("gen_qa_models.py", ["--libtorch"], "qa_model_repository"),
+    ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
+    ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
+    ("gen_qa_sequence_models.py", ["--onnx"], "qa_sequence_model_repository"),
+    ("gen_qa_sequence_models.py", ["--libtorch"], "qa_sequence_model_repository"),
+    ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
+    ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
+    ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+]
+
+SHIMS = {
+    "pip": 'echo "nursery-qa: skipped: pip $*" >&2; exit 0',
+    "pip3": 'echo "nursery-qa: skipped: pip3 $*" >&2; exit 0',
+    "apt": 'echo "nursery-qa: skipped: apt $*" >&2; exit 0',
+    "apt-get": 'echo "nursery-qa: skipped: apt-get $*" >&2; exit 0',
+    "conda": 'echo "nursery-qa: skipped: conda $*" >&2; exit 0',
+    "wget": 'echo "nursery-qa: refused: wget $* (nothing is fetched at test time)" >&2; exit 1',
+    "nvidia-smi": 'echo "nursery-qa: no GPU on this machine" >&2; exit 1',
+    "git": ('for a in "$@"; do if [ "$a" = clone ]; then echo "nursery-qa: refused: git $* '
+            '(nothing is fetched at test time)" >&2; exit 1; fi; done; exec {git} "$@"'),
+    "python": ('if [ "$1" = -m ] && [ "$2" = pip ]; then echo "nursery-qa: skipped: python $*" '
+               '>&2; exit 0; fi; exec {python} "$@"'),
+}
+SHIMS["python3"] = SHIMS["python"]
+
+
+def group_file(group: str) -> str:
+    return group.replace("/", "__")
+
+
+def prepare(triton: Path, work: Path) -> None:
+    """The container-shaped tree under work (qa copy, stand-in, shims, empty data folders)."""
+    qa = work / "qa"
+    if qa.exists():
+        shutil.rmtree(qa)
+    shutil.copytree(triton / "qa", qa, symlinks=True)
+    opt = work / "opt" / "tritonserver"
+    data = work / "data" / "inferenceserver"
+    for path in qa.rglob("*"):
+        if path.suffix in (".sh", ".py") and path.is_file() and not path.is_symlink():
+            text = path.read_text(errors="surrogateescape")
+            new = text.replace("/opt/tritonserver", str(opt)).replace(
+                "/data/inferenceserver", str(data))
+            if new != text:
+                path.write_text(new, errors="surrogateescape")
+    (opt / "bin").mkdir(parents=True, exist_ok=True)
+    (opt / "backends" / "python").mkdir(parents=True, exist_ok=True)
+    link = opt / "qa"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(qa)
+    write_exec(opt / "bin" / "tritonserver",
+               f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
+    (data / VERSION).mkdir(parents=True, exist_ok=True)
+    shims = work / "shims"
+    shims.mkdir(exist_ok=True)
+    git = shutil.which("git") or "/usr/bin/git"
+    for name, body in SHIMS.items():
+        write_exec(shims / name,
+                   "#!/bin/bash\n" + body.replace("{git}", git).replace(
+                       "{python}", sys.executable) + "\n")
+
+
+def write_exec(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def generate(work: Path, env: dict[str, str], log) -> None:
+    """Triton's own model generators for what this machine can build (ONNX, LibTorch)."""
+    common = work / "qa" / "common"
+    data = work / "data" / "inferenceserver" / VERSION
+    for script, flags, folder in GENERATORS:
+        target = data / folder
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(common / script), *flags, f"--models_dir={target}"]
+        print(f"generate: {' '.join(cmd)}", file=log, flush=True)
+        rc = subprocess.run(cmd, cwd=common, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"generate: exit {rc}", file=log, flush=True)
+
+
+def environment(work: Path, record: Path, python_mode: str) -> dict[str, str]:
+    opt = work / "opt" / "tritonserver"
+    env = dict(os.environ)
+    env.update({
+        "NVIDIA_TRITON_SERVER_VERSION": VERSION,
+        "REPO_VERSION": VERSION,
+        "TRITON_DIR": str(opt),
+        "SERVER": str(opt / "bin" / "tritonserver"),
+        "BACKEND_DIR": str(opt / "backends"),
+        "DATADIR": str(work / "data" / "inferenceserver" / VERSION),
+        "TEST_WINDOWS": "0",
+        "TEST_JETSON": "0",
+        "TRITON_SERVER_CPU_ONLY": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PATH": f"{work / 'shims'}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(
+            [str(HERE / "hooks"), str(work / "qa" / "common"), env.get("PYTHONPATH", "")]),
+        "PYTEST_PLUGINS": "nursery_qa_pytest",
+        "PYTEST_ADDOPTS": "-p no:cacheprovider",
+        "NURSERY_QA_RECORD": str(record),
+        "NURSERY_QA_ROOT": str(ROOT),
+        "NURSERY_QA_PYTHON": sys.executable,
+        "NURSERY_QA_PYTHON_MODE": python_mode,
+    })
+    return env
+
+
+def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool) -> dict:
+    results = work / "results"
+    results.mkdir(exist_ok=True)
+    stem = group_file(group)
+    record = results / f"{stem}.cases.jsonl"
+    record.unlink(missing_ok=True)
+    folder = work / "qa" / group
+    env = environment(work, record, python_mode)
+    if group.startswith("L0_backend_python/"):
+        env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
+    log_path = results / f"{stem}.log"
+    command = ["bash", "test.sh"]
+    if netns:
+        command = ["unshare", "--net", "--", "bash", "-c", "ip link set lo up && exec bash test.sh"]
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = -1
+        # whatever the script left running (a server it did not stop) goes with it
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(2)
+        proc.wait()
+    cases = []
+    if record.exists():
+        cases = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    summary = summarize(cases)
+    out = {"group": group, "python_mode": python_mode, "exit": rc, "timed_out": timed_out,
+           "seconds": round(time.time() - started), "summary": summary, "cases": cases}
+    (results / f"{stem}.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def summarize(cases: list[dict]) -> dict[str, int]:
+    counts = {"run": 0, "passed": 0, "failed": 0, "skipped": 0}
+    for case in cases:
+        if case["outcome"] == "skipped":
+            counts["skipped"] += 1
+            continue
+        counts["run"] += 1
+        if case["outcome"] in ("passed", "xfailed"):
+            counts["passed"] += 1
+        else:
+            counts["failed"] += 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", help="qa folders with a test.sh, e.g. L0_parameters "
+                        "or L0_backend_python/bls")
+    parser.add_argument("--triton-server", type=Path, required=True,
+                        help="a local checkout of triton-inference-server/server")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/nursery-qa"))
+    parser.add_argument("--python-mode", choices=("process", "thread", ""), default="process",
+                        help="nursery's Python instance mode (process is Triton's way)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per group")
+    parser.add_argument("--generate", action="store_true",
+                        help="run Triton's ONNX/LibTorch model generators into data/")
+    parser.add_argument("--no-netns", action="store_true",
+                        help="run on the machine's own network (ports 8000-8002 must be free)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the prepared tree (and what earlier runs left in it)")
+    args = parser.parse_args()
+    if not (args.triton_server / "qa" / "common" / "util.sh").is_file():
+        parser.error(f"{args.triton_server} does not look like Triton's server repository "
+                     "(no qa/common/util.sh)")
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    if not (args.reuse and (work / "qa").exists()):
+        prepare(args.triton_server.resolve(), work)
+    if args.generate:
+        with open(work / "generate.log", "w") as log:
+            generate(work, environment(work, work / "generate.cases.jsonl", ""), log)
+    netns = not args.no_netns and subprocess.run(
+        ["unshare", "--net", "true"], capture_output=True).returncode == 0
+    for group in args.groups:
+        if not (work / "qa" / group / "test.sh").is_file():
+            print(f"{group}: no test.sh", file=sys.stderr)
+            continue
+        out = run_group(work, group, args.python_mode, args.timeout, netns)
+        s = out["summary"]
+        print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
+              f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "
+              f"skipped {s['skipped']} ({out['seconds']} s)", flush=True)
+        for case in out["cases"]:
+            if case["outcome"] not in ("passed", "skipped", "xfailed"):
+                print(f"  {case['outcome']}: {case['test']}: {case['message'][:200]}")
+
+
+if __name__ == "__main__":
+    main()
