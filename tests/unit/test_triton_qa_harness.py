@@ -78,7 +78,10 @@ def _fake_triton(tmp_path: Path) -> Path:
         "    def test_bad(self):\n        self.assertEqual(1, 2)\n"
         "    @unittest.skip('no')\n    def test_skip(self):\n        pass\n"
         "    def test_data(self):\n"
-        "        self.assertNotIn('/data/inferenceserver', '/data/inferenceserver/x')\n")
+        "        self.assertNotIn('/data/inferenceserver', '/data/inferenceserver/x')\n"
+        "    def test_sub(self):\n"
+        "        for i in range(3):\n"
+        "            with self.subTest(i=i):\n                self.assertLess(i, 2)\n")
     return triton
 
 
@@ -94,10 +97,12 @@ def test_a_group_runs_in_the_prepared_tree_and_its_cases_are_counted(tmp_path):
     assert out["exit"] == 0, (work / "results" / "L0_fake.log").read_text()
     outcomes = sorted((c["test"].rsplit(".", 1)[-1].rsplit(":", 1)[-1], c["outcome"])
                       for c in out["cases"])
-    # the same four cases, once through unittest and once through pytest
+    # the same five cases, once through unittest and once through pytest; a failing sub-test
+    # fails its test and is not a case of its own
     assert outcomes == sorted([("test_ok", "passed"), ("test_bad", "failed"),
-                               ("test_skip", "skipped"), ("test_data", "failed")] * 2)
-    assert out["summary"] == {"run": 6, "passed": 2, "failed": 4, "skipped": 2}
+                               ("test_skip", "skipped"), ("test_data", "failed"),
+                               ("test_sub", "failed")] * 2)
+    assert out["summary"] == {"run": 8, "passed": 2, "failed": 6, "skipped": 2}
     saved = json.loads((work / "results" / "L0_fake.json").read_text())
     assert saved["summary"] == out["summary"]
     log = (work / "results" / "L0_fake.log").read_text()
@@ -116,3 +121,4 @@ def test_the_stand_in_script_runs_nursery_with_the_mapped_flags(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "python -m nursery serve" in proc.stdout
     assert "nursery-qa: dropped --allow-client-shm=true" in proc.stderr
+

@@ -49,11 +49,22 @@ def install_unittest() -> None:
     wrap("addSkip", "skipped", False)
     wrap("addExpectedFailure", "xfailed", True)
     wrap("addUnexpectedSuccess", "xpassed", False)
+    # a failing subTest fails its test (unittest then calls neither addSuccess nor addFailure
+    # for it); sub-tests are not cases of their own
     original_sub = base.addSubTest
+    original_stop = base.stopTest
 
     def add_sub_test(self: Any, test: Any, subtest: Any, err: Any) -> Any:
         if err is not None:
-            record(subtest.id(), "failed", _last_line(err))
+            failed = self.__dict__.setdefault("_nursery_qa_subfailed", {})
+            failed.setdefault(test.id(), f"a sub-test failed: {subtest.id()}: {_last_line(err)}")
         return original_sub(self, test, subtest, err)
 
+    def stop_test(self: Any, test: Any) -> Any:
+        failed = self.__dict__.get("_nursery_qa_subfailed", {})
+        if test.id() in failed:
+            record(test.id(), "failed", failed.pop(test.id()))
+        return original_stop(self, test)
+
     base.addSubTest = add_sub_test  # type: ignore[method-assign]
+    base.stopTest = stop_test  # type: ignore[method-assign]
