@@ -198,24 +198,53 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: b
 
 
 def summarize(cases: list[dict]) -> dict[str, int]:
-    counts = {"run": 0, "passed": 0, "failed": 0, "skipped": 0}
+    """Counts over distinct cases (test ids): a script that runs a test several times (five
+    iterations, two server configurations) has one case that passes only if every run passed.
+    `runs` counts every recorded run."""
+    worst: dict[str, str] = {}
+    rank = {"skipped": 0, "passed": 1, "xfailed": 1, "failed": 2, "error": 2, "xpassed": 2}
     for case in cases:
-        if case["outcome"] == "skipped":
+        outcome = case["outcome"]
+        if rank.get(outcome, 2) >= rank.get(worst.get(case["test"], "skipped"), 0):
+            worst[case["test"]] = outcome
+    counts = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "runs": len(cases)}
+    for outcome in worst.values():
+        if outcome == "skipped":
             counts["skipped"] += 1
             continue
         counts["run"] += 1
-        if case["outcome"] in ("passed", "xfailed"):
-            counts["passed"] += 1
-        else:
-            counts["failed"] += 1
+        counts["passed" if outcome in ("passed", "xfailed") else "failed"] += 1
     return counts
+
+
+def markdown(results: Path) -> str:
+    """A table of every group run into results/, then each failed case (for docs)."""
+    rows = ["| group | test.sh | cases run | passed | failed | skipped | runs |",
+            "|---|---|---|---|---|---|---|"]
+    failures = []
+    for path in sorted(results.glob("*.json")):
+        out = json.loads(path.read_text())
+        s = summarize(out["cases"])
+        verdict = "timed out" if out["timed_out"] else ("pass" if out["exit"] == 0 else
+                                                        f"exit {out['exit']}")
+        rows.append(f"| {out['group']} | {verdict} | {s['run']} | {s['passed']} | "
+                    f"{s['failed']} | {s['skipped']} | {s['runs']} |")
+        seen = set()
+        for case in out["cases"]:
+            if case["outcome"] not in ("passed", "skipped", "xfailed") and case["test"] not in seen:
+                seen.add(case["test"])
+                last = case["message"].splitlines()[-1][:240] if case["message"] else ""
+                failures.append(f"- {out['group']}: `{case['test']}`: {last}")
+    return "\n".join(rows + [""] + failures) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("groups", nargs="*", help="qa folders with a test.sh, e.g. L0_parameters "
                         "or L0_backend_python/bls")
-    parser.add_argument("--triton-server", type=Path, required=True,
+    parser.add_argument("--summary", action="store_true",
+                        help="print a markdown table of the results under --work and stop")
+    parser.add_argument("--triton-server", type=Path,
                         help="a local checkout of triton-inference-server/server")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nursery-qa"))
     parser.add_argument("--python-mode", choices=("process", "thread", ""), default="process",
@@ -228,6 +257,11 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="keep the prepared tree (and what earlier runs left in it)")
     args = parser.parse_args()
+    if args.summary:
+        print(markdown(args.work / "results"), end="")
+        return
+    if args.triton_server is None:
+        parser.error("--triton-server is required")
     if not (args.triton_server / "qa" / "common" / "util.sh").is_file():
         parser.error(f"{args.triton_server} does not look like Triton's server repository "
                      "(no qa/common/util.sh)")
@@ -248,10 +282,12 @@ def main() -> None:
         s = out["summary"]
         print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
               f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "
-              f"skipped {s['skipped']} ({out['seconds']} s)", flush=True)
+              f"skipped {s['skipped']} ({s['runs']} runs, {out['seconds']} s)", flush=True)
+        seen = set()
         for case in out["cases"]:
-            if case["outcome"] not in ("passed", "skipped", "xfailed"):
-                print(f"  {case['outcome']}: {case['test']}: {case['message'][:200]}")
+            if case["outcome"] not in ("passed", "skipped", "xfailed") and case["test"] not in seen:
+                seen.add(case["test"])
+                print(f"  {case['outcome']}: {case['test']}: {case['message'][-200:]}")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def test_a_group_runs_in_the_prepared_tree_and_its_cases_are_counted(tmp_path):
     assert outcomes == sorted([("test_ok", "passed"), ("test_bad", "failed"),
                                ("test_skip", "skipped"), ("test_data", "failed"),
                                ("test_sub", "failed")] * 2)
-    assert out["summary"] == {"run": 8, "passed": 2, "failed": 6, "skipped": 2}
+    assert out["summary"] == {"run": 8, "passed": 2, "failed": 6, "skipped": 2, "runs": 10}
     saved = json.loads((work / "results" / "L0_fake.json").read_text())
     assert saved["summary"] == out["summary"]
     log = (work / "results" / "L0_fake.log").read_text()
@@ -122,3 +122,10 @@ def test_the_stand_in_script_runs_nursery_with_the_mapped_flags(tmp_path):
     assert "python -m nursery serve" in proc.stdout
     assert "nursery-qa: dropped --allow-client-shm=true" in proc.stderr
 
+
+
+def test_a_case_run_several_times_passes_only_if_every_run_passed():
+    cases = [{"test": "a", "outcome": "passed"}, {"test": "a", "outcome": "failed"},
+             {"test": "a", "outcome": "passed"}, {"test": "b", "outcome": "passed"},
+             {"test": "b", "outcome": "passed"}, {"test": "c", "outcome": "skipped"}]
+    assert run.summarize(cases) == {"run": 2, "passed": 1, "failed": 1, "skipped": 1, "runs": 6}
