@@ -18,7 +18,9 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
   stay absent, and a script copying from them fails as it would.
 - `shims/` first on PATH: `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
   scripts install packages into their container; here that would change the machine),
-  `git clone`/`wget` fail (nothing is fetched at test time), `nvidia-smi` reports no GPU.
+  `wget` and `git clone` fail (nothing is fetched at test time) except that `git clone` of a
+  repository found under `--checkouts <folder>` (by name: `python_backend`, ...) copies that
+  local checkout; `nvidia-smi` reports no GPU.
 
 Each group's `test.sh` then runs in its own folder under `bash`, in a private network namespace
 when `unshare --net` works (Triton's scripts use the fixed ports 8000-8002 and localhost; the
@@ -65,8 +67,15 @@ SHIMS = {
     "conda": 'echo "nursery-qa: skipped: conda $*" >&2; exit 0',
     "wget": 'echo "nursery-qa: refused: wget $* (nothing is fetched at test time)" >&2; exit 1',
     "nvidia-smi": 'echo "nursery-qa: no GPU on this machine" >&2; exit 1',
-    "git": ('for a in "$@"; do if [ "$a" = clone ]; then echo "nursery-qa: refused: git $* '
-            '(nothing is fetched at test time)" >&2; exit 1; fi; done; exec {git} "$@"'),
+    # `git clone <url> [dir]` copies --checkouts/<repo name> when it is there, else fails
+    "git": ('if [ "$1" = clone ]; then shift; url=; dir=; while [ $# -gt 0 ]; do case "$1" in '
+            '-b|--branch|--depth|-c|--config|-o|--origin) shift 2;; -*) shift;; *) '
+            'if [ -z "$url" ]; then url=$1; else dir=$1; fi; shift;; esac; done; '
+            'name=$(basename "$url" .git); src="$NURSERY_QA_CHECKOUTS/$name"; '
+            'if [ -n "$NURSERY_QA_CHECKOUTS" ] && [ -d "$src" ]; then cp -r "$src" "${dir:-$name}"'
+            ' && echo "nursery-qa: git clone $url: copied $src" >&2; exit $?; fi; '
+            'echo "nursery-qa: refused: git clone $url (nothing is fetched at test time; no '
+            'checkout of $name under --checkouts)" >&2; exit 1; fi; exec {git} "$@"'),
     "python": ('if [ "$1" = -m ] && [ "$2" = pip ]; then echo "nursery-qa: skipped: python $*" '
                '>&2; exit 0; fi; exec {python} "$@"'),
 }
@@ -128,7 +137,8 @@ def generate(work: Path, env: dict[str, str], log) -> None:
         print(f"generate: exit {rc}", file=log, flush=True)
 
 
-def environment(work: Path, record: Path, python_mode: str) -> dict[str, str]:
+def environment(work: Path, record: Path, python_mode: str,
+                checkouts: Path | None = None) -> dict[str, str]:
     opt = work / "opt" / "tritonserver"
     env = dict(os.environ)
     env.update({
@@ -151,18 +161,20 @@ def environment(work: Path, record: Path, python_mode: str) -> dict[str, str]:
         "NURSERY_QA_ROOT": str(ROOT),
         "NURSERY_QA_PYTHON": sys.executable,
         "NURSERY_QA_PYTHON_MODE": python_mode,
+        "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
     })
     return env
 
 
-def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool) -> dict:
+def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool,
+              checkouts: Path | None = None) -> dict:
     results = work / "results"
     results.mkdir(exist_ok=True)
     stem = group_file(group)
     record = results / f"{stem}.cases.jsonl"
     record.unlink(missing_ok=True)
     folder = work / "qa" / group
-    env = environment(work, record, python_mode)
+    env = environment(work, record, python_mode, checkouts)
     if group.startswith("L0_backend_python/"):
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
     log_path = results / f"{stem}.log"
@@ -249,6 +261,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/nursery-qa"))
     parser.add_argument("--python-mode", choices=("process", "thread", ""), default="process",
                         help="nursery's Python instance mode (process is Triton's way)")
+    parser.add_argument("--checkouts", type=Path,
+                        help="a folder of local checkouts by repository name (python_backend, "
+                        "...): a script's `git clone .../<name>` copies <folder>/<name>")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per group")
     parser.add_argument("--generate", action="store_true",
                         help="run Triton's ONNX/LibTorch model generators into data/")
@@ -278,7 +293,8 @@ def main() -> None:
         if not (work / "qa" / group / "test.sh").is_file():
             print(f"{group}: no test.sh", file=sys.stderr)
             continue
-        out = run_group(work, group, args.python_mode, args.timeout, netns)
+        out = run_group(work, group, args.python_mode, args.timeout, netns,
+                        args.checkouts.resolve() if args.checkouts else None)
         s = out["summary"]
         print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
               f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "

@@ -68,6 +68,8 @@ def _fake_triton(tmp_path: Path) -> Path:
         "test -f $SERVER || exit 3\n"
         "pip3 uninstall -y torch || exit 4\n"
         "git clone https://example.invalid/x && exit 5\n"
+        "git clone --depth=1 -b main https://example.invalid/org/lib.git here || exit 6\n"
+        "test -f here/README || exit 7\n"
         "python3 -m unittest fake_test >client.log 2>&1\n"
         "python3 -m pytest -q fake_test.py >>client.log 2>&1\n"
         "exit 0\n")
@@ -93,7 +95,11 @@ def test_a_group_runs_in_the_prepared_tree_and_its_cases_are_counted(tmp_path):
     assert f"SERVER={work}/opt/tritonserver/bin/tritonserver" in script
     assert "SERVER=/opt/tritonserver/" in (triton / "qa" / "L0_fake" / "test.sh").read_text()
     assert os.access(work / "opt" / "tritonserver" / "bin" / "tritonserver", os.X_OK)
-    out = run.run_group(work, "L0_fake", "process", timeout=120, netns=False)
+    checkouts = tmp_path / "checkouts"
+    (checkouts / "lib").mkdir(parents=True)
+    (checkouts / "lib" / "README").write_text("a local checkout\n")
+    out = run.run_group(work, "L0_fake", "process", timeout=120, netns=False,
+                        checkouts=checkouts)
     assert out["exit"] == 0, (work / "results" / "L0_fake.log").read_text()
     outcomes = sorted((c["test"].rsplit(".", 1)[-1].rsplit(":", 1)[-1], c["outcome"])
                       for c in out["cases"])
