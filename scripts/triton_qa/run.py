@@ -13,6 +13,9 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
 - `opt/tritonserver/bin/tritonserver`: the stand-in, which maps the command line onto
   `python -m nursery serve` (standin.py); `opt/tritonserver/backends/` (empty, for scripts that
   put Python-based backends there); `opt/tritonserver/qa` -> `qa/`.
+- the models Triton's Dockerfile.QA copies into a few qa folders from the server repository
+  (docs/examples, src/test/models) and python_backend's examples (container_models); its
+  C++ test backends are not built.
 - `data/inferenceserver/<version>/`: the model repositories Triton's CI generates. `--generate`
   fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
   stay absent, and a script copying from them fails as it would.
@@ -52,6 +55,7 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_models.py", ["--libtorch"], "qa_model_repository"),
     ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
     ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
+    ("gen_qa_identity_models.py", ["--libtorch"], "qa_identity_model_repository"),
     ("gen_qa_sequence_models.py", ["--onnx"], "qa_sequence_model_repository"),
     ("gen_qa_sequence_models.py", ["--libtorch"], "qa_sequence_model_repository"),
     ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
@@ -86,7 +90,7 @@ def group_file(group: str) -> str:
     return group.replace("/", "__")
 
 
-def prepare(triton: Path, work: Path) -> None:
+def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
     """The container-shaped tree under work (qa copy, stand-in, shims, empty data folders)."""
     qa = work / "qa"
     if qa.exists():
@@ -110,6 +114,8 @@ def prepare(triton: Path, work: Path) -> None:
     write_exec(opt / "bin" / "tritonserver",
                f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
     (data / VERSION).mkdir(parents=True, exist_ok=True)
+    for what in container_models(triton, work, checkouts):
+        print(f"prepare: not available: {what}", file=sys.stderr)
     shims = work / "shims"
     shims.mkdir(exist_ok=True)
     git = shutil.which("git") or "/usr/bin/git"
@@ -117,6 +123,49 @@ def prepare(triton: Path, work: Path) -> None:
         write_exec(shims / name,
                    "#!/bin/bash\n" + body.replace("{git}", git).replace(
                        "{python}", sys.executable) + "\n")
+
+
+def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[str]:
+    """The few steps of Triton's Dockerfile.QA that put models into qa/ folders from the server
+    repository itself (docs/examples, src/test/models) and python_backend's examples; the C++
+    test backends it also copies there (libtriton_repeat.so, ...) are not built here. Returns
+    what it could not do."""
+    qa = work / "qa"
+    missing = []
+    simple = triton / "docs" / "examples" / "model_repository" / "simple"
+    if simple.is_dir():
+        for group in ("L0_simple_example", "L0_shared_memory"):
+            target = qa / group / "models"
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(simple, target / "simple", dirs_exist_ok=True)
+        for version in ("1", "2"):
+            folder = qa / "L0_simple_ensemble" / "models" / "simple" / version
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy(simple / "1" / "model.onnx", folder)
+    else:
+        missing.append(f"{simple} (docs/examples of the server repository)")
+    test_models = triton / "src" / "test" / "models"
+    decoupled = qa / "L0_decoupled" / "models"
+    if test_models.is_dir():
+        for name in ("repeat_int32", "square_int32"):
+            shutil.copytree(test_models / name, decoupled / name, dirs_exist_ok=True)
+        for name in ("repeat_int32", "square_int32", "identity_int32", "simple_repeat",
+                     "fan_repeat", "sequence_repeat", "repeat_square", "nested_square"):
+            (decoupled / name / "1").mkdir(parents=True, exist_ok=True)
+        python_models = qa / "L0_decoupled" / "python_models"
+        shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
+        examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
+        if examples and examples.is_dir():
+            for name in ("repeat", "square"):
+                shutil.copy(examples / f"{name}_model.py",
+                            python_models / f"{name}_int32" / "1" / "model.py")
+                shutil.copy(examples / f"{name}_config.pbtxt",
+                            python_models / f"{name}_int32" / "config.pbtxt")
+        else:
+            missing.append("python_backend/examples/decoupled (--checkouts)")
+    else:
+        missing.append(f"{test_models} (src/test/models of the server repository)")
+    return missing
 
 
 def write_exec(path: Path, text: str) -> None:
@@ -283,7 +332,8 @@ def main() -> None:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not (args.reuse and (work / "qa").exists()):
-        prepare(args.triton_server.resolve(), work)
+        prepare(args.triton_server.resolve(), work,
+                args.checkouts.resolve() if args.checkouts else None)
     if args.generate:
         with open(work / "generate.log", "w") as log:
             generate(work, environment(work, work / "generate.cases.jsonl", ""), log)
