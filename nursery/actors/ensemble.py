@@ -126,7 +126,13 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
             ready = flow.take_ready()
     if failure is not None:
         raise failure
-    outputs = [t for t in (tensors.get(n) for n in wanted) if t is not None]
+    outputs = []
+    for name in wanted:
+        value = tensors.get(name)
+        if value is not None:
+            outputs.append(value)
+        else:  # absent: the answer leaves it out (Triton's verbose line)
+            log.debug("Composing models did not output tensor %s", name)
     return InferenceResponse(plan.name, version, outputs, id=request.id)
 
 
@@ -165,8 +171,10 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
                 outputs = []
                 for name in wanted:
                     value = flow.output(name, iteration)
-                    if value is not None:  # absent: the answer leaves it out
+                    if value is not None:
                         outputs.append(_renamed(name, value))  # type: ignore[arg-type]
+                    else:  # absent: the answer leaves it out (Triton's verbose line)
+                        log.debug("Composing models did not output tensor %s", name)
                 final = running == 0 and k == len(answers) - 1
                 emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id), None,
                           final))
