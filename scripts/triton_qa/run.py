@@ -73,7 +73,8 @@ SHIMS = {
     "nvidia-smi": 'echo "nursery-qa: no GPU on this machine" >&2; exit 1',
     # `git clone <url> [dir]` copies --checkouts/<repo name> when it is there, else fails
     "git": ('if [ "$1" = clone ]; then shift; url=; dir=; while [ $# -gt 0 ]; do case "$1" in '
-            '-b|--branch|--depth|-c|--config|-o|--origin) shift 2;; -*) shift;; *) '
+            '-b|--branch|--depth|-c|--config|-o|--origin) shift; [ $# -gt 0 ] && shift;; '
+            '-*) shift;; *) '
             'if [ -z "$url" ]; then url=$1; else dir=$1; fi; shift;; esac; done; '
             'name=$(basename "$url" .git); src="$NURSERY_QA_CHECKOUTS/$name"; '
             'if [ -n "$NURSERY_QA_CHECKOUTS" ] && [ -d "$src" ]; then cp -r "$src" "${dir:-$name}"'

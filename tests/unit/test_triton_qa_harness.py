@@ -70,6 +70,8 @@ def _fake_triton(tmp_path: Path) -> Path:
         "git clone https://example.invalid/x && exit 5\n"
         "git clone --depth=1 -b main https://example.invalid/org/lib.git here || exit 6\n"
         "test -f here/README || exit 7\n"
+        "git clone https://example.invalid/org/lib -b || exit 8\n"  # an empty tag variable
+        "test -f lib/README || exit 9\n"
         "python3 -m unittest fake_test >client.log 2>&1\n"
         "python3 -m pytest -q fake_test.py >>client.log 2>&1\n"
         "exit 0\n")
