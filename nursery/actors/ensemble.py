@@ -62,6 +62,16 @@ def _renamed(name: str, t: Tensor) -> Tensor:
     return Tensor(name, t.datatype, t.shape, t.data)
 
 
+def _sequence_parameters(request: InferenceRequest) -> dict[str, Any]:
+    """An ensemble's answer to a request of a sequence names the sequence and its flags, as
+    Triton's EnsembleContext does (each step output carries its step request's correlation ID
+    and flags, which the steps take from the ensemble's request)."""
+    if not request.sequence_id:
+        return {}
+    return {"sequence_id": request.sequence_id, "sequence_start": request.sequence_start,
+            "sequence_end": request.sequence_end}
+
+
 def _step_request(step: EnsembleStep, request: InferenceRequest,
                   inputs: Mapping[str, Tensor | None]) -> InferenceRequest:
     """The request to a step's model: ``inputs`` by the model's input names (an absent
@@ -133,7 +143,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
             outputs.append(value)
         else:  # absent: the answer leaves it out (Triton's verbose line)
             log.debug("Composing models did not output tensor %s", name)
-    return InferenceResponse(plan.name, version, outputs, id=request.id)
+    return InferenceResponse(plan.name, version, outputs, id=request.id,
+                             parameters=_sequence_parameters(request))
 
 
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
@@ -176,7 +187,8 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
                     else:  # absent: the answer leaves it out (Triton's verbose line)
                         log.debug("Composing models did not output tensor %s", name)
                 final = running == 0 and k == len(answers) - 1
-                emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id), None,
+                emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id,
+                                            parameters=_sequence_parameters(request)), None,
                           final))
             if running == 0:
                 if not answers:

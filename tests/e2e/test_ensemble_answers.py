@@ -1,4 +1,5 @@
-"""An ensemble output its step's model did not produce is left out of the answer, and at
+"""What an ensemble answer holds, as Triton's L0_simple_ensemble checks it. An output its step's
+model did not produce is left out of the answer, and at
 --log-verbose=1 the server says so in Triton's words (L0_simple_ensemble's
 test_ensemble_partial_add_sub reads that line)."""
 from __future__ import annotations
@@ -56,3 +57,38 @@ def test_absent_ensemble_output_is_left_out_and_logged(tmp_path, start_server):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
     assert result.as_numpy("OUTPUT1") is None
     assert message in server.log()
+
+
+def test_ensemble_answers_of_a_sequence_carry_its_id_and_flags(tmp_path, start_server):
+    """L0_simple_ensemble's test_ensemble_sequence_flags: each answer of an ensemble to a
+    request of a sequence carries sequence_id, sequence_start and sequence_end."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    server = start_server(_repo(tmp_path))
+    answers: queue.Queue = queue.Queue()
+    x = np.arange(4, dtype=np.int32)
+    inp = grpcclient.InferInput("INPUT0", [4], "INT32")
+    inp.set_data_from_numpy(x)
+    flags = [(True, False), (False, False), (False, True)]
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(lambda result, error: answers.put((result, error)))
+        for n, (start, end) in enumerate(flags):
+            client.async_stream_infer("ens", [inp], request_id=str(n), sequence_id=42,
+                                      sequence_start=start, sequence_end=end)
+        got = {}
+        for _ in flags:
+            result, error = answers.get(timeout=60)
+            assert error is None
+            response = result.get_response()
+            params = response.parameters
+            got[response.id] = (params["sequence_id"].int64_param,
+                                params["sequence_start"].bool_param,
+                                params["sequence_end"].bool_param)
+        client.stop_stream()
+    assert got == {str(n): (42, start, end) for n, (start, end) in enumerate(flags)}
+    # a request outside any sequence gets no such parameters
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        plain = client.infer("ens", [inp]).get_response()
+    assert "sequence_id" not in plain.parameters
