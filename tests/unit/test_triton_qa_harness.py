@@ -74,6 +74,7 @@ def _fake_triton(tmp_path: Path) -> Path:
         "test -f lib/README || exit 9\n"
         "python3 -m unittest fake_test >client.log 2>&1\n"
         "python3 -m pytest -q fake_test.py >>client.log 2>&1\n"
+        "MODEL_NAME=m1 python3 -m pytest -q fake_test.py -k test_ok >>client.log 2>&1\n"
         "exit 0\n")
     (group / "fake_test.py").write_text(
         "import unittest\n"
@@ -109,8 +110,8 @@ def test_a_group_runs_in_the_prepared_tree_and_its_cases_are_counted(tmp_path):
     # fails its test and is not a case of its own
     assert outcomes == sorted([("test_ok", "passed"), ("test_bad", "failed"),
                                ("test_skip", "skipped"), ("test_data", "failed"),
-                               ("test_sub", "failed")] * 2)
-    assert out["summary"] == {"run": 8, "passed": 2, "failed": 6, "skipped": 2, "runs": 10}
+                               ("test_sub", "failed")] * 2 + [("test_ok[m1]", "passed")])
+    assert out["summary"] == {"run": 9, "passed": 3, "failed": 6, "skipped": 2, "runs": 11}
     saved = json.loads((work / "results" / "L0_fake.json").read_text())
     assert saved["summary"] == out["summary"]
     log = (work / "results" / "L0_fake.log").read_text()

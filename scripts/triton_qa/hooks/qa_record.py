@@ -16,6 +16,11 @@ def record(test: str, outcome: str, message: str = "") -> None:
     path = os.environ.get("NURSERY_QA_RECORD")
     if not path:
         return
+    # Triton's scripts run one client file for several models, naming the model in MODEL_NAME
+    # (L0_backend_python's test_infer_shm_leak.py): each model is a case of its own
+    model = os.environ.get("MODEL_NAME")
+    if model:
+        test = f"{test}[{model}]"
     line = json.dumps({"test": test, "outcome": outcome, "message": message[-2000:],
                        "cwd": os.getcwd(), "argv": sys.argv[:6], "time": time.time()})
     with open(path, "a", encoding="utf-8") as f:
