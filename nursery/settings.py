@@ -149,6 +149,17 @@ _LATER_FLAGS = {
     "--cuda-memory-pool-byte-size": "CUDA memory pools",
     "--allow-sagemaker": "the SageMaker frontend",
     "--allow-vertex-ai": "the Vertex AI frontend",
+    # thread and pool sizes of Triton's C++ frontends; nursery's tasks need no such sizes
+    "--http-thread-count": "HTTP thread pool sizing",
+    "--grpc-infer-allocation-pool-size": "gRPC allocation pool sizing",
+    "--sagemaker-port": "the SageMaker frontend",
+    "--sagemaker-thread-count": "the SageMaker frontend",
+    "--vertex-ai-port": "the Vertex AI frontend",
+    "--vertex-ai-thread-count": "the Vertex AI frontend",
+    "--enable-peer-access": "CUDA peer access settings",
+    "--min-supported-compute-capability": "GPU compute capability filtering",
+    "--repoagent-directory": "repository agents",
+    "--cache-directory": "cache plugin directories",
 }
 
 

@@ -62,6 +62,16 @@ def _renamed(name: str, t: Tensor) -> Tensor:
     return Tensor(name, t.datatype, t.shape, t.data)
 
 
+def _sequence_parameters(request: InferenceRequest) -> dict[str, Any]:
+    """An ensemble's answer to a request of a sequence names the sequence and its flags, as
+    Triton's EnsembleContext does (each step output carries its step request's correlation ID
+    and flags, which the steps take from the ensemble's request)."""
+    if not request.sequence_id:
+        return {}
+    return {"sequence_id": request.sequence_id, "sequence_start": request.sequence_start,
+            "sequence_end": request.sequence_end}
+
+
 def _step_request(step: EnsembleStep, request: InferenceRequest,
                   inputs: Mapping[str, Tensor | None]) -> InferenceRequest:
     """The request to a step's model: ``inputs`` by the model's input names (an absent
@@ -126,8 +136,15 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
             ready = flow.take_ready()
     if failure is not None:
         raise failure
-    outputs = [t for t in (tensors.get(n) for n in wanted) if t is not None]
-    return InferenceResponse(plan.name, version, outputs, id=request.id)
+    outputs = []
+    for name in wanted:
+        value = tensors.get(name)
+        if value is not None:
+            outputs.append(value)
+        else:  # absent: the answer leaves it out (Triton's verbose line)
+            log.debug("Composing models did not output tensor %s", name)
+    return InferenceResponse(plan.name, version, outputs, id=request.id,
+                             parameters=_sequence_parameters(request))
 
 
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
@@ -165,10 +182,13 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
                 outputs = []
                 for name in wanted:
                     value = flow.output(name, iteration)
-                    if value is not None:  # absent: the answer leaves it out
+                    if value is not None:
                         outputs.append(_renamed(name, value))  # type: ignore[arg-type]
+                    else:  # absent: the answer leaves it out (Triton's verbose line)
+                        log.debug("Composing models did not output tensor %s", name)
                 final = running == 0 and k == len(answers) - 1
-                emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id), None,
+                emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id,
+                                            parameters=_sequence_parameters(request)), None,
                           final))
             if running == 0:
                 if not answers:

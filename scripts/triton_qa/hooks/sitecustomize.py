@@ -1,0 +1,7 @@
+"""Loaded by every Python the qa harness starts for Triton's test clients (see qa_record.py)."""
+import os
+
+if os.environ.get("NURSERY_QA_RECORD"):
+    import qa_record
+
+    qa_record.install_unittest()

@@ -1,0 +1,361 @@
+"""Run groups of Triton's own qa suite (its server repository's `qa/`) against nursery.
+
+    python scripts/triton_qa/run.py --triton-server /tmp/triton-server L0_parameters
+    python scripts/triton_qa/run.py --triton-server /tmp/triton-server L0_backend_python/bls ...
+
+`--triton-server` is a local checkout (or `git archive`) of github.com/triton-inference-server/
+server; nothing is fetched. For each run the harness builds a tree under `--work`
+(/tmp/nursery-qa by default) that looks like Triton's test container:
+
+- `qa/`: a copy of the checkout's qa/ in which `/opt/tritonserver` and `/data/inferenceserver`
+  are rewritten to the two folders below (in *.sh and *.py files only; the checkout itself is
+  never touched). Every other line of Triton's scripts, tests and models runs as written.
+- `opt/tritonserver/bin/tritonserver`: the stand-in, which maps the command line onto
+  `python -m nursery serve` (standin.py); `opt/tritonserver/backends/` (empty, for scripts that
+  put Python-based backends there); `opt/tritonserver/qa` -> `qa/`.
+- the models Triton's Dockerfile.QA copies into a few qa folders from the server repository
+  (docs/examples, src/test/models) and python_backend's examples (container_models); its
+  C++ test backends are not built.
+- `data/inferenceserver/<version>/`: the model repositories Triton's CI generates. `--generate`
+  fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
+  stay absent, and a script copying from them fails as it would.
+- `shims/` first on PATH: `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
+  scripts install packages into their container; here that would change the machine),
+  `wget` and `git clone` fail (nothing is fetched at test time) except that `git clone` of a
+  repository found under `--checkouts <folder>` (by name: `python_backend`, ...) copies that
+  local checkout; `nvidia-smi` reports no GPU.
+
+Each group's `test.sh` then runs in its own folder under `bash`, in a private network namespace
+when `unshare --net` works (Triton's scripts use the fixed ports 8000-8002 and localhost; the
+namespace keeps them from meeting other servers on this machine and from reaching out).
+Subtests of L0_backend_python (`L0_backend_python/<sub>`) get the variables their parent
+script exports. Every unittest / pytest case a client runs is recorded (hooks/qa_record.py);
+`--work`/results/<group>.json holds the cases, the script's exit status and its log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+VERSION = "nursery"
+
+# Triton's generators (qa/common) and the data/inferenceserver folder each fills, as Triton's
+# gen_qa_model_repository script calls them, for the backends this machine has.
+GENERATORS: list[tuple[str, list[str], str]] = [
+    ("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
+    ("gen_qa_models.py", ["--libtorch"], "qa_model_repository"),
+    ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
+    ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
+    ("gen_qa_identity_models.py", ["--libtorch"], "qa_identity_model_repository"),
+    ("gen_qa_sequence_models.py", ["--onnx"], "qa_sequence_model_repository"),
+    ("gen_qa_sequence_models.py", ["--libtorch"], "qa_sequence_model_repository"),
+    ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
+    ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
+    ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+]
+
+SHIMS = {
+    "pip": 'echo "nursery-qa: skipped: pip $*" >&2; exit 0',
+    "pip3": 'echo "nursery-qa: skipped: pip3 $*" >&2; exit 0',
+    "apt": 'echo "nursery-qa: skipped: apt $*" >&2; exit 0',
+    "apt-get": 'echo "nursery-qa: skipped: apt-get $*" >&2; exit 0',
+    "conda": 'echo "nursery-qa: skipped: conda $*" >&2; exit 0',
+    "wget": 'echo "nursery-qa: refused: wget $* (nothing is fetched at test time)" >&2; exit 1',
+    "nvidia-smi": 'echo "nursery-qa: no GPU on this machine" >&2; exit 1',
+    # `git clone <url> [dir]` copies --checkouts/<repo name> when it is there, else fails
+    "git": ('if [ "$1" = clone ]; then shift; url=; dir=; while [ $# -gt 0 ]; do case "$1" in '
+            '-b|--branch|--depth|-c|--config|-o|--origin) shift; [ $# -gt 0 ] && shift;; '
+            '-*) shift;; *) '
+            'if [ -z "$url" ]; then url=$1; else dir=$1; fi; shift;; esac; done; '
+            'name=$(basename "$url" .git); src="$NURSERY_QA_CHECKOUTS/$name"; '
+            'if [ -n "$NURSERY_QA_CHECKOUTS" ] && [ -d "$src" ]; then cp -r "$src" "${dir:-$name}"'
+            ' && echo "nursery-qa: git clone $url: copied $src" >&2; exit $?; fi; '
+            'echo "nursery-qa: refused: git clone $url (nothing is fetched at test time; no '
+            'checkout of $name under --checkouts)" >&2; exit 1; fi; exec {git} "$@"'),
+    "python": ('if [ "$1" = -m ] && [ "$2" = pip ]; then echo "nursery-qa: skipped: python $*" '
+               '>&2; exit 0; fi; exec {python} "$@"'),
+}
+SHIMS["python3"] = SHIMS["python"]
+
+
+def group_file(group: str) -> str:
+    return group.replace("/", "__")
+
+
+def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
+    """The container-shaped tree under work (qa copy, stand-in, shims, empty data folders)."""
+    qa = work / "qa"
+    if qa.exists():
+        shutil.rmtree(qa)
+    shutil.copytree(triton / "qa", qa, symlinks=True)
+    opt = work / "opt" / "tritonserver"
+    data = work / "data" / "inferenceserver"
+    for path in qa.rglob("*"):
+        if path.suffix in (".sh", ".py") and path.is_file() and not path.is_symlink():
+            text = path.read_text(errors="surrogateescape")
+            new = text.replace("/opt/tritonserver", str(opt)).replace(
+                "/data/inferenceserver", str(data))
+            if new != text:
+                path.write_text(new, errors="surrogateescape")
+    (opt / "bin").mkdir(parents=True, exist_ok=True)
+    (opt / "backends" / "python").mkdir(parents=True, exist_ok=True)
+    link = opt / "qa"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(qa)
+    write_exec(opt / "bin" / "tritonserver",
+               f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
+    (data / VERSION).mkdir(parents=True, exist_ok=True)
+    for what in container_models(triton, work, checkouts):
+        print(f"prepare: not available: {what}", file=sys.stderr)
+    shims = work / "shims"
+    shims.mkdir(exist_ok=True)
+    git = shutil.which("git") or "/usr/bin/git"
+    for name, body in SHIMS.items():
+        write_exec(shims / name,
+                   "#!/bin/bash\n" + body.replace("{git}", git).replace(
+                       "{python}", sys.executable) + "\n")
+
+
+def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[str]:
+    """The few steps of Triton's Dockerfile.QA that put models into qa/ folders from the server
+    repository itself (docs/examples, src/test/models) and python_backend's examples; the C++
+    test backends it also copies there (libtriton_repeat.so, ...) are not built here. Returns
+    what it could not do."""
+    qa = work / "qa"
+    missing = []
+    simple = triton / "docs" / "examples" / "model_repository" / "simple"
+    if simple.is_dir():
+        for group in ("L0_simple_example", "L0_shared_memory"):
+            target = qa / group / "models"
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(simple, target / "simple", dirs_exist_ok=True)
+        for version in ("1", "2"):
+            folder = qa / "L0_simple_ensemble" / "models" / "simple" / version
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy(simple / "1" / "model.onnx", folder)
+    else:
+        missing.append(f"{simple} (docs/examples of the server repository)")
+    test_models = triton / "src" / "test" / "models"
+    decoupled = qa / "L0_decoupled" / "models"
+    if test_models.is_dir():
+        for name in ("repeat_int32", "square_int32"):
+            shutil.copytree(test_models / name, decoupled / name, dirs_exist_ok=True)
+        for name in ("repeat_int32", "square_int32", "identity_int32", "simple_repeat",
+                     "fan_repeat", "sequence_repeat", "repeat_square", "nested_square"):
+            (decoupled / name / "1").mkdir(parents=True, exist_ok=True)
+        python_models = qa / "L0_decoupled" / "python_models"
+        shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
+        examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
+        if examples and examples.is_dir():
+            for name in ("repeat", "square"):
+                shutil.copy(examples / f"{name}_model.py",
+                            python_models / f"{name}_int32" / "1" / "model.py")
+                shutil.copy(examples / f"{name}_config.pbtxt",
+                            python_models / f"{name}_int32" / "config.pbtxt")
+        else:
+            missing.append("python_backend/examples/decoupled (--checkouts)")
+    else:
+        missing.append(f"{test_models} (src/test/models of the server repository)")
+    return missing
+
+
+def write_exec(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def generate(work: Path, env: dict[str, str], log) -> None:
+    """Triton's own model generators for what this machine can build (ONNX, LibTorch)."""
+    common = work / "qa" / "common"
+    data = work / "data" / "inferenceserver" / VERSION
+    for script, flags, folder in GENERATORS:
+        target = data / folder
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(common / script), *flags, f"--models_dir={target}"]
+        print(f"generate: {' '.join(cmd)}", file=log, flush=True)
+        rc = subprocess.run(cmd, cwd=common, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"generate: exit {rc}", file=log, flush=True)
+
+
+def environment(work: Path, record: Path, python_mode: str,
+                checkouts: Path | None = None) -> dict[str, str]:
+    opt = work / "opt" / "tritonserver"
+    env = dict(os.environ)
+    env.update({
+        "NVIDIA_TRITON_SERVER_VERSION": VERSION,
+        "REPO_VERSION": VERSION,
+        "TRITON_DIR": str(opt),
+        "SERVER": str(opt / "bin" / "tritonserver"),
+        "BACKEND_DIR": str(opt / "backends"),
+        "DATADIR": str(work / "data" / "inferenceserver" / VERSION),
+        "TEST_WINDOWS": "0",
+        "TEST_JETSON": "0",
+        "TRITON_SERVER_CPU_ONLY": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PATH": f"{work / 'shims'}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(
+            [str(HERE / "hooks"), str(work / "qa" / "common"), env.get("PYTHONPATH", "")]),
+        "PYTEST_PLUGINS": "nursery_qa_pytest",
+        "PYTEST_ADDOPTS": "-p no:cacheprovider",
+        "NURSERY_QA_RECORD": str(record),
+        "NURSERY_QA_ROOT": str(ROOT),
+        "NURSERY_QA_PYTHON": sys.executable,
+        "NURSERY_QA_PYTHON_MODE": python_mode,
+        "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
+    })
+    return env
+
+
+def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool,
+              checkouts: Path | None = None) -> dict:
+    results = work / "results"
+    results.mkdir(exist_ok=True)
+    stem = group_file(group)
+    record = results / f"{stem}.cases.jsonl"
+    record.unlink(missing_ok=True)
+    folder = work / "qa" / group
+    env = environment(work, record, python_mode, checkouts)
+    if group.startswith("L0_backend_python/"):
+        env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
+    log_path = results / f"{stem}.log"
+    command = ["bash", "test.sh"]
+    if netns:
+        command = ["unshare", "--net", "--", "bash", "-c", "ip link set lo up && exec bash test.sh"]
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = -1
+        # whatever the script left running (a server it did not stop) goes with it
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(2)
+        proc.wait()
+    cases = []
+    if record.exists():
+        cases = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    summary = summarize(cases)
+    out = {"group": group, "python_mode": python_mode, "exit": rc, "timed_out": timed_out,
+           "seconds": round(time.time() - started), "summary": summary, "cases": cases}
+    (results / f"{stem}.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def summarize(cases: list[dict]) -> dict[str, int]:
+    """Counts over distinct cases (test ids): a script that runs a test several times (five
+    iterations, two server configurations) has one case that passes only if every run passed.
+    `runs` counts every recorded run."""
+    worst: dict[str, str] = {}
+    rank = {"skipped": 0, "passed": 1, "xfailed": 1, "failed": 2, "error": 2, "xpassed": 2}
+    for case in cases:
+        outcome = case["outcome"]
+        if rank.get(outcome, 2) >= rank.get(worst.get(case["test"], "skipped"), 0):
+            worst[case["test"]] = outcome
+    counts = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "runs": len(cases)}
+    for outcome in worst.values():
+        if outcome == "skipped":
+            counts["skipped"] += 1
+            continue
+        counts["run"] += 1
+        counts["passed" if outcome in ("passed", "xfailed") else "failed"] += 1
+    return counts
+
+
+def markdown(results: Path) -> str:
+    """A table of every group run into results/, then each failed case (for docs)."""
+    rows = ["| group | test.sh | cases run | passed | failed | skipped | runs |",
+            "|---|---|---|---|---|---|---|"]
+    failures = []
+    for path in sorted(results.glob("*.json")):
+        out = json.loads(path.read_text())
+        s = summarize(out["cases"])
+        verdict = "timed out" if out["timed_out"] else ("pass" if out["exit"] == 0 else
+                                                        f"exit {out['exit']}")
+        rows.append(f"| {out['group']} | {verdict} | {s['run']} | {s['passed']} | "
+                    f"{s['failed']} | {s['skipped']} | {s['runs']} |")
+        seen = set()
+        for case in out["cases"]:
+            if case["outcome"] not in ("passed", "skipped", "xfailed") and case["test"] not in seen:
+                seen.add(case["test"])
+                last = case["message"].splitlines()[-1][:240] if case["message"] else ""
+                failures.append(f"- {out['group']}: `{case['test']}`: {last}")
+    return "\n".join(rows + [""] + failures) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", help="qa folders with a test.sh, e.g. L0_parameters "
+                        "or L0_backend_python/bls")
+    parser.add_argument("--summary", action="store_true",
+                        help="print a markdown table of the results under --work and stop")
+    parser.add_argument("--triton-server", type=Path,
+                        help="a local checkout of triton-inference-server/server")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/nursery-qa"))
+    parser.add_argument("--python-mode", choices=("process", "thread", ""), default="process",
+                        help="nursery's Python instance mode (process is Triton's way)")
+    parser.add_argument("--checkouts", type=Path,
+                        help="a folder of local checkouts by repository name (python_backend, "
+                        "...): a script's `git clone .../<name>` copies <folder>/<name>")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per group")
+    parser.add_argument("--generate", action="store_true",
+                        help="run Triton's ONNX/LibTorch model generators into data/")
+    parser.add_argument("--no-netns", action="store_true",
+                        help="run on the machine's own network (ports 8000-8002 must be free)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the prepared tree (and what earlier runs left in it)")
+    args = parser.parse_args()
+    if args.summary:
+        print(markdown(args.work / "results"), end="")
+        return
+    if args.triton_server is None:
+        parser.error("--triton-server is required")
+    if not (args.triton_server / "qa" / "common" / "util.sh").is_file():
+        parser.error(f"{args.triton_server} does not look like Triton's server repository "
+                     "(no qa/common/util.sh)")
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    if not (args.reuse and (work / "qa").exists()):
+        prepare(args.triton_server.resolve(), work,
+                args.checkouts.resolve() if args.checkouts else None)
+    if args.generate:
+        with open(work / "generate.log", "w") as log:
+            generate(work, environment(work, work / "generate.cases.jsonl", ""), log)
+    netns = not args.no_netns and subprocess.run(
+        ["unshare", "--net", "true"], capture_output=True).returncode == 0
+    for group in args.groups:
+        if not (work / "qa" / group / "test.sh").is_file():
+            print(f"{group}: no test.sh", file=sys.stderr)
+            continue
+        out = run_group(work, group, args.python_mode, args.timeout, netns,
+                        args.checkouts.resolve() if args.checkouts else None)
+        s = out["summary"]
+        print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
+              f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "
+              f"skipped {s['skipped']} ({s['runs']} runs, {out['seconds']} s)", flush=True)
+        seen = set()
+        for case in out["cases"]:
+            if case["outcome"] not in ("passed", "skipped", "xfailed") and case["test"] not in seen:
+                seen.add(case["test"])
+                print(f"  {case['outcome']}: {case['test']}: {case['message'][-200:]}")
+
+
+if __name__ == "__main__":
+    main()

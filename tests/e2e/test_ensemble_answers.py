@@ -1,0 +1,94 @@
+"""What an ensemble answer holds, as Triton's L0_simple_ensemble checks it. An output its step's
+model did not produce is left out of the answer, and at
+--log-verbose=1 the server says so in Triton's words (L0_simple_ensemble's
+test_ensemble_partial_add_sub reads that line)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+'''
+
+IO = '''input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] },
+         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+'''
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "half" / "1").mkdir(parents=True)
+    (repo / "half" / "1" / "model.py").write_text(MODEL)
+    (repo / "half" / "config.pbtxt").write_text('name: "half"\nbackend: "python"\n' + IO)
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(
+        'name: "ens"\nplatform: "ensemble"\n' + IO
+        + 'ensemble_scheduling { step [ { model_name: "half" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } '
+        'output_map { key: "OUTPUT0" value: "OUTPUT0" } '
+        'output_map { key: "OUTPUT1" value: "OUTPUT1" } } ] }\n')
+    return repo
+
+
+def test_absent_ensemble_output_is_left_out_and_logged(tmp_path, start_server):
+    import tritonclient.grpc as grpcclient
+
+    server = start_server(_repo(tmp_path), "--log-verbose=1")
+    message = "Composing models did not output tensor OUTPUT1"
+    assert message not in server.log()
+    x = np.arange(4, dtype=np.int32)
+    inp = grpcclient.InferInput("INPUT0", [4], "INT32")
+    inp.set_data_from_numpy(x)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        result = client.infer("ens", [inp], outputs=[grpcclient.InferRequestedOutput("OUTPUT0"),
+                                                   grpcclient.InferRequestedOutput("OUTPUT1")])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    assert result.as_numpy("OUTPUT1") is None
+    assert message in server.log()
+
+
+def test_ensemble_answers_of_a_sequence_carry_its_id_and_flags(tmp_path, start_server):
+    """L0_simple_ensemble's test_ensemble_sequence_flags: each answer of an ensemble to a
+    request of a sequence carries sequence_id, sequence_start and sequence_end."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    server = start_server(_repo(tmp_path))
+    answers: queue.Queue = queue.Queue()
+    x = np.arange(4, dtype=np.int32)
+    inp = grpcclient.InferInput("INPUT0", [4], "INT32")
+    inp.set_data_from_numpy(x)
+    flags = [(True, False), (False, False), (False, True)]
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(lambda result, error: answers.put((result, error)))
+        for n, (start, end) in enumerate(flags):
+            client.async_stream_infer("ens", [inp], request_id=str(n), sequence_id=42,
+                                      sequence_start=start, sequence_end=end)
+        got = {}
+        for _ in flags:
+            result, error = answers.get(timeout=60)
+            assert error is None
+            response = result.get_response()
+            params = response.parameters
+            got[response.id] = (params["sequence_id"].int64_param,
+                                params["sequence_start"].bool_param,
+                                params["sequence_end"].bool_param)
+        client.stop_stream()
+    assert got == {str(n): (42, start, end) for n, (start, end) in enumerate(flags)}
+    # a request outside any sequence gets no such parameters
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        plain = client.infer("ens", [inp]).get_response()
+    assert "sequence_id" not in plain.parameters
