@@ -2,6 +2,7 @@
 """Python models on threads against Python models in stub processes (issue 24).
 
     python bench/python_process.py [--measure-ms 3000] [--work-ms 2]
+    python bench/python_process.py --hop-only --rounds 3 [--base /path/to/other/checkout]
 
 One server, one repository, both instance modes side by side (the model parameter
 ``nursery_instance_mode``), driven by perf_analyzer over HTTP:
@@ -12,6 +13,10 @@ One server, one repository, both instance modes side by side (the model paramete
   2. the ONNX MLP's p99 at concurrency 8, alone and while the CPU-bound model of each mode is
      kept busy by a second perf_analyzer at concurrency 8;
   3. the process hop's cost: a trivial identity model at concurrency 1 and 16, each mode.
+
+``--hop-only`` runs only the third part, ``--rounds`` times; with ``--base`` a second server
+runs from that checkout (a ``git worktree`` of an older commit) and the rounds interleave the
+two, for an A/B of the hop on a noisy machine (medians and spread printed).
 
 Never run it beside another benchmark on the 2-core machine.
 """
@@ -103,7 +108,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure-ms", type=int, default=3000)
     parser.add_argument("--work-ms", type=float, default=2.0)
+    parser.add_argument("--hop-only", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--base", type=Path, default=None)
     args = parser.parse_args()
+    if args.hop_only:
+        return hop_ab(args)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         make_models.write_mlp(repo)
@@ -147,6 +157,43 @@ def main() -> int:
                     print(f"  c={c:<3d} {mode:8s} {r['infer_s']:8.1f}   p50 {r['p50_ms']:.3f} ms")
         finally:
             server.stop()
+    return 0
+
+
+def hop_ab(args: argparse.Namespace) -> int:
+    """The hop's cost alone, interleaved rounds, this checkout against ``--base``."""
+    trees = {"this": ROOT} | ({"base": args.base.resolve()} if args.base else {})
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        for mode in ("thread", "process"):
+            write_python(repo, f"identity_{mode}", IDENTITY_MODEL, mode, 1)
+        servers = {name: ServerProcess(repo, log_path=Path(tmp) / f"{name}.log", cwd=tree)
+                   for name, tree in trees.items()}
+        seen: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+        try:
+            for server in servers.values():
+                server.wait_ready()
+            n = 0
+            for _ in range(args.rounds):
+                for c in (1, 16):
+                    for mode in ("thread", "process"):
+                        for name, server in servers.items():
+                            n += 1
+                            out = Path(tmp) / f"r{n}.csv"
+                            r = result(perf(server, f"identity_{mode}", c, args.measure_ms, out),
+                                       out)
+                            seen.setdefault((name, mode, c), []).append(r)
+        finally:
+            for server in servers.values():
+                server.stop()
+    print("Identity model (the hop's cost): infer/s and p50 ms, median [min-max] of "
+          f"{args.rounds} interleaved rounds")
+    for (name, mode, c), rs in sorted(seen.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        rate = sorted(r["infer_s"] for r in rs)
+        p50 = sorted(r["p50_ms"] for r in rs)
+        print(f"  c={c:<3d} {mode:8s} {name:5s} {rate[len(rate) // 2]:8.1f} "
+              f"[{rate[0]:.0f}-{rate[-1]:.0f}]   p50 {p50[len(p50) // 2]:.3f} ms "
+              f"[{p50[0]:.3f}-{p50[-1]:.3f}]")
     return 0
 
 

@@ -139,6 +139,12 @@ def _run_requests(
     except Exception as exc:
         log.exception("model '%s' version %s: batch failed", config.name, version)
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
+    return _requests_answered(batch, responses, t0)
+
+
+def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
+                       t0: int) -> tuple[list[Any] | NurseryError, BatchReport]:
+    """A whole-request batch's answers with its report (its compute ends now)."""
     t1 = time.monotonic_ns()
     _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_END", t1))
     failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
@@ -347,8 +353,15 @@ async def run(
             inline.ran(time.monotonic_ns() - t0, sum(w.batch_size for w in batch.work))
             finished(batch, result)
             return
+        if starter is not None:  # an instance in a process: no thread waits for the batch
+            t0 = time.monotonic_ns()
+            if starter(batch.work, partial(answered, batch, t0)):
+                return
         thread.submit(runner, (backend, config, version, batch, states),
                       partial(inline.timed, batch, finished))
+
+    def answered(batch: ExecuteBatch, t0: int, responses: list[Any]) -> None:
+        finished(batch, outcome.Value(_requests_answered(batch, responses, t0)))
 
     def accept(message: ExecuteBatch | ReleaseSlots) -> None:  # in the scheduler's task
         if isinstance(message, ReleaseSlots):  # in order with the batches, on the thread
@@ -379,6 +392,8 @@ async def run(
             runner = _run_requests if hasattr(backend, "execute_requests") else _run_batch
             inline = InlinePolicy(enabled=states is None and limiter is None
                                   and bool(getattr(backend, "inline_safe", False)))
+            # a backend whose batches go elsewhere (a stub process) may start them from here
+            starter = getattr(backend, "start_requests", None) if states is None else None
             for sample in warmup:  # the instance is ready only once its warm-up ran
                 for _ in range(sample.count):
                     await thread.call(_warm, backend, config, sample, abandon_on_cancel=True)

@@ -246,12 +246,17 @@ class Channel:
         assert start is not None
         return grown, start
 
-    def send(self, *message: Any) -> None:
-        """Send a tuple whose items may hold requests, responses, errors and parts."""
+    def send(self, *message: Any, wait: bool = True) -> None:
+        """Send a tuple whose items may hold requests, responses, errors and parts. With
+        ``wait=False`` a full socket (or a send under way on another thread) raises
+        :class:`BlockingIOError` at once and nothing is sent: for the trio thread, which
+        must never block."""
         writer = _Writer()
         body = _put(writer, message)
+        if not self._send_lock.acquire(blocking=wait):
+            raise BlockingIOError("a send is under way")
         try:
-            with self._send_lock:
+            try:
                 fds: list[int] = []
                 where = None
                 if writer.size:
@@ -262,9 +267,18 @@ class Channel:
                         fds = [ring.fd]
                         ring.sent_fd = True
                 payload = pickle.dumps((where, body), protocol=5)
-                socket.send_fds(self.sock, [payload], fds)
-        except OSError as exc:
-            raise ChannelClosed(str(exc)) from None
+                socket.send_fds(self.sock, [payload], fds,
+                                0 if wait else socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if where is not None:  # the ring space is given back: nothing was sent
+                    self._ring.head = where[1]  # type: ignore[union-attr]
+                    if fds:
+                        self._ring.sent_fd = False  # type: ignore[union-attr]
+                raise
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
+        finally:
+            self._send_lock.release()
 
     def receive(self) -> tuple[Any, ...]:
         try:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ from nursery.types import InferenceRequest, tensor_of
 
 log = logging.getLogger("nursery.backends.python")
 FINALIZE_TIMEOUT = 30.0  # seconds a stub may take to finalize before it is killed
+EXIT_WAIT = 30.0  # seconds a stub that closed its end may take to exit (a core dump on a
+# loaded machine is slow) before it is killed, so its exit code or signal can be reported
 CANCEL_POLL = 0.05  # seconds between looks for requesters that stopped waiting
 MEMORY_POLL_TICKS = 4  # a look at the stub's memory every 4 of those (0.2 s)
 MEMORY_LIMIT_KEY = "nursery_memory_limit"  # the model's parameter
@@ -154,6 +156,8 @@ class ProcessInstance:
         self._lock = threading.Lock()
         self._open: dict[tuple[int, int], InferWork] = {}  # requests a sender may still answer
         self._results: dict[int, queue.SimpleQueue[Any]] = {}
+        # batches started from the trio thread (start_requests): their finish, by batch id
+        self._started: dict[int, tuple[int, Callable[[list[Any]], None]]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
         self._streams: dict[int, Any] = {}  # BLS streams in flight, by the stub's call id
@@ -185,7 +189,10 @@ class ProcessInstance:
         self.channel = channel
         self._kill_reason = ""
         self.dead = True  # until the stub says it is ready: a batch waits for the start
-        self._control = queue.SimpleQueue()
+        # this stub's control messages: a queue of its own, so a late word from the stub before
+        # (its reader reporting its death) never lands where this start waits for "ready"
+        control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._control = control
         try:
             fd = str(theirs.fileno())
             command = ([sys.executable, "-m", "nursery.backends.python.stub", fd]
@@ -195,7 +202,7 @@ class ProcessInstance:
                 env=_stub_environment(own_site=self._python is None))
         finally:
             theirs.close()
-        self._reader = threading.Thread(target=self._read, args=(channel,),
+        self._reader = threading.Thread(target=self._read, args=(channel, control),
                                         name=f"{self.instance_name}-stub-reader", daemon=True)
         self._reader.start()
         config = self.config
@@ -204,7 +211,7 @@ class ProcessInstance:
                          self.instance_name, dict(config.json), self._args, str(self.script))
         except ChannelClosed:
             pass  # the reader reports the death
-        answer = self._control.get()
+        answer = control.get()
         if answer[0] == "ready":
             self.has_ready_hook = bool(answer[1]) if len(answer) > 1 else False
             self.dead = False
@@ -223,7 +230,7 @@ class ProcessInstance:
         why = f": {self._kill_reason}" if self._kill_reason else ""
         return f"Stub process '{self.instance_name}' is not healthy{how}{why}."
 
-    def _read(self, channel: Channel) -> None:
+    def _read(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         try:
             while True:
                 message = channel.receive()
@@ -232,6 +239,8 @@ class ProcessInstance:
                     results = self._results.get(message[1])
                     if results is not None:
                         results.put(message[2])
+                    else:
+                        self._finish(message[1], message[2])
                 elif kind == "part":
                     self._part(message[1], message[2], message[3])
                 elif kind == "ready_answer":
@@ -250,20 +259,20 @@ class ProcessInstance:
                     logging.getLogger(message[2] or "nursery.python_model").log(
                         message[1], "%s", message[3])
                 else:  # ready, failed, warmed, bye
-                    self._control.put(message)
+                    control.put(message)
         except ChannelClosed:
             pass
         except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
             log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
                           self.instance_name)
             self._terminate()
-        self._died(channel)
+        self._died(channel, control)
 
-    def _died(self, channel: Channel) -> None:
+    def _died(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         if channel is not self.channel:
             return
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=EXIT_WAIT)
         except subprocess.TimeoutExpired:
             self.process.kill()
         self.dead = True
@@ -274,12 +283,14 @@ class ProcessInstance:
             self._open.clear()
         for answers in results:
             answers.put(_Dead(error.message))
+        for batch in list(self._started):
+            self._finish(batch, _Dead(error.message))
         for answers in list(self._ready_calls.values()):
             answers.put(False)  # a readiness check in flight: not ready
         for work in open_requests:  # requests a sender was still answering (decoupled)
             answer = Part(None, error, True) if self.decoupled else error
             self._token.run_sync_soon(mailbox.tell, work.reply, answer)
-        self._control.put(("dead",))
+        control.put(("dead",))
         if not self._closing and not self._starting:  # a failed start is its caller's
             log.error("model '%s': %s Starting it again.", self.model_name, error.message)
             threading.Thread(target=self._revive, name=f"{self.instance_name}-revive",
@@ -456,6 +467,53 @@ class ProcessInstance:
                 if answer is not None:  # answered in the result: no sender will
                     self._open.pop((batch, index), None)
         return list(answers)
+
+    def start_requests(self, work: Sequence[InferWork],
+                       done: Callable[[list[Any]], None]) -> bool:
+        """:meth:`execute_requests` without a thread waiting for it: called on the trio
+        thread, it sends the batch to the stub without blocking and returns True; ``done``
+        later runs on the trio thread with the answers (the reader thread hands them over),
+        so a request crosses to the stub and back with no instance thread in between.
+        False (nothing sent): the stub is not up or the socket is full; the caller then runs
+        the batch the blocking way, which starts a dead stub again."""
+        if self.dead or self._closing:
+            return False
+        batch = next(self._batches)
+        with self._lock:
+            self._started[batch] = (len(work), done)
+            for index, item in enumerate(work):
+                self._open[(batch, index)] = item
+        try:
+            self.channel.send("execute", batch, [item.request for item in work], wait=False)
+        except BlockingIOError:
+            with self._lock:
+                del self._started[batch]
+                for index in range(len(work)):
+                    self._open.pop((batch, index), None)
+            return False
+        except ChannelClosed:
+            pass  # the reader reports the death, which finishes the batch
+        return True
+
+    def _finish(self, batch: int, answers: Any) -> None:
+        """A started batch's answers (on the reader thread): to the trio thread."""
+        with self._lock:
+            started = self._started.pop(batch, None)
+            if started is None:
+                return
+            count, done = started
+            if isinstance(answers, _Dead):
+                for index in range(count):
+                    self._open.pop((batch, index), None)
+                answers = [InternalError(str(answers))] * count
+            else:
+                for index, answer in enumerate(answers):
+                    if answer is not None:  # answered in the result: no sender will
+                        self._open.pop((batch, index), None)
+        try:
+            self._token.run_sync_soon(done, list(answers))
+        except RuntimeError:  # the trio run is over: nobody waits for it
+            pass
 
     def execute(self, inputs: Mapping[str, np.ndarray],
                 output_names: Sequence[str]) -> dict[str, np.ndarray]:
