@@ -415,8 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend-config", action="append", default=[], metavar="<<string>,<string>=<string>>",
         help="Specify a backend-specific configuration setting: "
         "<backend name>,<setting>=<value>. nursery's Python backend reads "
-        "nursery-instance-mode=process (each instance in a stub process of its own) or "
-        "thread (on the server's instance thread, the default).")
+        "nursery-instance-mode=process (each instance in a stub process of its own, the "
+        "default, as in Triton) or thread (on the server's instance thread).")
     parser.add_argument(
         "--backend-directory", default="/opt/tritonserver/backends", metavar="<string>",
         help="The global directory searched for backends. nursery serves Python-based "

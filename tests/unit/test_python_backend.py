@@ -23,6 +23,9 @@ from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
+# these tests look inside the in-thread instance (the process mode has its own, e2e tests)
+THREADED = python_backend.PythonFactory("thread")
+
 
 def test_model_config_helper_follows_tritons_rules() -> None:
     cfg = pb_utils.ModelConfig('{"name": "m", "max_batch_size": 8, "input": [], "output": []}')
@@ -147,7 +150,7 @@ async def test_execute_answers_become_responses_or_errors(tmp_path: Path) -> Non
     path = write_model(tmp_path, "b", config_text, BEHAVIOUR)
     config, _ = read_model_config(path, "b", backends=get_factory)
     placement = InstancePlacement("b_0", 0, "cpu", 0)
-    instance = python_backend.FACTORY.load(config, path / "1", placement)
+    instance = THREADED.load(config, path / "1", placement)
     assert instance._model.args["model_instance_name"] == "b_0"  # the default group "b"
     assert instance._model.args["model_repository"] == str(path)
 
@@ -175,7 +178,7 @@ async def test_decoupled_model_must_return_none(tmp_path: Path) -> None:
                    'output [ { name: "OUT" data_type: TYPE_INT64 dims: [1] } ]\n')
     path = write_model(tmp_path, "d", config_text, BEHAVIOUR)
     config, _ = read_model_config(path, "d", backends=get_factory)
-    instance = python_backend.FACTORY.load(config, path / "1", InstancePlacement("d_0", 0, "cpu", 0))
+    instance = THREADED.load(config, path / "1", InstancePlacement("d_0", 0, "cpu", 0))
     answers, _ = await run_one(instance, 7)
     assert "is using the decoupled mode and the execute function must return None" in (
         answers[0].message)
@@ -194,7 +197,7 @@ def test_initialize_failure_is_a_load_failure(tmp_path: Path) -> None:
     path = write_model(tmp_path, "f", config_text, source)
     config, _ = read_model_config(path, "f", backends=get_factory)
     with pytest.raises(NurseryError) as raised:
-        python_backend.FACTORY.load(config, path / "1", InstancePlacement("f_0", 0, "cpu", 0))
+        THREADED.load(config, path / "1", InstancePlacement("f_0", 0, "cpu", 0))
     assert raised.value.kind is ErrorKind.INTERNAL
     assert raised.value.message.startswith("RuntimeError: cannot start\n\nAt:\n")
     assert "model.py(4): initialize" in raised.value.message

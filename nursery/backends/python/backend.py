@@ -67,7 +67,8 @@ log = logging.getLogger("nursery.backends.python")
 UTILS_MODULE = "triton_python_backend_utils"
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INSTANCE_MODE_KEY = "nursery_instance_mode"  # the model's parameter
-INSTANCE_MODE_SETTING = "nursery-instance-mode"  # --backend-config=python,<this>=process
+INSTANCE_MODE_SETTING = "nursery-instance-mode"  # --backend-config=python,<this>=thread
+DEFAULT_INSTANCE_MODE = "process"  # each instance in a stub process of its own, as in Triton
 PYTHON_BASED_RUNTIME = "model.py"  # the runtime Triton records for a Python-based backend
 _module_ids = itertools.count()
 _path_lock = threading.Lock()
@@ -393,7 +394,7 @@ class PythonFactory:
     platform = ""
     default_filename = "model.py"
 
-    def __init__(self, instance_mode: str = "thread", name: str = "python",
+    def __init__(self, instance_mode: str = DEFAULT_INSTANCE_MODE, name: str = "python",
                  script: Path | None = None, memory_limit: str = "") -> None:
         self.instance_mode = instance_mode  # the server's default (--backend-config)
         self.name = name
@@ -474,7 +475,7 @@ class PythonFactory:
     def load(self, config: ModelConfig, version_path: Path,
              placement: InstancePlacement) -> PythonInstance | ProcessInstance:
         """The instance, in a stub process of its own (``nursery_instance_mode: "process"``)
-        or on the instance worker's thread (the default for now)."""
+        (the default) or on the instance worker's thread (``nursery_instance_mode: "thread"``)."""
         name = instance_name(config, placement)
         args = {
             "model_config": json.dumps(dict(config.json)),
@@ -530,7 +531,7 @@ def complete_config(path: Path, model_name: str, model_dir: str,
     return (result if result is not None else helper).as_dict()
 
 
-def instance_mode(config: ModelConfig, default: str = "thread") -> str:
+def instance_mode(config: ModelConfig, default: str = DEFAULT_INSTANCE_MODE) -> str:
     """``parameters { key: "nursery_instance_mode" value: { string_value: "process" } }``
     runs each instance in a stub process; "thread" on the worker's thread; without the
     parameter, the server's default (``--backend-config=python,nursery-instance-mode=...``)."""
