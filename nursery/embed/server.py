@@ -673,8 +673,11 @@ def _arrays(response: Any) -> dict[str, np.ndarray]:
     out = {}
     for tensor in response.outputs:
         data = tensor.data
-        if tensor.datatype is DataType.BYTES and data.dtype != object:
-            data = data.astype(object)
+        if tensor.datatype is DataType.BYTES:  # object arrays of bytes, as clients get
+            flat = data.reshape(-1).tolist()
+            if data.dtype != object or any(isinstance(v, str) for v in flat):
+                data = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in flat],
+                                dtype=object).reshape(data.shape)
         out[tensor.name] = data
     return out
 
