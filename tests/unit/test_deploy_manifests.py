@@ -203,3 +203,36 @@ def test_the_tritonserver_command_is_installed_beside_nursery() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["tritonserver"] == "nursery.__main__:tritonserver"
     assert scripts["nursery"] == "nursery.__main__:main"
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(instruction, arguments) of the final stage of deploy/Dockerfile, continuation lines
+    joined (enough to read back the facts below; the image itself is not built here)."""
+    lines, current = [], ""
+    for raw in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if not current and (not raw.strip() or raw.lstrip().startswith("#")):
+            continue
+        current += raw.rstrip("\\").strip() + " "
+        if not raw.endswith("\\"):
+            lines.append(current.strip())
+            current = ""
+    stages: list[list[tuple[str, str]]] = []
+    for line in lines:
+        instruction, _, args = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((instruction.upper(), args.strip()))
+    return stages[-1]
+
+
+def test_the_image_runs_tritonserver_as_pid_1_and_uid_1000() -> None:
+    final = _dockerfile_instructions()
+    by = {}
+    for instruction, args in final:
+        by.setdefault(instruction, []).append(args)
+    assert by["USER"] == ["1000:1000"]
+    assert json.loads(by["CMD"][-1])[0] == "tritonserver"  # exec form: no shell, PID 1
+    assert "ENTRYPOINT" not in by  # KServe's and the chart's args replace CMD whole
+    assert by["STOPSIGNAL"] == ["SIGTERM"]
+    assert by["EXPOSE"] == ["8000 8001 8002"]
+    assert any("useradd --uid 1000" in run for run in by["RUN"])
