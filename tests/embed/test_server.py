@@ -293,6 +293,30 @@ def test_load_unload_in_explicit_mode(own_repo: Path) -> None:
                         files={"1/model.onnx": b"x"})
 
 
+def test_load_with_files_when_uploads_are_allowed(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    with nursery.Server(model_repository=repo, model_control_mode="explicit",
+                        allow_model_file_upload=True) as server:
+        model = make_models.build_add_sub().SerializeToString()
+        config = {"backend": "onnxruntime", "max_batch_size": 4,
+                  "input": [{"name": n, "data_type": "TYPE_FP32", "dims": [16]}
+                            for n in ("INPUT0", "INPUT1")],
+                  "output": [{"name": n, "data_type": "TYPE_FP32", "dims": [16]}
+                             for n in ("OUTPUT0", "OUTPUT1")]}
+        server.load("uploaded", config=config, files={"1/model.onnx": model})
+        out = server.infer("uploaded", _add_sub_inputs())
+        np.testing.assert_array_equal(out["OUTPUT0"], _add_sub_inputs()["INPUT0"] + 1)
+
+
+def test_a_server_of_bound_functions_only() -> None:
+    with nursery.Server() as server:  # no repository of its own
+        server.bind("negate", lambda v: {"w": -v}, inputs=[Tensor("v", "INT64", (2,))],
+                    outputs=[Tensor("w", "INT64", (2,))])
+        assert server.infer("negate", {"v": np.array([1, -2])})["w"].tolist() == [-1, 2]
+        assert [e["name"] for e in server.repository_index()] == ["negate"]
+
+
 def test_load_outside_explicit_mode_is_refused_as_triton_does(server: nursery.Server) -> None:
     with pytest.raises(Unavailable, match="polling is enabled"):
         server.load("mlp")
