@@ -164,16 +164,20 @@ class Server:
         except BaseException:
             shutil.rmtree(self._private, ignore_errors=True)
             raise
-        self._log_manager: LogManager | None = None
-        if any(k in flags for k in _LOG_FLAGS):
-            s = self.settings
-            self._log_manager = LogManager(LogSettings(
-                log_file=s.log_file, log_info=s.log_info, log_warning=s.log_warning,
-                log_error=s.log_error, log_verbose_level=s.log_verbose,
-                log_format=s.log_format, escape=s.log_escape))
         self._factory = CallableFactory()
         self._claims: list[str] = []
         self._claim(self.settings.model_repositories[:-1])
+        self._log_manager: LogManager | None = None
+        if any(k in flags for k in _LOG_FLAGS):
+            s = self.settings
+            try:
+                self._log_manager = LogManager(LogSettings(
+                    log_file=s.log_file, log_info=s.log_info, log_warning=s.log_warning,
+                    log_error=s.log_error, log_verbose_level=s.log_verbose,
+                    log_format=s.log_format, escape=s.log_escape))
+            except OSError as exc:
+                self._release()
+                raise ValueError(f"--log-file: cannot open '{s.log_file}': {exc}") from None
         self._running: Running | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._calls: trio.Nursery | None = None
@@ -595,6 +599,8 @@ class Server:
         defaults), which the server completes and validates as any; a bad one raises with
         the load's message. It then serves like a repository model: batching, statistics,
         metrics, every frontend."""
+        if self._closed:
+            raise Unavailable(CLOSED)
         if not callable(fn):
             raise ValueError(f"model '{model}': fn must be callable, got {type(fn).__name__}")
         if pass_as not in (None, "kwargs", "dict"):

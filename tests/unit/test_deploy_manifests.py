@@ -236,3 +236,14 @@ def test_the_image_runs_tritonserver_as_pid_1_and_uid_1000() -> None:
     assert by["STOPSIGNAL"] == ["SIGTERM"]
     assert by["EXPOSE"] == ["8000 8001 8002"]
     assert any("useradd --uid 1000" in run for run in by["RUN"])
+
+
+@pytest.mark.parametrize("values_file", [None, DEPLOY / "helm" / "examples" / "s3-values.yaml"],
+                         ids=["default", "s3"])
+def test_helm_lint_strict_finds_nothing(values_file: Path | None) -> None:
+    from helm_python.chart import lint
+
+    values = yaml.safe_load(values_file.read_text()) if values_file else None
+    report = lint(CHART, values, strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []  # only "icon is recommended"
