@@ -1,4 +1,5 @@
-"""``python -m nursery serve [tritonserver flags]``."""
+"""``python -m nursery serve [tritonserver flags]``, and the ``tritonserver`` command (the same
+server under Triton's name, for images and charts that run ``tritonserver <flags>``)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     if command != "serve":
         print(f"unknown command '{command}'\n\n{USAGE}", end="", file=sys.stderr)
         return 2
-    settings = settings_from_args(rest)
+    return serve_command(rest)
+
+
+def serve_command(rest: list[str], prog: str = "python -m nursery serve") -> int:
+    settings = settings_from_args(rest, prog=prog)
     try:
         log_manager = setup_logging(settings)
     except OSError as exc:
@@ -59,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
     return 0
+
+
+def tritonserver(argv: list[str] | None = None) -> int:
+    """``tritonserver [flags]``: Triton's command line, as KServe's ``kserve-tritonserver``
+    runtime and Triton's Helm charts give it (``--model-store=/mnt/models --grpc-port=9000
+    --http-port=8080 --allow-grpc=true --allow-http=true``)."""
+    return serve_command(list(sys.argv[1:] if argv is None else argv), prog="tritonserver")
 
 
 if __name__ == "__main__":

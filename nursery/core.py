@@ -234,8 +234,12 @@ class Core:
         return entries
 
     async def load_model(self, name: str, config: Any = None,
-                         files: dict[str, bytes] | None = None) -> None:
-        self._check_explicit()
+                         files: dict[str, bytes] | None = None, *,
+                         any_mode: bool = False) -> None:
+        """Load (or reload) ``name``. ``any_mode``: the server's own load, in any control
+        mode (the in-process API's bound functions); clients' loads need explicit mode."""
+        if not any_mode:
+            self._check_explicit()
         if files and not self.services.allow_model_file_upload:
             raise Unsupported(FILE_UPLOAD_DISABLED)
         error = await self._ask_manager(lambda reply: LoadModel(name, reply, config, files))
@@ -244,8 +248,10 @@ class Core:
         if self.demand is not None:  # a load through the API counts against the budget too
             await self.demand.enforce(keep=name)
 
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        self._check_explicit()
+    async def unload_model(self, name: str, unload_dependents: bool = False, *,
+                           any_mode: bool = False) -> None:
+        if not any_mode:
+            self._check_explicit()
         error = await self._ask_manager(
             lambda reply: UnloadModel(name, reply, unload_dependents))
         if error is not None:

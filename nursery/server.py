@@ -13,7 +13,8 @@ import logging
 import math
 import signal
 import ssl
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypedDict
 
@@ -24,7 +25,7 @@ from nursery.actors.demand import DemandLoader
 from nursery.actors.directory import Directory
 from nursery.actors.model_client import ModelClient
 from nursery.actors.rate_limiter import RateLimiterClient
-from nursery.backends.base import Backends
+from nursery.backends.base import BackendFactory, Backends
 from nursery.config.repository import scan
 from nursery.core import Core, Lifecycle, Services
 from nursery.errors import StartupError
@@ -58,6 +59,44 @@ class Running:
     http_binds: tuple[str, ...]
     failed_models: tuple[str, ...]
     shutdown: trio.Event
+    frontends: Frontends | None = None  # starts more frontends later (the in-process API)
+
+
+@dataclass(frozen=True)
+class Frontends:
+    """What starting a frontend needs, kept for frontends started on a running server (the
+    in-process API's ``serve_http`` / ``serve_grpc`` / ``serve_metrics``, as Triton's
+    ``tritonfrontend`` starts them on an in-process server). Each stops accepting and drains
+    once its ``stop`` event is set."""
+
+    core: Core
+    settings: Settings
+    sampler: SystemSampler
+    options: MetricsOptions
+    sampling: bool  # the system sampler runs already (--allow-metrics)
+
+    async def start(self, nursery: trio.Nursery, kind: str, stop: trio.Event,
+                    address: str, port: int) -> list[str]:
+        """Start the ``kind`` frontend ("http", "grpc" or "metrics") on ``address:port``
+        (port 0: a free one) in ``nursery``; the addresses it listens on."""
+        if kind == "http":
+            settings = replace(self.settings, allow_http=True, http_address=address,
+                               http_port=port)
+            return await _start_http(nursery, self.core, settings, stop,
+                                     _tls_contexts(settings).http)
+        if kind == "grpc":
+            settings = replace(self.settings, allow_grpc=True, grpc_address=address,
+                               grpc_port=port)
+            binds: list[str] = await nursery.start(
+                serve_grpc, self.core, address, port, stop, settings.grpc_server, settings,
+                _tls_contexts(settings).grpc)
+            return binds
+        if kind == "metrics":
+            settings = replace(self.settings, metrics_address=address, metrics_port=port)
+            return await _start_metrics(
+                nursery, self.core, settings, self.sampler, self.options, stop,
+                sample_every=None if self.sampling else settings.metrics_interval_ms / 1000.0)
+        raise ValueError(f"unknown frontend '{kind}' (http, grpc or metrics)")
 
 
 def startup_models(settings: Settings) -> tuple[list[str], list[str]]:
@@ -184,20 +223,26 @@ def _report_inactive(settings: Settings) -> None:
 
 async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
                          sampler: SystemSampler, options: MetricsOptions,
-                         shutdown: trio.Event) -> list[str]:
-    """The metrics endpoint on its own port; it stops accepting once ``shutdown`` is set."""
+                         shutdown: trio.Event, sample_every: float | None = None) -> list[str]:
+    """The metrics endpoint on its own port; it stops accepting once ``shutdown`` is set.
+    ``sample_every``: seconds between system samples, for a metrics port started on a
+    server whose sampler does not run (it runs as long as the port)."""
     server = HttpServer(core, build_metrics_app(core, sampler, options),
                         max_input_size=64 * 1024, serve_infer=False,
                         max_connections=settings.metrics_max_connections, faults=core.faults,
                         **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        sampling = trio.CancelScope()
         async with trio.open_nursery() as inner:
+            if sample_every is not None:
+                await inner.start(_run_sampler, sampling, sampler, sample_every)
             binds = await inner.start(server.serve, settings.metrics_address,
                                       settings.metrics_port)
             task_status.started(binds)
             await shutdown.wait()
             server.close()
+            sampling.cancel()
 
     return await nursery.start(run)  # type: ignore[no-any-return]
 
@@ -213,8 +258,14 @@ async def serve(
     *,
     handle_signals: bool = True,
     log_manager: LogManager | None = None,
+    backends: Mapping[str, BackendFactory] | None = None,
+    settle: bool = True,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve until SIGINT/SIGTERM (with ``handle_signals``) or the reported ``shutdown``
+    event. ``backends``: backends beside the built-in ones, by name (the in-process API's
+    bound callables). ``settle``: freeze the start-up heap (``runtime/heap.py``); a server
+    embedded in another program leaves that program's heap alone."""
     _report_inactive(settings)
     try:
         card_servers.check_selected(settings)
@@ -245,7 +296,7 @@ async def serve(
         if unreadable and settings.exit_on_error:
             raise StartupError(f"failed to load all models: {unreadable[0]}")
         await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
-                     handle_signals, task_status, tls)
+                     handle_signals, task_status, tls, backends, settle)
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
         if arrival_log is not None:
@@ -257,7 +308,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                  arrival_log: ArrivalLog | None,
                  log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
                  handle_signals: bool, task_status: trio.TaskStatus[Running],
-                 tls: _Tls) -> None:
+                 tls: _Tls, extra_backends: Mapping[str, BackendFactory] | None,
+                 settle: bool) -> None:
     directory = Directory()
     faults = FaultCounter()
     commands, inbox = trio.open_memory_channel[ManagerCommand](16)
@@ -317,7 +369,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                             exit_on_error=settings.exit_on_error,
                             cloud_cache=settings.cloud_cache_directory,
                             client=client,
-                            backends=Backends(settings=_backend_settings(settings),
+                            backends=Backends(extra_backends,
+                                             settings=_backend_settings(settings),
                                              directory=settings.backend_directory),
                             summaries=settings.allow_metrics and options.summary_latencies,
                             auto_complete=settings.auto_complete,
@@ -360,8 +413,11 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     for bind in await _start_metrics(frontends, core, settings, sampler,
                                                      options, shutdown):
                         log.info("Started Metrics Service at %s", bind)
-                settle_heap()
-                task_status.started(Running(core, tuple(binds), tuple(failed), shutdown))
+                if settle:
+                    settle_heap()
+                task_status.started(Running(
+                    core, tuple(binds), tuple(failed), shutdown,
+                    Frontends(core, settings, sampler, options, sampling=settings.allow_metrics)))
                 await shutdown.wait()
                 lifecycle.accepting = False
                 frontends.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs

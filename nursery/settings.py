@@ -163,12 +163,30 @@ _LATER_FLAGS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m nursery serve",
+class FlagError(ValueError):
+    """A command line the parser refuses, for callers that are not a command line (the
+    in-process API): argparse's message, naming the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, which exits on a bad command line, or raises :class:`FlagError` instead."""
+
+    raise_errors = False
+
+    def error(self, message: str) -> Any:
+        if self.raise_errors:
+            raise FlagError(message)
+        return super().error(message)
+
+
+def build_parser(prog: str = "python -m nursery serve",
+                 raise_errors: bool = False) -> _Parser:
+    parser = _Parser(
+        prog=prog,
         description="Serve the models of one or more Triton-style model repositories over "
         "KServe v2 HTTP (and gRPC), with Triton's flags.",
     )
+    parser.raise_errors = raise_errors
     parser.add_argument(
         "--model-repository", "--model-store", action="append", default=None, metavar="<path>",
         help="Path to model repository directory, or a bucket: s3://bucket/path, "
@@ -591,8 +609,11 @@ def _strict_int(text: str) -> int:
     return int(digits)
 
 
-def settings_from_args(argv: list[str]) -> Settings:
-    parser = build_parser()
+def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve",
+                       raise_errors: bool = False) -> Settings:
+    """The settings of a command line. A bad one: argparse's message and exit status 2, or
+    with ``raise_errors`` a :class:`FlagError` carrying the message."""
+    parser = build_parser(prog, raise_errors)
     args = parser.parse_args(argv)
     repos = args.model_repository
     if not repos:

@@ -129,6 +129,9 @@ _MAX_REFUSING = 64  # refusals (503 then close) in flight at once; past this: cl
 _REFUSE_GRACE = 1.0  # seconds a refused connection or a final error answer may take
 _INTERNAL_ERROR = error_body("Internal Server Error")
 _JSON = [(b"content-type", b"application/json")]
+# what a connection accepted during the shutdown's drain may ask (Kubernetes' probes)
+_PROBES = (b"/v2/health/live", b"/v2/health/ready")
+_SHUTTING_DOWN: Response = (503, _JSON, error_body("Server is shutting down"))
 
 
 @dataclass(eq=False)
@@ -142,6 +145,7 @@ class _Connection:
     request_scope: trio.CancelScope | None = None  # the request being handled, if any
     busy_since: float = 0.0
     served: int = 0  # request heads read
+    late: bool = False  # accepted during the shutdown's drain: health probes only
 
 
 def _client_gone(stream: ServerStream) -> bool:
@@ -211,6 +215,7 @@ class HttpServer:
         self.internal_errors = 0
         self.refused_connections = 0
         self._connections: set[_Connection] = set()
+        self._draining: set[_Connection] = set()  # busy when close() came: the drain's wait
         self._refusing = 0
         self._accepting: trio.CancelScope | None = None
 
@@ -253,13 +258,22 @@ class HttpServer:
                         request.cancel()
 
     def close(self) -> None:
-        """Stop accepting; idle connections close now, busy ones after their response."""
+        """Stop serving: idle connections close now, busy ones after their response. Until
+        those responses are sent (the drain), the inference port still accepts connections
+        for the health probes only (``/v2/health/live`` 200, ``/v2/health/ready`` 400, so
+        that Kubernetes sees a live pod that takes no traffic; anything else: 503); then it
+        stops accepting. The metrics port stops accepting at once."""
         self.closing = True
-        if self._accepting is not None:
-            self._accepting.cancel()
         for conn in list(self._connections):
             if conn.phase == _IDLE:
                 conn.scope.cancel()
+        self._draining = {c for c in self._connections if c.phase != _IDLE and not c.late}
+        if not self.serve_infer or not self._draining:
+            self._stop_accepting()
+
+    def _stop_accepting(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
 
     async def _connection(self, stream: ServerStream) -> None:
         """One connection. Its supervision boundary is in :meth:`_run_connection` (which answers
@@ -279,7 +293,8 @@ class HttpServer:
                 raise rest from None
 
     async def _run_connection(self, stream: ServerStream) -> None:
-        conn = _Connection(trio.CancelScope(), stream, trio.current_time() + self.head_timeout)
+        conn = _Connection(trio.CancelScope(), stream, trio.current_time() + self.head_timeout,
+                           late=self.closing)
         self._connections.add(conn)
         try:
             sock = socket_of(stream)
@@ -303,6 +318,10 @@ class HttpServer:
                 raise rest from None
         finally:
             self._connections.discard(conn)
+            if conn in self._draining:
+                self._draining.discard(conn)
+                if not self._draining:  # the drain is over: no more probes either
+                    self._stop_accepting()
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
@@ -345,6 +364,10 @@ class HttpServer:
                     await self._send(stream, head, error, keep_alive=False)
                 return
             keep_alive = head.keep_alive and not self.closing
+            if conn.late and head.path.split(b"?", 1)[0] not in _PROBES:
+                conn.phase = _SENDING
+                await self._send(stream, head, _SHUTTING_DOWN, keep_alive=False)
+                return
             conn.phase = _HANDLING
             conn.deadline = math.inf
             with trio.CancelScope() as request_scope:
@@ -385,7 +408,7 @@ class HttpServer:
                 conn.phase = _HEAD
                 conn.deadline = trio.current_time() + self.head_timeout
         else:
-            if self.closing:
+            if self.closing and not conn.late:
                 return None
             parsed = None
             if conn.served:
