@@ -55,6 +55,7 @@ PYTHON_BASED_SCRIPT = "model.py"  # <backend directory>/<name>/model.py is backe
 # backend name -> module exposing FACTORY; imported lazily so that a missing optional
 # package (torch, tensorrt) only matters to the models that use it.
 _MODULES = {
+    "fil": "nursery.backends.fil",
     "onnxruntime": "nursery.backends.onnxruntime",
     "python": "nursery.backends.python.backend",
     "pytorch": "nursery.backends.pytorch",
