@@ -57,6 +57,7 @@ PYTHON_BASED_SCRIPT = "model.py"  # <backend directory>/<name>/model.py is backe
 _MODULES = {
     "fil": "nursery.backends.fil",
     "onnxruntime": "nursery.backends.onnxruntime",
+    "openvino": "nursery.backends.openvino",
     "python": "nursery.backends.python.backend",
     "pytorch": "nursery.backends.pytorch",
     "tensorrt": "nursery.backends.tensorrt",

@@ -17,10 +17,11 @@ DEFAULT_FILENAMES = {
     "pytorch": "model.pt",
     "tensorrt": "model.plan",
     "python": "model.py",
+    "openvino": "model.xml",
 }
 # a ``default_model_filename``'s suffix -> the backend that reads such a file
 SUFFIX_TO_BACKEND = {".onnx": "onnxruntime", ".pt": "pytorch", ".pt2": "pytorch",
-                     ".plan": "tensorrt", ".py": "python"}
+                     ".plan": "tensorrt", ".py": "python", ".xml": "openvino"}
 
 
 def detect_backend(version_paths: Sequence[Path]) -> str | None:
