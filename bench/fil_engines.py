@@ -54,12 +54,13 @@ def main() -> None:
         for threads in (1, -1):
             n = threads if threads > 0 else 0
             booster.set_param({"nthread": n})
-            cells = [
-                _median_us(lambda: treelite.gtil.predict(tl_xgb, rows, nthread=threads), args.rounds),
-                _median_us(lambda: booster.inplace_predict(rows), args.rounds),
-                _median_us(lambda: treelite.gtil.predict(tl_lgb, rows, nthread=threads), args.rounds),
-                _median_us(lambda: lgbm.predict(rows, num_threads=max(n, 0)), args.rounds),
+            calls = [
+                lambda r=rows, t=threads: treelite.gtil.predict(tl_xgb, r, nthread=t),
+                lambda r=rows: booster.inplace_predict(r),
+                lambda r=rows, t=threads: treelite.gtil.predict(tl_lgb, r, nthread=t),
+                lambda r=rows, t=n: lgbm.predict(r, num_threads=t),
             ]
+            cells = [_median_us(call, args.rounds) for call in calls]
             print(f"{batch:>6} {threads:>7} " + " ".join(f"{c:>10.0f}  " for c in cells))
 
 
