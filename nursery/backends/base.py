@@ -60,6 +60,7 @@ _MODULES = {
     "openvino": "nursery.backends.openvino",
     "python": "nursery.backends.python.backend",
     "pytorch": "nursery.backends.pytorch",
+    "tensorflow": "nursery.backends.tensorflow",
     "tensorrt": "nursery.backends.tensorrt",
 }
 
