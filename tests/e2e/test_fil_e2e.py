@@ -103,9 +103,7 @@ def test_matches_library(fil_server: tuple[ServerProcess, dict[str, Any]], http:
                          grpc: Grpc, protocol: str, model: str, key: str, method: str) -> None:
     estimator = fil_server[1][key]
     client = http if protocol == "http" else grpc
-    # scikit-learn trees see no NaN in training, and Treelite routes a NaN by its own default
-    # rather than scikit-learn's: FIL's own tests keep NaN away from them too
-    for nan in ((False,) if key == "sklearn_forest" else (False, True)):
+    for nan in (False, True):  # NaN: a missing value, routed as the library routes it
         rows = _rows(nan)
         got = _infer(client, model, rows)
         want = (estimator.predict_proba(rows) if method == "proba"
