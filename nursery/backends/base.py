@@ -55,9 +55,12 @@ PYTHON_BASED_SCRIPT = "model.py"  # <backend directory>/<name>/model.py is backe
 # backend name -> module exposing FACTORY; imported lazily so that a missing optional
 # package (torch, tensorrt) only matters to the models that use it.
 _MODULES = {
+    "fil": "nursery.backends.fil",
     "onnxruntime": "nursery.backends.onnxruntime",
+    "openvino": "nursery.backends.openvino",
     "python": "nursery.backends.python.backend",
     "pytorch": "nursery.backends.pytorch",
+    "tensorflow": "nursery.backends.tensorflow",
     "tensorrt": "nursery.backends.tensorrt",
 }
 

@@ -37,9 +37,11 @@ from nursery.config.json_form import config_to_json
 from nursery.config.platforms import (
     BACKEND_TO_PLATFORM,
     DEFAULT_FILENAMES,
+    PLATFORM_FILENAMES,
     PLATFORM_TO_BACKEND,
     SUFFIX_TO_BACKEND,
     detect_backend,
+    tensorflow_platform,
 )
 from nursery.config.repository import available_versions, select_versions
 from nursery.config.sequence import SequenceConfig, sequence_config
@@ -319,8 +321,8 @@ def _fill_backend(
                 f"{', '.join(sorted(PLATFORM_TO_BACKEND))}, ensemble)"
             )
         proto.backend = backend
+    version_paths = [model_path / str(v) for v in reversed(versions)]
     if not proto.backend:
-        version_paths = [model_path / str(v) for v in reversed(versions)]
         if proto.default_model_filename:
             for path in version_paths:
                 if (path / proto.default_model_filename).exists():
@@ -336,8 +338,12 @@ def _fill_backend(
                     f"({', '.join(DEFAULT_FILENAMES.values())})"
                 )
             proto.backend = detected
-    if not proto.default_model_filename and proto.backend in DEFAULT_FILENAMES:
-        proto.default_model_filename = DEFAULT_FILENAMES[proto.backend]
+    if not proto.platform and proto.backend == "tensorflow":
+        proto.platform = tensorflow_platform(proto.default_model_filename, version_paths)
+    if not proto.default_model_filename:
+        default = PLATFORM_FILENAMES.get(proto.platform) or DEFAULT_FILENAMES.get(proto.backend)
+        if default:
+            proto.default_model_filename = default
     if not proto.platform and proto.backend in BACKEND_TO_PLATFORM:
         proto.platform = BACKEND_TO_PLATFORM[proto.backend]
     elif proto.platform and PLATFORM_TO_BACKEND.get(proto.platform, proto.backend) != proto.backend:

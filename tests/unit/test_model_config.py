@@ -91,7 +91,7 @@ def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
          "{name: 'INPUT1' data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' "
          "data_type: TYPE_FP32 dims: [16]}]", "dimension 0 in 'dims' [0] is invalid"),
         ("max_batch_size: 8 maxbatch: 3", "config.pbtxt:1:19: unknown field 'maxbatch'"),
-        ('platform: "tensorflow_savedmodel"', "unknown platform 'tensorflow_savedmodel'"),
+        ('platform: "caffe2_netdef"', "unknown platform 'caffe2_netdef'"),
         ('backend: "nope"', "backend 'nope' is not available"),
         ("version_policy { specific { versions: [7] } }", "no version to serve"),
         ("max_batch_size: 8\ninstance_group [{ kind: KIND_CPU gpus: [0] }]",
