@@ -85,12 +85,15 @@ def write_python(repo: Path, name: str, source: str, mode: str, count: int,
 
 
 def perf(server: ServerProcess, model: str, concurrency: int, measure_ms: int,
-         out: Path) -> subprocess.Popen[bytes]:
+         out: Path, stable: bool = True) -> subprocess.Popen[bytes]:
+    # stable=False: three windows, whatever their spread (an A/B on a noisy machine, where the
+    # rounds' medians carry the comparison, not one window's stability)
+    tries = ["--stability-percentage", "50", "--max-trials", "20"] if stable else [
+        "--stability-percentage", "999", "--max-trials", "3"]
     return subprocess.Popen(
         [str(PERF_ANALYZER), "-m", model, "-u", f"127.0.0.1:{server.http_port}",
          "--concurrency-range", str(concurrency), "--measurement-interval", str(measure_ms),
-         "--input-data", "zero", "-f", str(out), "--percentile", "99",
-         "--stability-percentage", "50", "--max-trials", "20"],
+         "--input-data", "zero", "-f", str(out), "--percentile", "99", *tries],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -180,8 +183,8 @@ def hop_ab(args: argparse.Namespace) -> int:
                         for name, server in servers.items():
                             n += 1
                             out = Path(tmp) / f"r{n}.csv"
-                            r = result(perf(server, f"identity_{mode}", c, args.measure_ms, out),
-                                       out)
+                            r = result(perf(server, f"identity_{mode}", c, args.measure_ms, out,
+                                            stable=False), out)
                             seen.setdefault((name, mode, c), []).append(r)
         finally:
             for server in servers.values():
