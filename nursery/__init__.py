@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from nursery.errors import ErrorKind as ErrorKind  # noqa: E402
 from nursery.errors import NurseryError as NurseryError  # noqa: E402
+from nursery.runtime.about import VERSION as __version__  # noqa: E402, F401
 
 # the in-process API, imported on first use so that `import nursery` stays light
 _EMBED = ("Server", "Tensor", "DynamicBatcher", "DynamicBatching", "QueuePolicy")

@@ -14,7 +14,6 @@ from typing import Any
 
 import trio
 
-from nursery import __version__
 from nursery.actors import mailbox
 from nursery.actors.demand import DemandLoader
 from nursery.actors.directory import Directory, ModelHandle, ModelState
@@ -32,6 +31,7 @@ from nursery.observability.arrival_log import ArrivalLog
 from nursery.observability.logs import LogManager
 from nursery.observability.stats import StatsSnapshot
 from nursery.observability.tracing import TraceManager
+from nursery.runtime.about import VERSION
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.cache_store import CacheTotals
 from nursery.shm import cuda as cuda_shm
@@ -153,7 +153,7 @@ class Core:
             extensions.remove("system_shared_memory")
         elif cuda_shm.available():  # only where CUDA regions can be opened
             extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
-        return {"name": self.services.server_name, "version": __version__,
+        return {"name": self.services.server_name, "version": VERSION,
                 "extensions": extensions}
 
     def resolve(self, name: str, version: str = "") -> ModelHandle:

@@ -381,7 +381,7 @@ def test_perf_analyzer_smoke(server: ServerProcess) -> None:
     for model in ("add_sub", "mlp"):
         proc = subprocess.run(
             [str(PERF_ANALYZER), "-m", model, "-u", server.url, "--concurrency-range", "1:4:3",
-             "-p", "500", "--max-trials", "10", "--stability-percentage", "100"],
+             "-p", "500", "--max-trials", "3", "--stability-percentage", "999"],
             capture_output=True, text=True, timeout=240,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -69,10 +69,6 @@ def test_no_import_cycles_and_no_dodging_imports() -> None:
         graph[name], local = _imports(name, path, known)
         dodging += [(name, target) for target in local if (name, target) not in LAZY]
     assert not dodging, f"function-level imports of nursery modules: {sorted(dodging)}"
-    # The package's lazy re-exports (PEP 562 ``__getattr__`` in nursery/__init__.py) are a
-    # facade for users, run when a user asks for the name: no module of nursery depends on
-    # them, while modules do read ``nursery.__version__``; they are no edge of the graph.
-    graph["nursery"] -= {target for (name, target) in LAZY if name == "nursery"}
 
     # Tarjan's strongly connected components
     index: dict[str, int] = {}
