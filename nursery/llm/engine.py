@@ -154,7 +154,7 @@ class DecodeLoop:
             except Exception as exc:  # noqa: BLE001 - this sequence's failure only
                 log.exception("%s: prefill failed", self.name)
                 self._end(job, "error", f"generation failed: {exc!r}")
-        live = list(self._running.values())
+        live = sorted(self._running.values(), key=lambda s: s.slot)
         if live:
             logits = self.model.decode([s.slot for s in live], [s.last for s in live],
                                        [s.job.adapter for s in live])

@@ -238,10 +238,14 @@ class _Metrics:
         self.ended = {o: ended.Metric(labels={**labels, "outcome": o})
                       for o in ("stop", "length", "cancelled", "error")}
         self.seen = dict.fromkeys(self.ended, 0)
+        self.last = (-1, -1)
 
     def update(self, loop: DecodeLoop) -> None:
-        self.active.set(loop.active)
-        self.waiting.set(loop.waiting)
+        now = (loop.active, loop.waiting)
+        if now != self.last:  # a metric call takes a lock (in a stub: a message): only changes
+            self.active.set(now[0])
+            self.waiting.set(now[1])
+            self.last = now
         for outcome, count in loop.outcomes.items():
             if count != self.seen[outcome]:
                 self.ended[outcome].increment(count - self.seen[outcome])
