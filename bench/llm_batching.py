@@ -60,7 +60,7 @@ class Trace:
     error: str | None = None
 
 
-def with_mode(repo: Path, mode: str, slots: int) -> None:
+def with_mode(repo: Path, mode: str, slots: int, process: bool = False) -> None:
     source = ROOT / "model_repository" / MODEL
     shutil.copytree(source, repo / MODEL)
     config = (repo / MODEL / "config.pbtxt").read_text()
@@ -71,6 +71,8 @@ def with_mode(repo: Path, mode: str, slots: int) -> None:
         elif '"max_slots"' in line:
             line = f'parameters {{ key: "max_slots" value: {{ string_value: "{slots}" }} }}'
         lines.append(line)
+    if process:
+        lines.append('parameters { key: "nursery_instance_mode" value: { string_value: "process" } }')
     (repo / MODEL / "config.pbtxt").write_text("\n".join(lines) + "\n")
 
 
@@ -172,6 +174,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", default="8,16,32,64,128,256")
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--process", action="store_true",
+                        help="run the model in a stub process (nursery_instance_mode)")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()
     args.lengths = [int(x) for x in args.max_tokens.split(",")]
@@ -184,7 +188,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             repo = Path(tmp) / "repo"
             repo.mkdir()
-            with_mode(repo, mode, args.slots)
+            with_mode(repo, mode, args.slots, args.process)
             server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
             try:
                 server.wait_ready()
