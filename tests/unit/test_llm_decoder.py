@@ -4,6 +4,7 @@ batch equals the base model with that adapter merged into its weights."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,3 +199,23 @@ def test_chunks_count_every_token() -> None:
     assert [c.tokens for c in chunks] == [1] * 5
     assert [c.final for c in chunks] == [False] * 4 + [True]
     assert chunks[-1].finish == "length" and "".join(c.text for c in chunks) == "xxxxx"
+
+
+def test_the_bundled_model_is_what_make_llm_writes() -> None:
+    """scripts/make_llm.py and the committed tiny_llm agree (its config, its model.py, the
+    decoder's shape), so running the script again changes only the random parts."""
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("make_llm", root / "scripts" / "make_llm.py")
+    assert spec is not None and spec.loader is not None
+    make_llm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_llm)
+    model = root / "model_repository" / "tiny_llm"
+    assert (model / "config.pbtxt").read_text() == make_llm.config_pbtxt()
+    assert (model / "1" / "model.py").read_text() == make_llm.MODEL_PY
+    assert DecoderConfig.from_file(model / "1" / "config.json") == make_llm.CONFIG
+    listing = read_multi_lora(model / "1")
+    assert sorted(listing) == ["alpha", "beta"]
+    adapters = [load_adapter(name, folder) for name, folder in listing.items()]
+    decoder = Decoder(make_llm.CONFIG, load_safetensors(model / "1" / "model.safetensors"), 1,
+                      adapters)
+    assert decoder.adapter_names == ["", "alpha", "beta"] and decoder.head_bias is not None
