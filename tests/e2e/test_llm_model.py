@@ -244,3 +244,32 @@ def test_http_infer_refuses_the_decoupled_model_as_triton_does(server: ServerPro
         client.infer(MODEL, [prompt])
     assert "doesn't support models with decoupled transaction policy" in raised.value.message()
     client.close()
+
+
+def test_in_a_stub_process_streams_and_cancels_the_same(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """nursery_instance_mode process: the decode loop runs in the model's stub process; its
+    responses, the cancellation of a client that leaves and the custom metrics cross over."""
+    repo = tmp_path_factory.mktemp("process")
+    shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL)
+    config = repo / MODEL / "config.pbtxt"
+    config.write_text(config.read_text() + 'parameters { key: "nursery_instance_mode" '
+                      'value: { string_value: "process" } }\n')
+    with running_server(repo, tmp_path_factory=tmp_path_factory) as server:
+        stream = Stream(server)
+        try:
+            stream.send("s", "hello", stream=_one(True, np.bool_), max_tokens=_one(5, np.int32))
+            assert len(stream.collect()["s"]) == 5
+        finally:
+            stream.close()
+        leaving = Stream(server)
+        leaving.send("long", "hello", stream=_one(True, np.bool_), max_tokens=_one(500, np.int32))
+        first, error = leaving.answers.get(timeout=60)
+        assert error is None
+        leaving.close(cancel=True)
+        for _ in range(600):
+            if metric(server, "nursery_llm_sequences_total", outcome="cancelled") == 1:
+                break
+            time.sleep(0.05)
+        assert metric(server, "nursery_llm_sequences_total", outcome="cancelled") == 1
+        assert metric(server, "nursery_llm_active_sequences") == 0
