@@ -161,6 +161,20 @@ def test_lora_adapters_per_request(stream: Stream) -> None:
         error.message()
 
 
+def test_stop_words_end_the_text_before_them_and_the_prompt_comes_back_when_asked(
+        stream: Stream) -> None:
+    greedy = {"temperature": _one(0.0, np.float32), "max_tokens": _one(24, np.int32)}
+    stream.send("full", "Serve the models", **greedy)
+    full = _text(stream.collect()["full"])
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    stream.send("cut", "Serve the models", stop_words=np.array([[stop.encode(), b"unseen"]],
+                                                                dtype=np.object_), **greedy)
+    assert _text(stream.collect()["cut"]) == full[:full.index(stop)]
+    stream.send("echo", "Serve the models", exclude_input_in_output=_one(False, np.bool_),
+                **greedy)
+    assert _text(stream.collect()["echo"]) == "Serve the models" + full
+
+
 @pytest.mark.parametrize(("inputs", "message"), [
     ({"max_tokens": _one(0, np.int32)}, "max_tokens must be at least 1, got 0"),
     ({"max_tokens": _one(600, np.int32)},
