@@ -95,6 +95,7 @@ class TextStream:
             if hits:
                 end = min(hits)
                 self.text = self.text[:end]
+                self._raw = b""  # bytes after the stop string are not part of the text
                 return self._release(end), True
             return self._release(len(self.text) - self._held()), False
         return self._release(len(self.text)), False

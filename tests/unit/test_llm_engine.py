@@ -258,6 +258,10 @@ def test_text_stream_holds_partial_characters_and_possible_stop_strings() -> Non
     assert stream.push(5) == ("", False)
     assert stream.push(6) == ("", True)  # the stop string: never sent
     assert stream.text == "hé"
+    assert stream.finish() == ""
+    tail = TextStream(lambda t: {1: b"ab", 2: b"c\xc3"}[t], stop=["bc"])
+    assert tail.push(1) == ("a", False)  # "b" may start "bc"
+    assert tail.push(2) == ("", True) and tail.finish() == ""  # nothing after the stop
     loose = TextStream(lambda t: pieces[t], stop=["##!"])
     for t in (4, 5):
         loose.push(t)
