@@ -287,3 +287,20 @@ def test_in_a_stub_process_streams_and_cancels_the_same(
             time.sleep(0.05)
         assert metric(server, "nursery_llm_sequences_total", outcome="cancelled") == 1
         assert metric(server, "nursery_llm_active_sequences") == 0
+
+
+def test_a_bad_batching_mode_fails_the_load_with_its_reason(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    repo = tmp_path_factory.mktemp("badmode")
+    shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL)
+    config = repo / MODEL / "config.pbtxt"
+    config.write_text(config.read_text().replace('string_value: "continuous"',
+                                                 'string_value: "eager"'))
+    with running_server(repo, "--exit-on-error=false", "--strict-readiness=false",
+                        tmp_path_factory=tmp_path_factory) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        (entry,) = client.get_model_repository_index()
+        client.close()
+    assert entry["state"] == "UNAVAILABLE"
+    assert "batching_mode must be one of continuous, static, sequential; got 'eager'" in \
+        entry["reason"]
