@@ -17,8 +17,9 @@ stop string), the last with the final flag. Otherwise one final response with ev
 Model configuration ``parameters``: ``batching_mode`` (continuous | static | sequential),
 ``max_slots`` (sequences decoded together), ``default_max_tokens``,
 ``exclude_input_in_output`` (the default of the input of that name), ``tokenizer`` (a
-folder beside config.pbtxt), ``weights`` (the decoder's folder in the version folder), ``seed`` (for requests without one), ``blas_threads``
-(OpenBLAS's thread count for the process: small products run fastest on one).
+folder beside config.pbtxt), ``weights`` (the decoder's folder in the version folder),
+``seed`` (for requests without one), ``blas_threads`` (OpenBLAS's thread count for the
+process: small products run fastest on one).
 """
 
 from __future__ import annotations
