@@ -3,11 +3,13 @@
 GPT-2's shape (learned positions, pre-norm blocks, GELU, output head tied to the token
 embedding, with an optional ``lm_head.bias``), float32. State lives in *slots*: each slot has
 its own KV cache rows for every layer (``[slots, heads, context, head_dim]``) and a length.
-``prefill`` runs one prompt into a slot and returns the logits of its last position;
-``decode`` runs one token for each of several slots at once and returns one row of logits
-per slot. Attention in ``decode`` reads the cache through a view of the slot range it needs
-(no copy): rows of that range that are not in the batch cost a few wasted multiplications,
-never a gather of the cache.
+``step`` runs, in one pass, one token for each of several slots (decoding) and whole prompts
+into other slots (prefilling): the projections and the MLP run once over all those rows, so
+a request admitted in the middle of a run costs the others little; it returns one row of
+logits per decoding slot and one per prompt (its last position). The decoding rows' attention
+reads the cache through a view of the slot range it needs (no copy): rows of that range that
+are not in the batch cost a few wasted multiplications, never a gather of the cache.
+``prefill`` and ``decode`` are the two halves alone.
 
 LoRA adapters apply per row on the shared base weights: for the rows of the batch that ask
 for adapter ``a``, ``x @ A.T @ B.T * scale`` is added to the base projection; the base
@@ -123,73 +125,113 @@ class Decoder:
         self.k = [np.zeros(shape, np.float32) for _ in self.layers]
         self.v = [np.zeros(shape, np.float32) for _ in self.layers]
         self.lengths = np.zeros(slots, np.int64)
+        self._scale = np.float32(1.0 / np.sqrt(self.head_dim))
 
-    # -- the two entry points ---------------------------------------------------------------
+    # -- the entry points -------------------------------------------------------------------
+
+    def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
+             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """One forward pass for a decode loop's step: one token for each of ``slots`` (their
+        next position) and, in the same pass, whole prompts ``(slot, ids, adapter)`` run into
+        their slots (their caches start over). The projections run once over all those rows;
+        only attention is per kind. Returns the logits of the decode rows ``[len(slots),
+        vocab]`` and of each prompt's last position ``[len(prefills), vocab]``."""
+        slot_ix = np.asarray(slots, dtype=np.int64)
+        batch = len(slot_ix)
+        positions = self.lengths[slot_ix]
+        if batch and (positions >= self.n_ctx).any():
+            raise ValueError("a sequence has filled the model's context")
+        for _, ids, _ in prefills:
+            if not 0 < len(ids) <= self.n_ctx:
+                raise ValueError(f"a prompt of {len(ids)} tokens does not fit a context of "
+                                 f"{self.n_ctx}")
+        lengths = [len(ids) for _, ids, _ in prefills]
+        token_rows = np.concatenate([np.asarray(tokens, np.int64),
+                                     *(np.asarray(ids, np.int64) for _, ids, _ in prefills)])
+        pos_rows = np.concatenate([positions, *(np.arange(n) for n in lengths)])
+        adapter_rows = np.concatenate([
+            np.zeros(batch, np.int64) if adapters is None else np.asarray(adapters, np.int64),
+            *(np.full(n, a, np.int64) for (_, _, a), n in zip(prefills, lengths, strict=True))])
+        x = self.embed[token_rows] + self.pos[pos_rows]
+        span = self._span(slot_ix, positions) if batch else None
+        for i, layer in enumerate(self.layers):
+            h = _layer_norm(x, layer["ln1.w"], layer["ln1.b"], self.config.layer_norm_epsilon)
+            qkv = self._linear(h, i, "attn.qkv", adapter_rows).reshape(
+                len(x), 3, self.heads, self.head_dim)
+            parts = []
+            if span is not None:
+                parts.append(self._attend_decode(i, qkv[:batch], slot_ix, positions, span))
+            start = batch
+            for (slot, _, _), n in zip(prefills, lengths, strict=True):
+                parts.append(self._attend_prompt(i, qkv[start:start + n], slot))
+                start += n
+            att = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            x = x + self._linear(att, i, "attn.out", adapter_rows)
+            x = x + self._mlp(x, i, layer, adapter_rows)
+        self.lengths[slot_ix] = positions + 1
+        for (slot, _, _), n in zip(prefills, lengths, strict=True):
+            self.lengths[slot] = n
+        last = batch + np.cumsum(lengths, dtype=np.int64) - 1
+        logits = self._logits(x[np.concatenate([np.arange(batch), last])])
+        return logits[:batch], logits[batch:]
 
     def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0) -> np.ndarray:
         """Run a prompt into ``slot`` (its cache starts over); the last position's logits."""
-        n = len(ids)
-        if not 0 < n <= self.n_ctx:
-            raise ValueError(f"a prompt of {n} tokens does not fit a context of {self.n_ctx}")
-        x = self.embed[np.asarray(ids)] + self.pos[:n]
-        rows = np.full(n, adapter)
-        causal = np.triu(np.full((n, n), -np.inf, np.float32), 1)
-        scale = np.float32(1.0 / np.sqrt(self.head_dim))
-        for i, layer in enumerate(self.layers):
-            h = _layer_norm(x, layer["ln1.w"], layer["ln1.b"], self.config.layer_norm_epsilon)
-            qkv = self._linear(h, i, "attn.qkv", rows).reshape(n, 3, self.heads, self.head_dim)
-            q, k, v = (qkv[:, j].transpose(1, 0, 2) for j in range(3))  # [H, n, hd]
-            self.k[i][slot, :, :n] = k
-            self.v[i][slot, :, :n] = v
-            scores = np.matmul(q, k.transpose(0, 2, 1)) * scale + causal
-            scores -= scores.max(-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(-1, keepdims=True)
-            att = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, -1)
-            x = x + self._linear(att, i, "attn.out", rows)
-            x = x + self._mlp(x, i, layer, rows)
-        self.lengths[slot] = n
-        last: np.ndarray = self._logits(x[-1:])[0]
+        last: np.ndarray = self.step((), (), None, [(slot, ids, adapter)])[1][0]
         return last
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int],
                adapters: Sequence[int] | None = None) -> np.ndarray:
         """One step for several slots: feed each its token, return ``[len(slots), vocab]``."""
-        slot_ix = np.asarray(slots, dtype=np.int64)
-        positions = self.lengths[slot_ix]
-        if (positions >= self.n_ctx).any():
-            raise ValueError("a sequence has filled the model's context")
-        rows = np.zeros(len(slot_ix), np.int64) if adapters is None else np.asarray(adapters)
-        batch = len(slot_ix)
-        x = self.embed[np.asarray(tokens)] + self.pos[positions]
+        return self.step(slots, tokens, adapters)[0]
+
+    # -- attention --------------------------------------------------------------------------
+
+    def _span(self, slot_ix: np.ndarray, positions: np.ndarray
+              ) -> tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]:
+        """What the decode rows' attention reads, built once per step: the slot range, the
+        width, each row's place in the range, the mask, a query buffer for the range."""
         lo, hi = int(slot_ix.min()), int(slot_ix.max()) + 1
-        span = hi - lo
         width = int(positions.max()) + 1
         where = slot_ix - lo
         # per slot of the span: how far it may look (slots of the span not in the batch: 0)
-        limit = np.zeros(span, np.int64)
+        limit = np.zeros(hi - lo, np.int64)
         limit[where] = positions
         mask = np.where(np.arange(width)[None, :] > limit[:, None], -np.inf, 0.0
                         ).astype(np.float32)[:, None, None, :]
-        scale = np.float32(1.0 / np.sqrt(self.head_dim))
-        q_span = np.zeros((span, self.heads, 1, self.head_dim), np.float32)
-        for i, layer in enumerate(self.layers):
-            h = _layer_norm(x, layer["ln1.w"], layer["ln1.b"], self.config.layer_norm_epsilon)
-            qkv = self._linear(h, i, "attn.qkv", rows).reshape(batch, 3, self.heads, self.head_dim)
-            self.k[i][slot_ix, :, positions] = qkv[:, 1]
-            self.v[i][slot_ix, :, positions] = qkv[:, 2]
-            q_span[where, :, 0] = qkv[:, 0]
-            keys = self.k[i][lo:hi, :, :width]  # views: [span, H, width, hd]
-            values = self.v[i][lo:hi, :, :width]
-            scores = np.matmul(q_span, keys.transpose(0, 1, 3, 2)) * scale + mask
-            scores -= scores.max(-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(-1, keepdims=True)
-            att = np.matmul(scores, values)[where, :, 0].reshape(batch, -1)
-            x = x + self._linear(att, i, "attn.out", rows)
-            x = x + self._mlp(x, i, layer, rows)
-        self.lengths[slot_ix] = positions + 1
-        return self._logits(x)
+        q_span = np.zeros((hi - lo, self.heads, 1, self.head_dim), np.float32)
+        return lo, hi, width, where, mask, q_span
+
+    def _attend_decode(self, i: int, qkv: np.ndarray, slot_ix: np.ndarray,
+                       positions: np.ndarray,
+                       span: tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]
+                       ) -> np.ndarray:
+        lo, hi, width, where, mask, q_span = span
+        self.k[i][slot_ix, :, positions] = qkv[:, 1]
+        self.v[i][slot_ix, :, positions] = qkv[:, 2]
+        q_span[where, :, 0] = qkv[:, 0]
+        keys = self.k[i][lo:hi, :, :width]  # views: [span, H, width, hd]
+        values = self.v[i][lo:hi, :, :width]
+        scores = np.matmul(q_span, keys.transpose(0, 1, 3, 2)) * self._scale + mask
+        scores -= scores.max(-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(-1, keepdims=True)
+        out: np.ndarray = np.matmul(scores, values)[where, :, 0].reshape(len(slot_ix), -1)
+        return out
+
+    def _attend_prompt(self, i: int, qkv: np.ndarray, slot: int) -> np.ndarray:
+        n = len(qkv)
+        q, k, v = (qkv[:, j].transpose(1, 0, 2) for j in range(3))  # [H, n, hd]
+        self.k[i][slot, :, :n] = k
+        self.v[i][slot, :, :n] = v
+        causal = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+        scores = np.matmul(q, k.transpose(0, 2, 1)) * self._scale + causal
+        scores -= scores.max(-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(-1, keepdims=True)
+        out: np.ndarray = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, -1)
+        return out
 
     # -- pieces -----------------------------------------------------------------------------
 

@@ -2,9 +2,11 @@
 
 Each step: (1) requests whose client has gone are dropped, waiting or running, and their
 slots freed; (2) the slot scheduler admits waiting requests into free slots (every step in
-``continuous`` mode), each is prefilled and gets its first token; (3) one batched decode step
-gives every running sequence its next token; a sequence that ends (end-of-sequence token,
-stop string, ``max_tokens``) leaves at once and its slot is free for the next step.
+``continuous`` mode); (3) one forward pass gives every running sequence its next token and
+runs the prompts of the admitted ones, which get their first token; a sequence that ends
+(end-of-sequence token, stop string, ``max_tokens``) leaves at once and its slot is free for
+the next step. A pass that fails is run again in parts, so that only the sequences whose
+part fails again end with the error.
 
 ``execute`` of a decoupled ``model.py`` only hands requests over (``submit``) and returns;
 what a sequence produces goes out through its job's ``emit`` callback, on this thread, as
@@ -30,14 +32,16 @@ log = logging.getLogger("nursery.llm")
 
 
 class BatchModel(Protocol):
-    """What the loop needs of a model (``decoder.Decoder`` is one)."""
+    """What the loop needs of a model (``decoder.Decoder`` is one): ``step`` decodes one token
+    for each of ``slots`` and, in the same pass, runs each prompt of ``prefills`` (``(slot,
+    ids, adapter)``) into its slot; it returns the decode rows' logits and one row per
+    prompt."""
 
     n_ctx: int
 
-    def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0) -> np.ndarray: ...
-
-    def decode(self, slots: Sequence[int], tokens: Sequence[int],
-               adapters: Sequence[int] | None = None) -> np.ndarray: ...
+    def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
+             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -148,30 +152,57 @@ class DecodeLoop:
         for job in [*self.scheduler.waiting, *self.scheduler.active]:
             if job.cancelled():
                 self._end(job, "cancelled")
-        for job, slot in self.scheduler.admit():
-            try:
-                self._start(job, slot)
-            except Exception as exc:  # noqa: BLE001 - this sequence's failure only
-                log.exception("%s: prefill failed", self.name)
-                self._end(job, "error", f"generation failed: {exc!r}")
-        live = sorted(self._running.values(), key=lambda s: s.slot)
-        if live:
-            logits = self.model.decode([s.slot for s in live], [s.last for s in live],
-                                       [s.job.adapter for s in live])
-            for seq, row in zip(live, logits, strict=True):
+        running = sorted(self._running.values(), key=lambda s: s.slot)
+        new = [self._sequence(job, slot) for job, slot in self.scheduler.admit()]
+        if not running and not new:
+            return
+        try:
+            decoded, prefilled = self.model.step(
+                [s.slot for s in running], [s.last for s in running],
+                [s.job.adapter for s in running],
+                [(s.slot, s.job.prompt, s.job.adapter) for s in new])
+            rows: list[np.ndarray | None] = [*decoded, *prefilled]
+        except Exception:  # noqa: BLE001 - find whose rows failed: they alone pay for it
+            log.exception("%s: decode step failed; running its parts apart", self.name)
+            rows = self._apart(running, new)
+        for seq, row in zip([*running, *new], rows, strict=True):
+            if row is not None:
                 self._advance(seq, seq.sampler.next_token(row, seq.generated))
         if self.observe is not None:
             self.observe(self)
 
-    def _start(self, job: Job, slot: int) -> None:
+    def _sequence(self, job: Job, slot: int) -> _Sequence:
         seed = job.sampling.seed
         rng = np.random.default_rng(seed) if seed is not None else \
             np.random.default_rng(self._rng.integers(2**63))
         seq = _Sequence(job, slot, Sampler(job.sampling, rng, job.bad_words),
                         TextStream(self.token_bytes, job.stop))
         self._running[job] = seq
-        logits = self.model.prefill(slot, job.prompt, job.adapter)
-        self._advance(seq, seq.sampler.next_token(logits, seq.generated))
+        return seq
+
+    def _apart(self, running: list[_Sequence], new: list[_Sequence]
+               ) -> list[np.ndarray | None]:
+        """A failed step again, the decode rows together and each prompt alone (lengths move
+        only when a pass completes, so nothing is fed twice); a part that fails again ends its
+        sequences with the error."""
+        rows: list[np.ndarray | None] = []
+        try:
+            if running:
+                rows += list(self.model.step([s.slot for s in running],
+                                             [s.last for s in running],
+                                             [s.job.adapter for s in running])[0])
+        except Exception as exc:  # noqa: BLE001 - these sequences' failure only
+            rows += [None] * len(running)
+            for seq in running:
+                self._end(seq.job, "error", f"generation failed: {exc!r}")
+        for seq in new:
+            try:
+                rows.append(self.model.step((), (), None,
+                                            [(seq.slot, seq.job.prompt, seq.job.adapter)])[1][0])
+            except Exception as exc:  # noqa: BLE001 - this sequence's failure only
+                rows.append(None)
+                self._end(seq.job, "error", f"generation failed: {exc!r}")
+        return rows
 
     def _advance(self, seq: _Sequence, token: int) -> None:
         seq.generated.append(token)

@@ -33,16 +33,21 @@ class ScriptedModel:
         row[(token + 1) % VOCAB] = 1.0
         return row
 
-    def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0) -> np.ndarray:
-        self.calls.append(("prefill", [slot]))
-        if ids[0] in self.fail_prefill_for:
+    def step(self, slots: Sequence[int], tokens: Sequence[int],
+             adapters: Sequence[int] | None,
+             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             ) -> tuple[np.ndarray, np.ndarray]:
+        if prefills:
+            self.calls.append(("prefill", [slot for slot, _, _ in prefills]))
+        if slots:
+            self.calls.append(("decode", list(slots)))
+        if any(ids[0] in self.fail_prefill_for for _, ids, _ in prefills):
             raise RuntimeError("boom")
-        return self._row(ids[-1])
-
-    def decode(self, slots: Sequence[int], tokens: Sequence[int],
-               adapters: Sequence[int] | None = None) -> np.ndarray:
-        self.calls.append(("decode", list(slots)))
-        return np.stack([self._row(t) for t in tokens])
+        empty = np.zeros((0, VOCAB), np.float32)
+        decoded = np.stack([self._row(t) for t in tokens]) if len(tokens) else empty
+        prefilled = np.stack([self._row(ids[-1]) for _, ids, _ in prefills]) if prefills \
+            else empty
+        return decoded, prefilled
 
 
 class Client:
@@ -92,12 +97,14 @@ def test_new_requests_join_the_running_batch_at_the_next_step() -> None:
     a, b = Client(), Client()
     loop.submit(a.job([0], 10))
     step(loop)
-    assert model.calls == [("prefill", [0]), ("decode", [0])]
+    assert model.calls == [("prefill", [0])]
+    step(loop)
     loop.submit(b.job([5], 10))
-    step(loop)  # b is prefilled and decoded beside a, which is in the middle of its run
-    assert model.calls[2:] == [("prefill", [1]), ("decode", [0, 1])]
-    # a: prefill's token and one decoded in each step; b: the same in its first step
-    assert len(a.chunks) == 3 and len(b.chunks) == 2
+    step(loop)  # b's prompt runs in the same pass as a's next token
+    assert model.calls[1:] == [("decode", [0]), ("prefill", [1]), ("decode", [0])]
+    step(loop)
+    assert model.calls[-1] == ("decode", [0, 1])
+    assert len(a.chunks) == 4 and len(b.chunks) == 2
 
 
 def test_a_finished_sequence_frees_its_slot_for_the_next_step() -> None:
@@ -105,13 +112,14 @@ def test_a_finished_sequence_frees_its_slot_for_the_next_step() -> None:
     a, b = Client(), Client()
     loop.submit(a.job([0], 3))
     loop.submit(b.job([10], 3))
-    step(loop)  # a: tokens 1 and 2
+    step(loop)  # a: token 1
+    step(loop)  # a: token 2
     assert loop.waiting == 1 and loop.active == 1
     step(loop)  # a's third token ends it: its slot is free before this step is over
     assert a.final is not None and a.final.finish == "length" and a.text == "bcd"
     assert loop.active == 0 and loop.waiting == 1
     step(loop)  # b takes slot 0 at once
-    assert ("prefill", [0]) == model.calls[-2] and b.text == "lm"
+    assert ("prefill", [0]) == model.calls[-1] and b.text == "l"
 
 
 def test_a_cancelled_request_stops_within_one_step_and_frees_its_slot() -> None:
@@ -127,8 +135,8 @@ def test_a_cancelled_request_stops_within_one_step_and_frees_its_slot() -> None:
     step(loop)
     assert a.final is not None and a.final.finish == "cancelled"
     assert len(a.chunks) == before + 1  # no token after the cancellation, only the final word
-    # the step that noticed it ran c in a's slot and never decoded a again
-    assert model.calls[-2:] == [("prefill", [0]), ("decode", [0, 1])]
+    # the step that noticed it ran c's prompt in a's slot and never decoded a again
+    assert model.calls[-2:] == [("prefill", [0]), ("decode", [1])]
     assert c.chunks and loop.active == 2 and loop.outcomes["cancelled"] == 1
 
 
