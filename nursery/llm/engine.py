@@ -154,8 +154,12 @@ class DecodeLoop:
                 self._end(job, "cancelled")
         running = sorted(self._running.values(), key=lambda s: s.slot)
         new = [self._sequence(job, slot) for job, slot in self.scheduler.admit()]
-        if not running and not new:
-            return
+        if running or new:
+            self._forward(running, new)
+        if self.observe is not None:
+            self.observe(self)
+
+    def _forward(self, running: list[_Sequence], new: list[_Sequence]) -> None:
         try:
             decoded, prefilled = self.model.step(
                 [s.slot for s in running], [s.last for s in running],
@@ -168,8 +172,6 @@ class DecodeLoop:
         for seq, row in zip([*running, *new], rows, strict=True):
             if row is not None:
                 self._advance(seq, seq.sampler.next_token(row, seq.generated))
-        if self.observe is not None:
-            self.observe(self)
 
     def _sequence(self, job: Job, slot: int) -> _Sequence:
         seed = job.sampling.seed

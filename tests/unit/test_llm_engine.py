@@ -274,3 +274,16 @@ def test_text_stream_holds_partial_characters_and_possible_stop_strings() -> Non
     for t in (4, 5):
         loose.push(t)
     assert loose.push(1) == ("##h", False) and loose.finish() == ""
+
+
+def test_the_observer_sees_every_step_even_one_that_only_cancels() -> None:
+    seen: list[tuple[int, int, int]] = []
+    loop = DecodeLoop(ScriptedModel(), letters, 2,
+                      observe=lambda lp: seen.append((lp.active, lp.waiting,
+                                                      lp.outcomes["cancelled"])))
+    only = Client()
+    loop.submit(only.job([0], 100))
+    step(loop)
+    only.gone = True
+    step(loop)  # nothing left to run: the step still reports the freed slot
+    assert seen == [(1, 0, 0), (0, 0, 1)]
