@@ -1,0 +1,294 @@
+"""A small decoder-only transformer in numpy, built for a decode loop that batches.
+
+GPT-2's shape (learned positions, pre-norm blocks, GELU, output head tied to the token
+embedding, with an optional ``lm_head.bias``), float32. State lives in *slots*: each slot has
+its own KV cache rows for every layer (``[slots, heads, context, head_dim]``) and a length.
+``step`` runs, in one pass, one token for each of several slots (decoding) and whole prompts
+into other slots (prefilling): the projections and the MLP run once over all those rows, so
+a request admitted in the middle of a run costs the others little; it returns one row of
+logits per decoding slot and one per prompt (its last position). The decoding rows' attention
+reads the cache through a view of the slot range it needs (no copy): rows of that range that
+are not in the batch cost a few wasted multiplications, never a gather of the cache.
+``prefill`` and ``decode`` are the two halves alone.
+
+LoRA adapters apply per row on the shared base weights: for the rows of the batch that ask
+for adapter ``a``, ``x @ A.T @ B.T * scale`` is added to the base projection; the base
+weights are never copied or merged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nursery.llm.weights import Adapter, WeightsError, load_safetensors
+
+LINEARS = ("attn.qkv", "attn.out", "mlp.up", "mlp.down")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """``config.json`` beside the weights (Hugging Face's key names)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    bos_token_id: int
+    eos_token_id: int
+    layer_norm_epsilon: float = 1e-5
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> DecoderConfig:
+        try:
+            raw = json.loads(Path(path).read_text())
+            return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        except (OSError, ValueError, TypeError) as exc:
+            raise WeightsError(f"cannot read {path}: {exc!r}") from exc
+
+    def as_json(self) -> dict[str, object]:
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {"model_type": "nursery-tiny-decoder", **fields}
+
+
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(-1, keepdims=True)
+    return centered / np.sqrt(var + eps) * w + b  # type: ignore[no-any-return]
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))  # type: ignore[no-any-return]
+
+
+class Decoder:
+    def __init__(self, config: DecoderConfig, weights: dict[str, np.ndarray], slots: int,
+                 adapters: Sequence[Adapter] = ()) -> None:
+        self.config = config
+        c = config
+        self.heads = c.num_attention_heads
+        self.head_dim = c.hidden_size // c.num_attention_heads
+        self.n_ctx = c.max_position_embeddings
+        self.slots = slots
+
+        def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            array = weights.get(name)
+            if array is None or array.shape != shape:
+                found = None if array is None else array.shape
+                raise WeightsError(f"weight {name!r}: expected shape {shape}, found {found}")
+            return np.ascontiguousarray(array, dtype=np.float32)
+
+        d, f = c.hidden_size, c.intermediate_size
+        self.embed = get("embed.weight", (c.vocab_size, d))
+        self.embed_t = np.ascontiguousarray(self.embed.T)
+        self.pos = get("pos.weight", (self.n_ctx, d))
+        shapes = {"attn.qkv": (3 * d, d), "attn.out": (d, d), "mlp.up": (f, d), "mlp.down": (d, f)}
+        self.layers: list[dict[str, np.ndarray]] = []
+        for i in range(c.num_hidden_layers):
+            layer = {n: np.ascontiguousarray(get(f"layers.{i}.{n}.weight", shapes[n]).T)
+                     for n in LINEARS}  # stored [out, in] as torch does; used as x @ W
+            for norm in ("ln1", "ln2"):
+                layer[f"{norm}.w"] = get(f"layers.{i}.{norm}.weight", (d,))
+                layer[f"{norm}.b"] = get(f"layers.{i}.{norm}.bias", (d,))
+            self.layers.append(layer)
+        self.ln_f = (get("ln_f.weight", (d,)), get("ln_f.bias", (d,)))
+        self.head_bias = get("lm_head.bias", (c.vocab_size,)) if "lm_head.bias" in weights \
+            else None
+        # adapter 0 is "none"; for each adapter: {(layer, module): (A.T * scale, B.T)}
+        self.adapter_names = [""]
+        self._lora: list[dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]] = [{}]
+        for adapter in adapters:
+            self.adapter_names.append(adapter.name)
+            table = {}
+            for module, (a, b) in adapter.modules.items():
+                layer_no, _, name = module.removeprefix("layers.").partition(".")
+                if not layer_no.isdigit() or int(layer_no) >= len(self.layers) \
+                        or name not in shapes:
+                    raise WeightsError(f"LoRA '{adapter.name}': no module {module!r} in the model")
+                out_dim, in_dim = shapes[name]
+                if a.shape[1] != in_dim or b.shape[0] != out_dim:
+                    raise WeightsError(f"LoRA '{adapter.name}': {module} has shapes {a.shape}, "
+                                       f"{b.shape}; the model's is [{out_dim}, {in_dim}]")
+                table[(int(layer_no), name)] = (
+                    np.ascontiguousarray(a.T * np.float32(adapter.scale)),
+                    np.ascontiguousarray(b.T))
+            self._lora.append(table)
+        shape = (slots, self.heads, self.n_ctx, self.head_dim)
+        self.k = [np.zeros(shape, np.float32) for _ in self.layers]
+        self.v = [np.zeros(shape, np.float32) for _ in self.layers]
+        self.lengths = np.zeros(slots, np.int64)
+        self._scale = np.float32(1.0 / np.sqrt(self.head_dim))
+
+    # -- the entry points -------------------------------------------------------------------
+
+    def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
+             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """One forward pass for a decode loop's step: one token for each of ``slots`` (their
+        next position) and, in the same pass, whole prompts ``(slot, ids, adapter)`` run into
+        their slots (their caches start over). The projections run once over all those rows;
+        only attention is per kind. Returns the logits of the decode rows ``[len(slots),
+        vocab]`` and of each prompt's last position ``[len(prefills), vocab]``."""
+        slot_ix = np.asarray(slots, dtype=np.int64)
+        batch = len(slot_ix)
+        positions = self.lengths[slot_ix]
+        if batch and (positions >= self.n_ctx).any():
+            raise ValueError("a sequence has filled the model's context")
+        for _, ids, _ in prefills:
+            if not 0 < len(ids) <= self.n_ctx:
+                raise ValueError(f"a prompt of {len(ids)} tokens does not fit a context of "
+                                 f"{self.n_ctx}")
+        lengths = [len(ids) for _, ids, _ in prefills]
+        token_rows = np.concatenate([np.asarray(tokens, np.int64),
+                                     *(np.asarray(ids, np.int64) for _, ids, _ in prefills)])
+        pos_rows = np.concatenate([positions, *(np.arange(n) for n in lengths)])
+        adapter_rows = np.concatenate([
+            np.zeros(batch, np.int64) if adapters is None else np.asarray(adapters, np.int64),
+            *(np.full(n, a, np.int64) for (_, _, a), n in zip(prefills, lengths, strict=True))])
+        x = self.embed[token_rows] + self.pos[pos_rows]
+        span = self._span(slot_ix, positions) if batch else None
+        for i, layer in enumerate(self.layers):
+            h = _layer_norm(x, layer["ln1.w"], layer["ln1.b"], self.config.layer_norm_epsilon)
+            qkv = self._linear(h, i, "attn.qkv", adapter_rows).reshape(
+                len(x), 3, self.heads, self.head_dim)
+            parts = []
+            if span is not None:
+                parts.append(self._attend_decode(i, qkv[:batch], slot_ix, positions, span))
+            start = batch
+            for (slot, _, _), n in zip(prefills, lengths, strict=True):
+                parts.append(self._attend_prompt(i, qkv[start:start + n], slot))
+                start += n
+            att = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            x = x + self._linear(att, i, "attn.out", adapter_rows)
+            x = x + self._mlp(x, i, layer, adapter_rows)
+        self.lengths[slot_ix] = positions + 1
+        for (slot, _, _), n in zip(prefills, lengths, strict=True):
+            self.lengths[slot] = n
+        last = batch + np.cumsum(lengths, dtype=np.int64) - 1
+        logits = self._logits(x[np.concatenate([np.arange(batch), last])])
+        return logits[:batch], logits[batch:]
+
+    def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0) -> np.ndarray:
+        """Run a prompt into ``slot`` (its cache starts over); the last position's logits."""
+        last: np.ndarray = self.step((), (), None, [(slot, ids, adapter)])[1][0]
+        return last
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int],
+               adapters: Sequence[int] | None = None) -> np.ndarray:
+        """One step for several slots: feed each its token, return ``[len(slots), vocab]``."""
+        return self.step(slots, tokens, adapters)[0]
+
+    # -- attention --------------------------------------------------------------------------
+
+    def _span(self, slot_ix: np.ndarray, positions: np.ndarray
+              ) -> tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]:
+        """What the decode rows' attention reads, built once per step: the slot range, the
+        width, each row's place in the range, the mask, a query buffer for the range."""
+        lo, hi = int(slot_ix.min()), int(slot_ix.max()) + 1
+        width = int(positions.max()) + 1
+        where = slot_ix - lo
+        # per slot of the span: how far it may look (slots of the span not in the batch: 0)
+        limit = np.zeros(hi - lo, np.int64)
+        limit[where] = positions
+        mask = np.where(np.arange(width)[None, :] > limit[:, None], -np.inf, 0.0
+                        ).astype(np.float32)[:, None, None, :]
+        q_span = np.zeros((hi - lo, self.heads, 1, self.head_dim), np.float32)
+        return lo, hi, width, where, mask, q_span
+
+    def _attend_decode(self, i: int, qkv: np.ndarray, slot_ix: np.ndarray,
+                       positions: np.ndarray,
+                       span: tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]
+                       ) -> np.ndarray:
+        lo, hi, width, where, mask, q_span = span
+        self.k[i][slot_ix, :, positions] = qkv[:, 1]
+        self.v[i][slot_ix, :, positions] = qkv[:, 2]
+        q_span[where, :, 0] = qkv[:, 0]
+        keys = self.k[i][lo:hi, :, :width]  # views: [span, H, width, hd]
+        values = self.v[i][lo:hi, :, :width]
+        scores = np.matmul(q_span, keys.transpose(0, 1, 3, 2)) * self._scale + mask
+        scores -= scores.max(-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(-1, keepdims=True)
+        out: np.ndarray = np.matmul(scores, values)[where, :, 0].reshape(len(slot_ix), -1)
+        return out
+
+    def _attend_prompt(self, i: int, qkv: np.ndarray, slot: int) -> np.ndarray:
+        n = len(qkv)
+        q, k, v = (qkv[:, j].transpose(1, 0, 2) for j in range(3))  # [H, n, hd]
+        self.k[i][slot, :, :n] = k
+        self.v[i][slot, :, :n] = v
+        causal = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+        scores = np.matmul(q, k.transpose(0, 2, 1)) * self._scale + causal
+        scores -= scores.max(-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(-1, keepdims=True)
+        out: np.ndarray = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, -1)
+        return out
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _linear(self, x: np.ndarray, layer: int, name: str, rows: np.ndarray) -> np.ndarray:
+        y: np.ndarray = x @ self.layers[layer][name]
+        if rows.any():
+            for adapter in np.unique(rows[rows > 0]):
+                pair = self._lora[int(adapter)].get((layer, name))
+                if pair is not None:
+                    pick = rows == adapter
+                    y[pick] += (x[pick] @ pair[0]) @ pair[1]
+        return y
+
+    def _mlp(self, x: np.ndarray, i: int, layer: dict[str, np.ndarray], rows: np.ndarray
+             ) -> np.ndarray:
+        h = _layer_norm(x, layer["ln2.w"], layer["ln2.b"], self.config.layer_norm_epsilon)
+        return self._linear(_gelu(self._linear(h, i, "mlp.up", rows)), i, "mlp.down", rows)
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        h = _layer_norm(x, self.ln_f[0], self.ln_f[1], self.config.layer_norm_epsilon)
+        logits: np.ndarray = h @ self.embed_t
+        if self.head_bias is not None:
+            logits += self.head_bias
+        return logits
+
+    def adapter_index(self, name: str) -> int | None:
+        try:
+            return self.adapter_names.index(name)
+        except ValueError:
+            return None
+
+
+def load_decoder(folder: str | Path, slots: int, adapters: Sequence[Adapter] = ()) -> Decoder:
+    """``config.json`` and ``model.safetensors`` from ``folder``."""
+    folder = Path(folder)
+    return Decoder(DecoderConfig.from_file(folder / "config.json"),
+                   load_safetensors(folder / "model.safetensors"), slots, adapters)
+
+
+def set_blas_threads(count: int) -> bool:
+    """OpenBLAS's thread count for the whole process (numpy's matrix products): decode steps
+    multiply small matrices, which threads only slow down on a busy machine. False where no
+    OpenBLAS is loaded (numpy built against another BLAS)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return False
+    for path in sorted(paths):
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                       "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            setter = getattr(library, symbol, None)
+            if setter is not None:
+                setter(int(count))
+                return True
+    return False

@@ -1,0 +1,245 @@
+"""The decode loop: one thread that runs every sequence of a model instance, step by step.
+
+Each step: (1) requests whose client has gone are dropped, waiting or running, and their
+slots freed; (2) the slot scheduler admits waiting requests into free slots (every step in
+``continuous`` mode); (3) one forward pass gives every running sequence its next token and
+runs the prompts of the admitted ones, which get their first token; a sequence that ends
+(end-of-sequence token, stop string, ``max_tokens``) leaves at once and its slot is free for
+the next step. A pass that fails is run again in parts, so that only the sequences whose
+part fails again end with the error.
+
+``execute`` of a decoupled ``model.py`` only hands requests over (``submit``) and returns;
+what a sequence produces goes out through its job's ``emit`` callback, on this thread, as
+``Chunk``s: one per token, then a final one. ``step`` is public so tests drive the loop
+synchronously, without the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from nursery.llm.sampling import Sampler, SamplingParams, TextStream
+from nursery.llm.slots import SlotScheduler
+
+log = logging.getLogger("nursery.llm")
+
+
+class BatchModel(Protocol):
+    """What the loop needs of a model (``decoder.Decoder`` is one): ``step`` decodes one token
+    for each of ``slots`` and, in the same pass, runs each prompt of ``prefills`` (``(slot,
+    ids, adapter)``) into its slot; it returns the decode rows' logits and one row per
+    prompt."""
+
+    n_ctx: int
+
+    def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
+             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one step gave one sequence. ``tokens``: tokens sampled for it in this chunk;
+    ``finish``: on the final chunk, "stop" (end-of-sequence token or stop string), "length"
+    (``max_tokens``), "cancelled" (the client left) or "error" (then ``error`` says why)."""
+
+    text: str
+    tokens: int
+    final: bool = False
+    finish: str | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    prompt: Sequence[int]
+    max_tokens: int
+    emit: Callable[[Chunk], None]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    adapter: int = 0
+    stop: Sequence[str] = ()
+    bad_words: Sequence[Sequence[int]] = ()
+    cancelled: Callable[[], bool] = lambda: False
+
+
+@dataclass(eq=False)
+class _Sequence:
+    job: Job
+    slot: int
+    sampler: Sampler
+    stream: TextStream
+    generated: list[int] = field(default_factory=list)
+    last: int = 0
+
+
+class DecodeLoop:
+    def __init__(self, model: BatchModel, token_bytes: Callable[[int], bytes], slots: int,
+                 mode: str = "continuous", eos_ids: Collection[int] = (),
+                 seed: int | None = None, name: str = "llm",
+                 observe: Callable[[DecodeLoop], None] | None = None) -> None:
+        self.model = model
+        self.token_bytes = token_bytes
+        self.scheduler: SlotScheduler[Job] = SlotScheduler(slots, mode)
+        self.eos_ids = frozenset(eos_ids)
+        self.name = name
+        self.observe = observe
+        self._rng = np.random.default_rng(seed)  # for requests without a seed
+        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._running: dict[Job, _Sequence] = {}
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "error": 0}
+        self.steps = 0
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-decode", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """From any thread: the job waits for a slot."""
+        self._inbox.put(job)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread; whatever has not finished gets a final error chunk."""
+        self._closed = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._take(block=False)
+            for job in [*self.scheduler.waiting, *self.scheduler.active]:
+                self._end(job, "error", "the model is unloading")
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._take(block=self.scheduler.idle)
+            if self._closed:
+                return
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - a failing step costs its sequences only
+                log.exception("%s: decode step failed", self.name)
+                for job in list(self.scheduler.active):
+                    self._end(job, "error", f"generation failed: {exc!r}")
+
+    def _take(self, block: bool) -> None:
+        try:
+            job = self._inbox.get() if block else self._inbox.get_nowait()
+            while True:
+                if job is not None:
+                    self.scheduler.submit(job)
+                job = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def pending(self) -> None:
+        """Take what ``submit`` queued (the thread does this before each step)."""
+        self._take(block=False)
+
+    def step(self) -> None:
+        self.steps += 1
+        for job in [*self.scheduler.waiting, *self.scheduler.active]:
+            if job.cancelled():
+                self._end(job, "cancelled")
+        running = sorted(self._running.values(), key=lambda s: s.slot)
+        new = [self._sequence(job, slot) for job, slot in self.scheduler.admit()]
+        if running or new:
+            self._forward(running, new)
+        if self.observe is not None:
+            self.observe(self)
+
+    def _forward(self, running: list[_Sequence], new: list[_Sequence]) -> None:
+        try:
+            decoded, prefilled = self.model.step(
+                [s.slot for s in running], [s.last for s in running],
+                [s.job.adapter for s in running],
+                [(s.slot, s.job.prompt, s.job.adapter) for s in new])
+            rows: list[np.ndarray | None] = [*decoded, *prefilled]
+        except Exception:  # noqa: BLE001 - find whose rows failed: they alone pay for it
+            log.exception("%s: decode step failed; running its parts apart", self.name)
+            rows = self._apart(running, new)
+        for seq, row in zip([*running, *new], rows, strict=True):
+            if row is not None:
+                self._advance(seq, seq.sampler.next_token(row, seq.generated))
+
+    def _sequence(self, job: Job, slot: int) -> _Sequence:
+        seed = job.sampling.seed
+        rng = np.random.default_rng(seed) if seed is not None else \
+            np.random.default_rng(self._rng.integers(2**63))
+        seq = _Sequence(job, slot, Sampler(job.sampling, rng, job.bad_words),
+                        TextStream(self.token_bytes, job.stop))
+        self._running[job] = seq
+        return seq
+
+    def _apart(self, running: list[_Sequence], new: list[_Sequence]
+               ) -> list[np.ndarray | None]:
+        """A failed step again, the decode rows together and each prompt alone (lengths move
+        only when a pass completes, so nothing is fed twice); a part that fails again ends its
+        sequences with the error."""
+        rows: list[np.ndarray | None] = []
+        try:
+            if running:
+                rows += list(self.model.step([s.slot for s in running],
+                                             [s.last for s in running],
+                                             [s.job.adapter for s in running])[0])
+        except Exception as exc:  # noqa: BLE001 - these sequences' failure only
+            rows += [None] * len(running)
+            for seq in running:
+                self._end(seq.job, "error", f"generation failed: {exc!r}")
+        for seq in new:
+            try:
+                rows.append(self.model.step((), (), None,
+                                            [(seq.slot, seq.job.prompt, seq.job.adapter)])[1][0])
+            except Exception as exc:  # noqa: BLE001 - this sequence's failure only
+                rows.append(None)
+                self._end(seq.job, "error", f"generation failed: {exc!r}")
+        return rows
+
+    def _advance(self, seq: _Sequence, token: int) -> None:
+        seq.generated.append(token)
+        seq.last = token
+        job = seq.job
+        if token in self.eos_ids:
+            self._end(job, "stop", tokens=1)
+            return
+        text, stopped = seq.stream.push(token)
+        if stopped:
+            self._end(job, "stop", tokens=1, text=text)
+        elif len(seq.generated) >= job.max_tokens:
+            self._end(job, "length", tokens=1, text=text)
+        else:
+            try:
+                job.emit(Chunk(text, 1))
+            except Exception as exc:  # noqa: BLE001 - a sender that refuses ends its job only
+                self._end(job, "error", f"a response could not be sent: {exc!r}")
+
+    def _end(self, job: Job, finish: str, error: str | None = None, tokens: int = 0,
+             text: str = "") -> None:
+        seq = self._running.pop(job, None)
+        self.scheduler.cancel(job)
+        if seq is not None and finish in ("stop", "length"):
+            text += seq.stream.finish()
+        self.outcomes[finish] += 1
+        try:
+            job.emit(Chunk(text, tokens, True, finish, error))
+        except Exception:  # noqa: BLE001 - a sender that refuses costs this job only
+            log.exception("%s: a final response could not be sent", self.name)
+
+    @property
+    def active(self) -> int:
+        return len(self.scheduler.active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting)
