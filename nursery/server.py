@@ -40,6 +40,8 @@ from nursery.protocol.grpc.server import serve_grpc
 from nursery.protocol.http.metrics import build_metrics_app
 from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
+from nursery.protocol.openai.frontend import OpenAIFrontend
+from nursery.protocol.openai.tokenizer import TokenizerError
 from nursery.protocol.tls import TlsError, server_context
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
@@ -202,6 +204,31 @@ async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
     return await nursery.start(run)  # type: ignore[no-any-return]
 
 
+async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
+                        shutdown: trio.Event) -> list[str]:
+    """The OpenAI-compatible frontend on its own port (nursery's HTTP/1.1 server with the
+    OpenAI handler); it stops accepting once ``shutdown`` is set."""
+    options = settings.openai
+    assert options is not None
+    try:
+        frontend = OpenAIFrontend(core, options)
+    except TokenizerError as exc:
+        raise StartupError(str(exc)) from None
+    server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
+                        max_connections=settings.http_max_connections, faults=core.faults,
+                        serve_infer=False, handler=frontend.handle,
+                        **_http_deadlines(settings))
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        async with trio.open_nursery() as inner:
+            binds = await inner.start(server.serve, options.address, options.port)
+            task_status.started(binds)
+            await shutdown.wait()
+            server.close()
+
+    return await nursery.start(run)  # type: ignore[no-any-return]
+
+
 async def _run_sampler(scope: trio.CancelScope, sampler: SystemSampler, interval: float,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with scope:
@@ -356,6 +383,9 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     binds = await _start_http(frontends, core, settings, shutdown, tls.http)
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
+                if settings.openai is not None:
+                    for bind in await _start_openai(frontends, core, settings, shutdown):
+                        log.info("Started OpenAI-compatible frontend at %s", bind)
                 if settings.allow_metrics:
                     for bind in await _start_metrics(frontends, core, settings, sampler,
                                                      options, shutdown):

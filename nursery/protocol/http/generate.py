@@ -78,7 +78,7 @@ def _parameter(name: str, value: Any) -> Any:
                           "'bool', or 'string'.")
 
 
-def _shape(spec: TensorSpec, max_batch_size: int, count: int, name: str) -> tuple[int, ...]:
+def fit_shape(spec: TensorSpec, max_batch_size: int, count: int, name: str) -> tuple[int, ...]:
     """Triton's two passes: fixed dimensions take their share of ``count``, then the innermost
     variable dimension takes what is left and the other variable ones are 1."""
     shape = spec.full_shape(max_batch_size)
@@ -137,7 +137,7 @@ class _Builder:
                 f"bytes exceeds the maximum allowed input size of {self.max_input_size}. Use "
                 "--http-max-input-size to increase the limit.")
         self.consumed += size
-        shape = _shape(spec, self.max_batch_size, count, name) if count else (0,)
+        shape = fit_shape(spec, self.max_batch_size, count, name) if count else (0,)
         data = json_array(items, spec.datatype, shape, name, count)
         self.tensors[name] = Tensor(name, spec.datatype, shape, data)
 
@@ -277,4 +277,4 @@ async def _stream(core: Core, request: InferenceRequest, writer: StreamWriter) -
         await writer.start(200, list(_SSE))
 
 
-__all__ = ["GENERATE_PATH", "build_request", "encode", "generate_response", "parse_body"]
+__all__ = ["GENERATE_PATH", "build_request", "encode", "fit_shape", "generate_response", "parse_body"]
