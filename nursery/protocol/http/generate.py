@@ -224,6 +224,10 @@ async def generate_response(
             except ReservedHeader as exc:
                 raise InvalidArgument(str(exc)) from None
         if streaming:
+            # the request's checks now, so that a refused request is plain JSON as Triton's
+            # (refused before inference); the stream submits it again
+            _, slot = core.client.submit(request, handle, queue=False)
+            slot.close_receiver()
             return Streaming(lambda writer: _stream(core, request, writer))
         if not config.decoupled:
             return 200, list(_JSON), encode(await core.infer(request, handle))
