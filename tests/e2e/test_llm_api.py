@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 
 from tests.conftest import ServerProcess, running_server
 from tests.llm_tokenizer import write_tokenizer
 
-openai = pytest.importorskip("openai")  # the test extra installs it
 pytestmark = pytest.mark.e2e
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -219,10 +219,13 @@ def test_bad_requests_get_openai_shaped_errors(client: openai.OpenAI) -> None:
 
 def test_an_error_after_the_first_event_is_an_event(client: openai.OpenAI) -> None:
     stream = client.completions.create(model="llm_echo", prompt="__fail_late__", stream=True)
-    texts = []
+    texts: list[str] = []
+
+    def read_all() -> None:
+        texts.extend(chunk.choices[0].text for chunk in stream)
+
     with pytest.raises(openai.APIError) as caught:
-        for chunk in stream:
-            texts.append(chunk.choices[0].text)
+        read_all()
     assert texts == ["one"]
     assert "failed after its first token" in str(caught.value)
 

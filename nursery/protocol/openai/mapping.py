@@ -154,8 +154,9 @@ def embedding_request(config: ModelConfig, name: str, version: str, value: str |
     body: dict[str, Any] = {"input": value, "pooling_params": {}}
     if dimensions is not None:
         body["pooling_params"]["dimensions"] = [dimensions]
-    inputs = {"embedding_request": [json.dumps(body)], "return_num_input_tokens": [True],
-              "return_num_output_tokens": [True]}
+    inputs: dict[str, list[Any]] = {
+        "embedding_request": [json.dumps(body)], "return_num_input_tokens": [True],
+        "return_num_output_tokens": [True]}
     tensors = {}
     for key, values in inputs.items():
         tensor = _tensor(config, key, values)
