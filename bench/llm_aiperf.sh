@@ -19,6 +19,8 @@
 #   --input-mean N          synthetic prompt tokens [64]
 #   --output-mean N         mean output tokens [96]; --output-stddev N [48]
 #   --endpoint chat|completions  [chat]
+#   --extra-inputs K:V      passed to aiperf's --extra-inputs (repeatable), e.g. ignore_eos:true
+#                           for a vLLM-form model (a TRT-LLM-form model gets max_tokens only)
 #   --out DIR               where aiperf's artifacts go [bench/results/llm_aiperf/<UTC stamp>]
 #
 # aiperf pins many packages (and brings transformers), so it lives in a virtual environment of
@@ -38,6 +40,7 @@ INPUT_MEAN=64
 OUTPUT_MEAN=96
 OUTPUT_STDDEV=48
 ENDPOINT=chat
+EXTRA=()
 OUT=""
 VENV="${AIPERF_VENV:-$ROOT/.tools/aiperf-venv}"
 
@@ -55,8 +58,9 @@ while [ $# -gt 0 ]; do
     --output-mean) OUTPUT_MEAN="$2"; shift 2 ;;
     --output-stddev) OUTPUT_STDDEV="$2"; shift 2 ;;
     --endpoint) ENDPOINT="$2"; shift 2 ;;
+    --extra-inputs) EXTRA+=(--extra-inputs "$2"); shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "llm_aiperf.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -84,7 +88,7 @@ if [ -n "$SERVE" ]; then
   (cd "$ROOT" && exec python -m nursery serve --model-repository "$SERVE" \
       --http-address 127.0.0.1 --http-port "$(free_port)" --grpc-address 127.0.0.1 \
       --grpc-port "$(free_port)" --metrics-address 127.0.0.1 --metrics-port "$(free_port)" \
-      --openai-port "$OPENAI_PORT" "${SERVE_FLAGS[@]}" > "$OUT/server.log" 2>&1) &
+      --openai-port "$OPENAI_PORT" ${SERVE_FLAGS[@]+"${SERVE_FLAGS[@]}"} > "$OUT/server.log" 2>&1) &
   SERVER_PID=$!
   for _ in $(seq 1 600); do
     if curl -sf "$URL/v1/models" > /dev/null 2>&1; then break; fi
@@ -105,7 +109,7 @@ for c in $CONCURRENCY; do
     --concurrency "$c" --request-count "$REQUESTS" --warmup-request-count "$((c < 4 ? 2 : c))" \
     --synthetic-input-tokens-mean "$INPUT_MEAN" --synthetic-input-tokens-stddev 0 \
     --output-tokens-mean "$OUTPUT_MEAN" --output-tokens-stddev "$OUTPUT_STDDEV" \
-    --tokenizer "$TOKENIZER" --random-seed 0 --ui-type none \
+    --tokenizer "$TOKENIZER" --random-seed 0 --ui-type none ${EXTRA[@]+"${EXTRA[@]}"} \
     --artifact-dir "$OUT/c$c" > "$OUT/c$c.log" 2>&1 \
     || { echo "aiperf failed at concurrency $c:" >&2; tail -30 "$OUT/c$c.log" >&2; exit 1; }
 done
