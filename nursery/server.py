@@ -15,6 +15,7 @@ import signal
 import ssl
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, TypedDict
 
 import trio
@@ -41,7 +42,7 @@ from nursery.protocol.http.metrics import build_metrics_app
 from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
 from nursery.protocol.openai.frontend import OpenAIFrontend
-from nursery.protocol.openai.tokenizer import TokenizerError
+from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.protocol.tls import TlsError, server_context
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
@@ -204,14 +205,26 @@ async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
     return await nursery.start(run)  # type: ignore[no-any-return]
 
 
+def _openai_tokenizer(settings: Settings) -> Tokenizer | None:
+    """--tokenizer (and --chat-template), read before anything starts: a folder that cannot
+    be read, or the llm extra missing, stops the start-up with the reason."""
+    options = settings.openai
+    if options is None or not options.tokenizer:
+        return None
+    try:
+        return Tokenizer(Path(options.tokenizer), load_chat_template(options.chat_template))
+    except TokenizerError as exc:
+        raise StartupError(f"--tokenizer: {exc}") from None
+
+
 async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
-                        shutdown: trio.Event) -> list[str]:
+                        shutdown: trio.Event, tokenizer: Tokenizer | None) -> list[str]:
     """The OpenAI-compatible frontend on its own port (nursery's HTTP/1.1 server with the
     OpenAI handler); it stops accepting once ``shutdown`` is set."""
     options = settings.openai
     assert options is not None
     try:
-        frontend = OpenAIFrontend(core, options)
+        frontend = OpenAIFrontend(core, options, tokenizer)
     except TokenizerError as exc:
         raise StartupError(str(exc)) from None
     server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
@@ -248,6 +261,7 @@ async def serve(
     except (card_servers.MissingExtra, card_servers.NotServed) as exc:
         raise StartupError(str(exc)) from None
     tls = _tls_contexts(settings)
+    tokenizer = _openai_tokenizer(settings)
     try:
         tracer = TraceManager(settings.trace)
     except ValueError as exc:  # e.g. OpenTelemetry mode without its packages
@@ -272,7 +286,7 @@ async def serve(
         if unreadable and settings.exit_on_error:
             raise StartupError(f"failed to load all models: {unreadable[0]}")
         await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
-                     handle_signals, task_status, tls)
+                     handle_signals, task_status, tls, tokenizer)
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
         if arrival_log is not None:
@@ -284,7 +298,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                  arrival_log: ArrivalLog | None,
                  log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
                  handle_signals: bool, task_status: trio.TaskStatus[Running],
-                 tls: _Tls) -> None:
+                 tls: _Tls, tokenizer: Tokenizer | None = None) -> None:
     directory = Directory()
     faults = FaultCounter()
     commands, inbox = trio.open_memory_channel[ManagerCommand](16)
@@ -384,7 +398,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
                 if settings.openai is not None:
-                    for bind in await _start_openai(frontends, core, settings, shutdown):
+                    for bind in await _start_openai(frontends, core, settings, shutdown,
+                                                    tokenizer):
                         log.info("Started OpenAI-compatible frontend at %s", bind)
                 if settings.allow_metrics:
                     for bind in await _start_metrics(frontends, core, settings, sampler,

@@ -417,3 +417,41 @@ def test_tritonclient_reaches_the_same_models(server: ServerProcess) -> None:
     texts = [r.as_numpy("text_output") for r in got  # type: ignore[attr-defined]
              if not isinstance(r, Exception) and r.as_numpy("text_output") is not None]  # type: ignore[attr-defined]
     assert [t.reshape(-1)[0] for t in texts] == [b"p", b" q", b" r"]
+
+
+def test_generate_wants_post(server: ServerProcess) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    conn.request("GET", "/v2/models/llm_echo/generate")
+    r = conn.getresponse()
+    assert (r.status, json.loads(r.read())) == (405, {"error": "Method Not Allowed"})
+    conn.close()
+
+
+# -- without --tokenizer ------------------------------------------------------------------------
+
+def test_each_model_may_bring_its_own_tokenizer(tmp_path: Path, start_server: type) -> None:
+    """Without --tokenizer, a model's <model>/tokenizer/ folder serves its chats; a model with
+    none answers chat 500 "Unknown tokenizer" (Triton's frontend) and completions still work."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "llm_echo", repo / "llm_echo")
+    shutil.copytree(MODELS / "llm_plain", repo / "llm_plain")
+    write_tokenizer(repo / "llm_echo" / "tokenizer")
+    proc = start_server(repo, openai=True)
+    client = openai.OpenAI(base_url=proc.openai_url, api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(model="llm_echo", messages=HELLO)
+    assert answer.choices[0].message.content == HELLO_ECHO
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(model="llm_plain", messages=HELLO)
+    assert "Unknown tokenizer" in str(caught.value)
+    answer = client.completions.create(model="llm_plain", prompt="still works")
+    assert answer.choices[0].text == "STILL WORKS" and answer.usage is None
+
+
+def test_a_tokenizer_folder_that_cannot_be_read_stops_the_start(
+        tmp_path: Path, start_server: type) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "llm_plain", repo / "llm_plain")
+    (tmp_path / "empty").mkdir()
+    proc = start_server(repo, "--tokenizer", str(tmp_path / "empty"), openai=True, wait=False)
+    assert proc.wait_exit() != 0
+    assert "--tokenizer: no tokenizer.json in the tokenizer folder" in proc.log()

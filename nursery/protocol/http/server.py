@@ -541,6 +541,8 @@ class HttpServer:
                 return refused
         if self.handler is not None:
             return await self.handler(head, body)
+        if head.method != b"POST" and self.serve_infer and GENERATE_PATH.match(head.path):
+            return 405, _JSON, error_body("Method Not Allowed")  # as Triton answers
         if head.method == b"POST" and self.serve_infer:
             match = _INFER.match(head.path)
             if match is not None:

@@ -265,14 +265,18 @@ class Job:
 class OpenAIFrontend:
     """The handler of the OpenAI port's every request."""
 
-    def __init__(self, core: Core, options: OpenAISettings) -> None:
+    def __init__(self, core: Core, options: OpenAISettings,
+                 tokenizer: Tokenizer | None = None) -> None:
         self.core = core
         self.options = options
         self.chat_template = load_chat_template(options.chat_template)
-        # --tokenizer: one tokenizer for every model (Triton's frontend); loaded at start-up
-        self.tokenizer = (Tokenizer(Path(options.tokenizer), self.chat_template)
-                          if options.tokenizer else None)
-        self._own: dict[Path, Tokenizer | None] = {}  # a model's tokenizer/ folder, once read
+        # --tokenizer: one tokenizer for every model (Triton's frontend); the server reads it
+        # before anything starts and hands it over
+        if tokenizer is None and options.tokenizer:
+            tokenizer = Tokenizer(Path(options.tokenizer), self.chat_template)
+        self.tokenizer = tokenizer
+        # a model's tokenizer/ folder, read once (or why it could not be)
+        self._own: dict[Path, Tokenizer | TokenizerError | None] = {}
         self.created = int(time.time())
 
     # the request boundary ----------------------------------------------------------------
@@ -365,20 +369,28 @@ class OpenAIFrontend:
                                "lora_not_found", "model")
         return handle, lora
 
-    def _tokenizer(self, handle: ModelHandle) -> Tokenizer | None:
-        """--tokenizer, else the model's own ``tokenizer/`` folder (nursery's addition)."""
+    def _tokenizer(self, handle: ModelHandle, required: bool = False) -> Tokenizer | None:
+        """--tokenizer, else the model's own ``tokenizer/`` folder (nursery's addition). One
+        that cannot be loaded (the llm extra missing, a broken file) fails a chat request
+        (``required``) with the reason; other requests go on without token counts."""
         if self.tokenizer is not None:
             return self.tokenizer
         folder = handle.config.path / "tokenizer"
         if folder not in self._own:
-            own = None
+            own: Tokenizer | TokenizerError | None = None
             if (folder / "tokenizer.json").is_file():
                 try:
                     own = Tokenizer(folder, self.chat_template)
                 except TokenizerError as exc:
-                    raise ApiError(500, str(exc)) from None
+                    log.warning("the tokenizer of model '%s' cannot be used: %s", handle.name, exc)
+                    own = exc
             self._own[folder] = own
-        return self._own[folder]
+        found = self._own[folder]
+        if isinstance(found, TokenizerError):
+            if required:
+                raise ApiError(500, str(found))
+            return None
+        return found
 
     # generation ------------------------------------------------------------------------------
 
@@ -446,7 +458,7 @@ class OpenAIFrontend:
         include_usage = fields.include_usage(stream)
         handle, lora = await self._model(requested)
         config = handle.config
-        tokenizer = self._tokenizer(handle)
+        tokenizer = self._tokenizer(handle, required=chat)
         if chat:
             if tokenizer is None:
                 raise ApiError(500, "Unknown tokenizer")
