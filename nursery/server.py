@@ -230,6 +230,7 @@ async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
     server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         serve_infer=False, handler=frontend.handle,
+                        refuse_body=frontend.too_large,
                         **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:

@@ -455,3 +455,21 @@ def test_a_tokenizer_folder_that_cannot_be_read_stops_the_start(
     proc = start_server(repo, "--tokenizer", str(tmp_path / "empty"), openai=True, wait=False)
     assert proc.wait_exit() != 0
     assert "--tokenizer: no tokenizer.json in the tokenizer folder" in proc.log()
+
+
+def test_a_body_past_the_limit_is_refused_unread(server: ServerProcess) -> None:
+    assert server.openai_port is not None
+    with socket.create_connection(("127.0.0.1", server.openai_port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: 100000000\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            piece = sock.recv(4096)
+            if not piece:
+                break
+            answer += piece
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+    error = json.loads(body)["error"]
+    assert error["code"] == "content_too_large"
+    assert error["message"].startswith("Request size of 100000000 bytes exceeds the maximum")

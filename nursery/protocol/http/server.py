@@ -197,7 +197,8 @@ class HttpServer:
                  faults: FaultCounter | None = None, tls: ssl.SSLContext | None = None,
                  restrictions: Restrictions = OPEN,
                  forward: HeaderForward = NO_FORWARD,
-                 handler: Handler | None = None) -> None:
+                 handler: Handler | None = None,
+                 refuse_body: Callable[[int, int], Response] | None = None) -> None:
         self.core = core
         self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
@@ -215,6 +216,7 @@ class HttpServer:
         # every request of a port that is not KServe's (the OpenAI frontend): the route table
         # and the inference routes are not consulted
         self.handler = handler
+        self.refuse_body = refuse_body  # the answer to a body past the limit (declared size, limit)
         self.closing = False
         self.internal_errors = 0
         self.refused_connections = 0
@@ -530,6 +532,8 @@ class HttpServer:
         return self.max_input_size
 
     def _refuse_body(self, length: int, limit: int) -> Response:
+        if self.refuse_body is not None:
+            return self.refuse_body(length, limit)
         refuse = too_large if limit == self.max_input_size else body_too_large
         return error_response(refuse(length, limit))
 

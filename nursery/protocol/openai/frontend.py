@@ -279,6 +279,14 @@ class OpenAIFrontend:
         self._own: dict[Path, Tokenizer | TokenizerError | None] = {}
         self.created = int(time.time())
 
+    @staticmethod
+    def too_large(size: int, limit: int) -> Response:
+        """A body past --openai-max-input-size, refused before it is read (Triton's frontend's
+        words and status)."""
+        return ApiError(413, f"Request size of {size} bytes exceeds the maximum allowed input "
+                        f"size of {limit} bytes. Use --openai-max-input-size to increase the "
+                        "limit.", "content_too_large").response()
+
     # the request boundary ----------------------------------------------------------------
 
     async def handle(self, head: http1.RequestHead, body: bytes) -> Response | Streaming:
