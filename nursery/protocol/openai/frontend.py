@@ -359,10 +359,14 @@ class OpenAIFrontend:
         """The model a request names, and its LoRA (``<model><sep><lora>``)."""
         name, lora = requested, None
         sep = self.options.lora_separator
-        if sep:
+        # a model whose own name holds the separator ("tiny_llm" with "_") is that model;
+        # otherwise "<model><sep><lora>", split once as Triton's frontend splits it
+        if sep and self.core.directory.entry(requested) is None:
             parts = requested.split(sep)
             if len(parts) == 2:
                 name, lora = parts
+            elif len(parts) > 2:
+                name, _, lora = requested.rpartition(sep)
         try:
             handle = await self.core.acquire(name, "")
         except NurseryError as error:
