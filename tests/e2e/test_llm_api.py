@@ -474,3 +474,16 @@ def test_a_body_past_the_limit_is_refused_unread(server: ServerProcess) -> None:
     error = json.loads(body)["error"]
     assert error["code"] == "content_too_large"
     assert error["message"].startswith("Request size of 100000000 bytes exceeds the maximum")
+
+
+def test_an_http_1_0_stream_ends_with_the_close(server: ServerProcess) -> None:
+    payload = b'{"text_input": "a b", "stream": true}'
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall(b"POST /v2/models/llm_echo/generate_stream HTTP/1.0\r\ncontent-length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        answer = b""
+        while piece := sock.recv(4096):
+            answer += piece
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding" not in head.lower()
+    assert [e["text_output"] for e in _events(body)] == ["a", " b"]
