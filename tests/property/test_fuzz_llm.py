@@ -17,7 +17,7 @@ from nursery.backends.base import get_factory
 from nursery.config.model import read_model_config
 from nursery.errors import NurseryError
 from nursery.protocol.http.generate import build_request, parse_body
-from nursery.protocol.openai.frontend import ApiError, Fields, _conversation
+from nursery.protocol.openai.requests import ApiError, Fields, conversation
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CONFIG, _ = read_model_config(MODELS / "llm_echo", "llm_echo", backends=get_factory)
@@ -57,7 +57,7 @@ def _fields(body: dict[str, Any]) -> None:
     for read in (lambda: fields.boolean("stream"), lambda: fields.integer("max_tokens", 1),
                  lambda: fields.number("temperature", 0, 2), lambda: fields.string("model"),
                  fields.stop, lambda: fields.include_usage(bool(body.get("stream"))),
-                 lambda: _conversation(body.get("messages"))):
+                 lambda: conversation(body.get("messages"))):
         try:
             read()
         except ApiError:

@@ -37,11 +37,11 @@ from nursery.actors.directory import ModelHandle
 from nursery.core import Core
 from nursery.errors import ErrorKind, NurseryError
 from nursery.messages import Part
-from nursery.protocol.codecs.status import HTTP_STATUS
 from nursery.protocol.http import http1
 from nursery.protocol.http.infer import Response
 from nursery.protocol.http.streaming import SSE_TYPE, Streaming, StreamWriter, sse_event
 from nursery.protocol.openai import mapping
+from nursery.protocol.openai.requests import ApiError, Fields, conversation, dumps, from_nursery
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.runtime.supervision import describe
 from nursery.settings import OpenAISettings
@@ -53,141 +53,6 @@ _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", SSE_TYPE), (b"cache-control", b"no-cache")]
 DONE = b"data: [DONE]\n\n"
 OWNED_BY = "Triton Inference Server"
-
-
-class ApiError(Exception):
-    """An answer in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-
-    @property
-    def body(self) -> bytes:
-        kind = "invalid_request_error" if self.status < 500 else "internal_server_error"
-        if self.status == 404 and self.code == "model_not_found":
-            kind = "invalid_request_error"
-        return _dumps({"error": {"message": self.message, "type": kind, "param": self.param,
-                                 "code": self.code}})
-
-    def response(self) -> Response:
-        return self.status, list(_JSON), self.body
-
-
-def from_nursery(error: NurseryError) -> ApiError:
-    """A model's (or the core's) error with the status the KServe port gives it."""
-    status = HTTP_STATUS[error.kind]
-    code = {ErrorKind.NOT_FOUND: "not_found", ErrorKind.UNAVAILABLE: "unavailable",
-            ErrorKind.CANCELLED: "cancelled"}.get(error.kind)
-    return ApiError(status, error.message, code)
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-# -- request fields ---------------------------------------------------------------------------
-
-_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a decimal", str: "a string",
-               list: "an array", dict: "an object"}
-
-
-def _got(value: Any) -> str:
-    if value is None:
-        return "null"
-    for kind, name in _TYPE_NAMES.items():
-        if type(value) is kind:
-            return name
-    return type(value).__name__
-
-
-class Fields:
-    """Typed reads of a request body, each wrong one a 400 naming its field."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-
-    def _bad(self, key: str, expected: str, value: Any) -> ApiError:
-        return ApiError(400, f"Invalid type for '{key}': expected {expected}, but got "
-                        f"{_got(value)} instead.", "invalid_type", key)
-
-    def present(self, key: str) -> bool:
-        return self.body.get(key) is not None
-
-    def boolean(self, key: str, default: bool | None = None) -> bool | None:
-        value = self.body.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self._bad(key, "a boolean", value)
-        return value
-
-    def integer(self, key: str, low: int | None = None, high: int | None = None) -> int | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._bad(key, "an integer", value)
-        if low is not None and value < low:
-            raise ApiError(400, f"Invalid '{key}': integer below minimum value. Expected a "
-                           f"value >= {low}, but got {value} instead.",
-                           "integer_below_min_value", key)
-        if high is not None and value > high:
-            raise ApiError(400, f"Invalid '{key}': integer above maximum value. Expected a "
-                           f"value <= {high}, but got {value} instead.",
-                           "integer_above_max_value", key)
-        return value
-
-    def number(self, key: str, low: float, high: float) -> float | None:
-        value = self.body.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self._bad(key, "a decimal", value)
-        if not low <= value <= high:
-            raise ApiError(400, f"Invalid '{key}': expected a value between {low:g} and "
-                           f"{high:g}, but got {value} instead.", "invalid_value", key)
-        return float(value)
-
-    def string(self, key: str, required: bool = False) -> str | None:
-        value = self.body.get(key)
-        if value is None:
-            if required:
-                raise ApiError(400, f"Missing required parameter: '{key}'.",
-                               "missing_required_parameter", key)
-            return None
-        if not isinstance(value, str):
-            raise self._bad(key, "a string", value)
-        return value
-
-    def stop(self) -> list[str]:
-        value = self.body.get("stop")
-        if value is None:
-            return []
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, list) and all(isinstance(x, str) for x in value):
-            if len(value) > 4:
-                raise ApiError(400, "Invalid 'stop': array too long. Expected an array with "
-                               f"maximum length 4, but got an array with length {len(value)} "
-                               "instead.", "array_above_max_length", "stop")
-            return list(value)
-        raise self._bad("stop", "a string or an array of strings", value)
-
-    def include_usage(self, stream: bool) -> bool:
-        options = self.body.get("stream_options")
-        if options is None:
-            return False
-        if not isinstance(options, dict):
-            raise self._bad("stream_options", "an object", options)
-        if not stream:
-            raise ApiError(400, "`stream_options` can only be used when `stream` is True",
-                           None, "stream_options")
-        return bool(Fields(options).boolean("include_usage", False))
 
 
 # -- one choice's run --------------------------------------------------------------------------
@@ -315,11 +180,11 @@ class OpenAIFrontend:
             if method not in ("GET", "HEAD"):
                 raise ApiError(405, f"Method Not Allowed ({method} {path})")
             if path == "/v1/models":
-                return 200, list(_JSON), _dumps({"object": "list", "data": self.models()})
+                return 200, list(_JSON), dumps({"object": "list", "data": self.models()})
             name = path[len("/v1/models/"):]
             for model in self.models():
                 if model["id"] == name:
-                    return 200, list(_JSON), _dumps(model)
+                    return 200, list(_JSON), dumps(model)
             raise ApiError(404, f"Unknown model: {name}", "model_not_found", "model")
         if path == "/health/ready" or path == "/health":
             return (200, [(b"content-type", b"text/plain")], b"") if self.core.accepting \
@@ -445,13 +310,13 @@ class OpenAIFrontend:
             if messages is None:
                 raise ApiError(400, "Missing required parameter: 'messages'.",
                                "missing_required_parameter", "messages")
-            conversation = _conversation(messages)
+            chat_messages = conversation(messages)
         else:
             prompt_value = body.get("prompt")
             if isinstance(prompt_value, list):
                 raise ApiError(400, "only single string input is supported", None, "prompt")
             if prompt_value is not None and not isinstance(prompt_value, str):
-                raise fields._bad("prompt", "a string", prompt_value)
+                raise fields.bad("prompt", "a string", prompt_value)
             if not prompt_value:
                 raise ApiError(400, "prompt must be non-empty", None, "prompt")
             if body.get("suffix") is not None:
@@ -475,7 +340,7 @@ class OpenAIFrontend:
             if tokenizer is None:
                 raise ApiError(500, "Unknown tokenizer")
             try:
-                prompt = tokenizer.apply_chat_template(conversation)
+                prompt = tokenizer.apply_chat_template(chat_messages)
             except TokenizerError as exc:
                 raise ApiError(500, str(exc)) from None
         else:
@@ -506,7 +371,7 @@ class OpenAIFrontend:
         if job.gen.stream:
             return Streaming(lambda writer: self._stream(job, writer))
         choices = await self._run_all(job)
-        return 200, list(_JSON), _dumps({
+        return 200, list(_JSON), dumps({
             "id": job.id, "object": "chat.completion", "created": job.created,
             "model": job.model, "system_fingerprint": None,
             "choices": [{
@@ -522,7 +387,7 @@ class OpenAIFrontend:
         if job.gen.stream:
             return Streaming(lambda writer: self._stream(job, writer))
         choices = await self._run_all(job)
-        return 200, list(_JSON), _dumps({
+        return 200, list(_JSON), dumps({
             "id": job.id, "object": "text_completion", "created": job.created,
             "model": job.model, "system_fingerprint": None,
             "choices": [{
@@ -571,7 +436,7 @@ class OpenAIFrontend:
                                    "choices": choice_entries}
             if job.include_usage or with_usage:
                 doc["usage"] = usage
-            return sse_event(_dumps(doc))
+            return sse_event(dumps(doc))
 
         async def begin() -> None:
             await writer.start(200, list(_SSE))
@@ -645,7 +510,7 @@ class OpenAIFrontend:
                            "missing_required_parameter", "input")
         if not (isinstance(value, str) or (isinstance(value, list) and value
                                            and all(isinstance(x, str) for x in value))):
-            raise fields._bad("input", "a string or an array of strings", value)
+            raise fields.bad("input", "a string or an array of strings", value)
         encoding = fields.string("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise ApiError(400, f"Invalid 'encoding_format': expected 'float' or 'base64', but "
@@ -680,7 +545,7 @@ class OpenAIFrontend:
                 texts = [value] if isinstance(value, str) else value
                 tokens = sum(own.count(t, add_special_tokens=True) for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens} if tokens is not None else None
-        return 200, list(_JSON), _dumps({"object": "list", "data": data, "model": requested,
+        return 200, list(_JSON), dumps({"object": "list", "data": data, "model": requested,
                                          "usage": usage})
 
 
@@ -693,34 +558,6 @@ def _reseed(request: InferenceRequest, seed: int, fmt: str) -> None:
     elif "seed" in request.inputs:
         tensor = request.inputs["seed"]
         tensor.data.reshape(-1)[0] = seed
-
-
-def _conversation(messages: Any) -> list[dict[str, Any]]:
-    """The chat messages for the template: each content made one string (text parts joined)."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "Invalid 'messages': expected a non-empty array of messages.",
-                       "invalid_value", "messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ApiError(400, f"Invalid 'messages[{i}]': each message needs a 'role' string.",
-                           "invalid_value", f"messages[{i}]")
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text"
-                        and isinstance(part.get("text"), str)):
-                    raise ApiError(400, f"Invalid 'messages[{i}].content': only text parts are "
-                                   "supported.", "invalid_value", f"messages[{i}].content")
-                texts.append(part["text"])
-            content = "\n".join(texts)
-        elif content is not None and not isinstance(content, str):
-            raise ApiError(400, f"Invalid type for 'messages[{i}].content': expected a string "
-                           f"or an array of text parts, but got {_got(content)} instead.",
-                           "invalid_type", f"messages[{i}].content")
-        out.append({**message, "content": content if content is not None else ""})
-    return out
 
 
 __all__ = ["ApiError", "OpenAIFrontend"]
