@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any, TypedDict
 
 import trio
@@ -41,6 +42,8 @@ from nursery.protocol.grpc.server import serve_grpc
 from nursery.protocol.http.metrics import build_metrics_app
 from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
+from nursery.protocol.openai.frontend import OpenAIFrontend
+from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.protocol.tls import TlsError, server_context
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
@@ -247,6 +250,44 @@ async def _start_metrics(nursery: trio.Nursery, core: Core, settings: Settings,
     return await nursery.start(run)  # type: ignore[no-any-return]
 
 
+def _openai_tokenizer(settings: Settings) -> Tokenizer | None:
+    """--tokenizer (and --chat-template), read before anything starts: a folder that cannot
+    be read, or the llm extra missing, stops the start-up with the reason."""
+    options = settings.openai
+    if options is None or not options.tokenizer:
+        return None
+    try:
+        return Tokenizer(Path(options.tokenizer), load_chat_template(options.chat_template))
+    except TokenizerError as exc:
+        raise StartupError(f"--tokenizer: {exc}") from None
+
+
+async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
+                        shutdown: trio.Event, tokenizer: Tokenizer | None) -> list[str]:
+    """The OpenAI-compatible frontend on its own port (nursery's HTTP/1.1 server with the
+    OpenAI handler); it stops accepting once ``shutdown`` is set."""
+    options = settings.openai
+    assert options is not None
+    try:
+        frontend = OpenAIFrontend(core, options, tokenizer)
+    except TokenizerError as exc:
+        raise StartupError(str(exc)) from None
+    server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
+                        max_connections=settings.http_max_connections, faults=core.faults,
+                        serve_infer=False, handler=frontend.handle,
+                        refuse_body=frontend.too_large,
+                        **_http_deadlines(settings))
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        async with trio.open_nursery() as inner:
+            binds = await inner.start(server.serve, options.address, options.port)
+            task_status.started(binds)
+            await shutdown.wait()
+            server.close()
+
+    return await nursery.start(run)  # type: ignore[no-any-return]
+
+
 async def _run_sampler(scope: trio.CancelScope, sampler: SystemSampler, interval: float,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with scope:
@@ -272,6 +313,7 @@ async def serve(
     except (card_servers.MissingExtra, card_servers.NotServed) as exc:
         raise StartupError(str(exc)) from None
     tls = _tls_contexts(settings)
+    tokenizer = _openai_tokenizer(settings)
     try:
         tracer = TraceManager(settings.trace)
     except ValueError as exc:  # e.g. OpenTelemetry mode without its packages
@@ -296,7 +338,7 @@ async def serve(
         if unreadable and settings.exit_on_error:
             raise StartupError(f"failed to load all models: {unreadable[0]}")
         await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
-                     handle_signals, task_status, tls, backends, settle)
+                     handle_signals, task_status, tls, backends, settle, tokenizer)
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
         if arrival_log is not None:
@@ -309,7 +351,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                  log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
                  handle_signals: bool, task_status: trio.TaskStatus[Running],
                  tls: _Tls, extra_backends: Mapping[str, BackendFactory] | None,
-                 settle: bool) -> None:
+                 settle: bool, tokenizer: Tokenizer | None = None) -> None:
     directory = Directory()
     faults = FaultCounter()
     commands, inbox = trio.open_memory_channel[ManagerCommand](16)
@@ -409,6 +451,10 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     binds = await _start_http(frontends, core, settings, shutdown, tls.http)
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
+                if settings.openai is not None:
+                    for bind in await _start_openai(frontends, core, settings, shutdown,
+                                                    tokenizer):
+                        log.info("Started OpenAI-compatible frontend at %s", bind)
                 if settings.allow_metrics:
                     for bind in await _start_metrics(frontends, core, settings, sampler,
                                                      options, shutdown):

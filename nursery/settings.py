@@ -46,6 +46,21 @@ DEFAULT_GRPC_MAX_INPUT_SIZE = DEFAULT_HTTP_MAX_INPUT_SIZE
 
 
 @dataclass(frozen=True)
+class OpenAISettings:
+    """The OpenAI-compatible frontend (``--openai-port``; off without it), with the flags of
+    Triton's OpenAI frontend (``python/openai/openai_frontend/main.py``)."""
+
+    port: int = 9000
+    address: str = "0.0.0.0"
+    tokenizer: str = ""  # --tokenizer: a local folder in Hugging Face's layout
+    lora_separator: str = ""  # --lora-separator: "<model><sep><lora>" picks an adapter
+    default_max_tokens: int = 16  # --default-max-tokens
+    chat_template: str = ""  # --chat-template: a Jinja file that replaces the tokenizer's
+    backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
+    max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
+
+
+@dataclass(frozen=True)
 class Settings:
     model_repositories: tuple[Path | CloudRoot, ...]
     http_port: int = 8000
@@ -124,6 +139,7 @@ class Settings:
     grpc_forward: HeaderForward = HeaderForward()  # --grpc-header-forward-pattern
     allow_client_shm: bool = False  # --allow-client-shm (Triton 2.68: off by default)
     allow_model_file_upload: bool = False  # --allow-model-file-upload (nursery only)
+    openai: OpenAISettings | None = None  # --openai-port: the OpenAI-compatible frontend
     # --backend-directory: where Python-based backends live (<dir>/<name>/model.py)
     backend_directory: Path = Path("/opt/tritonserver/backends")
 
@@ -443,7 +459,71 @@ def build_parser(prog: str = "python -m nursery serve",
     for flag, feature in _LATER_FLAGS.items():
         parser.add_argument(flag, action="append", default=None, metavar="<value>",
                             help=f"Accepted for compatibility; {feature} is not active yet.")
+    _openai_flags(parser)
     return parser
+
+
+def _openai_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of Triton's OpenAI-compatible frontend; it runs in the same process."""
+    group = parser.add_argument_group(
+        "OpenAI-compatible frontend", "Off unless --openai-port is given (docs/llm.md).")
+    group.add_argument("--openai-port", type=int, default=None, metavar="<int>",
+                       help="Serve the OpenAI-compatible API (/v1/chat/completions, "
+                       "/v1/completions, /v1/embeddings, /v1/models) on this port. Triton's "
+                       "frontend uses 9000. Default: off.")
+    group.add_argument("--openai-address", default=None, metavar="<string>",
+                       help="(nursery only) The address the OpenAI frontend binds to. Default "
+                       "is the same as --http-address.")
+    group.add_argument("--tokenizer", default="", metavar="<path>",
+                       help="A local tokenizer folder (tokenizer.json and tokenizer_config.json "
+                       "with its chat_template) used for chat prompts and token counts of "
+                       "every model. Without it, a model's own <model>/tokenizer/ folder is "
+                       "used; a model with neither cannot serve chat completions.")
+    group.add_argument("--lora-separator", default="", metavar="<string>",
+                       help="LoRA name selection may be appended to the model name following "
+                       "this separator (the adapters listed in the version folder's "
+                       "multi_lora.json).")
+    group.add_argument("--default-max-tokens", type=int, default=16, metavar="<int>",
+                       help="The maximum number of tokens to generate when a request does not "
+                       "say. Default is 16.")
+    group.add_argument("--chat-template", default="", metavar="<path>",
+                       help="A Jinja chat template file used instead of the tokenizer's.")
+    group.add_argument("--backend", default="", choices=["", "vllm", "tensorrtllm"],
+                       metavar="<vllm|tensorrtllm>",
+                       help="The request format (tensor names) for every model, instead of the "
+                       "one chosen per model (vLLM for backend vllm or a sampling_parameters "
+                       "input, TRT-LLM otherwise).")
+    group.add_argument("--openai-max-input-size", type=int, default=1 << 26, metavar="<int>",
+                       help="The largest OpenAI request body in bytes. Default is 67108864 "
+                       "(64 MiB, Triton's frontend's --http-max-input-size).")
+
+
+def _openai_settings(parser: argparse.ArgumentParser,
+                     args: argparse.Namespace) -> OpenAISettings | None:
+    if args.openai_port is None:
+        for flag in ("tokenizer", "lora_separator", "chat_template", "backend"):
+            if getattr(args, flag):
+                parser.error(f"--{flag.replace('_', '-')} needs --openai-port")
+        return None
+    if not 0 <= args.openai_port <= 65535:
+        parser.error("--openai-port must be a port number")
+    if args.default_max_tokens <= 0:
+        parser.error("--default-max-tokens must be positive")
+    if args.openai_max_input_size <= 0:
+        parser.error("--openai-max-input-size must be positive")
+    if args.tokenizer and not os.path.isdir(args.tokenizer):
+        parser.error(f"--tokenizer: '{args.tokenizer}' is not a folder (a tokenizer is read "
+                     "from a local folder; nothing is downloaded)")
+    return OpenAISettings(
+        port=args.openai_port,
+        address=args.openai_address or args.http_address,
+        tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",
+        lora_separator=args.lora_separator,
+        default_max_tokens=args.default_max_tokens,
+        chat_template=args.chat_template,
+        backend=args.backend,
+        max_input_size=args.openai_max_input_size,
+    )
 
 
 def _grpc_flags(parser: argparse.ArgumentParser) -> None:
@@ -690,6 +770,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
     doors = _door_settings(parser, args)
     return Settings(
         **doors,
+        openai=_openai_settings(parser, args),
         backend_config=tuple(backend_config),
         backend_directory=Path(os.path.abspath(args.backend_directory)),
         model_repositories=tuple(parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r))

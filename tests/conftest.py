@@ -44,10 +44,12 @@ class ServerProcess:
     """``python -m nursery serve`` in a subprocess on free loopback ports."""
 
     def __init__(self, repo: Path | str | list[Path | str], *extra: str, log_path: Path,
-                 cwd: Path = ROOT) -> None:
+                 cwd: Path = ROOT, openai: bool = False) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
+        # the OpenAI-compatible frontend (--openai-port), only when asked for
+        self.openai_port = free_port() if openai else None
         repos = repo if isinstance(repo, list) else [repo]
         self.args = [sys.executable, "-m", "nursery", "serve"]
         for r in repos:
@@ -56,6 +58,7 @@ class ServerProcess:
             "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+            *(["--openai-port", str(self.openai_port)] if self.openai_port else []),
             *extra,
         ]
         self.log_path = log_path
@@ -68,6 +71,12 @@ class ServerProcess:
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI frontend's base URL, as the openai SDK takes it."""
+        assert self.openai_port is not None, "started without openai=True"
+        return f"http://127.0.0.1:{self.openai_port}/v1"
 
     def log(self) -> str:
         if not self._log.closed:
@@ -120,10 +129,13 @@ def wait_for_file(path: Path, timeout: float = 60.0) -> None:
 
 @contextmanager
 def running_server(repo: Path | str | list[Path | str], *extra: str,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+                   tmp_path_factory: pytest.TempPathFactory,
+                   openai: bool = False) -> Iterator[ServerProcess]:
     """A server for a module's tests: ready on entry; on exit stopped with SIGTERM, and it
-    must have exited 0 (a clean shutdown is part of every e2e module's check)."""
-    proc = ServerProcess(repo, *extra, log_path=tmp_path_factory.mktemp("log") / "server.log")
+    must have exited 0 (a clean shutdown is part of every e2e module's check). ``openai``:
+    with the OpenAI-compatible frontend on a free port of its own (``openai_url``)."""
+    proc = ServerProcess(repo, *extra, log_path=tmp_path_factory.mktemp("log") / "server.log",
+                         openai=openai)
     try:
         proc.wait_ready()
         yield proc
@@ -138,8 +150,9 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
     started: list[ServerProcess] = []
 
     def start(repo: Path | str | list[Path | str], *extra: str,
-              wait: bool = True) -> ServerProcess:
-        server = ServerProcess(repo, *extra, log_path=tmp_path / f"server{len(started)}.log")
+              wait: bool = True, openai: bool = False) -> ServerProcess:
+        server = ServerProcess(repo, *extra, log_path=tmp_path / f"server{len(started)}.log",
+                               openai=openai)
         started.append(server)
         if wait:
             server.wait_ready()

@@ -124,7 +124,7 @@ class MetricsOptions:
 
 
 # the units of nursery_internal_errors_total, shown at 0 until one fails
-FAULT_UNITS = ("grpc", "http", "manager", "metrics", "model")
+FAULT_UNITS = ("grpc", "http", "manager", "metrics", "model", "openai")
 
 _CACHE_MODEL_FAMILIES: tuple[tuple[str, str, Callable[[StatsSnapshot], float]], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model",

@@ -144,6 +144,13 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
         raise InvalidArgument(f"input '{name}': {exc}") from None
 
 
+def json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str,
+               count: int) -> np.ndarray:
+    """JSON values (a scalar or a list) as an array of ``count`` elements of ``shape``, with
+    Triton's messages for values of the wrong type (the generate extension's inputs)."""
+    return _json_array(data, datatype, shape, name, count)
+
+
 def _flat(data: list[Any]) -> list[Any]:
     if data and isinstance(data[0], list):
         flat: list[Any] = []

@@ -55,7 +55,9 @@ MAX_TRAILERS = 32
 MAX_CHUNK_DIGITS = 16
 
 REASONS = {
-    100: b"Continue", 200: b"OK", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
+    100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
+    403: b"Forbidden", 404: b"Not Found", 422: b"Unprocessable Content",
+    429: b"Too Many Requests",
     405: b"Method Not Allowed", 408: b"Request Timeout", 411: b"Length Required",
     417: b"Expectation Failed",
     413: b"Content Too Large", 431: b"Request Header Fields Too Large",
@@ -325,3 +327,28 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]], length: int,
         parts.append(b"connection: keep-alive\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
+
+
+def stream_head(status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
+                version: bytes = b"1.1") -> bytes:
+    """The head of a response whose length is not known in advance: chunked on HTTP/1.1,
+    delimited by the connection's close on HTTP/1.0."""
+    parts = [b"HTTP/1.1 ", str(status).encode(), b" ", REASONS.get(status, b"Unknown"), b"\r\n"]
+    for name, value in headers:
+        parts += [name, b": ", value, b"\r\n"]
+    if version == b"1.0":
+        parts.append(b"connection: close\r\n")
+    else:
+        parts.append(b"transfer-encoding: chunked\r\n")
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body (never empty: the empty chunk ends the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"

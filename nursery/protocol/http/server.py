@@ -55,6 +55,7 @@ from nursery.core import Core
 from nursery.protocol.access import NO_FORWARD, OPEN, HeaderForward, Restrictions
 from nursery.protocol.codecs.status import error_body
 from nursery.protocol.http import http1
+from nursery.protocol.http.generate import GENERATE_PATH, generate_response
 from nursery.protocol.http.infer import (
     Response,
     body_limit,
@@ -64,6 +65,7 @@ from nursery.protocol.http.infer import (
     restricted,
     too_large,
 )
+from nursery.protocol.http.streaming import Streaming, StreamWriter
 from nursery.protocol.listeners import ServerStream, open_listeners, send_eof, socket_of
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
@@ -71,6 +73,7 @@ from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
 log = logging.getLogger("nursery.http")
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+Handler = Callable[[http1.RequestHead, bytes], Awaitable["Response | Streaming"]]
 _INFER = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 _BIG = 64 * 1024
 
@@ -146,6 +149,7 @@ class _Connection:
     busy_since: float = 0.0
     served: int = 0  # request heads read
     late: bool = False  # accepted during the shutdown's drain: health probes only
+    broken: bool = False  # a streamed response ended early (or by the close): close it
 
 
 def _client_gone(stream: ServerStream) -> bool:
@@ -196,7 +200,9 @@ class HttpServer:
                  sweep_interval: float = 0.1, serve_infer: bool = True,
                  faults: FaultCounter | None = None, tls: ssl.SSLContext | None = None,
                  restrictions: Restrictions = OPEN,
-                 forward: HeaderForward = NO_FORWARD) -> None:
+                 forward: HeaderForward = NO_FORWARD,
+                 handler: Handler | None = None,
+                 refuse_body: Callable[[int, int], Response] | None = None) -> None:
         self.core = core
         self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
@@ -211,6 +217,10 @@ class HttpServer:
         self.tls = tls  # --http-ssl-cert / --http-ssl-key: the port speaks TLS only
         self.restrictions = restrictions  # --http-restricted-api
         self.forward = forward  # --http-header-forward-pattern
+        # every request of a port that is not KServe's (the OpenAI frontend): the route table
+        # and the inference routes are not consulted
+        self.handler = handler
+        self.refuse_body = refuse_body  # the answer to a body past the limit (declared size, limit)
         self.closing = False
         self.internal_errors = 0
         self.refused_connections = 0
@@ -377,14 +387,75 @@ class HttpServer:
                     response = await self._handle(head, body, client, server)
                 except BaseException as exc:
                     response = self._request_failed(exc, head)
+                if isinstance(response, Streaming):
+                    streamed = await self._stream(conn, head, response, keep_alive)
+                    if streamed is not None:
+                        response = streamed  # it failed before its head went out
+                    elif not keep_alive or conn.broken:
+                        return
             conn.request_scope = None
-            if request_scope.cancelled_caught:
-                return  # the client went away while its request waited
+            if request_scope.cancelled_caught or conn.broken:
+                return  # the client went away while its request waited (or streamed)
+            if isinstance(response, Streaming):
+                continue  # written already; the connection goes on
             conn.phase = _SENDING
             conn.deadline = trio.current_time() + self.body_timeout
             await self._send(stream, head, response, keep_alive)
             if not keep_alive:
                 return
+
+    async def _stream(self, conn: _Connection, head: http1.RequestHead, response: Streaming,
+                      keep_alive: bool) -> Response | None:
+        """Write a streamed response as it is produced, inside the request's cancel scope.
+        None once written (or abandoned: ``conn.broken``); the answer to send instead when
+        it failed before its head went out."""
+        stream = conn.stream
+        scope = conn.request_scope
+        version = head.version
+        chunked = version != b"1.0"
+
+        async def write(data: bytes) -> None:
+            conn.deadline = trio.current_time() + self.body_timeout  # the client must read
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                # the client went away: cancel the request (its model is told), end quietly
+                conn.broken = True
+                if scope is not None:
+                    scope.cancel()
+                await trio.lowlevel.checkpoint()
+                raise
+            conn.deadline = math.inf
+
+        async def start(status: int, headers: list[tuple[bytes, bytes]]) -> None:
+            conn.phase = _SENDING
+            await write(http1.stream_head(status, headers, keep_alive, version))
+
+        async def send(data: bytes) -> None:
+            await write(http1.chunk(data) if chunked else data)
+
+        writer = StreamWriter(start, send)
+        try:
+            await response.run(writer)
+        except BaseException as exc:
+            if conn.broken:
+                raise
+            if not writer.started:
+                return self._request_failed(exc, head)
+            unexpected, rest = split_unexpected(exc)
+            if unexpected is not None:
+                self._count(unexpected, f"streamed response ({head.path[:200].decode('latin-1')})")
+            if rest is not None:
+                raise rest from None
+            conn.broken = True  # the body is cut short: only closing tells the client
+            return None
+        if not writer.started:
+            return 500, _JSON, _INTERNAL_ERROR
+        if chunked:
+            await write(http1.LAST_CHUNK)
+        else:
+            conn.broken = True  # HTTP/1.0: the close ends the body
+        return None
 
     def _request_failed(self, exc: BaseException, head: http1.RequestHead) -> Response:
         """The request's supervision boundary: the unexpected becomes a 500."""
@@ -484,15 +555,21 @@ class HttpServer:
         return self.max_input_size
 
     def _refuse_body(self, length: int, limit: int) -> Response:
+        if self.refuse_body is not None:
+            return self.refuse_body(length, limit)
         refuse = too_large if limit == self.max_input_size else body_too_large
         return error_response(refuse(length, limit))
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
-                      server: Any) -> Response:
+                      server: Any) -> Response | Streaming:
         if self.restrictions:
             refused = restricted(self.restrictions, head.path, head.headers)
             if refused is not None:
                 return refused
+        if self.handler is not None:
+            return await self.handler(head, body)
+        if head.method != b"POST" and self.serve_infer and GENERATE_PATH.match(head.path):
+            return 405, _JSON, error_body("Method Not Allowed")  # as Triton answers
         if head.method == b"POST" and self.serve_infer:
             match = _INFER.match(head.path)
             if match is not None:
@@ -500,6 +577,13 @@ class HttpServer:
                 version = match.group(2).decode() if match.group(2) else ""
                 return await infer_response(self.core, model, version, head.headers, body,
                                             self.max_input_size, self.forward)
+            match = GENERATE_PATH.match(head.path)
+            if match is not None:
+                model = unquote(match.group(1).decode("latin-1"))
+                version = match.group(2).decode() if match.group(2) else ""
+                return await generate_response(
+                    self.core, model, version, head.headers, body, self.max_input_size,
+                    streaming=match.group(3) == b"generate_stream", forward=self.forward)
         return await call_asgi(self.app, head, body, client, server)
 
     async def _send(self, stream: ServerStream, head: http1.RequestHead | None,
