@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nursery"
 # function-level imports that exist to keep an optional part optional, not to dodge a cycle
 LAZY = {
     ("nursery.__main__", "nursery.simulate.cli"),  # `serve` never loads the research kit
+    ("nursery.__main__", "nursery.analyze.cli"),  # nor the configuration search
     ("nursery.protocol.card_servers", "nursery.protocol.http.quart_app"),  # card-servers extra
     ("nursery.protocol.card_servers", "nursery.protocol.grpc.grpclib_server"),
 }
