@@ -313,7 +313,9 @@ def run(args: argparse.Namespace) -> int:
         "verified": [{"candidate": s.candidate.label(), "measured": s.measured,
                       "predicted": [dataclasses.asdict(p) for p in s.predictions]}
                      for s in verified]})
-    if chosen is None:
+    if chosen is None:  # the closest, for a look: in the report folder only
+        (out / "config.pbtxt.closest").write_text(
+            space.config_text(original, closest.candidate, goal.objective()))
         print(f"error: no configuration meets {goal.describe()}; the closest is "
               f"{closest.candidate.label()} (report: {out / 'report.md'}); nothing was written "
               f"beside {config_path}", file=sys.stderr)
