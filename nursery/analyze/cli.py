@@ -58,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(config.pbtxt.recommended) with a report. See docs/analyze.md.")
     p.add_argument("--model-repository", default="model_repository", metavar="DIR")
     p.add_argument("--model", required=True, metavar="NAME")
-    g = p.add_argument_group("load (one of)").add_mutually_exclusive_group(required=True)
-    g.add_argument("--concurrency", metavar="C[,C...]", help="closed-loop clients, as "
+    one = p.add_argument_group("load (one of)").add_mutually_exclusive_group(required=True)
+    one.add_argument("--concurrency", metavar="C[,C...]", help="closed-loop clients, as "
                    "perf_analyzer --concurrency-range")
-    g.add_argument("--request-rate", metavar="R[,R...]", help="Poisson arrivals per second, "
+    one.add_argument("--request-rate", metavar="R[,R...]", help="Poisson arrivals per second, "
                    "as perf_analyzer --request-rate-range --request-distribution poisson")
-    g.add_argument("--arrival-log", metavar="FILE", help="arrivals recorded by "
+    one.add_argument("--arrival-log", metavar="FILE", help="arrivals recorded by "
                    "`python -m nursery serve --arrival-log FILE` (JSON lines or CSV)")
     g = p.add_argument_group("goal")
     g.add_argument("--latency-budget-ms", type=float, metavar="MS",

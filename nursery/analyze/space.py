@@ -106,8 +106,9 @@ def config_text(original: str, candidate: Candidate, objective: Objective | None
         for group in proto.instance_group:
             group.count = candidate.instances
     else:
-        proto.instance_group = [pb.ModelInstanceGroup(count=candidate.instances,
-                                                      kind=pb.ModelInstanceGroupKind.KIND_CPU)]
+        proto.instance_group = [pb.ModelInstanceGroup(
+            count=candidate.instances,
+            kind=pb.ModelInstanceGroupKind.KIND_CPU)]  # type: ignore[arg-type]
     for key in (BATCHER_KEY, OBJECTIVE_KEY, PERCENTILE_KEY):
         proto.parameters.pop(key, None)
     had_batching = pbtext.is_present(proto, pbtext.fields_of(pb.ModelConfig)["dynamic_batching"])
