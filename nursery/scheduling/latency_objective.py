@@ -65,6 +65,7 @@ BATCHER_NAME = "latency_objective"
 OBJECTIVE_KEY = "nursery.latency_objective_ms"
 PERCENTILE_KEY = "nursery.latency_objective_percentile"
 WINDOW = 64  # batches the execution model remembers
+SLACK = 1e-6  # seconds a wait keeps short of the last moment (float rounding at the boundary)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +284,7 @@ class LatencyObjectivePolicy(Generic[W]):
 
     def timely(self, entry_rows: int, deadline: float, now: float) -> bool:
         """Whether a request of ``entry_rows`` rows, started alone now, makes ``deadline``."""
-        return now + self.model.predict(entry_rows) <= deadline
+        return now + self.model.predict(entry_rows) <= deadline + 1e-9
 
     def _form(self, now: float) -> tuple[list[_Entry[W]] | None, float | None]:
         entries = list(self._entries())
@@ -326,7 +327,7 @@ class LatencyObjectivePolicy(Generic[W]):
             batch: list[_Entry[W]] = []
             rows = 0
             for entry in entries:
-                if entry.deadline >= finish and rows + entry.rows <= target:
+                if entry.deadline + 1e-9 >= finish and rows + entry.rows <= target:
                     batch.append(entry)
                     rows += entry.rows
                     if rows == target:
@@ -347,7 +348,7 @@ class LatencyObjectivePolicy(Generic[W]):
         if cap <= 0 or self._gap >= cap:
             return None
         oldest = min(e.arrived for e in batch)
-        until = min(oldest + cap, tightest - self.model.predict(rows + 1))
+        until = min(oldest + cap, tightest - self.model.predict(rows + 1) - SLACK)
         return until if until > now else None
 
     def _expire(self, now: float) -> None:
