@@ -10,7 +10,8 @@ none, the most throughput. A candidate meets a budget when, at every load, its l
 percentile is within it and it sheds at most ``max_shed`` of the requests (the
 latency-objective batcher sheds by design; the dynamic batcher never). Among those that meet
 it, the best answers the most requests within the budget per second (goodput), summed over
-the loads; then the fewest instances; then the lowest latency. With no budget, throughput
+the loads (scores within 1% of the best count as equal); then the fewest instances; then the
+lowest latency. With no budget, throughput
 takes goodput's place. When none meets the budget, the closest is the one whose worst load is
 least over it.
 """
@@ -165,13 +166,20 @@ def score(candidate: Candidate, predictions: list[Prediction], goal: Goal) -> Sc
     return scored
 
 
+TIE = 0.01  # scores within 1% of the best are equal: simulated noise, not a difference
+
+
 def rank(scored: list[Scored]) -> list[Scored]:
-    """Best first: those meeting the goal by score, fewer instances, lower latency; then the
-    rest, closest first."""
+    """Best first: those meeting the goal, the ones within 1% of the best score by fewer
+    instances and then lower latency, the others by score; then the rest, closest first."""
+    top = max((s.score for s in scored if s.meets), default=0.0)
+
     def key(s: Scored) -> tuple[Any, ...]:
+        if s.meets and s.score >= (1 - TIE) * top:
+            return (0, s.candidate.instances, s.worst_ms(), -s.score, s.candidate)
         if s.meets:
-            return (0, -round(s.score, 6), s.candidate.instances, s.worst_ms(), s.candidate)
-        return (1, s.over, -s.score, s.candidate.instances, s.candidate)
+            return (1, -s.score, s.candidate.instances, s.worst_ms(), s.candidate)
+        return (2, s.over, -s.score, s.candidate.instances, s.candidate)
     return sorted(scored, key=key)
 
 
