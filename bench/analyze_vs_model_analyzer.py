@@ -110,7 +110,8 @@ def run_model_analyzer(args: argparse.Namespace, repo: Path, out: Path) -> dict[
         proc.wait(30)
     seconds = time.monotonic() - started
     (out / "ma.log").write_text(done.stdout + done.stderr)
-    rows = list(csv.DictReader((out / "ma" / "results" / "metrics-model-inference.csv").open()))
+    with (out / "ma" / "results" / "metrics-model-inference.csv").open() as f:
+        rows = list(csv.DictReader(f))
     p99 = next(k for k in rows[0] if "p99" in k.lower())
     thru = next(k for k in rows[0] if "throughput" in k.lower())
     within = [r for r in rows if float(r[p99]) <= args.latency_budget]

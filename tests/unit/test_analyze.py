@@ -4,6 +4,7 @@ anything is written."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -273,3 +274,23 @@ def test_read_trace_is_what_the_arrival_log_holds(tmp_path: Path) -> None:
                            for i in range(5)))
     assert [round(r.arrival, 6) for r in arrivals.read_trace(log, model="add_sub")] == [
         0.0, 0.01, 0.02, 0.03, 0.04]
+
+
+def test_a_recorded_arrival_log_is_the_load(repo: Path, tmp_path: Path) -> None:
+    log = tmp_path / "arrivals.jsonl"
+    log.write_text("".join(json.dumps({"time": 50 + i * 0.004, "model": name})
+                           + "\n" for i, name in enumerate(["add_sub", "other"] * 200)))
+    calibration = tmp_path / "profile.json"
+    calibration.write_text(json.dumps({"calibration": _calibration().to_json(), "line": None}))
+    out = tmp_path / "out"
+    code = main(["--model-repository", str(repo), "--model", "add_sub", "--arrival-log",
+                 str(log), "--latency-budget-ms", "40", "--calibration", str(calibration),
+                 "--verify", "0", "--instances", "1", "--output-dir", str(out)])
+    assert code == 0
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert [load["kind"] for load in analysis["loads"]] == ["trace"]
+    with (out / "candidates.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # only add_sub's 200 arrivals, one every 8 ms: 125/s
+    assert all(r["load"] == "trace" for r in rows)
+    assert abs(float(rows[0]["throughput"]) - 125) < 5
