@@ -18,6 +18,8 @@ USAGE = """usage: python -m nursery serve [flags]
 commands:
   serve    serve a Triton-style model repository (see `python -m nursery serve --help`)
   simulate replay scheduling policies on a virtual clock (`python -m nursery simulate --help`)
+  analyze  find a model's best configuration: profile, simulate, verify
+           (`python -m nursery analyze --help`)
 """
 
 
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         from nursery.simulate.cli import main as simulate_main
 
         return simulate_main(rest)
+    if command == "analyze":  # the configuration search (nursery/analyze)
+        from nursery.analyze.cli import main as analyze_main
+
+        return analyze_main(rest)
     if command != "serve":
         print(f"unknown command '{command}'\n\n{USAGE}", end="", file=sys.stderr)
         return 2

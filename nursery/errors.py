@@ -51,6 +51,17 @@ class Unavailable(NurseryError):
     kind = ErrorKind.UNAVAILABLE
 
 
+class Overloaded(Unavailable):
+    """A request shed because the model cannot answer it within its latency objective
+    (``nursery/scheduling/latency_objective.py``): UNAVAILABLE, with the seconds after which
+    a retry may fare better. HTTP adds ``Retry-After``, and answers 429 instead of 503 when
+    the request asked for it (``protocol/codecs/status.py``)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Unsupported(NurseryError):
     kind = ErrorKind.UNSUPPORTED
 

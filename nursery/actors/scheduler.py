@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import trio
 
 from nursery.actors import mailbox
-from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
+from nursery.errors import Cancelled, InternalError, NurseryError, Overloaded, Unavailable
 from nursery.messages import (
     CacheOutcome,
     CancelWork,
@@ -140,8 +140,13 @@ async def run(
                             _answer(w, Cancelled(""))
                         stats.record_failure("CANCELED", len(decision.items))
                     elif isinstance(decision, Reject):
-                        error = (reject_error(decision.reason) if decision.kind is None
-                                 else NurseryError(decision.reason, decision.kind))
+                        if decision.retry_after is not None:
+                            error: NurseryError = Overloaded(decision.reason,
+                                                             decision.retry_after)
+                        elif decision.kind is None:
+                            error = reject_error(decision.reason)
+                        else:
+                            error = NurseryError(decision.reason, decision.kind)
                         for w in decision.items:
                             _answer(w, error)
                         stats.record_failure("REJECTED", len(decision.items))

@@ -49,6 +49,7 @@ from nursery.errors import ConfigError, InvalidArgument, NurseryError
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
+from nursery.scheduling.latency_objective import BATCHER_KEY, Objective, objective_from_parameters
 from nursery.schema import inference as pb
 from nursery.types import DataType
 
@@ -99,6 +100,8 @@ class ModelConfig:
     batching: BatchConfig | None = None  # the dynamic batcher's settings, when configured
     sequence: SequenceConfig | None = None  # the sequence batcher's settings, when configured
     ensemble: EnsemblePlan | None = None  # an ensemble's validated step graph
+    # nursery's latency-objective batcher, selected by the parameter nursery.batcher
+    objective: Objective | None = None
     input_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     output_map: Mapping[str, TensorSpec] = field(init=False, repr=False, compare=False)
     json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
@@ -515,6 +518,14 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
             )
     with config_boundary(name, "parameters"):
         parameters = {k: v.string_value for k, v in proto.parameters.items()}
+        try:
+            objective = objective_from_parameters(parameters)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: {exc}") from None
+        if objective is not None and scheduler in ("sequence", "ensemble"):
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: parameter '{BATCHER_KEY}' cannot "
+                              f"be used with {scheduling}: the latency-objective batcher "
+                              "schedules stateless models (remove one of the two)")
     if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
         raise ConfigError(f"{where}: Response Cache does not currently support model "
                           f"'{proto.name}' with 'decoupled' transaction policy.")
@@ -535,6 +546,7 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         batching=batching,
         sequence=sequence,
         ensemble=ensemble,
+        objective=objective,
     )
 
 

@@ -107,7 +107,8 @@ def make_work(request: InferenceRequest, config: ModelConfig, reply: Any) -> Inf
     if config.sequence is not None:
         sequence_batching.check_request(request, config, batch_size)
     signature: Hashable = None
-    if config.batching is not None or (config.sequence is not None and config.max_batch_size > 0):
+    if (config.batching is not None or config.objective is not None
+            or (config.sequence is not None and config.max_batch_size > 0)):
         signature = tuple(request.inputs[n].shape[1:] if n in request.inputs else None
                           for n in config.shape_checked_inputs)
         if config.has_optional_inputs:

@@ -31,6 +31,9 @@ class Reject(Generic[W]):
     items: tuple[W, ...]
     reason: str
     kind: ErrorKind | None = None  # None: the scheduler's default (UNAVAILABLE)
+    # shed for overload: seconds after which a retry may fare better (the HTTP frontend's
+    # Retry-After); None: not an overload
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Generic
 
 from nursery.config.model import ModelConfig
-from nursery.scheduling.batch_policy import DynamicBatchPolicy
+from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy
 from nursery.scheduling.decisions import SchedulingPolicy, W
 from nursery.scheduling.fifo import FifoPolicy
+from nursery.scheduling.latency_objective import LatencyObjectivePolicy
 from nursery.scheduling.sequence_policy import SequencePolicy
 
 MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAVAILABLE)
@@ -36,6 +37,12 @@ def policy_for(config: ModelConfig, instances: int,
         return PolicyChoice(SequencePolicy[W](config.sequence.schedule, instances,
                                               model=config.name, describe=describe,
                                               signature=signature), 1)
+    if config.objective is not None:
+        # nursery's latency-objective batcher (parameters nursery.batcher ...), with the
+        # dynamic_batching block's priority levels and queue bounds when there is one
+        batch = config.batching or BatchConfig(max_batch_size=config.max_batch_size)
+        return PolicyChoice(LatencyObjectivePolicy[W](batch, config.objective,
+                                                      model=config.name), 1)
     if config.batching is not None:
         # the DynamicBatcher: batches form while instances are busy, so an instance takes
         # one batch at a time

@@ -13,6 +13,7 @@ from nursery.backends.base import get_factory
 from nursery.config.model import read_model_config
 from nursery.errors import NurseryError
 from nursery.scheduling.batch_policy import BatchConfig
+from nursery.scheduling.latency_objective import Objective
 from nursery.simulate import arrivals, cost, policies, report
 from nursery.simulate.engine import SimulationError, simulate
 
@@ -52,9 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set default_queue_policy.allow_timeout_override")
     g = p.add_argument_group("policy")
     g.add_argument("--policy", action="append", metavar="NAME",
-                   help="server (default), fifo, dynamic, adaptive, edf, sequence, or an "
-                   "import path "
+                   help="server (default), fifo, dynamic, adaptive, edf, latency, sequence, or "
+                   "an import path "
                    "package.module:Name; repeat to compare policies on the same arrivals")
+    g.add_argument("--latency-objective-ms", type=float, metavar="MS",
+                   help="the objective of --policy latency (default: the model's "
+                   "nursery.latency_objective_ms); the table then adds goodput: answers "
+                   "within it per second")
+    g.add_argument("--latency-percentile", type=float, default=None, metavar="P",
+                   help="the percentile of that objective (default: the model's, else 99)")
     g = p.add_argument_group("arrivals")
     g.add_argument("--arrivals", choices=["poisson", "constant", "burst", "sequences", "trace"],
                    default="poisson", help="arrival process (default poisson)")
@@ -224,11 +231,13 @@ def run(args: argparse.Namespace) -> int:
     elif not rates or any(r <= 0 for r in rates):
         raise ValueError("--rate must be one or more positive numbers")
     specs = args.policy or ["server"]
+    objective = _objective(args, model)
     summaries = []
     for rate in rates:
         requests = _requests(args, rate)
         for spec in specs:
-            policy, slots = policies.build(spec, batch, instances, model=model)
+            policy, slots = policies.build(spec, batch, instances, model=model,
+                                           objective=objective)
             overhead = cost.parse_overhead(args.overhead, args.seed)  # same draws every run
             result = simulate(policy, requests, table, instances=instances, slots=slots,
                               overhead=overhead, frontend=cost.parse_duration(args.frontend),
@@ -238,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
                               timer_queues=args.timer_queues)
             summaries.append(report.summarize(
                 result, policy=spec, arrivals=args.arrivals,
-                rate=None if rate != rate else rate, seed=args.seed, instances=instances))
+                rate=None if rate != rate else rate, seed=args.seed, instances=instances,
+                objective_s=objective.latency_s if objective is not None else None))
     meta = {"model": args.model, "batch_config": _jsonable(dataclasses.asdict(batch)),
             "cost_s": table.to_json(), "overhead": args.overhead, "frontend": args.frontend,
             "frontend_wake": args.frontend_wake, "frontend_batch": args.frontend_batch,
@@ -255,6 +265,22 @@ def run(args: argparse.Namespace) -> int:
         if why_not:
             print(f"note: {why_not}", file=sys.stderr)
     return 0
+
+
+def _objective(args: argparse.Namespace, model: Any) -> Objective | None:
+    """The latency objective of this run: the flags', else the model's config, else none."""
+    base = getattr(model, "objective", None)
+    percentile = args.latency_percentile
+    if percentile is not None and not 0 < percentile <= 100:
+        raise ValueError("--latency-percentile must be above 0 and at most 100")
+    if args.latency_objective_ms is not None:
+        if not args.latency_objective_ms > 0:
+            raise ValueError("--latency-objective-ms must be a positive number of milliseconds")
+        return Objective(args.latency_objective_ms / 1e3,
+                         percentile or (base.percentile if base else 99.0))
+    if base is not None and percentile is not None:
+        return Objective(base.latency_s, percentile)
+    return base  # type: ignore[no-any-return]
 
 
 def _jsonable(value: Any) -> Any:

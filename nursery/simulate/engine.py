@@ -62,6 +62,7 @@ What it leaves out: the requester abandoning a request (simulated clients always
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,7 @@ def simulate(
     contention: float = 0.0,
     inherit_idle: bool = False,
     timer_queues: bool = False,
+    closed_loop: Callable[[SimRequest, float], SimRequest | None] | None = None,
 ) -> SimResult:
     """Run ``requests`` (by arrival time) through ``policy`` on ``instances`` instances.
     ``frontend``: seconds of the server's (single) frontend thread per request;
@@ -141,7 +143,10 @@ def simulate(
     arrives with ``k`` requests in the server; ``inherit_idle``: a request that arrives while
     the request that woke the server is still in it finds the server as idle as that one did
     (the server is not awake until it has answered once); ``timer_queues``: the policy's
-    timer fires only once the frontend thread has done the work queued before it."""
+    timer fires only once the frontend thread has done the work queued before it;
+    ``closed_loop``: called with each answered request and the time its client has the answer,
+    returns that client's next request (its arrival set) or None: a closed loop of clients
+    (perf_analyzer's ``--concurrency-range``) when ``requests`` holds each client's first."""
     if instances < 1 or slots < 1:
         raise ValueError("a simulation needs at least one instance with one slot")
     uses_idle = getattr(overhead, "uses_idle", False)
@@ -167,6 +172,7 @@ def simulate(
         events.append((r.arrival, _ARRIVE, order, r))
         order += 1
     heapq.heapify(events)
+    injected = itertools.count(1 << 60)  # the closed loop's arrivals, after every other tie
     free = [0] * instances  # slots the policy was told about and has not used
     busy_until = [0.0] * instances  # when each instance finishes the work it holds
     half = frontend / 2.0
@@ -185,6 +191,11 @@ def simulate(
         out.finished = at + extra(out)
         if out is waking:
             woken = at
+        if closed_loop is not None:
+            follow = closed_loop(out.request, out.finished)
+            if follow is not None:
+                outcomes[id(follow)] = Outcome(follow)
+                heapq.heappush(events, (follow.arrival, _ARRIVE, next(injected), follow))
 
     def finish(i: int, members: list[Outcome], at: float, order: int) -> int:
         """Batch ``members`` of instance ``i`` is out at ``at``: the answers go to the

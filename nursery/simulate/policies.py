@@ -2,12 +2,16 @@
 
 Built in (``--policy NAME``):
 
-- ``server``: what the server runs for this model: ``dynamic`` when its config.pbtxt has
-  ``dynamic_batching``, else ``fifo`` (the default);
+- ``server``: what the server runs for this model: ``latency`` when its config.pbtxt selects
+  it (``nursery.batcher``), ``dynamic`` when it has ``dynamic_batching``, else ``fifo`` (the
+  default);
 - ``fifo``: the default scheduler (``FifoPolicy`` with the server's slots and queue bound);
 - ``dynamic``: Triton's dynamic batcher (``DynamicBatchPolicy``);
 - ``adaptive``: ``AdaptiveDelayPolicy``, the queue delay following the arrival rate;
 - ``edf``: ``EarliestDeadlinePolicy``, nearest deadline first;
+- ``latency``: ``LatencyObjectivePolicy``, nursery's latency-objective batcher, holding the
+  objective of the model's ``nursery.latency_objective_ms`` parameter or of
+  ``--latency-objective-ms``;
 - ``sequence``: the sequence batcher (``SequencePolicy``) from the model's
   ``sequence_batching`` block, where this version of nursery has it.
 
@@ -33,6 +37,7 @@ from nursery.scheduling.adaptive_delay import AdaptiveDelayPolicy
 from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy
 from nursery.scheduling.edf import EarliestDeadlinePolicy
 from nursery.scheduling.fifo import FifoPolicy
+from nursery.scheduling.latency_objective import LatencyObjectivePolicy, Objective
 from nursery.scheduling.selection import DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE
 
 # (batch: BatchConfig, instances: int) -> a policy; some take a keyword ``model`` too, which
@@ -57,12 +62,22 @@ def _sequence(batch: BatchConfig, instances: int, *, model: Any = None) -> Any:
     return module.SequencePolicy(sequence.schedule, instances, model=model.name)
 
 
+def _latency(batch: BatchConfig, instances: int, *, model: Any = None,
+             objective: Objective | None = None) -> Any:
+    objective = objective or getattr(model, "objective", None)
+    if objective is None:
+        raise ValueError("policy 'latency' needs an objective: --latency-objective-ms N, or "
+                         "--model NAME whose config.pbtxt sets nursery.latency_objective_ms")
+    return LatencyObjectivePolicy(batch, objective, model=getattr(model, "name", ""))
+
+
 BUILTIN: dict[str, Factory] = {
     "fifo": _fifo,
     "dynamic": lambda batch, instances: DynamicBatchPolicy(batch),
     "adaptive": AdaptiveDelayPolicy.from_config,
     "edf": EarliestDeadlinePolicy.from_config,
     "sequence": _sequence,
+    "latency": _latency,
 }
 
 
@@ -72,6 +87,8 @@ def server_policy(model: Any) -> str:
         return "fifo"
     if getattr(model, "scheduler", "") == "sequence":
         return "sequence"
+    if getattr(model, "objective", None) is not None:
+        return "latency"
     return "dynamic" if model.batching is not None else "fifo"
 
 
@@ -102,14 +119,20 @@ def resolve(spec: str, *, model: Any = None) -> Factory:
 
 
 def build(spec: str, batch: BatchConfig, instances: int, *,
-          model: Any = None) -> tuple[Any, int]:
-    """A fresh policy and the slots each instance offers it."""
+          model: Any = None, objective: Objective | None = None) -> tuple[Any, int]:
+    """A fresh policy and the slots each instance offers it (``objective``: for the policies
+    that take one, overriding the model's)."""
     factory = resolve(spec, model=model)
     try:
-        takes_model = "model" in inspect.signature(factory).parameters
+        parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):
-        takes_model = False
-    policy = factory(batch, instances, model=model) if takes_model else factory(batch, instances)
+        parameters = {}  # type: ignore[assignment]
+    keywords: dict[str, Any] = {}
+    if "model" in parameters:
+        keywords["model"] = model
+    if "objective" in parameters and (objective is not None or "model" not in parameters):
+        keywords["objective"] = objective
+    policy = factory(batch, instances, **keywords)
     for method in ("arrive", "instance_ready", "poll"):
         if not callable(getattr(policy, method, None)):
             raise ValueError(f"policy '{spec}' has no {method}() method: see "

@@ -36,7 +36,10 @@ def _dist_ms(values: list[float]) -> dict[str, float]:
     return out
 
 
-def summarize(result: SimResult, **labels: Any) -> dict[str, Any]:
+def summarize(result: SimResult, *, objective_s: float | None = None,
+              **labels: Any) -> dict[str, Any]:
+    """The run's figures; with ``objective_s`` also ``goodput``: requests answered within it
+    per second (over the same span as the throughput)."""
     outcomes = result.outcomes
     status = Counter(o.status for o in outcomes)
     done = [o for o in outcomes if o.status == "completed"]
@@ -63,6 +66,10 @@ def summarize(result: SimResult, **labels: Any) -> dict[str, Any]:
                             if result.batches else math.nan),
         "batch_size_histogram": {str(k): histogram[k] for k in sorted(histogram)},
         "utilization": busy / (instances * span) if span > 0 and instances else math.nan,
+        **({} if objective_s is None else {
+            "objective_ms": objective_s * 1e3,
+            "goodput": (sum(1 for o in done if o.finished - o.request.arrival <= objective_s)
+                        / span if span > 0 else math.nan)}),
     }
 
 
@@ -106,8 +113,10 @@ def write_csv(path: Path, summaries: list[dict[str, Any]]) -> None:
 
 def format_table(summaries: list[dict[str, Any]]) -> str:
     width = max([len(str(s.get("policy", ""))) for s in summaries] + [8]) + 2
+    good = any("goodput" in s for s in summaries)
     head = (f"{'policy':<{width}}{'rate':>9}{'thru/s':>10}{'p50 ms':>10}{'p90 ms':>10}"
-            f"{'p99 ms':>10}{'max ms':>10}{'queue ms':>10}{'batch':>7}{'rej':>7}{'t/o':>7}")
+            f"{'p99 ms':>10}{'max ms':>10}{'queue ms':>10}{'batch':>7}{'rej':>7}{'t/o':>7}"
+            + (f"{'good/s':>10}" if good else ""))
     lines = [head]
     for s in summaries:
         lat = s["latency_ms"]
@@ -117,7 +126,8 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
             f"{(f'{rate:.0f}' if isinstance(rate, (int, float)) else '-'):>9}"
             f"{s['throughput']:>10.1f}{lat['p50']:>10.3f}{lat['p90']:>10.3f}{lat['p99']:>10.3f}"
             f"{lat['max']:>10.3f}{s['queue_ms']['p50']:>10.3f}{s['mean_batch_rows']:>7.2f}"
-            f"{s['rejected']:>7}{s['timed_out']:>7}")
+            f"{s['rejected']:>7}{s['timed_out']:>7}"
+            + (f"{s.get('goodput', math.nan):>10.1f}" if good else ""))
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nursery"
 LAZY = {
     ("nursery.__main__", "nursery.simulate.cli"),  # `serve` never loads the research kit
     ("nursery", "nursery.embed"),  # `import nursery` stays light; nursery.Server on first use
+    ("nursery.__main__", "nursery.analyze.cli"),  # nor the configuration search
     ("nursery.protocol.card_servers", "nursery.protocol.http.quart_app"),  # card-servers extra
     ("nursery.protocol.card_servers", "nursery.protocol.grpc.grpclib_server"),
 }

@@ -523,3 +523,19 @@ def test_inherit_idle_makes_a_request_behind_the_waking_one_cold_too() -> None:
         latency = [o.finished - o.request.arrival for o in outcomes]
         assert latency == pytest.approx(expected, abs=1e-9), inherit
         assert [o.idle > 0 for o in outcomes] == [True, inherit, False]
+
+
+def test_cli_latency_policy_needs_an_objective_and_reports_goodput(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--max-batch-size", "8", "--cost", "1:2ms,8:4ms", "--policy",
+                     "latency"]) == 1
+    assert "policy 'latency' needs an objective" in capsys.readouterr().err
+    assert cli.main(["--max-batch-size", "8", "--cost", "1:2ms,8:4ms", "--policy", "dynamic",
+                     "--policy", "latency", "--latency-objective-ms", "20", "--rate", "4000",
+                     "--count", "2000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "good/s"
+    good = {line.split()[0]: float(line.split()[-1]) for line in lines[1:]}
+    # twice the capacity (8 rows per 4 ms): the dynamic batcher's queue makes almost every
+    # answer late, the latency batcher sheds the excess and answers the rest in time
+    assert good["latency"] > 10 * good["dynamic"]

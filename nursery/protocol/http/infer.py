@@ -16,7 +16,7 @@ import numpy as np
 
 from nursery.config.model import ModelConfig
 from nursery.core import Core
-from nursery.errors import InvalidArgument, NurseryError, Unsupported
+from nursery.errors import InvalidArgument, NurseryError, Overloaded, Unsupported
 from nursery.protocol.access import (
     HeaderForward,
     ReservedHeader,
@@ -26,7 +26,7 @@ from nursery.protocol.access import (
 )
 from nursery.protocol.codecs import binary_tensor
 from nursery.protocol.codecs import json_tensors as json_codec
-from nursery.protocol.codecs.status import error_body, http_error
+from nursery.protocol.codecs.status import error_body, http_error, overload_answer
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -168,8 +168,12 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
-def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None) -> Response:
+def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None,
+                   request: InferenceRequest | None = None) -> Response:
     status, body = http_error(error)
+    if isinstance(error, Overloaded):  # shed by the latency-objective batcher
+        status, more = overload_answer(error, request.parameters if request else None)
+        extra = [*(extra or []), *more]
     return status, [*_JSON_HEADERS, *(extra or [])], body
 
 
@@ -211,6 +215,7 @@ async def infer_response(
         elif key == b"traceparent":
             traceparent = value.decode("latin-1")
     trace = core.tracer.start(model, traceparent) if core.tracer.active else None
+    request: InferenceRequest | None = None
     if trace is not None:  # the server has read the whole request by now
         trace.stamp("HTTP_RECV_START")
         trace.stamp("HTTP_RECV_END")
@@ -252,7 +257,7 @@ async def infer_response(
     except NurseryError as error:
         unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
         extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
-        return error_response(error, extra)
+        return error_response(error, extra, request)
     finally:
         if trace is not None:  # the response is encoded; the server sends it next
             trace.stamp("HTTP_SEND_START")
