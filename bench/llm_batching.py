@@ -60,9 +60,15 @@ class Trace:
     error: str | None = None
 
 
-def with_mode(repo: Path, mode: str, slots: int, process: bool = False) -> None:
+def with_mode(repo: Path, mode: str, slots: int, process: bool = False,
+              width: int = 0, layers: int = 0) -> None:
     source = ROOT / "model_repository" / MODEL
     shutil.copytree(source, repo / MODEL)
+    if width:  # a wider decoder: its step, not the serving path, sets the pace
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import make_llm
+
+        make_llm.widen(repo / MODEL, width, layers or 4)
     config = (repo / MODEL / "config.pbtxt").read_text()
     lines = []
     for line in config.splitlines():
@@ -177,6 +183,11 @@ def main() -> None:
     parser.add_argument("--process", action="store_true",
                         help="run the model in a stub process (nursery_instance_mode)")
     parser.add_argument("--json", type=Path, help="write the rows here too")
+    parser.add_argument("--width", type=int, default=0,
+                        help="serve tiny_llm widened to this hidden size (random weights, "
+                        "4x wider MLP, no adapters): a decode step that costs what a real "
+                        "model's does beside the serving path (0: the bundled weights)")
+    parser.add_argument("--layers", type=int, default=0, help="with --width: layers (4)")
     args = parser.parse_args()
     args.lengths = [int(x) for x in args.max_tokens.split(",")]
     modes = args.modes.split(",")
@@ -188,7 +199,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             repo = Path(tmp) / "repo"
             repo.mkdir()
-            with_mode(repo, mode, args.slots, args.process)
+            with_mode(repo, mode, args.slots, args.process, args.width, args.layers)
             server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
             try:
                 server.wait_ready()

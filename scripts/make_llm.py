@@ -26,6 +26,7 @@ on a fresh machine; run this again only to change it. What it writes:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -137,11 +138,11 @@ def train_tokenizer(out: Path) -> None:
     }, indent=2) + "\n")
 
 
-def random_weights(rng: np.random.Generator, prior: np.ndarray | None = None
-                   ) -> dict[str, np.ndarray]:
+def random_weights(rng: np.random.Generator, prior: np.ndarray | None = None,
+                   config: DecoderConfig = CONFIG) -> dict[str, np.ndarray]:
     """Random weights; ``prior`` (log frequencies of the tokens) becomes the output bias, so
     sampled text draws on the words of the docs rather than on every byte alike."""
-    c = CONFIG
+    c = config
     d, f = c.hidden_size, c.intermediate_size
 
     def normal(*shape: int, std: float) -> np.ndarray:
@@ -221,6 +222,24 @@ def write_tiny_llm(repo: Path, name: str = "tiny_llm", mode: str = "continuous",
         listing[adapter] = f"loras/{adapter}"
     (version / "multi_lora.json").write_text(json.dumps(listing, indent=2) + "\n")
     return model
+
+
+def widen(model: Path, width: int, layers: int) -> DecoderConfig:
+    """Give a copy of tiny_llm (``model``: its folder) wider and deeper random weights, same
+    vocabulary and tokenizer, no LoRA adapters: a decoder whose step costs what a real one's
+    does relative to the serving path (bench/llm_batching.py --width)."""
+    config = dataclasses.replace(CONFIG, hidden_size=width, num_hidden_layers=layers,
+                                 num_attention_heads=max(1, width // 32),
+                                 intermediate_size=4 * width)
+    version = model / "1"
+    (version / "config.json").write_text(json.dumps(config.as_json(), indent=2) + "\n")
+    prior = token_prior(model / "tokenizer" / "tokenizer.json")
+    save_safetensors(version / "model.safetensors",
+                     random_weights(np.random.default_rng(20261124), prior, config),
+                     {"format": "pt"})
+    shutil.rmtree(version / "loras", ignore_errors=True)
+    (version / "multi_lora.json").unlink(missing_ok=True)
+    return config
 
 
 def main() -> None:
