@@ -135,6 +135,46 @@ def decode_header_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[str,
         raise ConnectionError(COMPRESSION_ERROR, f"bad header block: {str(exc)[:80]}") from None
 
 
+def indexed_only(block: bytes) -> bool:
+    """Whether a header block is made only of indexed header fields (RFC 7541 6.1): decoding
+    it reads the tables and changes nothing, so the same bytes mean the same headers for as
+    long as no other block changes the dynamic table."""
+    i, n = 0, len(block)
+    while i < n:
+        first = block[i]
+        if not first & 0x80:  # a literal or a table size update: the table may change
+            return False
+        i += 1
+        if first & 0x7F == 0x7F:  # the index goes on in continuation bytes
+            while i < n and block[i] & 0x80:
+                i += 1
+            i += 1
+    return True
+
+
+class HeaderDecoder:
+    """A connection's HPACK decoder with a memo of its last all-indexed block: a client that
+    sends the same headers request after request (gRPC clients do, once the table holds them)
+    sends the same bytes, which are then not decoded again. Any other block clears the memo,
+    since it may change what the indexes point at."""
+
+    def __init__(self, max_header_list_size: int) -> None:
+        self.hpack = hpack.Decoder()
+        self.hpack.max_header_list_size = max_header_list_size
+        self._block: bytes | None = None
+        self._headers: list[tuple[str, str]] = []
+
+    def decode(self, block: bytes) -> list[tuple[str, str]]:
+        if block == self._block:
+            return list(self._headers)
+        self._block = None
+        headers = decode_header_block(self.hpack, block)
+        if indexed_only(block):
+            self._block, self._headers = block, headers
+            return list(headers)
+        return headers
+
+
 class Stream:
     """One request stream, as the application sees it."""
 
@@ -249,8 +289,7 @@ class Connection:
         self.sock = sock
         self.scope = trio.CancelScope()
         self.lock = trio.Lock()
-        self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = server.max_header_list
+        self.decoder = HeaderDecoder(server.max_header_list)
         self.streams: dict[int, Stream] = {}
         self.last_id = 0  # highest client stream id seen
         self.peer_window = DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
@@ -555,7 +594,7 @@ class Connection:
         return payload[start:end]
 
     def _headers(self, stream_id: int, flags: int, block: bytes, nursery: trio.Nursery) -> None:
-        headers = decode_header_block(self.decoder, block)  # always: the table follows the peer's
+        headers = self.decoder.decode(block)  # always: the table follows the peer's
         end = bool(flags & END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers from the client
