@@ -212,10 +212,8 @@ def write_tiny_llm(repo: Path, name: str = "tiny_llm", mode: str = "continuous",
     (model / "config.pbtxt").write_text(config_pbtxt(name, mode, slots))
     train_tokenizer(model / "tokenizer")
     (version / "model.py").write_text(MODEL_PY)
-    (version / "config.json").write_text(json.dumps(CONFIG.as_json(), indent=2) + "\n")
     rng = np.random.default_rng(20261124)
-    prior = token_prior(model / "tokenizer" / "tokenizer.json")
-    save_safetensors(version / "model.safetensors", random_weights(rng, prior), {"format": "pt"})
+    write_weights(model, CONFIG, rng)
     listing = {}
     for adapter, (rank, targets) in ADAPTERS.items():
         write_adapter(version / "loras" / adapter, rank, targets, rng)
@@ -231,15 +229,20 @@ def widen(model: Path, width: int, layers: int) -> DecoderConfig:
     config = dataclasses.replace(CONFIG, hidden_size=width, num_hidden_layers=layers,
                                  num_attention_heads=max(1, width // 32),
                                  intermediate_size=4 * width)
+    write_weights(model, config, np.random.default_rng(20261124))
+    shutil.rmtree(model / "1" / "loras", ignore_errors=True)
+    (model / "1" / "multi_lora.json").unlink(missing_ok=True)
+    return config
+
+
+def write_weights(model: Path, config: DecoderConfig, rng: np.random.Generator) -> None:
+    """``config.json`` and random ``model.safetensors`` in the model's version folder, the
+    output bias drawn from its tokenizer's token frequencies."""
     version = model / "1"
     (version / "config.json").write_text(json.dumps(config.as_json(), indent=2) + "\n")
     prior = token_prior(model / "tokenizer" / "tokenizer.json")
-    save_safetensors(version / "model.safetensors",
-                     random_weights(np.random.default_rng(20261124), prior, config),
+    save_safetensors(version / "model.safetensors", random_weights(rng, prior, config),
                      {"format": "pt"})
-    shutil.rmtree(version / "loras", ignore_errors=True)
-    (version / "multi_lora.json").unlink(missing_ok=True)
-    return config
 
 
 def main() -> None:

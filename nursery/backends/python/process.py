@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,8 @@ class ProcessInstance:
         self._batches = itertools.count(1)
         self._lock = threading.Lock()
         self._open: dict[tuple[int, int], InferWork] = {}  # requests a sender may still answer
-        self._results: dict[int, queue.SimpleQueue[Any]] = {}
-        # batches started from the trio thread (start_requests): their finish, by batch id
+        # batches sent to the stub, by id: their size and where their answers go (a waiting
+        # thread's queue, or the trio thread for a batch start_requests sent)
         self._started: dict[int, tuple[int, Callable[[list[Any]], None]]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
@@ -236,11 +237,7 @@ class ProcessInstance:
                 message = channel.receive()
                 kind = message[0]
                 if kind == "result":
-                    results = self._results.get(message[1])
-                    if results is not None:
-                        results.put(message[2])
-                    else:
-                        self._finish(message[1], message[2])
+                    self._finish(message[1], message[2])
                 elif kind == "part":
                     self._part(message[1], message[2], message[3])
                 elif kind == "ready_answer":
@@ -278,11 +275,8 @@ class ProcessInstance:
         self.dead = True
         error = InternalError(self._death())
         with self._lock:
-            results = list(self._results.values())
             open_requests = list(self._open.values())
             self._open.clear()
-        for answers in results:
-            answers.put(_Dead(error.message))
         for batch in list(self._started):
             self._finish(batch, _Dead(error.message))
         for answers in list(self._ready_calls.values()):
@@ -441,32 +435,13 @@ class ProcessInstance:
                         self._start()
                     except NurseryError as exc:
                         return [exc] * len(work)
-        batch = next(self._batches)
-        results: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        with self._lock:
-            self._results[batch] = results
-            for index, item in enumerate(work):
-                self._open[(batch, index)] = item
+        results: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        batch = self._begin(work, results.put)
         try:
-            try:
-                self.channel.send("execute", batch, [item.request for item in work])
-            except ChannelClosed:
-                pass  # the reader reports the death
-            answers = results.get()
-        finally:
-            with self._lock:
-                del self._results[batch]
-        if isinstance(answers, _Dead):
-            error = InternalError(str(answers))
-            with self._lock:
-                for index in range(len(work)):
-                    self._open.pop((batch, index), None)
-            return [error] * len(work)
-        with self._lock:
-            for index, answer in enumerate(answers):
-                if answer is not None:  # answered in the result: no sender will
-                    self._open.pop((batch, index), None)
-        return list(answers)
+            self.channel.send("execute", batch, [item.request for item in work])
+        except ChannelClosed:
+            pass  # the reader reports the death, which finishes the batch
+        return results.get()
 
     def start_requests(self, work: Sequence[InferWork],
                        done: Callable[[list[Any]], None]) -> bool:
@@ -478,11 +453,7 @@ class ProcessInstance:
         the batch the blocking way, which starts a dead stub again."""
         if self.dead or self._closing:
             return False
-        batch = next(self._batches)
-        with self._lock:
-            self._started[batch] = (len(work), done)
-            for index, item in enumerate(work):
-                self._open[(batch, index)] = item
+        batch = self._begin(work, partial(self._to_trio, done))
         try:
             self.channel.send("execute", batch, [item.request for item in work], wait=False)
         except BlockingIOError:
@@ -495,23 +466,34 @@ class ProcessInstance:
             pass  # the reader reports the death, which finishes the batch
         return True
 
-    def _finish(self, batch: int, answers: Any) -> None:
-        """A started batch's answers (on the reader thread): to the trio thread."""
+    def _begin(self, work: Sequence[InferWork], deliver: Callable[[list[Any]], None]) -> int:
+        """A new batch's id, its requests open to the model's senders, its answers bound
+        for ``deliver``."""
+        batch = next(self._batches)
+        with self._lock:
+            self._started[batch] = (len(work), deliver)
+            for index, item in enumerate(work):
+                self._open[(batch, index)] = item
+        return batch
+
+    def _finish(self, batch: int, answers: list[Any] | _Dead) -> None:
+        """A batch's answers (from the reader thread), or its stub's death: one answer per
+        request, ``None`` where the model's sender answers (or will), to where they go."""
         with self._lock:
             started = self._started.pop(batch, None)
             if started is None:
                 return
-            count, done = started
+            count, deliver = started
             if isinstance(answers, _Dead):
-                for index in range(count):
-                    self._open.pop((batch, index), None)
                 answers = [InternalError(str(answers))] * count
-            else:
-                for index, answer in enumerate(answers):
-                    if answer is not None:  # answered in the result: no sender will
-                        self._open.pop((batch, index), None)
+            for index, answer in enumerate(answers):
+                if answer is not None:  # answered in the result: no sender will
+                    self._open.pop((batch, index), None)
+        deliver(list(answers))
+
+    def _to_trio(self, done: Callable[[list[Any]], None], answers: list[Any]) -> None:
         try:
-            self._token.run_sync_soon(done, list(answers))
+            self._token.run_sync_soon(done, answers)
         except RuntimeError:  # the trio run is over: nobody waits for it
             pass
 
