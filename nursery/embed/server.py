@@ -457,15 +457,12 @@ class Server:
         try:
             while True:
                 item = inbox.get()
-                if isinstance(item, Part):
-                    if item.error is not None:
-                        raise item.error
-                    if item.response is not None and (item.response.outputs or not item.final):
-                        yield _arrays(item.response)
-                    continue
-                finished = True
-                item.unwrap()  # the task's end: its error, if it failed before streaming
-                return
+                finished = not isinstance(item, Part)
+                arrays = _streamed(item)
+                if finished:
+                    return
+                if arrays is not None:
+                    yield arrays
         finally:
             if not finished:
                 self._cancel(holder)
@@ -486,15 +483,12 @@ class Server:
         try:
             while True:
                 item = await inbox.aget()
-                if isinstance(item, Part):
-                    if item.error is not None:
-                        raise item.error
-                    if item.response is not None and (item.response.outputs or not item.final):
-                        yield _arrays(item.response)
-                    continue
-                finished = True
-                item.unwrap()
-                return
+                finished = not isinstance(item, Part)
+                arrays = _streamed(item)
+                if finished:
+                    return
+                if arrays is not None:
+                    yield arrays
         finally:
             if not finished:
                 self._cancel(holder)
@@ -686,6 +680,20 @@ def _arrays(response: Any) -> dict[str, np.ndarray]:
                                 dtype=object).reshape(data.shape)
         out[tensor.name] = data
     return out
+
+
+def _streamed(item: Any) -> dict[str, np.ndarray] | None:
+    """One item of a stream's inbox: a response's arrays to yield (None for an empty final
+    flag); an error response raises; the stream task's end (an outcome) raises its error, if
+    it failed before streaming, and otherwise gives None."""
+    if not isinstance(item, Part):
+        item.unwrap()
+        return None
+    if item.error is not None:
+        raise item.error
+    if item.response is not None and (item.response.outputs or not item.final):
+        return _arrays(item.response)
+    return None
 
 
 @atexit.register
