@@ -65,6 +65,13 @@ _MODULES = {
 }
 
 
+def missing_extra(model: str, backend: str, extra: str, exc: ImportError) -> ConfigError:
+    """A model's load failure when its backend's packages are not installed: one line that
+    names the extra to install."""
+    return ConfigError(f"model '{model}': the {backend} backend needs the '{extra}' extra "
+                       f"(pip install 'nursery[{extra}]'): {exc}")
+
+
 def get_factory(backend: str, model_name: str) -> BackendFactory:
     """The built-in backend named ``backend`` (its module imported on first use)."""
     module_name = _MODULES.get(backend)

@@ -39,6 +39,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
+from nursery.backends.base import missing_extra
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
@@ -131,9 +132,7 @@ def _treelite(model: str) -> Any:
         import treelite
         import treelite.gtil  # noqa: F401
     except ImportError as exc:
-        raise ConfigError(
-            f"model '{model}': the FIL backend needs the '{EXTRA}' extra "
-            f"(pip install 'nursery[{EXTRA}]'): {exc}") from None
+        raise missing_extra(model, "FIL", EXTRA, exc) from None
     return treelite
 
 

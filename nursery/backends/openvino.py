@@ -34,6 +34,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
+from nursery.backends.base import missing_extra
 from nursery.backends.onnxruntime import check_dims
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError
@@ -115,9 +116,7 @@ def _ov(model: str) -> Any:
     try:
         import openvino
     except ImportError as exc:
-        raise ConfigError(
-            f"model '{model}': the OpenVINO backend needs the '{EXTRA}' extra "
-            f"(pip install 'nursery[{EXTRA}]'): {exc}") from None
+        raise missing_extra(model, "OpenVINO", EXTRA, exc) from None
     return openvino
 
 

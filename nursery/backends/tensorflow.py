@@ -36,6 +36,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
+from nursery.backends.base import missing_extra
 from nursery.backends.onnxruntime import check_dims
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError
@@ -101,9 +102,7 @@ def _tf(model: str) -> Any:
     try:
         import tensorflow
     except ImportError as exc:
-        raise ConfigError(
-            f"model '{model}': the TensorFlow backend needs the '{EXTRA}' extra "
-            f"(pip install 'nursery[{EXTRA}]'): {exc}") from None
+        raise missing_extra(model, "TensorFlow", EXTRA, exc) from None
     return tensorflow
 
 
