@@ -36,10 +36,10 @@ from nursery.config.model import TensorSpec
 from nursery.core import Core
 from nursery.errors import InternalError, InvalidArgument, NurseryError, Unsupported
 from nursery.messages import Part
-from nursery.protocol.access import HeaderForward, ReservedHeader
+from nursery.protocol.access import HeaderForward
 from nursery.protocol.codecs.json_tensors import json_array
 from nursery.protocol.codecs.status import http_error
-from nursery.protocol.http.infer import Response, error_response
+from nursery.protocol.http.infer import Response, error_response, forward_headers
 from nursery.protocol.http.streaming import SSE_TYPE, Streaming, StreamWriter, sse_event
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
@@ -217,12 +217,7 @@ async def generate_response(
         request = build_request(core, model, version, obj, max_input_size,
                                 {spec.name: spec for spec in config.inputs},
                                 config.max_batch_size)
-        if forward is not None and forward.pattern is not None:
-            try:
-                request.parameters.update(forward.parameters(
-                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers))
-            except ReservedHeader as exc:
-                raise InvalidArgument(str(exc)) from None
+        forward_headers(forward, headers, request)
         if streaming:
             # the request's checks now, so that a refused request is plain JSON as Triton's
             # (refused before inference); the stream submits it again

@@ -245,12 +245,7 @@ async def infer_response(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
                 core.shm,
             )
-        if forward is not None and forward.pattern is not None:
-            try:
-                request.parameters.update(forward.parameters(
-                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers))
-            except ReservedHeader as exc:
-                raise InvalidArgument(str(exc)) from None
+        forward_headers(forward, headers, request)
         request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
@@ -275,6 +270,19 @@ async def infer_response(
         payload = _compress(payload, chosen)
         out_headers.append((b"content-encoding", chosen.encode()))
     return 200, out_headers, payload
+
+
+def forward_headers(forward: HeaderForward | None, headers: list[tuple[bytes, bytes]],
+                    request: InferenceRequest) -> None:
+    """--http-header-forward-pattern: the request's headers that match become its string
+    parameters; a reserved name is the request's INVALID_ARG, with Triton's message."""
+    if forward is None or forward.pattern is None:
+        return
+    try:
+        request.parameters.update(forward.parameters(
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers))
+    except ReservedHeader as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def too_large(declared: int, limit: int) -> InvalidArgument:
