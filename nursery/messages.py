@@ -211,6 +211,17 @@ class IndexEntry:
     state: str | None = None
     reason: str = ""
 
+    def as_json(self) -> dict[str, Any]:
+        """The row as the repository index answers it (absent fields left out)."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.version is not None:
+            out["version"] = str(self.version)
+        if self.state is not None:
+            out["state"] = self.state
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class IndexRepository:

@@ -539,17 +539,7 @@ class Server:
     def repository_index(self, ready: bool = False) -> list[dict[str, Any]]:
         """The repository index: name, version, state, reason of every model."""
         async def index() -> list[dict[str, Any]]:
-            out = []
-            for e in await self._core.repository_index(ready):
-                entry: dict[str, Any] = {"name": e.name}
-                if e.version is not None:
-                    entry["version"] = str(e.version)
-                if e.state is not None:
-                    entry["state"] = e.state
-                if e.reason:
-                    entry["reason"] = e.reason
-                out.append(entry)
-            return out
+            return [e.as_json() for e in await self._core.repository_index(ready)]
         return self._call(index)  # type: ignore[no-any-return]
 
     # -- the repository --------------------------------------------------------------------

@@ -22,7 +22,6 @@ from typing import Any
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError, Unavailable, Unsupported
-from nursery.messages import IndexEntry
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.codecs.json_tensors import dumps
 from nursery.protocol.codecs.status import error_body, http_error
@@ -114,17 +113,6 @@ def _load_parameters(body: bytes) -> tuple[Any, dict[str, bytes] | None]:
     return config, files or None
 
 
-def _index_entry(entry: IndexEntry) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": entry.name}
-    if entry.version is not None:
-        out["version"] = str(entry.version)
-    if entry.state is not None:
-        out["state"] = entry.state
-    if entry.reason:
-        out["reason"] = entry.reason
-    return out
-
-
 # -- the handlers ----------------------------------------------------------------------------
 
 async def health_live(core: Core, req: RouteRequest) -> Answer:
@@ -171,7 +159,7 @@ async def repository_index(core: Core, req: RouteRequest) -> Answer:
         if not isinstance(ready, bool):
             raise InvalidArgument("'ready' must be a boolean")
     entries = await core.repository_index(ready)
-    return _json([_index_entry(e) for e in entries])
+    return _json([e.as_json() for e in entries])
 
 
 async def repository_load(core: Core, req: RouteRequest) -> Answer:
