@@ -47,7 +47,7 @@ import hpack
 import hpack.exceptions
 import trio
 
-from nursery.protocol.listeners import ServerStream, open_listeners
+from nursery.protocol.listeners import ServerStream, open_listeners, plain
 from nursery.runtime import supervision
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 
@@ -881,7 +881,7 @@ class H2Server:
             if len(self.connections) >= self.max_connections:
                 await self._refuse_connection(sock)
                 return
-            conn = Connection(self, sock)
+            conn = Connection(self, plain(sock))  # clear text: the lean socket calls
             self.connections.add(conn)
             try:
                 await self._serve_connection(conn)
