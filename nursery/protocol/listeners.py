@@ -90,7 +90,7 @@ def _translated(exc: OSError) -> trio.BrokenResourceError | trio.ClosedResourceE
     return trio.BrokenResourceError(f"the connection broke: {exc}")
 
 
-def plain(stream: "ServerStream") -> "ServerStream":
+def plain(stream: ServerStream) -> ServerStream:
     """The fast clear-text stream for a TCP connection; a TLS stream (or a socket whose
     standard-library object cannot be reached) is returned as it is."""
     if isinstance(stream, trio.SocketStream):
