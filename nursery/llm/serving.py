@@ -27,6 +27,7 @@ process: small products run fastest on one).
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,9 @@ class DecoderServer:
         self.loop = DecodeLoop(self.decoder, self.tokenizer.token_bytes, slots,
                                params.get("batching_mode") or "continuous", eos,
                                seed=int(seed) if seed else None, name=self.model_name,
-                               observe=self._metrics.update, token_budget=budget)
+                               observe=self._metrics.update, token_budget=budget,
+                               # a step's responses travel together where the server can
+                               coalesce=getattr(pb_utils, "coalesce_responses", nullcontext))
         self.loop.start()
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ end-of-sequence token, failures that cost one sequence."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -367,3 +368,31 @@ def test_a_failing_prompt_chunk_costs_its_own_request_only() -> None:
 def test_a_budget_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_num_batched_tokens must be at least 1"):
         DecodeLoop(ScriptedModel(), letters, 2, token_budget=0)
+
+
+def test_each_step_sends_its_responses_inside_one_coalesce_block() -> None:
+    """What a step emits for all its sequences is emitted inside one ``coalesce()`` block
+    (the server then carries it together); a cancellation's final word goes in a block of
+    its own before the step's pass."""
+    blocks: list[list[str]] = []
+    current: list[list[str]] = []
+
+    @contextmanager
+    def coalesce() -> Iterator[None]:
+        current.append([])
+        yield
+        blocks.append(current.pop())
+
+    def emit(name: str) -> Callable[[Chunk], None]:
+        return lambda chunk: current[-1].append(name + ("!" if chunk.final else ""))
+
+    loop = DecodeLoop(ScriptedModel(), letters, 4, coalesce=coalesce)
+    gone = {"c": False}
+    for name, n in (("a", 2), ("b", 3), ("c", 9)):
+        loop.submit(Job([1], n, emit(name), SamplingParams(temperature=0.0),
+                        cancelled=lambda name=name: gone.get(name, False)))
+    step(loop)
+    step(loop)
+    gone["c"] = True
+    step(loop)
+    assert blocks == [[], ["a", "b", "c"], [], ["a!", "b", "c"], ["c!"], ["b!"]]
