@@ -172,10 +172,13 @@ class DecodeLoop:
             for job in [*self.scheduler.waiting, *self.scheduler.active]:
                 if job.cancelled():
                     self._end(job, "cancelled")
-        decoding = sorted((s for s in self._running.values() if s.decoding),
-                          key=lambda s: s.slot)
-        for job, slot in self.scheduler.admit():
-            self._sequence(job, slot)
+            decoding = sorted((s for s in self._running.values() if s.decoding),
+                              key=lambda s: s.slot)
+            for job, slot in self.scheduler.admit():
+                if job.prompt:
+                    self._sequence(job, slot)
+                else:  # nothing to attend to: it cannot start
+                    self._end(job, "error", "a prompt must have at least one token")
         prefilling = [s for s in self._running.values() if not s.decoding]  # admission order
         plan = plan_prefill(self.token_budget, len(decoding),
                             [len(s.job.prompt) - s.fed for s in prefilling])

@@ -396,3 +396,15 @@ def test_each_step_sends_its_responses_inside_one_coalesce_block() -> None:
     gone["c"] = True
     step(loop)
     assert blocks == [[], ["a", "b", "c"], [], ["a!", "b", "c"], ["c!"], ["b!"]]
+
+
+def test_an_empty_prompt_is_refused_and_frees_its_slot() -> None:
+    loop, model = loop_with(1)
+    empty, next_ = Client(), Client()
+    loop.submit(empty.job([], 5))
+    loop.submit(next_.job([3], 2))
+    step(loop)
+    assert empty.final is not None and empty.final.finish == "error"
+    assert empty.final.error == "a prompt must have at least one token" and not model.calls
+    drain(loop)
+    assert next_.text == "ef"
