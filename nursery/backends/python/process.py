@@ -37,6 +37,7 @@ from nursery.backends.python.environment import (
     interpreter,
 )
 from nursery.backends.python.ipc import Channel, ChannelClosed
+from nursery.backends.python.outbox import tell_all
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
 from nursery.messages import InferWork, Part
@@ -301,6 +302,8 @@ class ProcessInstance:
             self._finish(message[1], message[2])
         elif kind == "part":
             self._part(message[1], message[2], message[3])
+        elif kind == "parts":  # a coalesce_responses() block: one wake for the lot
+            self._parts(message[1])
         elif kind == "ready_answer":
             answers = self._ready_calls.get(message[1])
             if answers is not None:
@@ -416,6 +419,20 @@ class ProcessInstance:
                 (batch, index))
         if work is not None:
             self._soon(mailbox.tell, work.reply, answer)
+
+    def _parts(self, parts: list[tuple[int, int, Any]]) -> None:
+        """Responses the model's senders sent together: on to their requesters, in order, in
+        one call on the trio thread."""
+        routed = []
+        with self._lock:
+            for batch, index, answer in parts:
+                final = not isinstance(answer, Part) or answer.final
+                work = self._open.pop((batch, index), None) if final else self._open.get(
+                    (batch, index))
+                if work is not None:
+                    routed.append((work.reply, answer))
+        if routed:
+            self._soon(tell_all, routed)
 
     def _metric(self, channel: Channel, call: int, op: str, *args: Any) -> None:
         """A custom-metric operation from the model, on the server's registry."""
