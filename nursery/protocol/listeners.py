@@ -53,6 +53,15 @@ class PlainStream(trio.abc.HalfCloseableStream):
             except OSError as exc:
                 raise _translated(exc) from exc
 
+    def try_send(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what the socket takes now, without waiting: the bytes sent (0 when full)."""
+        try:
+            return self._raw.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _translated(exc) from exc
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         await trio.lowlevel.checkpoint_if_cancelled()
         raw, size = self._raw, max_bytes or 65536

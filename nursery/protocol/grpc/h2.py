@@ -47,7 +47,7 @@ import hpack
 import hpack.exceptions
 import trio
 
-from nursery.protocol.listeners import ServerStream, open_listeners, plain
+from nursery.protocol.listeners import PlainStream, ServerStream, open_listeners, plain
 from nursery.runtime import supervision
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 
@@ -298,6 +298,7 @@ class Connection:
         self.out_drained = trio.Event()  # set (and replaced) whenever ``out`` has been sent
         self.writer_busy = False
         self.writer_gone = False
+        self.direct = isinstance(sock, PlainStream)  # a clear-text socket can be tried at once
         self.decoder = HeaderDecoder(server.max_header_list)
         self.streams: dict[int, Stream] = {}
         self.last_id = 0  # highest client stream id seen
@@ -330,6 +331,13 @@ class Connection:
         ``flush``; then it returns once its frames are sent."""
         if self.broken or self.writer_gone:
             raise trio.BrokenResourceError("the connection can send nothing more")
+        if self.direct and not self.out and not self.writer_busy and len(self.streams) <= 1:
+            # one stream: nothing could share the send, so it goes now, without the writer's
+            # wake (what the socket does not take now is queued for the writer)
+            sent = self.sock.try_send(data)  # type: ignore[union-attr]
+            if sent == len(data):
+                return
+            data = bytes(memoryview(data)[sent:])
         self.out.append(data)
         self.out_bytes += len(data)
         if not self.writer_busy:
