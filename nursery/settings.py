@@ -126,6 +126,8 @@ class Settings:
     grpc_server: str = "nursery"
     arrival_log: str = ""  # nursery only: record every accepted request (observability/arrival_log.py)
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
+    # what tritonserver prints to stderr while parsing its command line (deprecated flags)
+    cli_warnings: tuple[str, ...] = field(default=())
     # --backend-config=<backend>,<setting>=<value>: (backend, setting, value); backend "" for a
     # global setting. The Python backend reads nursery-instance-mode (thread | process).
     backend_config: tuple[tuple[str, str, str], ...] = ()
@@ -756,6 +758,13 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         if not getattr(args, flag) > 0:  # also refuses nan
             parser.error(f"--{flag.replace('_', '-')} must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
+    cli_warnings = []
+    if args.strict_model_config is not None:  # tritonserver's words, on stderr
+        cli_warnings.append("Warning: '--strict-model-config' has been deprecated! Please use "
+                            "'--disable-auto-complete-config' instead.")
+        if args.disable_auto_complete_config and not args.strict_model_config:
+            cli_warnings.append("Warning: Overriding deprecated '--strict-model-config' from "
+                                "False to True in favor of '--disable-auto-complete-config'!")
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     )
@@ -839,4 +848,5 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         grpc_server=args.grpc_server,
         arrival_log=args.arrival_log,
         inactive=inactive,
+        cli_warnings=tuple(cli_warnings),
     )

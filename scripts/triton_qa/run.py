@@ -63,6 +63,14 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
 ]
 
+# Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
+EXAMPLE_MODELS = {
+    "L0_grpc": ("simple", "simple_dyna_sequence", "simple_int8", "simple_identity",
+                "simple_sequence", "simple_string", "densenet_onnx"),
+    "L0_http": ("simple", "simple_dyna_sequence", "simple_identity", "simple_sequence",
+                "simple_string", "densenet_onnx"),
+}
+
 SHIMS = {
     "pip": 'echo "nursery-qa: skipped: pip $*" >&2; exit 0',
     "pip3": 'echo "nursery-qa: skipped: pip3 $*" >&2; exit 0',
@@ -85,6 +93,31 @@ SHIMS = {
                '>&2; exit 0; fi; exec {python} "$@"'),
 }
 SHIMS["python3"] = SHIMS["python"]
+
+
+# Groups whose test.sh checks the server itself (starts it on a model folder and greps its log)
+# instead of running Python clients: each writes one "Test <what>" line per check into the
+# client log named here, followed by "*** FAILED: ..." when that check failed. Each such check is
+# a case (`test.sh::<what>`); the "Not found ..." lines before its verdict are its message.
+SHELL_CASE_LOGS = {"L0_model_config": "client.log"}
+
+
+def shell_cases(text: str) -> list[dict]:
+    """The cases of a client log in the "Test <what>" / "*** FAILED" layout (SHELL_CASE_LOGS)."""
+    cases: list[dict] = []
+    for line in text.splitlines():
+        if line.startswith("Test "):
+            cases.append({"test": f"test.sh::{line[5:].strip()}", "outcome": "passed",
+                          "message": ""})
+        elif cases and line.startswith("*** FAILED"):
+            cases[-1]["outcome"] = "failed"
+            cases[-1]["message"] = (cases[-1]["message"] + "\n" + line).strip()
+        elif cases and line.startswith("Not found"):
+            cases[-1]["message"] = (cases[-1]["message"] + "\n" + line).strip()
+    for case in cases:
+        if case["outcome"] == "passed":
+            case["message"] = ""
+    return cases
 
 
 def group_file(group: str) -> str:
@@ -145,6 +178,22 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             shutil.copy(simple / "1" / "model.onnx", folder)
     else:
         missing.append(f"{simple} (docs/examples of the server repository)")
+    # L0_http and L0_grpc serve docs/examples' models from a models/ folder of their own
+    # (densenet_onnx's model file is downloaded there; not here: its clients fail)
+    doc_models = triton / "docs" / "examples" / "model_repository"
+    for group, names in EXAMPLE_MODELS.items():
+        for name in names:
+            if (doc_models / name).is_dir():
+                shutil.copytree(doc_models / name, qa / group / "models" / name, dirs_exist_ok=True)
+    # qa/clients: the client repository's Python examples (Triton's SDK image installs them
+    # there); its C++ example programs are not built here
+    client = (checkouts / "client" / "src" / "python" / "examples") if checkouts else None
+    if client and client.is_dir():
+        (qa / "clients").mkdir(exist_ok=True)
+        for script in client.glob("*.py"):
+            shutil.copy(script, qa / "clients" / script.name)
+    else:
+        missing.append("client/src/python/examples (--checkouts): qa/clients")
     test_models = triton / "src" / "test" / "models"
     decoupled = qa / "L0_decoupled" / "models"
     if test_models.is_dir():
@@ -252,6 +301,9 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: b
     cases = []
     if record.exists():
         cases = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    shell_log = folder / SHELL_CASE_LOGS.get(group, "")
+    if group in SHELL_CASE_LOGS and shell_log.is_file():
+        cases += shell_cases(shell_log.read_text(errors="replace"))
     summary = summarize(cases)
     out = {"group": group, "python_mode": python_mode, "exit": rc, "timed_out": timed_out,
            "seconds": round(time.time() - started), "summary": summary, "cases": cases}

@@ -138,3 +138,19 @@ def test_a_case_run_several_times_passes_only_if_every_run_passed():
              {"test": "a", "outcome": "passed"}, {"test": "b", "outcome": "passed"},
              {"test": "b", "outcome": "passed"}, {"test": "c", "outcome": "skipped"}]
     assert run.summarize(cases) == {"run": 2, "passed": 1, "failed": 1, "skipped": 1, "runs": 6}
+
+
+def test_shell_checked_groups_count_each_check_of_their_client_log():
+    text = ("Test on cli_messages/a\nFound \"x\"\n"
+            "Test platform onnx on noautofill_platform/b\nNot found \"y\"\nNot found \"z\"\n"
+            "*** FAILED: platform onnx noautofill_platform/b\n"
+            "Test autofill_noplatform_success/c\nsome client output\n")
+    cases = run.shell_cases(text)
+    assert [(c["test"], c["outcome"]) for c in cases] == [
+        ("test.sh::on cli_messages/a", "passed"),
+        ("test.sh::platform onnx on noautofill_platform/b", "failed"),
+        ("test.sh::autofill_noplatform_success/c", "passed"),
+    ]
+    assert cases[1]["message"].splitlines() == [
+        'Not found "y"', 'Not found "z"', "*** FAILED: platform onnx noautofill_platform/b"]
+    assert run.summarize(cases)["failed"] == 1
