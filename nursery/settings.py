@@ -178,6 +178,9 @@ _LATER_FLAGS = {
     "--min-supported-compute-capability": "GPU compute capability filtering",
     "--repoagent-directory": "repository agents",
     "--cache-directory": "cache plugin directories",
+    # gRPC lets a server answer uncompressed whatever the client accepts: answers stay so
+    "--grpc-infer-response-compression-level": "gRPC response compression",
+    "--model-load-retry-count": "retrying a failed model load",
 }
 
 

@@ -19,7 +19,8 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
 - `data/inferenceserver/<version>/`: the model repositories Triton's CI generates. `--generate`
   fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
   stay absent, and a script copying from them fails as it would.
-- `shims/` first on PATH: `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
+- `shims/` first on PATH, then `opt/tritonserver/bin` (as in Triton's container, so a client
+  running `tritonserver` gets the stand-in): `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
   scripts install packages into their container; here that would change the machine),
   `wget` and `git clone` fail (nothing is fetched at test time) except that `git clone` of a
   repository found under `--checkouts <folder>` (by name: `python_backend`, ...) copies that
@@ -141,6 +142,9 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
                 path.write_text(new, errors="surrogateescape")
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     (opt / "backends" / "python").mkdir(parents=True, exist_ok=True)
+    # stand-ins for C++ test backends Triton's image builds, as Python-based backends
+    for backend in (HERE / "backends").iterdir():
+        shutil.copytree(backend, opt / "backends" / backend.name, dirs_exist_ok=True)
     link = opt / "qa"
     if link.is_symlink() or link.exists():
         link.unlink()
@@ -185,6 +189,14 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         for name in names:
             if (doc_models / name).is_dir():
                 shutil.copytree(doc_models / name, qa / group / "models" / name, dirs_exist_ok=True)
+    # densenet_onnx's model file is downloaded when Triton's image is built: a stand-in with
+    # its inputs and outputs (untrained, so the image clients' VULTURE checks fail) lets the
+    # servers of L0_http and L0_grpc start
+    for group in ("L0_http", "L0_grpc"):
+        model = qa / group / "models" / "densenet_onnx" / "1" / "model.onnx"
+        if model.parent.parent.is_dir() and not model.exists():
+            model.parent.mkdir(exist_ok=True)
+            standin_densenet(model)
     # qa/clients: the client repository's Python examples (Triton's SDK image installs them
     # there); its C++ example programs are not built here
     client = (checkouts / "client" / "src" / "python" / "examples") if checkouts else None
@@ -216,6 +228,26 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
     else:
         missing.append(f"{test_models} (src/test/models of the server repository)")
     return missing
+
+
+def standin_densenet(path: Path) -> None:
+    """An ONNX model shaped like the densenet_onnx example (data_0 [1,3,224,224] -> fc6_1
+    [1,1000,1,1]): a global average pool and a fixed 1x1 convolution."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.linspace(-1, 1, 3000, dtype=np.float32).reshape(1000, 3, 1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
+         helper.make_node("Conv", ["pooled", "w"], ["fc6_1"])],
+        "densenet_standin",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, 224, 224])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, 1000, 1, 1])],
+        [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save_model(model, str(path))
 
 
 def write_exec(path: Path, text: str) -> None:
@@ -251,7 +283,8 @@ def environment(work: Path, record: Path, python_mode: str,
         "TEST_JETSON": "0",
         "TRITON_SERVER_CPU_ONLY": "1",
         "CUDA_VISIBLE_DEVICES": "",
-        "PATH": f"{work / 'shims'}{os.pathsep}{env.get('PATH', '')}",
+        # Triton's container has its bin/ on PATH (log_format_test.py runs `tritonserver`)
+        "PATH": os.pathsep.join([str(work / "shims"), str(opt / "bin"), env.get("PATH", "")]),
         "PYTHONPATH": os.pathsep.join(
             [str(HERE / "hooks"), str(work / "qa" / "common"), env.get("PYTHONPATH", "")]),
         "PYTEST_PLUGINS": "nursery_qa_pytest",

@@ -154,3 +154,21 @@ def test_shell_checked_groups_count_each_check_of_their_client_log():
     assert cases[1]["message"].splitlines() == [
         'Not found "y"', 'Not found "z"', "*** FAILED: platform onnx noautofill_platform/b"]
     assert run.summarize(cases)["failed"] == 1
+
+
+def test_the_densenet_stand_in_has_the_example_models_inputs_and_outputs(tmp_path):
+    import numpy as np
+    import onnxruntime
+
+    run.standin_densenet(tmp_path / "model.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (out,) = session.run(None, {"data_0": np.ones((1, 3, 224, 224), np.float32)})
+    assert out.shape == (1, 1000, 1, 1)
+
+
+def test_stand_in_backends_are_python_based_backends():
+    """Each stand-in for one of Triton's C++ test backends is <name>/model.py, the layout of a
+    Python-based backend in --backend-directory."""
+    backends = sorted(p.name for p in (QA / "backends").iterdir())
+    assert backends == ["dyna_sequence"]
+    assert all((QA / "backends" / b / "model.py").is_file() for b in backends)

@@ -8,9 +8,12 @@ def test_triton_tuning_flags_used_by_its_qa_scripts_are_accepted_and_reported():
 
     settings = settings_from_args(["--http-thread-count=4", "--grpc-infer-allocation-pool-size",
                                    "16", "--enable-peer-access=false",
-                                   "--min-supported-compute-capability=6.0"])
+                                   "--min-supported-compute-capability=6.0",
+                                   "--grpc-infer-response-compression-level=high",
+                                   "--model-load-retry-count=1"])
     assert {"--http-thread-count", "--grpc-infer-allocation-pool-size", "--enable-peer-access",
-            "--min-supported-compute-capability"} <= set(settings.inactive)
+            "--min-supported-compute-capability", "--grpc-infer-response-compression-level",
+            "--model-load-retry-count"} <= set(settings.inactive)
 
 
 def test_deprecated_strict_model_config_warns_in_tritons_words():
