@@ -20,8 +20,9 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
   fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
   stay absent, and a script copying from them fails as it would.
 - `shims/` first on PATH, then `opt/tritonserver/bin` (as in Triton's container, so a client
-  running `tritonserver` gets the stand-in): `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
-  scripts install packages into their container; here that would change the machine),
+  running `tritonserver` gets the stand-in): `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/
+  `conda` do nothing (the scripts install packages into their container; here that would
+  change the machine),
   `wget` and `git clone` fail (nothing is fetched at test time) except that `git clone` of a
   repository found under `--checkouts <folder>` (by name: `python_backend`, ...) copies that
   local checkout; `nvidia-smi` reports no GPU.
