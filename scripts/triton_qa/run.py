@@ -63,6 +63,15 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+    # the ensembles over those models (configurations only; the generator writes them for
+    # every platform, TensorRT's included, whose steps' models are then absent)
+    ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
+    ("gen_qa_models.py", ["--ensemble", "--variable"],
+     "qa_ensemble_model_repository/qa_variable_model_repository"),
+    ("gen_qa_identity_models.py", ["--ensemble"],
+     "qa_ensemble_model_repository/qa_identity_model_repository"),
+    ("gen_qa_sequence_models.py", ["--ensemble"],
+     "qa_ensemble_model_repository/qa_sequence_model_repository"),
 ]
 
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
