@@ -418,7 +418,7 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     required = [n for n in model_inputs if n not in config.input_map and n not in provided]
     if required:
         raise ConfigError(
-            f"model '{config.name}': unable to load model, configuration expects "
+            f"unable to load model '{config.name}', configuration expects "
             f"{len(config.inputs)} inputs, model provides {len(model_inputs)} (missing from "
             f"config.pbtxt: {', '.join(required)})"
         )

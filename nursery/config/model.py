@@ -57,6 +57,8 @@ from nursery.types import DataType
 log = logging.getLogger("nursery.config")
 
 CONFIG_FILENAME = "config.pbtxt"
+# the metric families whose histogram buckets model_metrics may set
+CUSTOMIZABLE_METRICS = frozenset({"nv_inference_first_response_histogram_ms"})
 SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
 
 
@@ -531,7 +533,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
     with config_boundary(name, "output"):
         outputs = _tensor_specs(proto.output, "output", where)
     if not outputs:
-        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no outputs")
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: model configuration must contain at "
+                          "least one output, none were specified")
     with config_boundary(name, "instance_group"):
         groups = _instance_groups(proto, where)
     scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
@@ -580,6 +583,10 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
             raise ConfigError(f"{where}: {CONFIG_FILENAME}: parameter '{BATCHER_KEY}' cannot "
                               f"be used with {scheduling}: the latency-objective batcher "
                               "schedules stateless models (remove one of the two)")
+    for control in proto.model_metrics.metric_control:
+        if control.metric_identifier.family not in CUSTOMIZABLE_METRICS:  # Triton's words
+            log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric "
+                        "in Triton core.", control.metric_identifier.family)
     if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
         raise ConfigError(f"{where}: Response Cache does not currently support model "
                           f"'{proto.name}' with 'decoupled' transaction policy.")

@@ -52,6 +52,15 @@ def _validate_model_config(proto: pb.ModelConfig) -> None:
                           "platform is ensemble")
     if scheduling == "ensemble_scheduling":
         _validate_ensemble(proto)
+    for control in proto.model_metrics.metric_control:  # ValidateModelMetrics
+        if not _present(control, "metric_identifier"):
+            raise ConfigError("metric control must specify 'metric_identifier'")
+        if not control.metric_identifier.family:
+            raise ConfigError("metric identifier must specify non-empty 'family'")
+        if not _present(control, "histogram_options"):
+            raise ConfigError("metric control must specify 'histogram_options'")
+        if not control.histogram_options.buckets:
+            raise ConfigError("histogram options must specify non-empty 'buckets'")
 
 
 def _validate_ensemble(proto: pb.ModelConfig) -> None:

@@ -190,3 +190,31 @@ def test_ensemble_rules_come_before_versions_in_tritons_words(tmp_path: Path) ->
         with pytest.raises(ConfigError) as err:
             read_model_config(folder, "e", backends=get_factory)
         assert message in str(err.value), steps
+
+
+@pytest.mark.parametrize(
+    ("control", "message"),
+    [("{}", "metric control must specify 'metric_identifier'"),
+     ("{metric_identifier {family: ''} histogram_options {buckets: [1]}}",
+      "metric identifier must specify non-empty 'family'"),
+     ("{metric_identifier {family: 'f'}}", "metric control must specify 'histogram_options'"),
+     ("{metric_identifier {family: 'f'} histogram_options {}}",
+      "histogram options must specify non-empty 'buckets'")],
+)
+def test_model_metrics_rules_use_tritons_words(control: str, message: str) -> None:
+    text = f"model_metrics {{ metric_control [{control}] }}"
+    with pytest.raises(ConfigError, match="^" + message + "$"):
+        validate_model_config(_config(text))
+
+
+def test_an_unknown_metric_family_is_a_warning_in_tritons_words(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        "platform: 'onnxruntime_onnx'\nmax_batch_size: 8\n" + IO % ("4", "", "4", "")
+        + "model_metrics { metric_control [{metric_identifier {family: "
+          "'nv_inference_request_success'} histogram_options {buckets: [1, 2]}}] }")
+    read_model_config(folder, "m", backends=get_factory, auto_complete=False)
+    assert ("Metric family 'nv_inference_request_success' in 'metric_identifier' is not a "
+            "customizable metric in Triton core.") in caplog.text
