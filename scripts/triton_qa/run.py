@@ -74,6 +74,14 @@ GENERATORS: list[tuple[str, list[str], str]] = [
      "qa_ensemble_model_repository/qa_sequence_model_repository"),
 ]
 
+# Variables a group's test.sh reads to pick the backends it loops over (each defaults to all
+# of Triton's, TensorRT's and OpenVINO's and Triton's C++ `custom` test backends included): the
+# harness sets them to those this machine runs
+GROUP_ENV = {
+    "L0_infer": {"BACKENDS": "onnx libtorch python python_dlpack"},
+    "L0_sequence_batcher": {"BACKENDS": "onnx libtorch python"},
+}
+
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
 EXAMPLE_MODELS = {
     "L0_grpc": ("simple", "simple_dyna_sequence", "simple_int8", "simple_identity",
@@ -319,6 +327,7 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: b
     env = environment(work, record, python_mode, checkouts)
     if group.startswith("L0_backend_python/"):
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
+    env.update(GROUP_ENV.get(group, {}))
     log_path = results / f"{stem}.log"
     command = ["bash", "test.sh"]
     if netns:
