@@ -311,6 +311,7 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_ROOT": str(ROOT),
         "NURSERY_QA_PYTHON": sys.executable,
         "NURSERY_QA_PYTHON_MODE": python_mode,
+        "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
         "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
     })
     return env

@@ -11,6 +11,9 @@ each change printed to stderr (the script's server log) as one `nursery-qa:` lin
 - `--allow-client-shm[=true]` is dropped: nursery always lets clients register shared memory,
   which is Triton's behaviour with that flag true. `--allow-client-shm=false` is passed on
   unchanged (nursery then refuses the flag: the restricted-API work of issue 25).
+- `--backend-directory=<tree>/opt/tritonserver/backends` is appended when the command line
+  names none (NURSERY_QA_BACKEND_DIR): Triton's default backend directory, where the harness
+  keeps its stand-ins for Triton's C++ test backends.
 - `--backend-config=python,nursery-instance-mode=<mode>` is appended when the harness chose a
   Python instance mode (NURSERY_QA_PYTHON_MODE) and the command line does not choose one:
   `process` is how Triton runs Python models (a stub process per instance).
@@ -39,11 +42,15 @@ def _split(argv: list[str], i: int) -> tuple[str, str | None, int]:
     return word, None, i + 1
 
 
-def map_flags(argv: list[str], python_mode: str = "") -> tuple[list[str], list[str]]:
-    """tritonserver's arguments -> (`python -m nursery serve` arguments, notes on what changed)."""
+def map_flags(argv: list[str], python_mode: str = "",
+              backend_dir: str = "") -> tuple[list[str], list[str]]:
+    """tritonserver's arguments -> (`python -m nursery serve` arguments, notes on what changed).
+    ``backend_dir`` stands for Triton's default --backend-directory (/opt/tritonserver/backends,
+    which the harness's tree keeps elsewhere): added when the command line names none."""
     out: list[str] = []
     notes: list[str] = []
     mode_given = False
+    backends_given = False
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -64,8 +71,13 @@ def map_flags(argv: list[str], python_mode: str = "") -> tuple[list[str], list[s
                 continue
         if name == "--backend-config" and value is not None and "nursery-instance-mode" in value:
             mode_given = True
+        backends_given = backends_given or name == "--backend-directory"
         out.append(word)
         i += 1
+    if backend_dir and not backends_given:
+        extra = f"--backend-directory={backend_dir}"
+        out.append(extra)
+        notes.append(f"added {extra} (Triton's default backend directory in this tree)")
     if python_mode and not mode_given:
         extra = f"--backend-config=python,nursery-instance-mode={python_mode}"
         out.append(extra)
@@ -88,7 +100,8 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def main() -> None:
-    args, notes = map_flags(sys.argv[1:], os.environ.get("NURSERY_QA_PYTHON_MODE", ""))
+    args, notes = map_flags(sys.argv[1:], os.environ.get("NURSERY_QA_PYTHON_MODE", ""),
+                            os.environ.get("NURSERY_QA_BACKEND_DIR", ""))
     for note in notes:
         print(f"nursery-qa: {note}", file=sys.stderr, flush=True)
     python = os.environ.get("NURSERY_QA_PYTHON") or sys.executable

@@ -172,3 +172,11 @@ def test_stand_in_backends_are_python_based_backends():
     backends = sorted(p.name for p in (QA / "backends").iterdir())
     assert backends == ["dyna_sequence"]
     assert all((QA / "backends" / b / "model.py").is_file() for b in backends)
+
+
+def test_tritons_default_backend_directory_is_the_trees_unless_one_is_given():
+    out, notes = standin.map_flags(["--model-repository=m"], backend_dir="/t/backends")
+    assert out == ["--model-repository=m", "--backend-directory=/t/backends"]
+    assert "Triton's default backend directory" in notes[0]
+    argv = ["--backend-directory", "/x", "--model-repository=m"]
+    assert standin.map_flags(argv, backend_dir="/t/backends") == (argv, [])
