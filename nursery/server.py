@@ -465,6 +465,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     core, tuple(binds), tuple(failed), shutdown,
                     Frontends(core, settings, sampler, options, sampling=settings.allow_metrics)))
                 await shutdown.wait()
+                log.info("Waiting for in-flight requests to complete.")  # Triton's words
                 lifecycle.accepting = False
                 frontends.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
             if poller is not None:
