@@ -399,9 +399,14 @@ def _fill_backend(
                     f"({', '.join(DEFAULT_FILENAMES.values())})"
                 )
             proto.backend = detected
+            if detected == "pytorch":
+                # Triton sets LibTorch's platform together with a backend found from the model
+                # file, and then leaves default_model_filename empty (the backend finds model.pt)
+                proto.platform = BACKEND_TO_PLATFORM[detected]
     if not proto.platform and proto.backend == "tensorflow":
         proto.platform = tensorflow_platform(proto.default_model_filename, version_paths)
-    if not proto.default_model_filename:
+    # (Triton gives LibTorch a default_model_filename only when it fills the platform itself)
+    if not proto.default_model_filename and not (proto.backend == "pytorch" and proto.platform):
         default = PLATFORM_FILENAMES.get(proto.platform) or DEFAULT_FILENAMES.get(proto.backend)
         if default:
             proto.default_model_filename = default

@@ -218,3 +218,18 @@ def test_an_unknown_metric_family_is_a_warning_in_tritons_words(
     read_model_config(folder, "m", backends=get_factory, auto_complete=False)
     assert ("Metric family 'nv_inference_request_success' in 'metric_identifier' is not a "
             "customizable metric in Triton core.") in caplog.text
+
+
+def test_libtorch_found_by_its_file_keeps_no_default_model_filename(tmp_path: Path) -> None:
+    """As Triton's autofill: a backend found from model.pt gets its platform and no
+    default_model_filename; a config naming backend 'pytorch' gets both."""
+    for name, first_line, filename in (("found", "", ""),
+                                       ("named", "backend: 'pytorch'\n", "model.pt")):
+        folder = tmp_path / name
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "model.pt").write_bytes(b"")
+        (folder / "config.pbtxt").write_text(first_line + "max_batch_size: 8\n"
+                                             + IO % ("4", "", "4", ""))
+        config, _ = read_model_config(folder, name, backends=get_factory, auto_complete=False)
+        assert (config.platform, config.default_model_filename) == ("pytorch_libtorch", filename)
+        assert config.model_filename() == "model.pt"
