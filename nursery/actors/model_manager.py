@@ -535,9 +535,11 @@ class _Manager:
         self.ensembles_waiting[config.name] = models
         try:
             for model in sorted(models):
-                if model == config.name or self._depends_on(model, config.name):
-                    raise ConfigError(f"circular dependency between ensembles: {where} and "
-                                      f"'{model}' use each other")
+                last = config.name if model == config.name else self._depends_on(
+                    model, config.name)
+                if last is not None:  # Triton's words: start -> ... -> last -> start
+                    raise ConfigError(f"circular dependency between ensembles: {config.name} "
+                                      f"-> ... -> {last} -> {config.name}")
                 event = self.loading.get(model)
                 if event is not None:
                     await event.wait()
@@ -567,21 +569,23 @@ class _Manager:
         proto.model_transaction_policy.decoupled = decoupled
         return replace(config, decoupled=decoupled, proto=proto)
 
-    def _depends_on(self, model: str, ensemble: str) -> bool:
+    def _depends_on(self, model: str, ensemble: str) -> str | None:
         """Whether ``model`` uses ``ensemble``, directly or through the ensembles it is made
         of, as far as the ensembles being checked right now tell (an ensemble's models are
         known from its check on; each ensemble of a cycle reaches its check, so the last
-        one to reach it finds the cycle)."""
+        one to reach it finds the cycle): the ensemble on that path that uses ``ensemble``
+        itself, or None."""
         seen: set[str] = set()
         todo = [model]
         while todo:
             name = todo.pop()
-            if name == ensemble:
-                return True
             if name not in seen:
                 seen.add(name)
-                todo.extend(self.ensembles_waiting.get(name, ()))
-        return False
+                uses = self.ensembles_waiting.get(name, ())
+                if ensemble in uses:
+                    return name
+                todo.extend(uses)
+        return None
 
     # -- unloading -------------------------------------------------------------------------
 
