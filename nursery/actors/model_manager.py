@@ -534,12 +534,13 @@ class _Manager:
         models = frozenset(plan.models())
         self.ensembles_waiting[config.name] = models
         try:
-            for model in sorted(models):
+            for model in sorted(models):  # the graph first, as Triton checks it before loads
                 last = config.name if model == config.name else self._depends_on(
                     model, config.name)
                 if last is not None:  # Triton's words: start -> ... -> last -> start
                     raise ConfigError(f"circular dependency between ensembles: {config.name} "
                                       f"-> ... -> {last} -> {config.name}")
+            for model in sorted(models):
                 event = self.loading.get(model)
                 if event is not None:
                     await event.wait()
