@@ -387,6 +387,14 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     proto = config.proto
     ragged = {i.name for i in proto.input if i.allow_ragged_batch}
     batch_outputs = {name for b in proto.batch_output for name in b.target_name}
+    provided = config.sequence.extra_inputs if config.sequence is not None else ()
+    expected = len(config.inputs) + len(provided)
+    if len(model_inputs) != expected:  # Triton's first check, before any name
+        required = [n for n in model_inputs if n not in config.input_map and n not in provided]
+        missing = f" (missing from config.pbtxt: {', '.join(required)})" if required else ""
+        raise ConfigError(
+            f"unable to load model '{config.name}', configuration expects {expected} inputs, "
+            f"model provides {len(model_inputs)}{missing}")
     for what, specs, found in (("input", config.inputs, model_inputs),
                                ("output", config.outputs, model_outputs)):
         for spec in specs:
@@ -414,7 +422,6 @@ def _check_io(config: ModelConfig, session: Any) -> None:
                                ragged=spec.name in ragged)
             if error is not None:
                 raise ConfigError(error)
-    provided = config.sequence.extra_inputs if config.sequence is not None else ()
     required = [n for n in model_inputs if n not in config.input_map and n not in provided]
     if required:
         raise ConfigError(
