@@ -40,6 +40,7 @@ from nursery.actors.directory import (
 from nursery.actors.model_client import ModelClient
 from nursery.actors.version import serve_ensemble, serve_version
 from nursery.backends.base import Backends
+from nursery.config import pbtext
 from nursery.config.ensemble_check import check_wiring
 from nursery.config.model import ModelConfig, read_model_config
 from nursery.config.repository import (
@@ -564,10 +565,10 @@ class _Manager:
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
         decoupled = check_wiring(config, steps)
-        if decoupled == config.decoupled:
-            return config
         proto = pb.ModelConfig().parse(bytes(config.proto))
         proto.model_transaction_policy.decoupled = decoupled
+        # Triton sets the field, so an ensemble's configuration always carries the message
+        pbtext.mark_present(proto.model_transaction_policy)
         return replace(config, decoupled=decoupled, proto=proto)
 
     def _depends_on(self, model: str, ensemble: str) -> str | None:

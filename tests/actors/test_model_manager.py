@@ -225,6 +225,9 @@ async def test_nested_ensembles_load_and_only_real_cycles_are_refused(
             request.model_name = name
             response = await h.core.infer(request)
             assert response.outputs[0].data[0, 0] == 3 * factor
+            # Triton sets an ensemble's transaction policy, so its configuration carries it
+            served = h.directory.resolve(name, "").config
+            assert served.json["model_transaction_policy"] == {"decoupled": False}
         for name, cycles in (("c1", ("c1 -> ... -> c2 -> c1", "c2 -> ... -> c1 -> c2")),
                              ("self", ("self -> ... -> self -> self",))):
             error = await h.command(messages.LoadModel, name)
