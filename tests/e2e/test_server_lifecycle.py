@@ -222,3 +222,19 @@ def test_missing_repository_stops_startup_with_one_line(
     assert errors == [f"error: creating server: Internal - failed to load all models: failed to "
                       f"poll model repository '{missing}': failed to open directory {missing} "
                       "(No such file or directory)"], log
+
+
+def test_verbose_logging_names_each_http_request_as_triton_does(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """At --log-verbose=1 Triton's HTTP server logs 'HTTP request: <evhtp method number>
+    <path>' for each request (L0_logging counts the /v2/logging ones); at 0 it does not."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--log-verbose=1")
+    client = httpclient.InferenceServerClient(server.url)
+    client.get_log_settings()
+    client.update_log_settings({"log_verbose_level": 0})
+    client.get_log_settings()
+    lines = [x for x in server.log().splitlines() if "HTTP request: " in x]
+    assert [x.split("HTTP request: ")[1].rstrip('"') for x in lines
+            if "/v2/logging" in x] == ["0 /v2/logging", "2 /v2/logging"]
