@@ -233,6 +233,12 @@ def test_verbose_logging_names_each_http_request_as_triton_does(
     server = start_server(repo, "--log-verbose=1")
     client = httpclient.InferenceServerClient(server.url)
     client.get_log_settings()
+    bad = httpclient.InferInput("NOT_AN_INPUT", [1, 16], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 16), np.float32))
+    with pytest.raises(Exception, match="NOT_AN_INPUT"):
+        client.infer("add_sub", [bad])
+    # and each failed inference, with its error, as Triton's HTTP frontend logs it
+    assert "[request id: <id_unknown>] Infer failed: " in server.log()
     client.update_log_settings({"log_verbose_level": 0})
     client.get_log_settings()
     lines = [x for x in server.log().splitlines() if "HTTP request: " in x]

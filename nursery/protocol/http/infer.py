@@ -7,6 +7,7 @@ It decodes, calls ``Core.infer``, and encodes; it knows nothing about scheduling
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -165,6 +166,10 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
     )
 
 
+# Triton's HTTP frontend logs each request's failure at --log-verbose 1 (the same logger as the
+# server's per-request line)
+request_log = logging.getLogger("nursery.http_requests")
+
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
@@ -250,6 +255,10 @@ async def infer_response(
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
     except NurseryError as error:
+        if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
+            request_log.debug("[request id: %s] Infer failed: %s",
+                              (request.id if request is not None else "") or "<id_unknown>",
+                              error.message)
         unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
         extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
         return error_response(error, extra, request)
