@@ -8,9 +8,6 @@ script holds is nursery's and its signals reach nursery directly.
 nursery accepts Triton's flags itself, so the mapping is nearly the identity. What it changes,
 each change printed to stderr (the script's server log) as one `nursery-qa:` line:
 
-- `--allow-client-shm[=true]` is dropped: nursery always lets clients register shared memory,
-  which is Triton's behaviour with that flag true. `--allow-client-shm=false` is passed on
-  unchanged (nursery then refuses the flag: the restricted-API work of issue 25).
 - `--backend-directory=<tree>/opt/tritonserver/backends` is appended when the command line
   names none (NURSERY_QA_BACKEND_DIR): Triton's default backend directory, where the harness
   keeps its stand-ins for Triton's C++ test backends.
@@ -26,7 +23,6 @@ from __future__ import annotations
 import os
 import sys
 
-_TRUE = ("true", "1", "on", "yes")
 _HOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks")
 
 
@@ -58,17 +54,7 @@ def map_flags(argv: list[str], python_mode: str = "",
             out.append(word)
             i += 1
             continue
-        name, value, after = _split(argv, i)
-        if name == "--allow-client-shm":
-            # a bare flag or a following word that is not a boolean is not its value
-            if value is not None and "=" not in word and value.lower() not in _TRUE + (
-                    "false", "0", "off", "no"):
-                value, after = None, i + 1
-            if value is None or value.lower() in _TRUE:
-                notes.append(f"dropped {' '.join(argv[i:after])} (nursery always allows "
-                             "client shared memory)")
-                i = after
-                continue
+        name, value, _ = _split(argv, i)
         if name == "--backend-config" and value is not None and "nursery-instance-mode" in value:
             mode_given = True
         backends_given = backends_given or name == "--backend-directory"

@@ -31,14 +31,11 @@ def test_flags_pass_through_unchanged():
     assert standin.map_flags(argv) == (argv, [])
 
 
-def test_allow_client_shm_true_is_dropped_false_is_kept():
-    out, notes = standin.map_flags(["--allow-client-shm=true", "--model-repository", "m"])
-    assert out == ["--model-repository", "m"] and "dropped --allow-client-shm=true" in notes[0]
-    out, _ = standin.map_flags(["--allow-client-shm", "--log-verbose=1"])
-    assert out == ["--log-verbose=1"]
-    out, _ = standin.map_flags(["--allow-client-shm", "1"])
-    assert out == []
-    assert standin.map_flags(["--allow-client-shm=false"])[0] == ["--allow-client-shm=false"]
+def test_allow_client_shm_reaches_nursery_unchanged():
+    """nursery takes --allow-client-shm itself (off by default, as Triton 2.68)."""
+    for argv in (["--allow-client-shm=true", "--model-repository", "m"],
+                 ["--allow-client-shm", "--log-verbose=1"], ["--allow-client-shm=false"]):
+        assert standin.map_flags(argv) == (argv, [])
 
 
 def test_python_mode_added_unless_the_command_line_chooses_one():
@@ -129,8 +126,7 @@ def test_the_stand_in_script_runs_nursery_with_the_mapped_flags(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "python -m nursery serve" in proc.stdout
-    assert "nursery-qa: dropped --allow-client-shm=true" in proc.stderr
-
+    assert "nursery-qa: added --backend-directory=" in proc.stderr
 
 
 def test_a_case_run_several_times_passes_only_if_every_run_passed():
