@@ -153,3 +153,16 @@ def test_raw_json_string_is_valid_json_for_utf8_and_keeps_bytes(value: bytes) ->
     text = json_codec.raw_json_string(value)
     assert json.loads(text.decode("utf-8", "surrogateescape")).encode(
         "utf-8", "surrogateescape") == value
+
+
+def test_json_data_shapes_that_overflow_are_400_in_tritons_words() -> None:
+    """L0_http's test_buffer_size_overflow: the element count past INT64_MAX, then the byte
+    size past it, each refused before any array is made."""
+    count_overflow = {"name": "X", "datatype": "FP32", "shape": [2**4, 2**60 + 2], "data": [1.0]}
+    assert _status({"inputs": [count_overflow]}) == (
+        400, "invalid shape for input 'X': shape [16,1152921504606846978] causes total element "
+             "count to exceed maximum size of 9223372036854775807")
+    byte_overflow = {"name": "X", "datatype": "FP32", "shape": [2**2, 2**60 + 2], "data": [1.0]}
+    assert _status({"inputs": [byte_overflow]}) == (
+        400, "byte size overflow for input 'X': element count (4611686018427387912) * data type "
+             "size (4) exceeds maximum allowed size (9223372036854775807)")

@@ -173,6 +173,25 @@ def _member_error(obj: Any, key: str, kind: str) -> InternalError:
     return InternalError(f"Unable to parse '{key}': attempt to access JSON non-{kind} as {kind}")
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _check_json_size(name: str, shape: tuple[int, ...], datatype: DataType) -> None:
+    """Triton's HTTP frontend's overflow checks for an input given as JSON data, its words."""
+    total = 1
+    for d in shape:
+        total *= d
+    if total > INT64_MAX:
+        raise InvalidArgument(
+            f"invalid shape for input '{name}': shape [{','.join(str(d) for d in shape)}] "
+            f"causes total element count to exceed maximum size of {INT64_MAX}")
+    size = datatype.itemsize if datatype is not DataType.BYTES else 1
+    if size > 1 and total > INT64_MAX // size:
+        raise InvalidArgument(
+            f"byte size overflow for input '{name}': element count ({total}) * data type "
+            f"size ({size}) exceeds maximum allowed size ({INT64_MAX})")
+
+
 def _shape(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise InternalError("Unable to parse 'shape': attempt to access JSON non-array as array")
@@ -280,6 +299,8 @@ def decode_request(
         except InvalidArgument:
             raise InvalidArgument(f"invalid datatype for input {name}") from None
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
+        if has_data and not has_binary and not has_shm:
+            _check_json_size(name, shape, datatype)
         count = checked_count(
             shape, datatype, f"{prefix}unexpected shape for input '{name}' for model '{model_name}'")
         if has_data and datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:
