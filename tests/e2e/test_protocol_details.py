@@ -102,7 +102,7 @@ def test_a_json_header_past_the_input_size_is_refused(server: ServerProcess) -> 
                          {"Inference-Header-Content-Length": str(len(head))})
     assert status == 400
     assert json.loads(body)["error"] == (
-        f"Request JSON size of {len(head)} bytes exceeds the maximum allowed value of "
+        f"request JSON size of {len(head)} bytes exceeds the maximum allowed input size of "
         f"{INPUT_LIMIT} bytes. Use --http-max-input-size to increase the limit.")
 
 

@@ -137,15 +137,17 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
     if spec.datatype is DataType.BYTES:
         if list(spec.dims) != [1]:
             raise InvalidArgument(
-                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+                f"[request id: <id_unknown>] For BYTE datatype raw input '{spec.name}', the "
+                "model must have input shape [1]"
             )
         arr = np.array([bytes(body)], dtype=object).reshape((*batch, 1))
         return InferenceRequest(model, version, {spec.name: Tensor(spec.name, spec.datatype, arr.shape, arr)})
     dims = list(spec.dims)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
-        raise InvalidArgument(
-            f"Raw input '{spec.name}' of model '{model}' has more than one variable dimension"
+        raise InvalidArgument(  # core's words (InferenceRequest::Normalize)
+            f"[request id: <id_unknown>] The shape of the raw input '{spec.name}' can not be "
+            "deduced because there are more than one variable-sized dimension"
         )
     if variable:
         known = element_count(tuple(d for d in dims if d != -1)) * spec.datatype.itemsize
@@ -296,8 +298,8 @@ def forward_headers(forward: HeaderForward | None, headers: list[tuple[bytes, by
 
 def too_large(declared: int, limit: int) -> InvalidArgument:
     return InvalidArgument(
-        f"Request JSON size of {declared} bytes exceeds the maximum allowed value of {limit} "
-        "bytes. Use --http-max-input-size to increase the limit."
+        f"request JSON size of {declared} bytes exceeds the maximum allowed input size of "
+        f"{limit} bytes. Use --http-max-input-size to increase the limit."
     )
 
 
