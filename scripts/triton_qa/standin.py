@@ -8,6 +8,9 @@ script holds is nursery's and its signals reach nursery directly.
 nursery accepts Triton's flags itself, so the mapping is nearly the identity. What it changes,
 each change printed to stderr (the script's server log) as one `nursery-qa:` line:
 
+- `--allow-model-file-upload=true` is appended unless the command line gives the flag: Triton
+  accepts the repository API's `file:` load parameters without a flag, nursery only with it
+  (docs/security.md), and Triton's scripts expect Triton's default.
 - `--backend-directory=<tree>/opt/tritonserver/backends` is appended when the command line
   names none (NURSERY_QA_BACKEND_DIR): Triton's default backend directory, where the harness
   keeps its stand-ins for Triton's C++ test backends.
@@ -47,6 +50,7 @@ def map_flags(argv: list[str], python_mode: str = "",
     notes: list[str] = []
     mode_given = False
     backends_given = False
+    upload_given = False
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -58,8 +62,14 @@ def map_flags(argv: list[str], python_mode: str = "",
         if name == "--backend-config" and value is not None and "nursery-instance-mode" in value:
             mode_given = True
         backends_given = backends_given or name == "--backend-directory"
+        upload_given = upload_given or name == "--allow-model-file-upload"
         out.append(word)
         i += 1
+    if not upload_given:
+        extra = "--allow-model-file-upload=true"
+        out.append(extra)
+        notes.append(f"added {extra} (Triton accepts 'file:' load parameters without a flag; "
+                     "nursery keeps that door closed unless asked)")
     if backend_dir and not backends_given:
         extra = f"--backend-directory={backend_dir}"
         out.append(extra)

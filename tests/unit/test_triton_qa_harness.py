@@ -27,21 +27,29 @@ run = _load("run")
 
 def test_flags_pass_through_unchanged():
     argv = ["--model-repository=/m", "--log-verbose", "1", "--backend-config=python,x=1",
-            "--exit-timeout-secs=120", "--http-thread-count=4"]
+            "--exit-timeout-secs=120", "--http-thread-count=4", "--allow-model-file-upload=0"]
     assert standin.map_flags(argv) == (argv, [])
+
+
+def test_file_uploads_are_allowed_as_tritons_default_unless_the_flag_is_given():
+    out, notes = standin.map_flags(["--model-repository=/m"])
+    assert out == ["--model-repository=/m", "--allow-model-file-upload=true"]
+    assert "Triton accepts 'file:' load parameters" in notes[0]
 
 
 def test_allow_client_shm_reaches_nursery_unchanged():
     """nursery takes --allow-client-shm itself (off by default, as Triton 2.68)."""
     for argv in (["--allow-client-shm=true", "--model-repository", "m"],
                  ["--allow-client-shm", "--log-verbose=1"], ["--allow-client-shm=false"]):
+        argv = [*argv, "--allow-model-file-upload"]
         assert standin.map_flags(argv) == (argv, [])
 
 
 def test_python_mode_added_unless_the_command_line_chooses_one():
     out, notes = standin.map_flags(["--model-repository=m"], "process")
     assert out[-1] == "--backend-config=python,nursery-instance-mode=process" and notes
-    chosen = ["--backend-config", "python,nursery-instance-mode=thread"]
+    chosen = ["--backend-config", "python,nursery-instance-mode=thread",
+              "--allow-model-file-upload"]
     assert standin.map_flags(chosen, "process") == (chosen, [])
 
 
@@ -171,8 +179,10 @@ def test_stand_in_backends_are_python_based_backends():
 
 
 def test_tritons_default_backend_directory_is_the_trees_unless_one_is_given():
-    out, notes = standin.map_flags(["--model-repository=m"], backend_dir="/t/backends")
-    assert out == ["--model-repository=m", "--backend-directory=/t/backends"]
+    out, notes = standin.map_flags(["--model-repository=m", "--allow-model-file-upload"],
+                                   backend_dir="/t/backends")
+    assert out == ["--model-repository=m", "--allow-model-file-upload",
+                   "--backend-directory=/t/backends"]
     assert "Triton's default backend directory" in notes[0]
-    argv = ["--backend-directory", "/x", "--model-repository=m"]
+    argv = ["--backend-directory", "/x", "--model-repository=m", "--allow-model-file-upload"]
     assert standin.map_flags(argv, backend_dir="/t/backends") == (argv, [])
