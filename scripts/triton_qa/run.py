@@ -8,8 +8,8 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
 (/tmp/nursery-qa by default) that looks like Triton's test container:
 
 - `qa/`: a copy of the checkout's qa/ in which `/opt/tritonserver` and `/data/inferenceserver`
-  are rewritten to the two folders below (in *.sh and *.py files only; the checkout itself is
-  never touched). Every other line of Triton's scripts, tests and models runs as written.
+  are rewritten to the two folders below (in *.sh, *.py and *.conf files only; the checkout
+  itself is never touched). Every other line of Triton's scripts, tests and models runs as written.
 - `opt/tritonserver/bin/tritonserver`: the stand-in, which maps the command line onto
   `python -m nursery serve` (standin.py); `opt/tritonserver/backends/` (empty, for scripts that
   put Python-based backends there); `opt/tritonserver/qa` -> `qa/`.
@@ -112,6 +112,14 @@ SHIMS = {
                '>&2; exit 0; fi; exec {python} "$@"'),
 }
 SHIMS["python3"] = SHIMS["python"]
+# nginx (L0_http's and L0_grpc's basic-auth proxy, when installed: `apt-get install nginx-light`)
+# keeps its pid file in the tree, so that `service nginx stop` stops this run's and no other
+SHIMS["nginx"] = ('real=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v nginx) || { echo '
+                  '"nursery-qa: nginx is not installed" >&2; exit 127; }; '
+                  'exec "$real" -g "pid $NURSERY_QA_WORK/nginx.pid;" "$@"')
+SHIMS["service"] = ('if [ "$1" = nginx ] && [ "$2" = stop ]; then '
+                    'kill "$(cat "$NURSERY_QA_WORK/nginx.pid" 2>/dev/null)" 2>/dev/null; exit 0; '
+                    'fi; echo "nursery-qa: skipped: service $*" >&2; exit 0')
 
 
 # Groups whose test.sh checks the server itself (starts it on a model folder and greps its log)
@@ -152,7 +160,7 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
     opt = work / "opt" / "tritonserver"
     data = work / "data" / "inferenceserver"
     for path in qa.rglob("*"):
-        if path.suffix in (".sh", ".py") and path.is_file() and not path.is_symlink():
+        if path.suffix in (".sh", ".py", ".conf") and path.is_file() and not path.is_symlink():
             text = path.read_text(errors="surrogateescape")
             new = text.replace("/opt/tritonserver", str(opt)).replace(
                 "/data/inferenceserver", str(data))
@@ -312,6 +320,7 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_PYTHON": sys.executable,
         "NURSERY_QA_PYTHON_MODE": python_mode,
         "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
+        "NURSERY_QA_WORK": str(work),
         "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
     })
     return env
