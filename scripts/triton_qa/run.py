@@ -117,6 +117,14 @@ SHIMS["python3"] = SHIMS["python"]
 SHIMS["nginx"] = ('real=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v nginx) || { echo '
                   '"nursery-qa: nginx is not installed" >&2; exit 127; }; '
                   'exec "$real" -g "pid $NURSERY_QA_WORK/nginx.pid;" "$@"')
+# `go install github.com/grpc-ecosystem/grpc-health-probe@...` (L0_grpc) puts the harness's
+# Python stand-in for that probe at $GOPATH/bin; any other go command is refused
+SHIMS["go"] = ('if [ "$1" = install ] && [[ "$2" == github.com/grpc-ecosystem/grpc-health-probe* ]]; '
+               'then mkdir -p "$GOPATH/bin" && printf \'#!/bin/bash\\nexec "%s" "%s" "$@"\\n\' '
+               '"$NURSERY_QA_PYTHON" "$NURSERY_QA_TOOLS/grpc_health_probe.py" '
+               '> "$GOPATH/bin/grpc-health-probe" && chmod +x "$GOPATH/bin/grpc-health-probe" && '
+               'echo "nursery-qa: go install $2: the harness\'s stand-in" >&2; exit $?; fi; '
+               'echo "nursery-qa: refused: go $* (nothing is fetched at test time)" >&2; exit 1')
 SHIMS["service"] = ('if [ "$1" = nginx ] && [ "$2" = stop ]; then '
                     'kill "$(cat "$NURSERY_QA_WORK/nginx.pid" 2>/dev/null)" 2>/dev/null; exit 0; '
                     'fi; echo "nursery-qa: skipped: service $*" >&2; exit 0')
@@ -321,6 +329,8 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_PYTHON_MODE": python_mode,
         "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
         "NURSERY_QA_WORK": str(work),
+        "NURSERY_QA_TOOLS": str(HERE / "tools"),
+        "GOPATH": str(work / "go"),
         "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
     })
     return env

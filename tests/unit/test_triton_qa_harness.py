@@ -186,3 +186,19 @@ def test_tritons_default_backend_directory_is_the_trees_unless_one_is_given():
     assert "Triton's default backend directory" in notes[0]
     argv = ["--backend-directory", "/x", "--model-repository=m", "--allow-model-file-upload"]
     assert standin.map_flags(argv, backend_dir="/t/backends") == (argv, [])
+
+
+def test_go_install_of_the_health_probe_gets_the_stand_in(tmp_path):
+    """L0_grpc's `go install .../grpc-health-probe@latest`: the shim writes the harness's
+    probe to $GOPATH/bin, which answers like the Go tool when nothing listens."""
+    triton = _fake_triton(tmp_path)
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    env = run.environment(work, work / "r.jsonl", "")
+    proc = subprocess.run(
+        ["bash", "-c", "go install github.com/grpc-ecosystem/grpc-health-probe@latest && "
+                       "$GOPATH/bin/grpc-health-probe -addr=127.0.0.1:9; echo rc=$?; "
+                       "go build x; echo rc=$?"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines() == [
+        'timeout: failed to connect service "127.0.0.1:9" within 1s', "rc=2", "rc=1"]
