@@ -166,3 +166,16 @@ def test_json_data_shapes_that_overflow_are_400_in_tritons_words() -> None:
     assert _status({"inputs": [byte_overflow]}) == (
         400, "byte size overflow for input 'X': element count (4611686018427387912) * data type "
              "size (4) exceeds maximum allowed size (9223372036854775807)")
+
+
+@pytest.mark.parametrize("datatype,values", [("INT32", [1, 2, 3]), ("BYTES", ["a", "b", "c"])])
+def test_too_many_and_too_few_elements_have_tritons_two_messages(datatype: str,
+                                                                  values: list[Any]) -> None:
+    """ReadDataFromJson: an overrun is found while reading, a shortfall once all are read."""
+    def status(n: int) -> tuple[int, str]:
+        return _status({"inputs": [{"name": "X", "datatype": datatype, "shape": [2],
+                                    "data": values[:n]}]})
+    assert status(3) == (500, "Unable to parse 'data': Shape does not match true shape of "
+                              "'data' field")
+    assert status(1) == (500, "Failed to parse 'data' field: shape does not match true shape")
+    assert status(2) == (200, "")

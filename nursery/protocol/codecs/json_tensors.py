@@ -90,6 +90,12 @@ def _flatten(data: Any, out: list[Any], depth: int = 0) -> None:
             out.append(item)
 
 
+# Triton's HTTP frontend (ReadDataFromJson): more elements than the shape holds are found while
+# reading, fewer once all are read, each with its own words
+_OVERRUN = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+_SHORT = "Failed to parse 'data' field: shape does not match true shape"
+
+
 def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str,
                 count: int) -> np.ndarray:
     """``data`` (already parsed: its size is bounded by the body) as an array of ``count``
@@ -98,9 +104,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
         data = [data]
     if datatype is DataType.BYTES:
         flat = _flat(data)
-        if len(flat) != count:
-            raise InternalError(
-                "Unable to parse 'data': Shape does not match true shape of 'data' field")
+        if len(flat) > count:
+            raise InternalError(_OVERRUN)
         out = np.empty(len(flat), dtype=object)
         for i, item in enumerate(flat):
             if not isinstance(item, str):
@@ -108,6 +113,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
                     "Unable to parse 'data': attempt to access JSON non-string as string"
                 )
             out[i] = item.encode("utf-8")
+        if len(flat) < count:
+            raise InternalError(_SHORT)
         return out.reshape(shape)
     flat = None  # type: ignore[assignment]  # the BYTES branch above returned
     try:  # numpy reads flat and nested (rectangular) lists alike, without a Python loop
@@ -120,8 +127,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
             arr = np.array(flat)
         except (ValueError, OverflowError):
             raise InternalError("Unable to parse 'data': elements are not all numbers") from None
-    if arr.size != count:
-        raise InternalError("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    if arr.size > count:
+        raise InternalError(_OVERRUN)
     kind = arr.dtype.kind
     if datatype is DataType.BOOL:
         if kind != "b" and arr.size:
@@ -138,6 +145,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
                 f"Unable to parse 'data': attempt to access JSON non-{what} as {what}"
             )
         arr = np.array(flat, dtype=object)
+    if arr.size < count:  # read every element, then found too few
+        raise InternalError(_SHORT)
     try:
         return arr.astype(datatype.numpy_dtype, copy=False).reshape(shape)
     except (ValueError, OverflowError) as exc:
