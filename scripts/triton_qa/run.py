@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -329,11 +330,20 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_PYTHON_MODE": python_mode,
         "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
         "NURSERY_QA_WORK": str(work),
+        # Triton's image names its version here; clients compare server metadata with it
+        "TRITON_SERVER_VERSION": server_version(),
         "NURSERY_QA_TOOLS": str(HERE / "tools"),
         "GOPATH": str(work / "go"),
         "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
     })
     return env
+
+
+def server_version() -> str:
+    """The version nursery's server metadata reports (nursery/runtime/about.py)."""
+    text = (ROOT / "nursery" / "runtime" / "about.py").read_text()
+    match = re.search(r'^VERSION = "([^"]+)"', text, re.M)
+    return match.group(1) if match else ""
 
 
 def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool,

@@ -202,3 +202,10 @@ def test_go_install_of_the_health_probe_gets_the_stand_in(tmp_path):
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.stdout.splitlines() == [
         'timeout: failed to connect service "127.0.0.1:9" within 1s', "rc=2", "rc=1"]
+
+
+def test_clients_see_the_version_the_server_reports(tmp_path):
+    """Triton's image sets TRITON_SERVER_VERSION; L0_lifecycle compares metadata with it."""
+    from nursery.runtime.about import VERSION
+
+    assert run.environment(tmp_path, tmp_path / "r", "")["TRITON_SERVER_VERSION"] == VERSION
