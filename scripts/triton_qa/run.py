@@ -253,6 +253,11 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
         examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
         if examples and examples.is_dir():
+            # Triton's C++ `repeat` test backend, stood in for by python_backend's own Python
+            # version of it (same inputs IN, DELAY, WAIT and outputs OUT, IDX; decoupled)
+            repeat = work / "opt" / "tritonserver" / "backends" / "repeat"
+            repeat.mkdir(parents=True, exist_ok=True)
+            shutil.copy(examples / "repeat_model.py", repeat / "model.py")
             for name in ("repeat", "square"):
                 shutil.copy(examples / f"{name}_model.py",
                             python_models / f"{name}_int32" / "1" / "model.py")
