@@ -387,10 +387,10 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     proto = config.proto
     ragged = {i.name for i in proto.input if i.allow_ragged_batch}
     batch_outputs = {name for b in proto.batch_output for name in b.target_name}
-    provided = config.sequence.extra_inputs if config.sequence is not None else ()
-    expected = len(config.inputs) + len(provided)
+    extras = config.sequence.extra_inputs if config.sequence is not None else ()
+    expected = len(config.inputs) + len(extras)
     if len(model_inputs) != expected:  # Triton's first check, before any name
-        required = [n for n in model_inputs if n not in config.input_map and n not in provided]
+        required = [n for n in model_inputs if n not in config.input_map and n not in extras]
         missing = f" (missing from config.pbtxt: {', '.join(required)})" if required else ""
         raise ConfigError(
             f"unable to load model '{config.name}', configuration expects {expected} inputs, "
@@ -422,7 +422,7 @@ def _check_io(config: ModelConfig, session: Any) -> None:
                                ragged=spec.name in ragged)
             if error is not None:
                 raise ConfigError(error)
-    required = [n for n in model_inputs if n not in config.input_map and n not in provided]
+    required = [n for n in model_inputs if n not in config.input_map and n not in extras]
     if required:
         raise ConfigError(
             f"unable to load model '{config.name}', configuration expects "
