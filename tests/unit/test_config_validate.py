@@ -233,3 +233,41 @@ def test_libtorch_found_by_its_file_keeps_no_default_model_filename(tmp_path: Pa
         config, _ = read_model_config(folder, name, backends=get_factory, auto_complete=False)
         assert (config.platform, config.default_model_filename) == ("pytorch_libtorch", filename)
         assert config.model_filename() == "model.pt"
+
+
+def _model(tmp_path: Path, name: str, text: str):
+    folder = tmp_path / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(text)
+    config, _ = read_model_config(folder, name, backends=get_factory, auto_complete=False)
+    return config
+
+
+def test_ensemble_wiring_uses_tritons_words(tmp_path: Path) -> None:
+    """ValidateEnsembleConfig / ValidateTensorMapping, checked against the steps' configs."""
+    from nursery.config.ensemble_check import check_wiring
+
+    step = _model(tmp_path, "m", "platform: 'onnxruntime_onnx'\nmax_batch_size: 2\n"
+                  "input [{name: 'IN' data_type: TYPE_INT32 dims: [1]}]\n"
+                  "output [{name: 'OUT' data_type: TYPE_INT32 dims: [1]}]\n")
+    cases = {
+        (4, "IN", "OUT", "TYPE_INT32"): "ensemble e allows maximum batch size 4, but it contains "
+                                        "model m which only allows maximum batch size to be 2",
+        (2, "NOPE", "OUT", "TYPE_INT32"): "in ensemble e, ensemble tensor x is mapping to "
+                                          "non-existing input NOPE in model m",
+        (2, "IN", "NOPE", "TYPE_INT32"): "in ensemble e, ensemble tensor y is mapped from "
+                                         "non-existing output NOPE in model m",
+        (2, "IN", "OUT", "TYPE_FP32"): "in ensemble e, ensemble tensor x: inconsistent data "
+                                       "type: TYPE_FP32 is inferred from model e while "
+                                       "TYPE_INT32 is inferred from model m",
+    }
+    for i, ((batch, model_in, model_out, dtype), message) in enumerate(cases.items()):
+        ensemble = _model(tmp_path / str(i), "e", (
+            f"platform: 'ensemble'\nmax_batch_size: {batch}\n"
+            f"input [{{name: 'x' data_type: {dtype} dims: [1]}}]\n"
+            "output [{name: 'y' data_type: TYPE_INT32 dims: [1]}]\n"
+            f"ensemble_scheduling {{ step [{{model_name: 'm' input_map {{key: '{model_in}' "
+            f"value: 'x'}} output_map {{key: '{model_out}' value: 'y'}}}}] }}\n"))
+        with pytest.raises(ConfigError) as err:
+            check_wiring(ensemble, [step])
+        assert str(err.value).startswith(message), err.value
