@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_command(rest: list[str], prog: str = "python -m nursery serve") -> int:
     settings = settings_from_args(rest, prog=prog)
+    for warning in settings.cli_warnings:
+        print(warning, file=sys.stderr)
     try:
         log_manager = setup_logging(settings)
     except OSError as exc:

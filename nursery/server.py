@@ -9,11 +9,13 @@ finish their in-flight requests, then the manager drains and unloads every model
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import signal
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -29,7 +31,7 @@ from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, Backends
 from nursery.config.repository import scan
 from nursery.core import Core, Lifecycle, Services
-from nursery.errors import StartupError
+from nursery.errors import StartupError, first_error
 from nursery.messages import ManagerCommand
 from nursery.observability.arrival_log import ArrivalLog
 from nursery.observability.custom_metrics import CustomMetrics
@@ -219,6 +221,22 @@ async def _cancel_on(event: trio.Event, target: trio.CancelScope,
         target.cancel()
 
 
+@contextmanager
+def _port_in_use(service: str, address: str, port: int) -> Iterator[None]:
+    """A frontend whose port is taken stops the start-up with Triton's line ("failed to start
+    GRPC service: Unavailable - Socket '0.0.0.0:8001' already in use"), not a traceback."""
+    try:
+        yield
+    except BaseException as exc:  # the bind error may come wrapped in a trio group
+        error = first_error(exc)
+        if not (isinstance(error, OSError) and error.errno == errno.EADDRINUSE):
+            raise
+        log.error("failed to start %s service: Unavailable - Socket '%s:%d' already in use ",
+                  service, address, port)
+        raise StartupError(f"failed to start {service} service: Socket '{address}:{port}' "
+                           "already in use") from None
+
+
 def _report_inactive(settings: Settings) -> None:
     for flag in settings.inactive:
         log.warning("%s is accepted but not active yet in this build; it is ignored", flag)
@@ -338,7 +356,8 @@ async def serve(
         if unreadable and settings.exit_on_error:
             raise StartupError(f"failed to load all models: {unreadable[0]}")
         await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
-                     handle_signals, task_status, tls, backends, settle, tokenizer)
+                     handle_signals, task_status, tls, backends, settle, tokenizer,
+                     failed_to_initialize=bool(unreadable))
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
         if arrival_log is not None:
@@ -351,7 +370,11 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                  log_manager: LogManager | None, options: MetricsOptions, shutdown: trio.Event,
                  handle_signals: bool, task_status: trio.TaskStatus[Running],
                  tls: _Tls, extra_backends: Mapping[str, BackendFactory] | None,
-                 settle: bool, tokenizer: Tokenizer | None = None) -> None:
+                 settle: bool, tokenizer: Tokenizer | None = None,
+                 failed_to_initialize: bool = False) -> None:
+    """``failed_to_initialize``: a repository could not be read and --exit-on-error is off;
+    as Triton's server in its FAILED_TO_INITIALIZE state, this one then serves (metadata, the
+    models it could load) but is neither live nor ready."""
     directory = Directory()
     faults = FaultCounter()
     commands, inbox = trio.open_memory_channel[ManagerCommand](16)
@@ -374,7 +397,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
         # the one way requests reach models: frontends (through the core), ensembles, BLS
         client = ModelClient(directory, tracer=tracer, cache=cache, arrival_log=arrival_log,
                              custom_metrics=CustomMetrics())
-        lifecycle = Lifecycle()
+        lifecycle = Lifecycle(live=not failed_to_initialize)
         core = Core(Services(directory, client, commands, faults=faults,
                              shm=SharedMemoryRegistry(allow_client=settings.allow_client_shm),
                              allow_model_file_upload=settings.allow_model_file_upload,
@@ -433,7 +456,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                 if limiter is not None:
                     limiter.inbox.close()
                 return
-            lifecycle.accepting = True
+            lifecycle.accepting = not failed_to_initialize
             poller: trio.CancelScope | None = None
             if settings.model_control_mode == "poll":
                 poller = trio.CancelScope()
@@ -441,14 +464,16 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
             async with commands, trio.open_nursery() as frontends:
                 binds: list[str] = []
                 if settings.allow_grpc:
-                    grpc_binds = await frontends.start(
-                        serve_grpc, core, settings.grpc_address, settings.grpc_port, shutdown,
-                        settings.grpc_server, settings, tls.grpc,
-                    )
+                    with _port_in_use("GRPC", settings.grpc_address, settings.grpc_port):
+                        grpc_binds = await frontends.start(
+                            serve_grpc, core, settings.grpc_address, settings.grpc_port,
+                            shutdown, settings.grpc_server, settings, tls.grpc,
+                        )
                     for bind in grpc_binds:
                         log.info("Started GRPCInferenceService at %s", bind)
                 if settings.allow_http:
-                    binds = await _start_http(frontends, core, settings, shutdown, tls.http)
+                    with _port_in_use("HTTP", settings.http_address, settings.http_port):
+                        binds = await _start_http(frontends, core, settings, shutdown, tls.http)
                     for bind in binds:
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
                 if settings.openai is not None:
@@ -456,8 +481,11 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                                                     tokenizer):
                         log.info("Started OpenAI-compatible frontend at %s", bind)
                 if settings.allow_metrics:
-                    for bind in await _start_metrics(frontends, core, settings, sampler,
-                                                     options, shutdown):
+                    with _port_in_use("Metrics", settings.metrics_address or
+                                      settings.http_address, settings.metrics_port):
+                        metrics_binds = await _start_metrics(frontends, core, settings, sampler,
+                                                             options, shutdown)
+                    for bind in metrics_binds:
                         log.info("Started Metrics Service at %s", bind)
                 if settle:
                     settle_heap()
@@ -465,6 +493,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     core, tuple(binds), tuple(failed), shutdown,
                     Frontends(core, settings, sampler, options, sampling=settings.allow_metrics)))
                 await shutdown.wait()
+                log.info("Waiting for in-flight requests to complete.")  # Triton's words
                 lifecycle.accepting = False
                 frontends.cancel_scope.deadline = trio.current_time() + settings.exit_timeout_secs
             if poller is not None:

@@ -127,6 +127,8 @@ class Settings:
     grpc_server: str = "nursery"
     arrival_log: str = ""  # nursery only: record every accepted request (observability/arrival_log.py)
     inactive: tuple[str, ...] = field(default=())  # flags given whose feature is not active
+    # what tritonserver prints to stderr while parsing its command line (deprecated flags)
+    cli_warnings: tuple[str, ...] = field(default=())
     # --backend-config=<backend>,<setting>=<value>: (backend, setting, value); backend "" for a
     # global setting. The Python backend reads nursery-instance-mode (thread | process).
     backend_config: tuple[tuple[str, str, str], ...] = ()
@@ -177,6 +179,9 @@ _LATER_FLAGS = {
     "--min-supported-compute-capability": "GPU compute capability filtering",
     "--repoagent-directory": "repository agents",
     "--cache-directory": "cache plugin directories",
+    # gRPC lets a server answer uncompressed whatever the client accepts: answers stay so
+    "--grpc-infer-response-compression-level": "gRPC response compression",
+    "--model-load-retry-count": "retrying a failed model load",
 }
 
 
@@ -764,6 +769,13 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         if not getattr(args, flag) > 0:  # also refuses nan
             parser.error(f"--{flag.replace('_', '-')} must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
+    cli_warnings = []
+    if args.strict_model_config is not None:  # tritonserver's words, on stderr
+        cli_warnings.append("Warning: '--strict-model-config' has been deprecated! Please use "
+                            "'--disable-auto-complete-config' instead.")
+        if args.disable_auto_complete_config and not args.strict_model_config:
+            cli_warnings.append("Warning: Overriding deprecated '--strict-model-config' from "
+                                "False to True in favor of '--disable-auto-complete-config'!")
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     )
@@ -847,4 +859,5 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         grpc_server=args.grpc_server,
         arrival_log=args.arrival_log,
         inactive=inactive,
+        cli_warnings=tuple(cli_warnings),
     )

@@ -40,6 +40,7 @@ from nursery.actors.directory import (
 from nursery.actors.model_client import ModelClient
 from nursery.actors.version import serve_ensemble, serve_version
 from nursery.backends.base import Backends
+from nursery.config import pbtext
 from nursery.config.ensemble_check import check_wiring
 from nursery.config.model import ModelConfig, read_model_config
 from nursery.config.repository import (
@@ -534,10 +535,13 @@ class _Manager:
         models = frozenset(plan.models())
         self.ensembles_waiting[config.name] = models
         try:
+            for model in sorted(models):  # the graph first, as Triton checks it before loads
+                last = config.name if model == config.name else self._depends_on(
+                    model, config.name)
+                if last is not None:  # Triton's words: start -> ... -> last -> start
+                    raise ConfigError(f"circular dependency between ensembles: {config.name} "
+                                      f"-> ... -> {last} -> {config.name}")
             for model in sorted(models):
-                if model == config.name or self._depends_on(model, config.name):
-                    raise ConfigError(f"circular dependency between ensembles: {where} and "
-                                      f"'{model}' use each other")
                 event = self.loading.get(model)
                 if event is not None:
                     await event.wait()
@@ -561,27 +565,29 @@ class _Manager:
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
         decoupled = check_wiring(config, steps)
-        if decoupled == config.decoupled:
-            return config
         proto = pb.ModelConfig().parse(bytes(config.proto))
         proto.model_transaction_policy.decoupled = decoupled
+        # Triton sets the field, so an ensemble's configuration always carries the message
+        pbtext.mark_present(proto.model_transaction_policy)
         return replace(config, decoupled=decoupled, proto=proto)
 
-    def _depends_on(self, model: str, ensemble: str) -> bool:
+    def _depends_on(self, model: str, ensemble: str) -> str | None:
         """Whether ``model`` uses ``ensemble``, directly or through the ensembles it is made
         of, as far as the ensembles being checked right now tell (an ensemble's models are
         known from its check on; each ensemble of a cycle reaches its check, so the last
-        one to reach it finds the cycle)."""
+        one to reach it finds the cycle): the ensemble on that path that uses ``ensemble``
+        itself, or None."""
         seen: set[str] = set()
         todo = [model]
         while todo:
             name = todo.pop()
-            if name == ensemble:
-                return True
             if name not in seen:
                 seen.add(name)
-                todo.extend(self.ensembles_waiting.get(name, ()))
-        return False
+                uses = self.ensembles_waiting.get(name, ())
+                if ensemble in uses:
+                    return name
+                todo.extend(uses)
+        return None
 
     # -- unloading -------------------------------------------------------------------------
 

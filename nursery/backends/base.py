@@ -72,13 +72,18 @@ def missing_extra(model: str, backend: str, extra: str, exc: ImportError) -> Con
                        f"(pip install 'nursery[{extra}]'): {exc}")
 
 
+# Triton's words for a backend it cannot find (backend_model.cc), first in nursery's message
+_NOT_FOUND = ("unable to find backend library for backend '{backend}', try specifying runtime "
+              "on the model configuration.")
+
+
 def get_factory(backend: str, model_name: str) -> BackendFactory:
     """The built-in backend named ``backend`` (its module imported on first use)."""
     module_name = _MODULES.get(backend)
     if module_name is None:
         raise ConfigError(
-            f"model '{model_name}': backend '{backend}' is not available in this server "
-            f"(available: {', '.join(sorted(_MODULES))})"
+            f"{_NOT_FOUND.format(backend=backend)} (model '{model_name}': backend '{backend}' "
+            f"is not available in this server; available: {', '.join(sorted(_MODULES))})"
         )
     module = importlib.import_module(module_name)
     factory: BackendFactory = module.FACTORY
@@ -123,7 +128,7 @@ class Backends:
                         f"; no Python-based backend at "
                         f"'{self._directory / backend / PYTHON_BASED_SCRIPT}'")
             raise ConfigError(
-                f"model '{model_name}': backend '{backend}' is not available in this server "
-                f"(available: {known}{searched})"
+                f"{_NOT_FOUND.format(backend=backend)} (model '{model_name}': backend "
+                f"'{backend}' is not available in this server; available: {known}{searched})"
             )
         return get_factory(backend, model_name)

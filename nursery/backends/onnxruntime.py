@@ -387,6 +387,14 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     proto = config.proto
     ragged = {i.name for i in proto.input if i.allow_ragged_batch}
     batch_outputs = {name for b in proto.batch_output for name in b.target_name}
+    extras = config.sequence.extra_inputs if config.sequence is not None else ()
+    expected = len(config.inputs) + len(extras)
+    if len(model_inputs) != expected:  # Triton's first check, before any name
+        required = [n for n in model_inputs if n not in config.input_map and n not in extras]
+        missing = f" (missing from config.pbtxt: {', '.join(required)})" if required else ""
+        raise ConfigError(
+            f"unable to load model '{config.name}', configuration expects {expected} inputs, "
+            f"model provides {len(model_inputs)}{missing}")
     for what, specs, found in (("input", config.inputs, model_inputs),
                                ("output", config.outputs, model_outputs)):
         for spec in specs:
@@ -414,11 +422,10 @@ def _check_io(config: ModelConfig, session: Any) -> None:
                                ragged=spec.name in ragged)
             if error is not None:
                 raise ConfigError(error)
-    provided = config.sequence.extra_inputs if config.sequence is not None else ()
-    required = [n for n in model_inputs if n not in config.input_map and n not in provided]
+    required = [n for n in model_inputs if n not in config.input_map and n not in extras]
     if required:
         raise ConfigError(
-            f"model '{config.name}': unable to load model, configuration expects "
+            f"unable to load model '{config.name}', configuration expects "
             f"{len(config.inputs)} inputs, model provides {len(model_inputs)} (missing from "
             f"config.pbtxt: {', '.join(required)})"
         )

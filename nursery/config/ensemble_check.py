@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError
+from nursery.types import DataType
 
 
 def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> bool:
@@ -22,30 +23,48 @@ def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> boo
     ensemble is decoupled (some step's model is)."""
     plan = config.ensemble
     assert plan is not None
-    where = f"ensemble '{config.name}'"
-    types = {t.name: t.datatype for t in config.inputs}
-    types.update((t.name, t.datatype) for t in config.outputs)
-    for i, (step, model) in enumerate(zip(plan.steps, step_models, strict=True)):
-        label = f"{where} step {i}"
-        for what, mapping, specs in (("input", step.input_map, model.input_map),
-                                     ("output", step.output_map, model.output_map)):
-            for tensor_name, ensemble_tensor in mapping.items():
-                spec = specs.get(tensor_name)
-                if spec is None:
-                    raise ConfigError(
-                        f"{label}: model '{model.name}' has no {what} '{tensor_name}' "
-                        f"(it has: {', '.join(sorted(specs))})")
-                seen = types.setdefault(ensemble_tensor, spec.datatype)
-                if seen is not spec.datatype:
-                    raise ConfigError(
-                        f"{label}: ensemble tensor '{ensemble_tensor}' is {seen.value} "
-                        f"elsewhere but {what} '{tensor_name}' of model '{model.name}' is "
-                        f"{spec.datatype.value}")
-        for spec in model.inputs:  # Triton's rule: only an optional input may be left unmapped
-            if spec.name not in step.input_map and not spec.optional:
+    name = config.name
+    # each ensemble tensor's datatype and the model it was first inferred from (Triton's
+    # ValidateEnsembleConfig and ValidateTensorMapping, their order and words)
+    types = {t.name: (t.datatype, name) for t in (*config.inputs, *config.outputs)}
+
+    def consistent(tensor: str, datatype: DataType, model: str) -> None:
+        seen, origin = types.setdefault(tensor, (datatype, model))
+        if seen is not datatype:
+            raise ConfigError(
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent data type: "
+                f"{seen.config_name} is inferred from model {origin} while "
+                f"{datatype.config_name} is inferred from model {model}")
+
+    for step, model in zip(plan.steps, step_models, strict=True):
+        if 0 < model.max_batch_size < config.max_batch_size:
+            raise ConfigError(
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it "
+                f"contains model {model.name} which only allows maximum batch size to be "
+                f"{model.max_batch_size}")
+        for tensor_name, ensemble_tensor in step.input_map.items():
+            if tensor_name not in model.input_map:
                 raise ConfigError(
-                    f"{label}: input '{spec.name}' of model '{model.name}' is not mapped to any "
-                    "ensemble tensor (only an optional input may be left out of 'input_map')")
+                    f"in ensemble {name}, ensemble tensor {ensemble_tensor} is mapping to "
+                    f"non-existing input {tensor_name} in model {model.name} (model "
+                    f"'{model.name}' has no input '{tensor_name}'; it has: "
+                    f"{', '.join(sorted(model.input_map))})")
+        for spec in model.inputs:  # only an optional input may be left unmapped
+            if spec.name in step.input_map:
+                consistent(step.input_map[spec.name], spec.datatype, model.name)
+            elif not spec.optional:
+                raise ConfigError(
+                    f"in ensemble {name}, input {spec.name} in model {model.name} is not "
+                    "mapped to any ensemble tensors")
+        for tensor_name, ensemble_tensor in step.output_map.items():
+            produced = model.output_map.get(tensor_name)
+            if produced is None:
+                raise ConfigError(
+                    f"in ensemble {name}, ensemble tensor {ensemble_tensor} is mapped from "
+                    f"non-existing output {tensor_name} in model {model.name} (model "
+                    f"'{model.name}' has no output '{tensor_name}'; it has: "
+                    f"{', '.join(sorted(model.output_map))})")
+            consistent(ensemble_tensor, produced.datatype, model.name)
     return _decoupled_sources(config, step_models)
 
 

@@ -45,6 +45,7 @@ from nursery.config.platforms import (
 )
 from nursery.config.repository import available_versions, select_versions
 from nursery.config.sequence import SequenceConfig, sequence_config
+from nursery.config.validate import validate_model_config, validate_model_io
 from nursery.errors import ConfigError, InvalidArgument, NurseryError
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
@@ -56,6 +57,8 @@ from nursery.types import DataType
 log = logging.getLogger("nursery.config")
 
 CONFIG_FILENAME = "config.pbtxt"
+# the metric families whose histogram buckets model_metrics may set
+CUSTOMIZABLE_METRICS = frozenset({"nv_inference_first_response_histogram_ms"})
 SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
 
 
@@ -268,11 +271,6 @@ def _read_model_config(
     where = f"model '{model_name}'"
     if not proto.name:
         proto.name = model_name
-    elif proto.name != model_name:
-        raise ConfigError(
-            f"{where}: {CONFIG_FILENAME}: 'name' is '{proto.name}' but the model folder is "
-            f"'{model_name}'; they must match"
-        )
     versions_on_disk = available_versions(model_path)
     with config_boundary(model_name, "backend"):
         _fill_backend(proto, model_path, versions_on_disk, where)
@@ -281,16 +279,32 @@ def _read_model_config(
             policy = pb.ModelVersionPolicy(latest=pb.ModelVersionPolicyLatest(num_versions=1))
             proto.version_policy = policy
         versions = select_versions(proto.version_policy, versions_on_disk)
+    if proto.platform == "ensemble":
+        auto_complete = False  # nothing to complete from: an ensemble has no model file
+    # Triton validates the configuration before it looks for versions: what needs no model
+    # file always, inputs and outputs too when there is nothing to auto-complete them from
+    with config_boundary(model_name):
+        validate_model_config(proto, f"{where}: {CONFIG_FILENAME}")
+        if not auto_complete:
+            validate_model_io(proto, f"{where}: {CONFIG_FILENAME}")
+    if proto.name != model_name:  # after the rules, as Triton checks it
+        raise ConfigError(
+            f"{where}: {CONFIG_FILENAME}: 'name' is '{proto.name}' but the model folder is "
+            f"'{model_name}'; they must match (Triton: unexpected directory name "
+            f"'{model_name}' for model '{proto.name}', directory name must equal model name)"
+        )
     if not versions:
+        if not auto_complete:  # the rest of the configuration's errors come first too
+            _normalize(proto)
+            _freeze(proto, model_path, where)
         raise ConfigError(
             f"{where}: no version to serve: found versions {versions_on_disk or 'none'} in "
             f"'{model_path}', and the version policy selects none of them (a version is a "
             "numbered folder holding the model file)"
         )
-    if proto.platform == "ensemble":
-        auto_complete = False  # nothing to complete from: an ensemble has no model file
-    else:
+    if proto.platform != "ensemble":
         with config_boundary(model_name, "backend"):
+            _check_runtime(proto, model_path, where)
             factory = backends(proto.backend, model_name)
     if auto_complete:
         version_path = model_path / str(versions[-1])
@@ -300,9 +314,32 @@ def _read_model_config(
             raise
         except Exception as exc:
             raise ConfigError(f"{where}: auto-complete from the model file failed: {exc}") from exc
+        with config_boundary(model_name):
+            validate_model_io(proto, f"{where}: {CONFIG_FILENAME}")
     _normalize(proto)
     config = _freeze(proto, model_path, where)
     return config, versions
+
+
+def _check_runtime(proto: pb.ModelConfig, model_path: Path, where: str) -> None:
+    """The ``runtime`` field names the backend's library: nursery's backends are built in, so
+    only their own names (``libtriton_<backend>.so``, and ``model.py`` for a Python-based
+    backend) are accepted; a name that leaves its folder, or any other name, is refused in
+    Triton's words (backend_model.cc)."""
+    runtime = proto.runtime
+    if not runtime or runtime in (PYTHON_BASED_RUNTIME, f"libtriton_{proto.backend}.so"):
+        return
+    parts = Path(runtime).parts
+    if Path(runtime).is_absolute() or ".." in parts:
+        raise ConfigError(
+            f"{where}: backend library name '{runtime}' escapes backend directory "
+            f"'{model_path}', for model '{proto.name}', check model config runtime field")
+    raise ConfigError(f"{where}: unable to find backend library '{runtime}' for model "
+                      f"'{proto.name}' (nursery's backends are built in: leave 'runtime' out, "
+                      f"or name libtriton_{proto.backend}.so)")
+
+
+PYTHON_BASED_RUNTIME = "model.py"  # Triton's runtime for a Python-based backend
 
 
 def _present(message: betterproto.Message, name: str) -> bool:
@@ -314,17 +351,25 @@ def _fill_backend(
 ) -> None:
     if proto.platform == "ensemble":
         if proto.backend:
-            raise ConfigError(f"{where}: {CONFIG_FILENAME}: an ensemble names no 'backend'")
+            raise ConfigError(f"{where}: {CONFIG_FILENAME}: Ensemble model '{proto.name}' must "
+                              "have platform type 'ensemble' and empty backend type")
         return  # no backend and no model file: its steps are other models
+    version_paths = [model_path / str(v) for v in reversed(versions)]
     if not proto.backend and proto.platform:
         backend = PLATFORM_TO_BACKEND.get(proto.platform)
         if backend is None:
+            # Triton still fills the backend from the model file's name, then refuses the
+            # pair; with no backend found it refuses the platform (its words, then ours)
+            found = SUFFIX_TO_BACKEND.get(Path(proto.default_model_filename).suffix, "") or (
+                detect_backend(version_paths) or "")
+            if found:
+                raise ConfigError(f"{where}: {CONFIG_FILENAME}: unexpected 'platform' and "
+                                  f"'backend' pair, got:{proto.platform}, {found}")
             raise ConfigError(
-                f"{where}: {CONFIG_FILENAME}: unknown platform '{proto.platform}' (known: "
-                f"{', '.join(sorted(PLATFORM_TO_BACKEND))}, ensemble)"
+                f"{where}: {CONFIG_FILENAME}: unexpected platform type '{proto.platform}' for "
+                f"{proto.name} (known: {', '.join(sorted(PLATFORM_TO_BACKEND))}, ensemble)"
             )
         proto.backend = backend
-    version_paths = [model_path / str(v) for v in reversed(versions)]
     if not proto.backend:
         if proto.default_model_filename:
             for path in version_paths:
@@ -332,6 +377,19 @@ def _fill_backend(
                     suffix = Path(proto.default_model_filename).suffix
                     proto.backend = SUFFIX_TO_BACKEND.get(suffix, "")
                     break
+        if not proto.backend and not proto.platform and not proto.default_model_filename and (
+                detect_backend(version_paths) is None):
+            # Triton's custom-backend autofill: a model named '<name>.<backend>' runs on
+            # <backend>; any other name is refused in its words
+            _, dot, suffix = proto.name.partition(".")
+            if not dot:
+                raise ConfigError(
+                    f"{where}: Invalid model name: Could not determine backend for model "
+                    f"'{proto.name}' with no backend in model configuration. Expected model "
+                    "name of the form 'model.<backend_name>'. (No 'backend' or 'platform' "
+                    "is named, and no version folder holds a known model file: "
+                    f"{', '.join(DEFAULT_FILENAMES.values())})")
+            proto.backend, proto.default_model_filename = suffix, f"model.{suffix}"
         if not proto.backend:
             detected = detect_backend(version_paths)
             if detected is None:
@@ -341,19 +399,22 @@ def _fill_backend(
                     f"({', '.join(DEFAULT_FILENAMES.values())})"
                 )
             proto.backend = detected
+            if detected == "pytorch":
+                # Triton sets LibTorch's platform together with a backend found from the model
+                # file, and then leaves default_model_filename empty (the backend finds model.pt)
+                proto.platform = BACKEND_TO_PLATFORM[detected]
     if not proto.platform and proto.backend == "tensorflow":
         proto.platform = tensorflow_platform(proto.default_model_filename, version_paths)
-    if not proto.default_model_filename:
+    # (Triton gives LibTorch a default_model_filename only when it fills the platform itself)
+    if not proto.default_model_filename and not (proto.backend == "pytorch" and proto.platform):
         default = PLATFORM_FILENAMES.get(proto.platform) or DEFAULT_FILENAMES.get(proto.backend)
         if default:
             proto.default_model_filename = default
     if not proto.platform and proto.backend in BACKEND_TO_PLATFORM:
         proto.platform = BACKEND_TO_PLATFORM[proto.backend]
     elif proto.platform and PLATFORM_TO_BACKEND.get(proto.platform, proto.backend) != proto.backend:
-        raise ConfigError(
-            f"{where}: {CONFIG_FILENAME}: platform '{proto.platform}' does not match backend "
-            f"'{proto.backend}'"
-        )
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: unexpected 'platform' and 'backend' "
+                          f"pair, got:{proto.platform}, {proto.backend}")
 
 
 def _normalize(proto: pb.ModelConfig) -> None:
@@ -477,7 +538,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
     with config_boundary(name, "output"):
         outputs = _tensor_specs(proto.output, "output", where)
     if not outputs:
-        raise ConfigError(f"{where}: {CONFIG_FILENAME}: the model has no outputs")
+        raise ConfigError(f"{where}: {CONFIG_FILENAME}: model configuration must contain at "
+                          "least one output, none were specified")
     with config_boundary(name, "instance_group"):
         groups = _instance_groups(proto, where)
     scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")
@@ -526,6 +588,10 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
             raise ConfigError(f"{where}: {CONFIG_FILENAME}: parameter '{BATCHER_KEY}' cannot "
                               f"be used with {scheduling}: the latency-objective batcher "
                               "schedules stateless models (remove one of the two)")
+    for control in proto.model_metrics.metric_control:
+        if control.metric_identifier.family not in CUSTOMIZABLE_METRICS:  # Triton's words
+            log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric "
+                        "in Triton core.", control.metric_identifier.family)
     if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
         raise ConfigError(f"{where}: Response Cache does not currently support model "
                           f"'{proto.name}' with 'decoupled' transaction policy.")
@@ -556,15 +622,19 @@ def _instance_groups(proto: pb.ModelConfig, where: str) -> list[InstanceGroup]:
         kind = _KIND_NAMES.get(g.kind)
         if kind is None:
             raise ConfigError(f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has no kind")
-        if g.gpus and kind != "gpu":
+        if g.gpus and kind != "gpu":  # Triton's words (ValidateInstanceGroup)
             raise ConfigError(
-                f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' has kind "
-                f"KIND_{kind.upper()} but specifies one or more GPUs"
+                f"{where}: {CONFIG_FILENAME}: instance group {g.name} of model {proto.name} has "
+                f"kind KIND_{kind.upper()} but specifies one or more GPUs"
             )
         for gpu in g.gpus:
             if gpu < 0:
                 raise ConfigError(
-                    f"{where}: {CONFIG_FILENAME}: instance group '{g.name}' names GPU {gpu}"
+                    f"{where}: {CONFIG_FILENAME}: instance group {g.name} of model {proto.name} "
+                    f"specifies invalid or "
+                    f"unsupported gpu id {gpu}. GPUs with at least the minimum required CUDA "
+                    f"compute compatibility of 6.000000 are: "
+                    f"{', '.join(str(i) for i in range(gpu_count()))}"
                 )
         groups.append(InstanceGroup(g.name, kind, g.count, tuple(g.gpus)))
     return groups

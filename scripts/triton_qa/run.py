@@ -8,8 +8,8 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
 (/tmp/nursery-qa by default) that looks like Triton's test container:
 
 - `qa/`: a copy of the checkout's qa/ in which `/opt/tritonserver` and `/data/inferenceserver`
-  are rewritten to the two folders below (in *.sh and *.py files only; the checkout itself is
-  never touched). Every other line of Triton's scripts, tests and models runs as written.
+  are rewritten to the two folders below (in *.sh, *.py and *.conf files only; the checkout
+  itself is never touched). Every other line of Triton's scripts, tests and models runs as written.
 - `opt/tritonserver/bin/tritonserver`: the stand-in, which maps the command line onto
   `python -m nursery serve` (standin.py); `opt/tritonserver/backends/` (empty, for scripts that
   put Python-based backends there); `opt/tritonserver/qa` -> `qa/`.
@@ -19,8 +19,10 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
 - `data/inferenceserver/<version>/`: the model repositories Triton's CI generates. `--generate`
   fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
   stay absent, and a script copying from them fails as it would.
-- `shims/` first on PATH: `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/`conda` do nothing (the
-  scripts install packages into their container; here that would change the machine),
+- `shims/` first on PATH, then `opt/tritonserver/bin` (as in Triton's container, so a client
+  running `tritonserver` gets the stand-in): `pip`/`pip3`/`python -m pip`/`apt`/`apt-get`/
+  `conda` do nothing (the scripts install packages into their container; here that would
+  change the machine),
   `wget` and `git clone` fail (nothing is fetched at test time) except that `git clone` of a
   repository found under `--checkouts <folder>` (by name: `python_backend`, ...) copies that
   local checkout; `nvidia-smi` reports no GPU.
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,7 +64,32 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+    # the ensembles over those models (configurations only; the generator writes them for
+    # every platform, TensorRT's included, whose steps' models are then absent)
+    ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
+    ("gen_qa_models.py", ["--ensemble", "--variable"],
+     "qa_ensemble_model_repository/qa_variable_model_repository"),
+    ("gen_qa_identity_models.py", ["--ensemble"],
+     "qa_ensemble_model_repository/qa_identity_model_repository"),
+    ("gen_qa_sequence_models.py", ["--ensemble"],
+     "qa_ensemble_model_repository/qa_sequence_model_repository"),
 ]
+
+# Variables a group's test.sh reads to pick the backends it loops over (each defaults to all
+# of Triton's, TensorRT's and OpenVINO's and Triton's C++ `custom` test backends included): the
+# harness sets them to those this machine runs
+GROUP_ENV = {
+    "L0_infer": {"BACKENDS": "onnx libtorch python python_dlpack"},
+    "L0_sequence_batcher": {"BACKENDS": "onnx libtorch python"},
+}
+
+# Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
+EXAMPLE_MODELS = {
+    "L0_grpc": ("simple", "simple_dyna_sequence", "simple_int8", "simple_identity",
+                "simple_sequence", "simple_string", "densenet_onnx"),
+    "L0_http": ("simple", "simple_dyna_sequence", "simple_identity", "simple_sequence",
+                "simple_string", "densenet_onnx"),
+}
 
 SHIMS = {
     "pip": 'echo "nursery-qa: skipped: pip $*" >&2; exit 0',
@@ -85,6 +113,47 @@ SHIMS = {
                '>&2; exit 0; fi; exec {python} "$@"'),
 }
 SHIMS["python3"] = SHIMS["python"]
+# nginx (L0_http's and L0_grpc's basic-auth proxy, when installed: `apt-get install nginx-light`)
+# keeps its pid file in the tree, so that `service nginx stop` stops this run's and no other
+SHIMS["nginx"] = ('real=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v nginx) || { echo '
+                  '"nursery-qa: nginx is not installed" >&2; exit 127; }; '
+                  'exec "$real" -g "pid $NURSERY_QA_WORK/nginx.pid;" "$@"')
+# `go install github.com/grpc-ecosystem/grpc-health-probe@...` (L0_grpc) puts the harness's
+# Python stand-in for that probe at $GOPATH/bin; any other go command is refused
+SHIMS["go"] = ('if [ "$1" = install ] && [[ "$2" == github.com/grpc-ecosystem/grpc-health-probe* ]]; '
+               'then mkdir -p "$GOPATH/bin" && printf \'#!/bin/bash\\nexec "%s" "%s" "$@"\\n\' '
+               '"$NURSERY_QA_PYTHON" "$NURSERY_QA_TOOLS/grpc_health_probe.py" '
+               '> "$GOPATH/bin/grpc-health-probe" && chmod +x "$GOPATH/bin/grpc-health-probe" && '
+               'echo "nursery-qa: go install $2: the harness\'s stand-in" >&2; exit $?; fi; '
+               'echo "nursery-qa: refused: go $* (nothing is fetched at test time)" >&2; exit 1')
+SHIMS["service"] = ('if [ "$1" = nginx ] && [ "$2" = stop ]; then '
+                    'kill "$(cat "$NURSERY_QA_WORK/nginx.pid" 2>/dev/null)" 2>/dev/null; exit 0; '
+                    'fi; echo "nursery-qa: skipped: service $*" >&2; exit 0')
+
+
+# Groups whose test.sh checks the server itself (starts it on a model folder and greps its log)
+# instead of running Python clients: each writes one "Test <what>" line per check into the
+# client log named here, followed by "*** FAILED: ..." when that check failed. Each such check is
+# a case (`test.sh::<what>`); the "Not found ..." lines before its verdict are its message.
+SHELL_CASE_LOGS = {"L0_model_config": "client.log"}
+
+
+def shell_cases(text: str) -> list[dict]:
+    """The cases of a client log in the "Test <what>" / "*** FAILED" layout (SHELL_CASE_LOGS)."""
+    cases: list[dict] = []
+    for line in text.splitlines():
+        if line.startswith("Test "):
+            cases.append({"test": f"test.sh::{line[5:].strip()}", "outcome": "passed",
+                          "message": ""})
+        elif cases and line.startswith("*** FAILED"):
+            cases[-1]["outcome"] = "failed"
+            cases[-1]["message"] = (cases[-1]["message"] + "\n" + line).strip()
+        elif cases and line.startswith("Not found"):
+            cases[-1]["message"] = (cases[-1]["message"] + "\n" + line).strip()
+    for case in cases:
+        if case["outcome"] == "passed":
+            case["message"] = ""
+    return cases
 
 
 def group_file(group: str) -> str:
@@ -100,7 +169,7 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
     opt = work / "opt" / "tritonserver"
     data = work / "data" / "inferenceserver"
     for path in qa.rglob("*"):
-        if path.suffix in (".sh", ".py") and path.is_file() and not path.is_symlink():
+        if path.suffix in (".sh", ".py", ".conf") and path.is_file() and not path.is_symlink():
             text = path.read_text(errors="surrogateescape")
             new = text.replace("/opt/tritonserver", str(opt)).replace(
                 "/data/inferenceserver", str(data))
@@ -108,6 +177,9 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
                 path.write_text(new, errors="surrogateescape")
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     (opt / "backends" / "python").mkdir(parents=True, exist_ok=True)
+    # stand-ins for C++ test backends Triton's image builds, as Python-based backends
+    for backend in (HERE / "backends").iterdir():
+        shutil.copytree(backend, opt / "backends" / backend.name, dirs_exist_ok=True)
     link = opt / "qa"
     if link.is_symlink() or link.exists():
         link.unlink()
@@ -145,6 +217,30 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             shutil.copy(simple / "1" / "model.onnx", folder)
     else:
         missing.append(f"{simple} (docs/examples of the server repository)")
+    # L0_http and L0_grpc serve docs/examples' models from a models/ folder of their own
+    # (densenet_onnx's model file is downloaded there; not here: its clients fail)
+    doc_models = triton / "docs" / "examples" / "model_repository"
+    for group, names in EXAMPLE_MODELS.items():
+        for name in names:
+            if (doc_models / name).is_dir():
+                shutil.copytree(doc_models / name, qa / group / "models" / name, dirs_exist_ok=True)
+    # densenet_onnx's model file is downloaded when Triton's image is built: a stand-in with
+    # its inputs and outputs (untrained, so the image clients' VULTURE checks fail) lets the
+    # servers of L0_http and L0_grpc start
+    for group in ("L0_http", "L0_grpc"):
+        model = qa / group / "models" / "densenet_onnx" / "1" / "model.onnx"
+        if model.parent.parent.is_dir() and not model.exists():
+            model.parent.mkdir(exist_ok=True)
+            standin_densenet(model)
+    # qa/clients: the client repository's Python examples (Triton's SDK image installs them
+    # there); its C++ example programs are not built here
+    client = (checkouts / "client" / "src" / "python" / "examples") if checkouts else None
+    if client and client.is_dir():
+        (qa / "clients").mkdir(exist_ok=True)
+        for script in client.glob("*.py"):
+            shutil.copy(script, qa / "clients" / script.name)
+    else:
+        missing.append("client/src/python/examples (--checkouts): qa/clients")
     test_models = triton / "src" / "test" / "models"
     decoupled = qa / "L0_decoupled" / "models"
     if test_models.is_dir():
@@ -157,6 +253,11 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
         examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
         if examples and examples.is_dir():
+            # Triton's C++ `repeat` test backend, stood in for by python_backend's own Python
+            # version of it (same inputs IN, DELAY, WAIT and outputs OUT, IDX; decoupled)
+            repeat = work / "opt" / "tritonserver" / "backends" / "repeat"
+            repeat.mkdir(parents=True, exist_ok=True)
+            shutil.copy(examples / "repeat_model.py", repeat / "model.py")
             for name in ("repeat", "square"):
                 shutil.copy(examples / f"{name}_model.py",
                             python_models / f"{name}_int32" / "1" / "model.py")
@@ -167,6 +268,26 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
     else:
         missing.append(f"{test_models} (src/test/models of the server repository)")
     return missing
+
+
+def standin_densenet(path: Path) -> None:
+    """An ONNX model shaped like the densenet_onnx example (data_0 [1,3,224,224] -> fc6_1
+    [1,1000,1,1]): a global average pool and a fixed 1x1 convolution."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.linspace(-1, 1, 3000, dtype=np.float32).reshape(1000, 3, 1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
+         helper.make_node("Conv", ["pooled", "w"], ["fc6_1"])],
+        "densenet_standin",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, 224, 224])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, 1000, 1, 1])],
+        [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save_model(model, str(path))
 
 
 def write_exec(path: Path, text: str) -> None:
@@ -202,7 +323,8 @@ def environment(work: Path, record: Path, python_mode: str,
         "TEST_JETSON": "0",
         "TRITON_SERVER_CPU_ONLY": "1",
         "CUDA_VISIBLE_DEVICES": "",
-        "PATH": f"{work / 'shims'}{os.pathsep}{env.get('PATH', '')}",
+        # Triton's container has its bin/ on PATH (log_format_test.py runs `tritonserver`)
+        "PATH": os.pathsep.join([str(work / "shims"), str(opt / "bin"), env.get("PATH", "")]),
         "PYTHONPATH": os.pathsep.join(
             [str(HERE / "hooks"), str(work / "qa" / "common"), env.get("PYTHONPATH", "")]),
         "PYTEST_PLUGINS": "nursery_qa_pytest",
@@ -211,9 +333,22 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_ROOT": str(ROOT),
         "NURSERY_QA_PYTHON": sys.executable,
         "NURSERY_QA_PYTHON_MODE": python_mode,
+        "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
+        "NURSERY_QA_WORK": str(work),
+        # Triton's image names its version here; clients compare server metadata with it
+        "TRITON_SERVER_VERSION": server_version(),
+        "NURSERY_QA_TOOLS": str(HERE / "tools"),
+        "GOPATH": str(work / "go"),
         "NURSERY_QA_CHECKOUTS": str(checkouts or ""),
     })
     return env
+
+
+def server_version() -> str:
+    """The version nursery's server metadata reports (nursery/runtime/about.py)."""
+    text = (ROOT / "nursery" / "runtime" / "about.py").read_text()
+    match = re.search(r'^VERSION = "([^"]+)"', text, re.M)
+    return match.group(1) if match else ""
 
 
 def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool,
@@ -227,6 +362,7 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: b
     env = environment(work, record, python_mode, checkouts)
     if group.startswith("L0_backend_python/"):
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
+    env.update(GROUP_ENV.get(group, {}))
     log_path = results / f"{stem}.log"
     command = ["bash", "test.sh"]
     if netns:
@@ -252,6 +388,9 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: b
     cases = []
     if record.exists():
         cases = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    shell_log = folder / SHELL_CASE_LOGS.get(group, "")
+    if group in SHELL_CASE_LOGS and shell_log.is_file():
+        cases += shell_cases(shell_log.read_text(errors="replace"))
     summary = summarize(cases)
     out = {"group": group, "python_mode": python_mode, "exit": rc, "timed_out": timed_out,
            "seconds": round(time.time() - started), "summary": summary, "cases": cases}

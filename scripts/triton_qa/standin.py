@@ -8,9 +8,12 @@ script holds is nursery's and its signals reach nursery directly.
 nursery accepts Triton's flags itself, so the mapping is nearly the identity. What it changes,
 each change printed to stderr (the script's server log) as one `nursery-qa:` line:
 
-- `--allow-client-shm[=true]` is dropped: nursery always lets clients register shared memory,
-  which is Triton's behaviour with that flag true. `--allow-client-shm=false` is passed on
-  unchanged (nursery then refuses the flag: the restricted-API work of issue 25).
+- `--allow-model-file-upload=true` is appended unless the command line gives the flag: Triton
+  accepts the repository API's `file:` load parameters without a flag, nursery only with it
+  (docs/security.md), and Triton's scripts expect Triton's default.
+- `--backend-directory=<tree>/opt/tritonserver/backends` is appended when the command line
+  names none (NURSERY_QA_BACKEND_DIR): Triton's default backend directory, where the harness
+  keeps its stand-ins for Triton's C++ test backends.
 - `--backend-config=python,nursery-instance-mode=<mode>` is appended when the harness chose a
   Python instance mode (NURSERY_QA_PYTHON_MODE) and the command line does not choose one:
   `process` is how Triton runs Python models (a stub process per instance).
@@ -23,7 +26,6 @@ from __future__ import annotations
 import os
 import sys
 
-_TRUE = ("true", "1", "on", "yes")
 _HOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks")
 
 
@@ -39,11 +41,16 @@ def _split(argv: list[str], i: int) -> tuple[str, str | None, int]:
     return word, None, i + 1
 
 
-def map_flags(argv: list[str], python_mode: str = "") -> tuple[list[str], list[str]]:
-    """tritonserver's arguments -> (`python -m nursery serve` arguments, notes on what changed)."""
+def map_flags(argv: list[str], python_mode: str = "",
+              backend_dir: str = "") -> tuple[list[str], list[str]]:
+    """tritonserver's arguments -> (`python -m nursery serve` arguments, notes on what changed).
+    ``backend_dir`` stands for Triton's default --backend-directory (/opt/tritonserver/backends,
+    which the harness's tree keeps elsewhere): added when the command line names none."""
     out: list[str] = []
     notes: list[str] = []
     mode_given = False
+    backends_given = False
+    upload_given = False
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -51,21 +58,22 @@ def map_flags(argv: list[str], python_mode: str = "") -> tuple[list[str], list[s
             out.append(word)
             i += 1
             continue
-        name, value, after = _split(argv, i)
-        if name == "--allow-client-shm":
-            # a bare flag or a following word that is not a boolean is not its value
-            if value is not None and "=" not in word and value.lower() not in _TRUE + (
-                    "false", "0", "off", "no"):
-                value, after = None, i + 1
-            if value is None or value.lower() in _TRUE:
-                notes.append(f"dropped {' '.join(argv[i:after])} (nursery always allows "
-                             "client shared memory)")
-                i = after
-                continue
+        name, value, _ = _split(argv, i)
         if name == "--backend-config" and value is not None and "nursery-instance-mode" in value:
             mode_given = True
+        backends_given = backends_given or name == "--backend-directory"
+        upload_given = upload_given or name == "--allow-model-file-upload"
         out.append(word)
         i += 1
+    if not upload_given:
+        extra = "--allow-model-file-upload=true"
+        out.append(extra)
+        notes.append(f"added {extra} (Triton accepts 'file:' load parameters without a flag; "
+                     "nursery keeps that door closed unless asked)")
+    if backend_dir and not backends_given:
+        extra = f"--backend-directory={backend_dir}"
+        out.append(extra)
+        notes.append(f"added {extra} (Triton's default backend directory in this tree)")
     if python_mode and not mode_given:
         extra = f"--backend-config=python,nursery-instance-mode={python_mode}"
         out.append(extra)
@@ -88,7 +96,8 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def main() -> None:
-    args, notes = map_flags(sys.argv[1:], os.environ.get("NURSERY_QA_PYTHON_MODE", ""))
+    args, notes = map_flags(sys.argv[1:], os.environ.get("NURSERY_QA_PYTHON_MODE", ""),
+                            os.environ.get("NURSERY_QA_BACKEND_DIR", ""))
     for note in notes:
         print(f"nursery-qa: {note}", file=sys.stderr, flush=True)
     python = os.environ.get("NURSERY_QA_PYTHON") or sys.executable

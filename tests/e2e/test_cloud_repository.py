@@ -146,8 +146,11 @@ def test_bad_roots_and_bad_objects_cost_only_their_models(
     make_models.write_mlp(local)
     server = start_server([local, cloud.url, missing, "s3://"],
                           "--model-control-mode=poll", "--repository-poll-secs=1",
-                          "--exit-on-error=false", "--strict-readiness=false")
+                          "--exit-on-error=false", "--strict-readiness=false", wait=False)
+    server.wait_ready(path="/v2/models/mlp/ready")
     http = httpclient.InferenceServerClient(server.url)
+    # unreadable roots: not live, not ready, as Triton's server that failed to initialize
+    assert not http.is_server_live() and not http.is_server_ready()
     _infer_add_sub(http)
     assert http.is_model_ready("mlp")
     assert not http.is_model_ready("evil")

@@ -98,7 +98,7 @@ def test_malformed_request_line(server: ServerProcess) -> None:
 def test_body_over_limit_refused_before_reading(server: ServerProcess) -> None:
     raw = b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n"
     data = _exchange(server, raw)
-    assert data.startswith(b"HTTP/1.1 400") and b"exceeds the maximum allowed value" in data
+    assert data.startswith(b"HTTP/1.1 400") and b"exceeds the maximum allowed input size" in data
 
 
 def test_raw_binary_request(tmp_path: Path, start_server: type[ServerProcess]) -> None:

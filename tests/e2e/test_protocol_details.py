@@ -89,7 +89,8 @@ def test_binary_tensor_data_past_the_input_size_is_accepted(server: ServerProces
 
 def test_json_data_past_the_input_size_is_refused(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
-    with pytest.raises(InferenceServerException, match="exceeds the maximum allowed value") as err:
+    with pytest.raises(InferenceServerException,
+                       match="exceeds the maximum allowed input size") as err:
         client.infer("wide", [_wide_input(2048, False)])
     assert err.value.status() == "400"
 
@@ -102,7 +103,7 @@ def test_a_json_header_past_the_input_size_is_refused(server: ServerProcess) -> 
                          {"Inference-Header-Content-Length": str(len(head))})
     assert status == 400
     assert json.loads(body)["error"] == (
-        f"Request JSON size of {len(head)} bytes exceeds the maximum allowed value of "
+        f"request JSON size of {len(head)} bytes exceeds the maximum allowed input size of "
         f"{INPUT_LIMIT} bytes. Use --http-max-input-size to increase the limit.")
 
 

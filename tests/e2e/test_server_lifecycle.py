@@ -105,6 +105,8 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path,
     answered = [r for r in results if r == (64, 10)]
     assert answered, results
     assert "server stopped" in server.log()
+    # Triton's line, which its qa scripts (L0_logging) count once per shutdown
+    assert server.log().count("Waiting for in-flight requests to complete.") == 1
 
 
 def test_help_lists_triton_flags() -> None:
@@ -179,14 +181,18 @@ def test_missing_repository_with_exit_on_error_false_serves_the_rest(
         tmp_path: Path, start_server: type[ServerProcess]) -> None:
     """Issue 22: Triton with --exit-on-error=false logs a repository it cannot read and
     serves what the other repositories hold; in poll mode the repository is read again once
-    it appears."""
+    it appears. Like Triton's server in its FAILED_TO_INITIALIZE state (L0_lifecycle's
+    test_parse_error_noexit), it is then neither live nor ready."""
     missing = tmp_path / "missing"
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
     server = start_server([missing, repo], "--exit-on-error=false",
-                          "--model-control-mode=poll", "--repository-poll-secs=1")
+                          "--model-control-mode=poll", "--repository-poll-secs=1", wait=False)
+    server.wait_ready(path="/v2/models/add_sub/ready")
     client = httpclient.InferenceServerClient(server.url)
-    assert client.is_server_live() and client.is_model_ready("add_sub")
+    assert not client.is_server_live() and not client.is_server_ready()
+    assert client.get_server_metadata()["name"] == "triton"
+    assert client.is_model_ready("add_sub")
     assert [m["name"] for m in client.get_model_repository_index()] == ["add_sub"]
     assert f"failed to poll model repository '{missing}': failed to open directory" in server.log()
     make_models.write_string_identity(missing)
@@ -200,10 +206,10 @@ def test_missing_repository_with_exit_on_error_false_serves_the_rest(
 def test_only_a_missing_repository_with_exit_on_error_false(
         tmp_path: Path, start_server: type[ServerProcess]) -> None:
     server = start_server(tmp_path / "missing", "--exit-on-error=false", wait=False)
-    server.wait_ready(path="/v2/health/live")
+    server.wait_ready(path="/v2")  # server metadata answers
     client = httpclient.InferenceServerClient(server.url)
     assert client.get_model_repository_index() == []
-    assert client.is_server_ready()  # no model failed: there is none
+    assert not client.is_server_live() and not client.is_server_ready()  # failed to initialize
     assert server.stop() == 0
 
 
@@ -220,3 +226,42 @@ def test_missing_repository_stops_startup_with_one_line(
     assert errors == [f"error: creating server: Internal - failed to load all models: failed to "
                       f"poll model repository '{missing}': failed to open directory {missing} "
                       "(No such file or directory)"], log
+
+
+def test_verbose_logging_names_each_http_request_as_triton_does(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """At --log-verbose=1 Triton's HTTP server logs 'HTTP request: <evhtp method number>
+    <path>' for each request (L0_logging counts the /v2/logging ones); at 0 it does not."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    server = start_server(repo, "--log-verbose=1")
+    client = httpclient.InferenceServerClient(server.url)
+    client.get_log_settings()
+    bad = httpclient.InferInput("NOT_AN_INPUT", [1, 16], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 16), np.float32))
+    with pytest.raises(Exception, match="NOT_AN_INPUT"):
+        client.infer("add_sub", [bad])
+    # and each failed inference, with its error, as Triton's HTTP frontend logs it
+    assert "[request id: <id_unknown>] Infer failed: " in server.log()
+    client.update_log_settings({"log_verbose_level": 0})
+    client.get_log_settings()
+    lines = [x for x in server.log().splitlines() if "HTTP request: " in x]
+    assert [x.split("HTTP request: ")[1].rstrip('"') for x in lines
+            if "/v2/logging" in x] == ["0 /v2/logging", "2 /v2/logging"]
+
+
+def test_a_port_in_use_stops_startup_with_tritons_line(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """L0_lifecycle's port-collision checks: the second server logs Triton's line for the
+    frontend whose port is taken and exits 1, without a traceback."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    first = start_server(repo)
+    for flag, service, port in (("--grpc-port", "GRPC", first.grpc_port),
+                                ("--http-port", "HTTP", first.http_port)):
+        second = start_server(repo, flag, str(port), wait=False)
+        assert second.wait_exit(60) == 1
+        log = second.log()
+        assert "Traceback" not in log, log
+        assert (f"failed to start {service} service: Unavailable - Socket '127.0.0.1:{port}' "
+                "already in use") in log, log

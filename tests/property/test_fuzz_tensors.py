@@ -282,7 +282,8 @@ _CONFIG_SEEDS = [
     b'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }]\n'
     b'dynamic_batching { max_queue_delay_microseconds: 100 preferred_batch_size: [ 4, 8 ] }\n'
     b'instance_group [{ count: 2 kind: KIND_CPU }]\n',
-    b'backend: "python"\ninput { name: "S" data_type: TYPE_STRING dims: [ 1 ] }\n'
+    # (an empty reshape needs a batching model: Triton refuses scalar tensors otherwise)
+    b'backend: "python"\nmax_batch_size: 2\ninput { name: "S" data_type: TYPE_STRING dims: [ 1 ] }\n'
     b'output { name: "O" data_type: TYPE_STRING dims: [ 1 ] reshape { shape: [ ] } }\n'
     b'sequence_batching { max_sequence_idle_microseconds: 5000000 control_input [{ name: "START"'
     b' control [{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }] }] }\n'

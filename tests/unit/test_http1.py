@@ -34,7 +34,6 @@ def test_incomplete_head_waits() -> None:
         # chunked not last: the length cannot be known, RFC 9112 6.1 says 400
         (b"GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
-        (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nExpect: something\r\n\r\n", 417),
         (b"GET / HTTP/1.1\r\nX: " + b"a" * (70 * 1024) + b"\r\n\r\n", 431),
         (b"GET / HTTP/1.1\r\nX: " + b"a" * (70 * 1024), 431),
@@ -232,3 +231,13 @@ def test_response_head() -> None:
     assert head == b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
     head = http1.response_head(404, [], 0, False)
     assert head.startswith(b"HTTP/1.1 404 Not Found\r\n") and b"connection: close" in head
+
+
+def test_transfer_encoding_wins_over_content_length_and_the_connection_closes() -> None:
+    """RFC 9112 6.1, and Triton's server accepts such a request: the body is read as chunked,
+    and the connection is not kept alive after the answer (no smuggling of a next request)."""
+    parsed = http1.parse_head(
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n")
+    assert parsed is not None
+    head, _ = parsed
+    assert head.chunked and head.content_length is None and not head.keep_alive

@@ -114,7 +114,7 @@ def test_bad_json_near_a_good_request_costs_only_the_request(data: st.DataObject
     doc = data.draw(_JSON.flatmap(_near))
     status, message = _status(doc)
     if status == 500:
-        assert message.startswith(("Unable to parse", "failed to parse")), message
+        assert message.startswith(("Unable to parse", "failed to parse", "Failed to parse")), message
     assert status in (200, 400, 500)
 
 
@@ -153,3 +153,29 @@ def test_raw_json_string_is_valid_json_for_utf8_and_keeps_bytes(value: bytes) ->
     text = json_codec.raw_json_string(value)
     assert json.loads(text.decode("utf-8", "surrogateescape")).encode(
         "utf-8", "surrogateescape") == value
+
+
+def test_json_data_shapes_that_overflow_are_400_in_tritons_words() -> None:
+    """L0_http's test_buffer_size_overflow: the element count past INT64_MAX, then the byte
+    size past it, each refused before any array is made."""
+    count_overflow = {"name": "X", "datatype": "FP32", "shape": [2**4, 2**60 + 2], "data": [1.0]}
+    assert _status({"inputs": [count_overflow]}) == (
+        400, "invalid shape for input 'X': shape [16,1152921504606846978] causes total element "
+             "count to exceed maximum size of 9223372036854775807")
+    byte_overflow = {"name": "X", "datatype": "FP32", "shape": [2**2, 2**60 + 2], "data": [1.0]}
+    assert _status({"inputs": [byte_overflow]}) == (
+        400, "byte size overflow for input 'X': element count (4611686018427387912) * data type "
+             "size (4) exceeds maximum allowed size (9223372036854775807)")
+
+
+@pytest.mark.parametrize(("datatype", "values"), [("INT32", [1, 2, 3]), ("BYTES", ["a", "b", "c"])])
+def test_too_many_and_too_few_elements_have_tritons_two_messages(datatype: str,
+                                                                  values: list[Any]) -> None:
+    """ReadDataFromJson: an overrun is found while reading, a shortfall once all are read."""
+    def status(n: int) -> tuple[int, str]:
+        return _status({"inputs": [{"name": "X", "datatype": datatype, "shape": [2],
+                                    "data": values[:n]}]})
+    assert status(3) == (500, "Unable to parse 'data': Shape does not match true shape of "
+                              "'data' field")
+    assert status(1) == (500, "Failed to parse 'data' field: shape does not match true shape")
+    assert status(2) == (200, "")

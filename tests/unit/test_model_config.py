@@ -80,22 +80,25 @@ def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
     [
         ('name: "other"', "'name' is 'other' but the model folder is 'm'"),
         ("max_batch_size: -1\ninput [{name: 'INPUT0' data_type: TYPE_FP32 dims: [16]}]",
-         "'max_batch_size' must be >= 0"),
+         "'max_batch_size' must be non-negative value for m"),
         ("max_batch_size: 8\ninput [{name: 'INPUT0' dims: [16]}, {name: 'INPUT1' "
          "data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 "
-         "dims: [16]}]", "input 'INPUT0' must specify 'data_type'"),
+         "dims: [16]}]", "model input 'INPUT0' must specify 'data_type' for m"),
         ("max_batch_size: 8\ninput [{name: 'INPUT0' data_type: TYPE_FP32}, {name: 'INPUT1' "
          "data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' data_type: TYPE_FP32 "
-         "dims: [16]}]", "input 'INPUT0' must specify 'dims'"),
+         "dims: [16]}]", "model input 'INPUT0' must specify 'dims' for m"),
         ("max_batch_size: 8\ninput [{name: 'INPUT0' data_type: TYPE_FP32 dims: [0]}, "
          "{name: 'INPUT1' data_type: TYPE_FP32 dims: [16]}]\noutput [{name: 'OUTPUT0' "
-         "data_type: TYPE_FP32 dims: [16]}]", "dimension 0 in 'dims' [0] is invalid"),
+         "data_type: TYPE_FP32 dims: [16]}]", "model input 'INPUT0' dimension must be integer >= 1, "
+         "or -1 to indicate a variable-size dimension for m"),
         ("max_batch_size: 8 maxbatch: 3", "config.pbtxt:1:19: unknown field 'maxbatch'"),
-        ('platform: "caffe2_netdef"', "unknown platform 'caffe2_netdef'"),
+        # Triton still finds the backend from the model file, then refuses the pair
+        ('platform: "caffe2_netdef"',
+         "unexpected 'platform' and 'backend' pair, got:caffe2_netdef, onnxruntime"),
         ('backend: "nope"', "backend 'nope' is not available"),
         ("version_policy { specific { versions: [7] } }", "no version to serve"),
         ("max_batch_size: 8\ninstance_group [{ kind: KIND_CPU gpus: [0] }]",
-         "has kind KIND_CPU but specifies one or more GPUs"),
+         "instance group m_0 of model m has kind KIND_CPU but specifies one or more GPUs"),
         ("max_batch_size: 4\ndynamic_batching { preferred_batch_size: [8] }",
          "dynamic batching preferred size must be <= max batch size for m"),
         ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 default_priority_level: 3 }",

@@ -117,3 +117,18 @@ def test_contradicting_datatypes_are_refused_at_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="configuration expects datatype TYPE_STRING for "
                                           "output 'OUTPUT0', model provides TYPE_FP32"):
         _load(tmp_path, _config("[16]", "[16]", out_type="TYPE_STRING"))
+
+
+def test_the_input_count_is_checked_before_the_names(tmp_path: Path) -> None:
+    """Triton's ORT backend compares the number of inputs first: a config with an input the
+    model lacks, beside all the model's, is refused for its count (L0_model_config's
+    too_many_inputs); with the counts equal, the unknown name is named."""
+    extra = ('input [{ name: "INPUT_EXTRA" data_type: TYPE_FP32 dims: [16] }]\n')
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, _config("[16]", "[16]") + extra)
+    assert refused.value.message == (
+        "unable to load model 'm', configuration expects 2 inputs, model provides 1")
+    renamed = _config("[16]", "[16]").replace('"INPUT0"', '"INPUT_OTHER"')
+    with pytest.raises(ConfigError, match="unexpected inference input 'INPUT_OTHER', allowed "
+                                          "inputs are: INPUT0"):
+        _load(tmp_path / "b", renamed)

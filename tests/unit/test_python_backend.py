@@ -269,6 +269,23 @@ def test_response_sender_rules_and_messages(decoupled: bool) -> None:
      """, "auto_complete_config function in model 'c' must return a valid pb.ModelConfig "
           "object."),
     ("""
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                config.set_max_batch_size(0)
+     """, "auto_complete_config function in model 'c' must return a valid pb.ModelConfig "
+          "object."),
+    ("""
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                config.add_output({"name": "O", "data_type": "TYPE_FP32", "dims": [1],
+                                   "optional": True})
+                return config
+     """, "model 'c': auto_complete_config failed: ValueError: output 'O' in "
+          "auto-complete-config function for model 'c' contains property other than 'name', "
+          "'data_type' and 'dims'."),
+    ("""
         import os
         os._exit(3)
      """, "model 'c': the stub process completing its configuration failed (exit code 3)"),

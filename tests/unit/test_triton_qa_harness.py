@@ -27,24 +27,29 @@ run = _load("run")
 
 def test_flags_pass_through_unchanged():
     argv = ["--model-repository=/m", "--log-verbose", "1", "--backend-config=python,x=1",
-            "--exit-timeout-secs=120", "--http-thread-count=4"]
+            "--exit-timeout-secs=120", "--http-thread-count=4", "--allow-model-file-upload=0"]
     assert standin.map_flags(argv) == (argv, [])
 
 
-def test_allow_client_shm_true_is_dropped_false_is_kept():
-    out, notes = standin.map_flags(["--allow-client-shm=true", "--model-repository", "m"])
-    assert out == ["--model-repository", "m"] and "dropped --allow-client-shm=true" in notes[0]
-    out, _ = standin.map_flags(["--allow-client-shm", "--log-verbose=1"])
-    assert out == ["--log-verbose=1"]
-    out, _ = standin.map_flags(["--allow-client-shm", "1"])
-    assert out == []
-    assert standin.map_flags(["--allow-client-shm=false"])[0] == ["--allow-client-shm=false"]
+def test_file_uploads_are_allowed_as_tritons_default_unless_the_flag_is_given():
+    out, notes = standin.map_flags(["--model-repository=/m"])
+    assert out == ["--model-repository=/m", "--allow-model-file-upload=true"]
+    assert "Triton accepts 'file:' load parameters" in notes[0]
+
+
+def test_allow_client_shm_reaches_nursery_unchanged():
+    """nursery takes --allow-client-shm itself (off by default, as Triton 2.68)."""
+    for argv in (["--allow-client-shm=true", "--model-repository", "m"],
+                 ["--allow-client-shm", "--log-verbose=1"], ["--allow-client-shm=false"]):
+        argv = [*argv, "--allow-model-file-upload"]
+        assert standin.map_flags(argv) == (argv, [])
 
 
 def test_python_mode_added_unless_the_command_line_chooses_one():
     out, notes = standin.map_flags(["--model-repository=m"], "process")
     assert out[-1] == "--backend-config=python,nursery-instance-mode=process" and notes
-    chosen = ["--backend-config", "python,nursery-instance-mode=thread"]
+    chosen = ["--backend-config", "python,nursery-instance-mode=thread",
+              "--allow-model-file-upload"]
     assert standin.map_flags(chosen, "process") == (chosen, [])
 
 
@@ -129,8 +134,7 @@ def test_the_stand_in_script_runs_nursery_with_the_mapped_flags(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "python -m nursery serve" in proc.stdout
-    assert "nursery-qa: dropped --allow-client-shm=true" in proc.stderr
-
+    assert "nursery-qa: added --backend-directory=" in proc.stderr
 
 
 def test_a_case_run_several_times_passes_only_if_every_run_passed():
@@ -138,3 +142,70 @@ def test_a_case_run_several_times_passes_only_if_every_run_passed():
              {"test": "a", "outcome": "passed"}, {"test": "b", "outcome": "passed"},
              {"test": "b", "outcome": "passed"}, {"test": "c", "outcome": "skipped"}]
     assert run.summarize(cases) == {"run": 2, "passed": 1, "failed": 1, "skipped": 1, "runs": 6}
+
+
+def test_shell_checked_groups_count_each_check_of_their_client_log():
+    text = ("Test on cli_messages/a\nFound \"x\"\n"
+            "Test platform onnx on noautofill_platform/b\nNot found \"y\"\nNot found \"z\"\n"
+            "*** FAILED: platform onnx noautofill_platform/b\n"
+            "Test autofill_noplatform_success/c\nsome client output\n")
+    cases = run.shell_cases(text)
+    assert [(c["test"], c["outcome"]) for c in cases] == [
+        ("test.sh::on cli_messages/a", "passed"),
+        ("test.sh::platform onnx on noautofill_platform/b", "failed"),
+        ("test.sh::autofill_noplatform_success/c", "passed"),
+    ]
+    assert cases[1]["message"].splitlines() == [
+        'Not found "y"', 'Not found "z"', "*** FAILED: platform onnx noautofill_platform/b"]
+    assert run.summarize(cases)["failed"] == 1
+
+
+def test_the_densenet_stand_in_has_the_example_models_inputs_and_outputs(tmp_path):
+    import numpy as np
+    import onnxruntime
+
+    run.standin_densenet(tmp_path / "model.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (out,) = session.run(None, {"data_0": np.ones((1, 3, 224, 224), np.float32)})
+    assert out.shape == (1, 1000, 1, 1)
+
+
+def test_stand_in_backends_are_python_based_backends():
+    """Each stand-in for one of Triton's C++ test backends is <name>/model.py, the layout of a
+    Python-based backend in --backend-directory."""
+    backends = sorted(p.name for p in (QA / "backends").iterdir())
+    assert backends == ["dyna_sequence", "identity"]
+    assert all((QA / "backends" / b / "model.py").is_file() for b in backends)
+
+
+def test_tritons_default_backend_directory_is_the_trees_unless_one_is_given():
+    out, notes = standin.map_flags(["--model-repository=m", "--allow-model-file-upload"],
+                                   backend_dir="/t/backends")
+    assert out == ["--model-repository=m", "--allow-model-file-upload",
+                   "--backend-directory=/t/backends"]
+    assert "Triton's default backend directory" in notes[0]
+    argv = ["--backend-directory", "/x", "--model-repository=m", "--allow-model-file-upload"]
+    assert standin.map_flags(argv, backend_dir="/t/backends") == (argv, [])
+
+
+def test_go_install_of_the_health_probe_gets_the_stand_in(tmp_path):
+    """L0_grpc's `go install .../grpc-health-probe@latest`: the shim writes the harness's
+    probe to $GOPATH/bin, which answers like the Go tool when nothing listens."""
+    triton = _fake_triton(tmp_path)
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    env = run.environment(work, work / "r.jsonl", "")
+    proc = subprocess.run(
+        ["bash", "-c", "go install github.com/grpc-ecosystem/grpc-health-probe@latest && "
+                       "$GOPATH/bin/grpc-health-probe -addr=127.0.0.1:9; echo rc=$?; "
+                       "go build x; echo rc=$?"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines() == [
+        'timeout: failed to connect service "127.0.0.1:9" within 1s', "rc=2", "rc=1"]
+
+
+def test_clients_see_the_version_the_server_reports(tmp_path):
+    """Triton's image sets TRITON_SERVER_VERSION; L0_lifecycle compares metadata with it."""
+    from nursery.runtime.about import VERSION
+
+    assert run.environment(tmp_path, tmp_path / "r", "")["TRITON_SERVER_VERSION"] == VERSION

@@ -54,7 +54,7 @@ from nursery.backends.python.process import (
 )
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
-from nursery.config.model import ModelConfig
+from nursery.config.model import PYTHON_BASED_RUNTIME, ModelConfig
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
 from nursery.messages import InferWork, Part
 from nursery.runtime.devices import InstancePlacement
@@ -69,7 +69,6 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 INSTANCE_MODE_KEY = "nursery_instance_mode"  # the model's parameter
 INSTANCE_MODE_SETTING = "nursery-instance-mode"  # --backend-config=python,<this>=thread
 DEFAULT_INSTANCE_MODE = "process"  # each instance in a stub process of its own, as in Triton
-PYTHON_BASED_RUNTIME = "model.py"  # the runtime Triton records for a Python-based backend
 _module_ids = itertools.count()
 _path_lock = threading.Lock()
 _OWN_DIR = str(Path(__file__).resolve().parent.parent)
@@ -520,10 +519,10 @@ def complete_config(path: Path, model_name: str, model_dir: str,
     except Exception as exc:
         raise ConfigError(
             f"model '{model_name}': auto_complete_config failed: {describe(exc)}") from exc
-    if result is not None and not isinstance(result, pb_utils.ModelConfig):
+    if not isinstance(result, pb_utils.ModelConfig):  # None too, as Triton's stub refuses it
         raise ConfigError(f"auto_complete_config function in model '{model_name}' must "
                           "return a valid pb.ModelConfig object.")
-    return (result if result is not None else helper).as_dict()
+    return result.as_dict()
 
 
 def instance_mode(config: ModelConfig, default: str = DEFAULT_INSTANCE_MODE) -> str:

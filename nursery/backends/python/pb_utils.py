@@ -726,14 +726,17 @@ class ModelConfig:
             policy["decoupled"] = new
 
     def _add(self, what: str, item: dict[str, Any]) -> None:
-        valid = ("name", "data_type", "dims", "optional")
+        # an output has no 'optional' (python_backend's words for each)
+        valid = ("name", "data_type", "dims", "optional") if what == "input" else (
+            "name", "data_type", "dims")
         label = item.get("name", "")
         for key in item:
             if key not in valid:
+                allowed = ("'name', 'data_type', 'dims' and 'optional'" if what == "input"
+                           else "'name', 'data_type' and 'dims'")
                 raise ValueError(
                     f"{what} '{label}' in auto-complete-config function for model "
-                    f"'{self._name()}' contains property other than 'name', 'data_type', "
-                    "'dims' and 'optional'.")
+                    f"'{self._name()}' contains property other than {allowed}.")
         for key in ("name", "data_type", "dims"):
             if key not in item:
                 if key == "name":

@@ -90,6 +90,12 @@ def _flatten(data: Any, out: list[Any], depth: int = 0) -> None:
             out.append(item)
 
 
+# Triton's HTTP frontend (ReadDataFromJson): more elements than the shape holds are found while
+# reading, fewer once all are read, each with its own words
+_OVERRUN = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+_SHORT = "Failed to parse 'data' field: shape does not match true shape"
+
+
 def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str,
                 count: int) -> np.ndarray:
     """``data`` (already parsed: its size is bounded by the body) as an array of ``count``
@@ -98,9 +104,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
         data = [data]
     if datatype is DataType.BYTES:
         flat = _flat(data)
-        if len(flat) != count:
-            raise InternalError(
-                "Unable to parse 'data': Shape does not match true shape of 'data' field")
+        if len(flat) > count:
+            raise InternalError(_OVERRUN)
         out = np.empty(len(flat), dtype=object)
         for i, item in enumerate(flat):
             if not isinstance(item, str):
@@ -108,6 +113,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
                     "Unable to parse 'data': attempt to access JSON non-string as string"
                 )
             out[i] = item.encode("utf-8")
+        if len(flat) < count:
+            raise InternalError(_SHORT)
         return out.reshape(shape)
     flat = None  # type: ignore[assignment]  # the BYTES branch above returned
     try:  # numpy reads flat and nested (rectangular) lists alike, without a Python loop
@@ -120,8 +127,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
             arr = np.array(flat)
         except (ValueError, OverflowError):
             raise InternalError("Unable to parse 'data': elements are not all numbers") from None
-    if arr.size != count:
-        raise InternalError("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    if arr.size > count:
+        raise InternalError(_OVERRUN)
     kind = arr.dtype.kind
     if datatype is DataType.BOOL:
         if kind != "b" and arr.size:
@@ -138,6 +145,8 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
                 f"Unable to parse 'data': attempt to access JSON non-{what} as {what}"
             )
         arr = np.array(flat, dtype=object)
+    if arr.size < count:  # read every element, then found too few
+        raise InternalError(_SHORT)
     try:
         return arr.astype(datatype.numpy_dtype, copy=False).reshape(shape)
     except (ValueError, OverflowError) as exc:
@@ -171,6 +180,25 @@ def _member_error(obj: Any, key: str, kind: str) -> InternalError:
         return InternalError(
             f"Unable to parse '{key}': attempt to access non-existing object member '{key}'")
     return InternalError(f"Unable to parse '{key}': attempt to access JSON non-{kind} as {kind}")
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _check_json_size(name: str, shape: tuple[int, ...], datatype: DataType) -> None:
+    """Triton's HTTP frontend's overflow checks for an input given as JSON data, its words."""
+    total = 1
+    for d in shape:
+        total *= d
+    if total > INT64_MAX:
+        raise InvalidArgument(
+            f"invalid shape for input '{name}': shape [{','.join(str(d) for d in shape)}] "
+            f"causes total element count to exceed maximum size of {INT64_MAX}")
+    size = datatype.itemsize if datatype is not DataType.BYTES else 1
+    if size > 1 and total > INT64_MAX // size:
+        raise InvalidArgument(
+            f"byte size overflow for input '{name}': element count ({total}) * data type "
+            f"size ({size}) exceeds maximum allowed size ({INT64_MAX})")
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -280,6 +308,8 @@ def decode_request(
         except InvalidArgument:
             raise InvalidArgument(f"invalid datatype for input {name}") from None
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
+        if has_data and not has_binary and not has_shm:
+            _check_json_size(name, shape, datatype)
         count = checked_count(
             shape, datatype, f"{prefix}unexpected shape for input '{name}' for model '{model_name}'")
         if has_data and datatype is not DataType.BYTES and count * datatype.itemsize > max_bytes:

@@ -7,6 +7,7 @@ It decodes, calls ``Core.infer``, and encodes; it knows nothing about scheduling
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -136,15 +137,17 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
     if spec.datatype is DataType.BYTES:
         if list(spec.dims) != [1]:
             raise InvalidArgument(
-                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+                f"[request id: <id_unknown>] For BYTE datatype raw input '{spec.name}', the "
+                "model must have input shape [1]"
             )
         arr = np.array([bytes(body)], dtype=object).reshape((*batch, 1))
         return InferenceRequest(model, version, {spec.name: Tensor(spec.name, spec.datatype, arr.shape, arr)})
     dims = list(spec.dims)
     variable = [i for i, d in enumerate(dims) if d == -1]
     if len(variable) > 1:
-        raise InvalidArgument(
-            f"Raw input '{spec.name}' of model '{model}' has more than one variable dimension"
+        raise InvalidArgument(  # core's words (InferenceRequest::Normalize)
+            f"[request id: <id_unknown>] The shape of the raw input '{spec.name}' can not be "
+            "deduced because there are more than one variable-sized dimension"
         )
     if variable:
         known = element_count(tuple(d for d in dims if d != -1)) * spec.datatype.itemsize
@@ -164,6 +167,10 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
         requested_outputs=tuple(RequestedOutput(o.name) for o in config.outputs),
     )
 
+
+# Triton's HTTP frontend logs each request's failure at --log-verbose 1 (the same logger as the
+# server's per-request line)
+request_log = logging.getLogger("nursery.http_requests")
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -250,6 +257,10 @@ async def infer_response(
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)
     except NurseryError as error:
+        if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
+            request_log.debug("[request id: %s] Infer failed: %s",
+                              (request.id if request is not None else "") or "<id_unknown>",
+                              error.message)
         unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
         extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
         return error_response(error, extra, request)
@@ -287,8 +298,8 @@ def forward_headers(forward: HeaderForward | None, headers: list[tuple[bytes, by
 
 def too_large(declared: int, limit: int) -> InvalidArgument:
     return InvalidArgument(
-        f"Request JSON size of {declared} bytes exceeds the maximum allowed value of {limit} "
-        "bytes. Use --http-max-input-size to increase the limit."
+        f"request JSON size of {declared} bytes exceeds the maximum allowed input size of "
+        f"{limit} bytes. Use --http-max-input-size to increase the limit."
     )
 
 

@@ -71,6 +71,13 @@ from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
 
 log = logging.getLogger("nursery.http")
+# one line per request at --log-verbose 1, as Triton's HTTP server logs (L0_logging counts them);
+# not under nursery.http, whose own debug lines wait for --log-verbose 2
+request_log = logging.getLogger("nursery.http_requests")
+
+# how Triton's HTTP server prints a request's method: libevhtp's method number
+_EVHTP_METHODS = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"DELETE": 4, b"OPTIONS": 8,
+                  b"TRACE": 13, b"CONNECT": 14, b"PATCH": 15}
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 Handler = Callable[[http1.RequestHead, bytes], Awaitable["Response | Streaming"]]
@@ -563,6 +570,9 @@ class HttpServer:
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
                       server: Any) -> Response | Streaming:
+        if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
+            request_log.debug("HTTP request: %d %s", _EVHTP_METHODS.get(head.method, 16),
+                      head.path.split(b"?", 1)[0].decode("latin-1"))
         if self.restrictions:
             refused = restricted(self.restrictions, head.path, head.headers)
             if refused is not None:
