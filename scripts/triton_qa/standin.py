@@ -11,6 +11,9 @@ each change printed to stderr (the script's server log) as one `nursery-qa:` lin
 - `--allow-client-shm[=true]` is dropped: nursery always lets clients register shared memory,
   which is Triton's behaviour with that flag true. `--allow-client-shm=false` is passed on
   unchanged (nursery then refuses the flag: the restricted-API work of issue 25).
+- `--allow-model-file-upload=true` is appended unless the command line sets it: Triton writes
+  the `file:` parameters of a repository load for any client (it has no such flag); nursery
+  refuses them unless told (docs/security.md), and Triton's scripts load models that way.
 - `--backend-config=python,nursery-instance-mode=<mode>` is appended when the harness chose a
   Python instance mode (NURSERY_QA_PYTHON_MODE) and the command line does not choose one:
   `process` is how Triton runs Python models (a stub process per instance).
@@ -24,6 +27,7 @@ import os
 import sys
 
 _TRUE = ("true", "1", "on", "yes")
+UPLOAD = "--allow-model-file-upload=true"
 _HOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks")
 
 
@@ -44,6 +48,7 @@ def map_flags(argv: list[str], python_mode: str = "") -> tuple[list[str], list[s
     out: list[str] = []
     notes: list[str] = []
     mode_given = False
+    upload_given = False
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -64,8 +69,13 @@ def map_flags(argv: list[str], python_mode: str = "") -> tuple[list[str], list[s
                 continue
         if name == "--backend-config" and value is not None and "nursery-instance-mode" in value:
             mode_given = True
+        if name == "--allow-model-file-upload":
+            upload_given = True
         out.append(word)
         i += 1
+    if not upload_given:
+        out.append(UPLOAD)
+        notes.append(f"added {UPLOAD} (Triton writes a load's files for any client)")
     if python_mode and not mode_given:
         extra = f"--backend-config=python,nursery-instance-mode={python_mode}"
         out.append(extra)

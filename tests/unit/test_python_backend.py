@@ -300,3 +300,18 @@ def test_memory_limit_sizes() -> None:
     for bad in ("", "lots", "-1M", "0"):
         with pytest.raises(ConfigError, match="^x: expected a size"):
             parse_size(bad, "x")
+
+
+def test_stub_names_triton_refuses() -> None:
+    """Triton's Python backend refuses a stub name holding any of ``;|&$`<>()[]{}\\"'*?~#!``
+    (characters a shell reads), before any process starts."""
+    from nursery.backends.python.process import check_stub_name
+    from nursery.errors import ConfigError
+
+    for name in ("model_0_0", "model-with-hyphens_0_0", "TestModel123", "a.b", "m@x", "m%y"):
+        check_stub_name(name)
+    for char in ";|&$`<>()[]{}\\\"'*?~#!":
+        with pytest.raises(ConfigError, match=r"^Invalid stub name: contains invalid characters$"):
+            check_stub_name(f"model{char}test_0_0")
+    with pytest.raises(ConfigError, match="^Invalid stub name"):
+        check_stub_name("")

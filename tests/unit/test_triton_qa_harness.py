@@ -27,24 +27,34 @@ run = _load("run")
 
 def test_flags_pass_through_unchanged():
     argv = ["--model-repository=/m", "--log-verbose", "1", "--backend-config=python,x=1",
-            "--exit-timeout-secs=120", "--http-thread-count=4"]
+            "--exit-timeout-secs=120", "--http-thread-count=4",
+            "--allow-model-file-upload=false"]
     assert standin.map_flags(argv) == (argv, [])
 
 
+def test_model_file_upload_is_allowed_as_in_triton_unless_chosen():
+    out, notes = standin.map_flags(["--model-repository=/m"])
+    assert out == ["--model-repository=/m", "--allow-model-file-upload=true"]
+    assert notes and "added --allow-model-file-upload=true" in notes[0]
+
+
 def test_allow_client_shm_true_is_dropped_false_is_kept():
+    up = standin.UPLOAD
     out, notes = standin.map_flags(["--allow-client-shm=true", "--model-repository", "m"])
-    assert out == ["--model-repository", "m"] and "dropped --allow-client-shm=true" in notes[0]
+    assert out == ["--model-repository", "m", up]
+    assert "dropped --allow-client-shm=true" in notes[0]
     out, _ = standin.map_flags(["--allow-client-shm", "--log-verbose=1"])
-    assert out == ["--log-verbose=1"]
+    assert out == ["--log-verbose=1", up]
     out, _ = standin.map_flags(["--allow-client-shm", "1"])
-    assert out == []
-    assert standin.map_flags(["--allow-client-shm=false"])[0] == ["--allow-client-shm=false"]
+    assert out == [up]
+    assert standin.map_flags(["--allow-client-shm=false"])[0] == ["--allow-client-shm=false", up]
 
 
 def test_python_mode_added_unless_the_command_line_chooses_one():
     out, notes = standin.map_flags(["--model-repository=m"], "process")
     assert out[-1] == "--backend-config=python,nursery-instance-mode=process" and notes
-    chosen = ["--backend-config", "python,nursery-instance-mode=thread"]
+    chosen = ["--backend-config", "python,nursery-instance-mode=thread",
+              "--allow-model-file-upload=true"]
     assert standin.map_flags(chosen, "process") == (chosen, [])
 
 

@@ -1,6 +1,10 @@
-"""The stub process of one Python model instance (``python -m nursery.backends.python.stub
-<fd>``), as Triton runs each Python-backend instance: the model's ``model.py`` runs here, apart
-from the server, so a model that exits, crashes or leaks takes only this process down.
+"""The stub process of one Python model instance (``python -m
+nursery.backends.python.triton_python_backend_stub <fd> <instance>``), as Triton runs each
+Python-backend instance: the model's ``model.py`` runs here, apart from the server, so a model
+that exits, crashes or leaks takes only this process down. The module is named after Triton's
+stub executable, so the stub is found by its command line as Triton's is; the model sees
+``sys.argv == ['']``, as in Triton's stub (an embedded interpreter given no arguments), so a
+model that runs ``unittest.main("model", exit=False)`` runs its own tests.
 
 The server sends ``init`` (the model folder, version, instance name and completed
 configuration), then ``execute`` batches, ``warm`` samples and finally ``finalize``. Inside,
@@ -280,6 +284,9 @@ def auto_complete() -> int:
 
 
 def main(argv: list[str]) -> int:
+    """``<fd> [<instance>]`` or ``auto-complete [<model>]`` (the name only shows who the
+    process serves, in ``ps``)."""
+    sys.argv = [""]  # what model code sees, as in Triton's stub
     if argv[1:2] == ["auto-complete"]:
         return auto_complete()
     sock = socket.socket(fileno=int(argv[1]))
