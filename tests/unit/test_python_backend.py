@@ -315,3 +315,84 @@ def test_stub_names_triton_refuses() -> None:
             check_stub_name(f"model{char}test_0_0")
     with pytest.raises(ConfigError, match="^Invalid stub name"):
         check_stub_name("")
+
+
+def test_arguments_are_checked_as_tritons_bindings_check_them() -> None:
+    """What the stub's bindings cannot convert (None for a required value, a wrong type) is
+    a TypeError; what they pass on and the stub refuses is a TritonModelException."""
+    one = [pb_utils.Tensor("IN", np.array([1], np.int32))]
+    request = {"model_name": "m", "inputs": one, "requested_output_names": ["OUT"]}
+    for key, value in (("inputs", None), ("model_name", None), ("requested_output_names", None),
+                       ("requested_output_names", [None]), ("correlation_id", None),
+                       ("request_id", None), ("model_version", None), ("flags", None),
+                       ("timeout", None), ("inputs", [1])):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**{**request, key: value})
+    with pytest.raises(TypeError, match="missing required argument 'inputs'"):
+        pb_utils.InferenceRequest(model_name="m", requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
+        pb_utils.InferenceRequest(**{**request, "inputs": [None]})
+    with pytest.raises(pb_utils.TritonModelException, match="Correlation ID must be"):
+        pb_utils.InferenceRequest(**request, correlation_id=1.5)
+    assert pb_utils.InferenceRequest(**request, correlation_id="s-1").correlation_id() == "s-1"
+    assert pb_utils.InferenceRequest(**request).correlation_id() == 0
+    pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+
+    with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
+    assert pb_utils.InferenceResponse().output_tensors() == []
+    assert len(pb_utils.InferenceResponse(one).output_tensors()) == 1
+
+    for name, array in ((None, np.array([1])), ("OUT", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, array)  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException, match="cannot be an empty string"):
+        pb_utils.Tensor("", np.array([1]))
+    for name in ("OUT", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+
+    logger = pb_utils.Logger
+    for call in (lambda: logger.log("x", None), lambda: logger.log("x", 1),
+                 lambda: logger.log_info(None), lambda: logger.log_warn(None),
+                 lambda: logger.log_error(None), lambda: logger.log_verbose(None)):
+        with pytest.raises(TypeError):
+            call()
+    logger.log("no level given")
+    assert logger.LogLevel.ERROR is logger.ERROR
+
+
+def test_a_metric_outlives_its_family_object_only_as_an_error() -> None:
+    """Deleting a MetricFamily before its metrics makes them refuse every operation with
+    Triton's words; another object of the same family keeps working."""
+    from nursery.observability.custom_metrics import CustomMetrics
+    from nursery.runtime.threads import bind_context
+
+    class Context:
+        custom_metrics = CustomMetrics()
+
+    bind_context(Context())
+    try:
+        family = pb_utils.MetricFamily("lifetime", "first", pb_utils.MetricFamily.GAUGE)
+        again = pb_utils.MetricFamily("lifetime", "second", pb_utils.MetricFamily.GAUGE)
+        metric = family.Metric(labels={"a": "1"})
+        kept = again.Metric(labels={"a": "2"})
+        metric.set(3)
+        del family
+        for call in (lambda: metric.set(1), lambda: metric.increment(1), metric.value):
+            with pytest.raises(pb_utils.TritonModelException,
+                               match="^Invalid metric operation as the corresponding "
+                                     "'MetricFamily' has been deleted"):
+                call()
+        kept.increment(2)
+        assert kept.value() == 2
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.MetricFamily("lifetime", "x", pb_utils.MetricFamily.COUNTER)
+        histogram = pb_utils.MetricFamily("lifetime_h", "h", pb_utils.MetricFamily.HISTOGRAM)
+        with pytest.raises(pb_utils.TritonModelException):
+            histogram.Metric(labels={}, buckets=[2.0, 1.0])
+        histogram.Metric(labels={}, buckets=[])
+    finally:
+        bind_context(None)
