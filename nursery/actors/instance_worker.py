@@ -451,45 +451,50 @@ async def run(
 
 
 class _ReadyCheck:
-    """A backend's readiness hook, called off the trio thread with Triton's time limit; one
-    call at a time per instance (checks that come meanwhile share its answer, and while a
-    call given up on has not returned, checks answer not ready without calling again). A
-    hook that raises, answers late or is not a bool: not ready, with the reason in Triton's
-    words (the readiness endpoint logs it at --log-verbose 1)."""
+    """A backend's readiness hook, called off the trio thread with Triton's time limit, one
+    call at a time per instance, as Triton's Python backend calls ``is_ready()``: a check
+    that comes while a call is in flight (even one an earlier check stopped waiting for)
+    waits for that call, within the same limit, and shares its answer. A hook that raises,
+    answers late or is not a bool: not ready, with the reason in Triton's words (the
+    readiness endpoint logs it at --log-verbose 1)."""
 
     def __init__(self) -> None:
-        self._running: trio.Event | None = None
-        self._answer: str | None = None
-        self._busy = False  # a hook call is running in the model (even one given up on)
+        self._inflight: trio.Event | None = None  # set when the hook call in flight returns
+        self._answer: str | None = None  # its answer: None (ready) or why not
 
     async def __call__(self, backend: Any, instance: str) -> str | None:
         """None when the hook says ready, else why not."""
-        if self._running is not None:
-            await self._running.wait()
-            return self._answer
-        if self._busy:  # an earlier call still has not returned: no second one beside it
-            return "Timed out waiting for in-flight is_ready() response"
-        self._running = done = trio.Event()
-        self._answer = "Timed out waiting for user-defined is_ready() response"
-
-        def check() -> bool:
-            try:
-                return bool(backend.check_ready())
-            finally:
-                self._busy = False
-
-        self._busy = True
-        try:
+        inflight = self._inflight
+        if inflight is not None:
             with trio.move_on_after(READY_TIMEOUT):
-                ready = await trio.to_thread.run_sync(check, abandon_on_cancel=True)
-                self._answer = None if ready else (
-                    f"Model '{instance}' is not ready (user-defined check failed).")
-        except Exception as exc:  # noqa: BLE001 - a failing hook means not ready, no more
-            self._answer = str(getattr(exc, "message", exc))
-        finally:
-            self._running = None
+                await inflight.wait()
+                return self._answer
+            return "Timed out waiting for in-flight is_ready() response"
+        self._inflight = done = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def finish(answer: str | None) -> None:  # on the trio thread, whoever waits or not
+            self._answer = answer
+            self._inflight = None
             done.set()
-        return self._answer
+
+        def check() -> None:
+            answer: str | None
+            try:
+                answer = None if bool(backend.check_ready()) else (
+                    f"Model '{instance}' is not ready (user-defined check failed).")
+            except Exception as exc:  # noqa: BLE001 - a failing hook means not ready
+                answer = str(getattr(exc, "message", exc))
+            try:
+                token.run_sync_soon(finish, answer)
+            except trio.RunFinishedError:
+                pass
+
+        with trio.move_on_after(READY_TIMEOUT):
+            await trio.to_thread.run_sync(check, abandon_on_cancel=True)
+            await done.wait()
+            return self._answer
+        return "Timed out waiting for user-defined is_ready() response"
 
 
 async def _close_when(intake: WorkerIntake, queued: trio.MemorySendChannel[Any]) -> None:
