@@ -82,9 +82,13 @@ READY_WAIT = 10.0  # seconds an is_ready() answer is waited for at most
 INVALID_STUB_CHARACTERS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 
 
+def valid_stub_name(name: str) -> bool:
+    return bool(name) and INVALID_STUB_CHARACTERS.isdisjoint(name)
+
+
 def check_stub_name(name: str) -> None:
     """Refuse a stub name as Triton's Python backend does (before any process starts)."""
-    if not name or not INVALID_STUB_CHARACTERS.isdisjoint(name):
+    if not valid_stub_name(name):
         raise ConfigError("Invalid stub name: contains invalid characters")
 
 
