@@ -271,7 +271,7 @@ def test_model_names_a_shell_would_read_are_refused(tmp_path: Path,
         status, text = load(name)
         assert status == 400, (name, status, text)
         assert "Invalid stub name: contains invalid characters" in text, (name, text)
-        assert text.startswith(f'{{"error":"load failed for model'), text
+        assert text.startswith('{"error":"load failed for model'), text
     for name in ("TestModel123", "model-with-hyphens", "model_with_underscores"):
         assert load(name)[0] == 200, name
         client = httpclient.InferenceServerClient(server.url, network_timeout=60)
@@ -449,6 +449,34 @@ def test_async_decoupled_answers_after_execute_returns(
     values = sorted(float(got.get(timeout=30).as_numpy("OUT")[0]) for _ in range(6))
     client.stop_stream()
     assert values == [10.0, 11.0, 12.0, 20.0, 21.0, 22.0]
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_bls_streams_run_at_once(tmp_path: Path, start_server: type[ServerProcess],
+                                       mode: str) -> None:
+    """Four requests to a decoupled ``async def execute`` that forwards each with ``await
+    async_exec(decoupled=True)``: the four calls reach the target together (it answers each
+    with how many it saw in flight at once), as in Triton, where ``async_exec`` returns once
+    the first response is in and the event loop serves the other requests meanwhile."""
+    import queue as queue_
+
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    for name in ("py_async_meet", "py_async_bls_meet"):
+        shutil.copytree(MODELS / name, repo / name)
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}")
+    got: queue_.Queue[object] = queue_.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: got.put(error or result))
+    for index in range(4):
+        item = grpcclient.InferInput("IN", [1], "FP32")
+        item.set_data_from_numpy(np.array([4.0], dtype=np.float32))
+        client.async_stream_infer("py_async_bls_meet", [item], request_id=str(index))
+    seen = [float(got.get(timeout=120).as_numpy("OUT")[0]) for _ in range(4)]  # type: ignore[attr-defined]
+    client.stop_stream()
+    assert seen == [4.0] * 4
     assert server.stop() == 0, server.log()
 
 

@@ -578,7 +578,10 @@ class InferenceRequest:
         ``decoupled=True``, an iterator over the responses."""
         return self._exec(self._client or current_context(), decoupled)
 
-    def _exec(self, client: Any, decoupled: bool) -> Any:
+    def _exec(self, client: Any, decoupled: bool, first: bool = False) -> Any:
+        """``exec``; with ``first`` (``async_exec``), a decoupled call returns once its first
+        response is in, as Triton's does, so iterating it does not block the event loop
+        until the target model answers."""
         try:
             if client is None:
                 raise NurseryError(
@@ -587,7 +590,11 @@ class InferenceRequest:
                     ErrorKind.UNAVAILABLE)
             request = self._to_nursery()
             if decoupled:
-                return ResponseIterator(client.stream_from_thread(request), self._model_name)
+                responses = ResponseIterator(client.stream_from_thread(request),
+                                             self._model_name)
+                if first:
+                    responses._prefetch()
+                return responses
             return InferenceResponse._from_nursery(client.infer_from_thread(request))
         except NurseryError as exc:
             failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
@@ -597,7 +604,7 @@ class InferenceRequest:
         """``exec`` for ``async def execute``: an awaitable; other calls proceed meanwhile."""
         client = self._client or current_context()  # the executor's threads have none
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self._exec, client, decoupled)
+        return loop.run_in_executor(None, self._exec, client, decoupled, True)
 
 
 def _bls_error(model: str, error: NurseryError) -> NurseryError:
@@ -619,12 +626,20 @@ class ResponseIterator:
     def __init__(self, parts: Iterator[Any], model: str) -> None:
         self._parts = parts
         self._model = model
+        self._ahead: list[Any] = []  # a part taken before it was asked for
+
+    def _prefetch(self) -> None:
+        """Wait for the first part now (off the event loop, for ``async_exec``)."""
+        try:
+            self._ahead.append(next(self._parts))
+        except StopIteration:
+            pass
 
     def __iter__(self) -> ResponseIterator:
         return self
 
     def __next__(self) -> InferenceResponse:
-        part = next(self._parts)
+        part = self._ahead.pop() if self._ahead else next(self._parts)
         if isinstance(part, InferenceResponse):
             return part
         if part.error is not None:
