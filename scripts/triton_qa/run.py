@@ -30,7 +30,9 @@ when `unshare --net` works (Triton's scripts use the fixed ports 8000-8002 and l
 namespace keeps them from meeting other servers on this machine and from reaching out), and in
 a private PID namespace with its own /proc when `unshare --pid --mount-proc` works too (scripts
 find processes by name, `pgrep -f triton_python_backend_stub`, and kill what they find: they
-must see only their own; whatever a script leaves running ends with it).
+must see only their own; whatever a script leaves running ends with it), and then a private
+/dev/shm (a tmpfs in its mount namespace: the leak probes of Triton's shm_util.py look there
+for Triton's Python-backend pools, which a real Triton elsewhere on the machine may create).
 Subtests of L0_backend_python (`L0_backend_python/<sub>`) get the variables their parent
 script exports. Every unittest / pytest case a client runs is recorded (hooks/qa_record.py);
 `--work`/results/<group>.json holds the cases, the script's exit status and its log.
@@ -238,8 +240,12 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     command = ["bash", "test.sh"]
     if netns:  # True, or the unshare flags beside --net (PIDNS)
         extra = netns if isinstance(netns, tuple) else ()
+        # with a mount namespace of its own, a /dev/shm of its own too: Triton's shared-memory
+        # leak probes (shm_util.py) look there for Triton's Python-backend pools, and a real
+        # Triton elsewhere on the machine would otherwise put its pools in their view
+        private_shm = "mount -t tmpfs tmpfs /dev/shm && " if extra else ""
         command = ["unshare", "--net", *extra, "--", "bash", "-c",
-                   "ip link set lo up && exec bash test.sh"]
+                   f"ip link set lo up && {private_shm}exec bash test.sh"]
     started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log,

@@ -480,6 +480,24 @@ def test_async_bls_streams_run_at_once(tmp_path: Path, start_server: type[Server
     assert server.stop() == 0, server.log()
 
 
+def test_bls_from_processes_the_model_forks(tmp_path: Path,
+                                            start_server: type[ServerProcess]) -> None:
+    """A model that forks (``multiprocessing.Pool``) can call other models from the
+    children, as in Triton: each child gets a channel of its own to the server."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_bls_fork", repo / "py_bls_fork")
+    make_models.write_add_sub(repo)
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+    for value in (1.0, 10.0):
+        item = httpclient.InferInput("IN", [1], "FP32")
+        item.set_data_from_numpy(np.array([value], dtype=np.float32))
+        out = client.infer("py_bls_fork", [item]).as_numpy("OUT")
+        assert out.tolist() == [value + 1, value + 2, value + 3]
+    assert len(_stubs(server)) == 1  # the children are gone; the stub serves on
+    assert server.stop() == 0, server.log()
+
+
 def _mib(value: int) -> list[httpclient.InferInput]:
     item = httpclient.InferInput("MIB", [1], "INT32")
     item.set_data_from_numpy(np.array([value], dtype=np.int32))

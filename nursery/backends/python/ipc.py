@@ -280,7 +280,19 @@ class Channel:
         finally:
             self._send_lock.release()
 
+    def hand_over(self, other: socket.socket) -> None:
+        """Send ``other`` (one end of a new socket pair) to the other side, which receives
+        ``("attach", <fd>)``: a forked child's channel of its own. It takes no lock (the fork
+        may have copied one held) and no ring: one packet, atomic beside the parent's."""
+        payload = pickle.dumps((None, ("seq", [("plain", "attach")])), protocol=5)
+        try:
+            socket.send_fds(self.sock, [payload], [other.fileno()])
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from None
+
     def receive(self) -> tuple[Any, ...]:
+        """The next message; a descriptor handed over with it (:meth:`hand_over`) comes last,
+        as an int the caller owns."""
         try:
             payload, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_PACKET, 1)
         except OSError as exc:
@@ -290,6 +302,8 @@ class Channel:
                 os.close(fd)
             raise ChannelClosed("the other side closed the channel")
         where, body = pickle.loads(payload)
+        if fds and where is None:  # a socket handed over, not a ring
+            return (*_get(_Reader(self._rings, None), body), fds[0])
         if fds:
             self._rings.adopt(where[0], fds[0])
         reader = _Reader(self._rings, where)

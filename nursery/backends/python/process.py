@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -177,7 +178,8 @@ class ProcessInstance:
         self._started: dict[int, tuple[int, Callable[[list[Any]], None]]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
-        self._streams: dict[int, Any] = {}  # BLS streams in flight, by the stub's call id
+        # BLS streams in flight, by (the channel, its call id): the stub's and its forks'
+        self._streams: dict[tuple[int, int], Any] = {}
         self._ready_ids = itertools.count(1)
         self.has_ready_hook = False  # the model defines is_ready() (the stub says)
         self.restarts = 0
@@ -279,18 +281,7 @@ class ProcessInstance:
                     answers = self._ready_calls.get(message[1])
                     if answers is not None:
                         answers.put(message[2])
-                elif kind == "bls_cancel":  # the model cancelled a BLS stream
-                    stream = self._streams.get(message[1])
-                    if stream is not None:
-                        stream.cancel()  # a short hop to the trio thread
-                elif kind == "bls":
-                    self._bls.submit(self._call, channel, *message[1:])
-                elif kind == "metric":
-                    self._metric(channel, *message[1:])
-                elif kind == "log":
-                    logging.getLogger(message[2] or "nursery.python_model").log(
-                        message[1], "%s", message[3])
-                else:  # ready, failed, warmed, bye
+                elif not self._serve_model(channel, message):  # ready, failed, warmed, bye
                     control.put(message)
         except ChannelClosed:
             pass
@@ -299,6 +290,47 @@ class ProcessInstance:
                           self.instance_name)
             self._terminate()
         self._died(channel, control)
+
+    def _serve_model(self, channel: Channel, message: tuple[Any, ...]) -> bool:
+        """What the model asks of the server from its stub, or from a process it forked
+        (its own channel): BLS calls, custom metrics, log lines. False: not such a message."""
+        kind = message[0]
+        if kind == "bls":
+            self._bls.submit(self._call, channel, *message[1:])
+        elif kind == "bls_cancel":  # the model cancelled a BLS stream
+            stream = self._streams.get((id(channel), message[1]))
+            if stream is not None:
+                stream.cancel()  # a short hop to the trio thread
+        elif kind == "metric":
+            self._metric(channel, *message[1:])
+        elif kind == "log":
+            logging.getLogger(message[2] or "nursery.python_model").log(
+                message[1], "%s", message[3])
+        elif kind == "attach":  # the model forked (multiprocessing): the child's own channel
+            side = Channel(socket.socket(fileno=message[1]))
+            threading.Thread(target=self._serve_forked, args=(side,),
+                             name=f"{self.instance_name}-forked", daemon=True).start()
+        else:
+            return False
+        return True
+
+    def _serve_forked(self, side: Channel) -> None:
+        """A process the model forked from its stub: its BLS calls, metrics and log lines,
+        until it exits (its end closing is no death of the stub)."""
+        try:
+            while True:
+                message = side.receive()
+                if not self._serve_model(side, message):
+                    log.error("model '%s': a process forked by instance %s sent '%s', which "
+                              "only the stub may send", self.model_name, self.instance_name,
+                              message[0])
+        except ChannelClosed:
+            pass
+        except Exception:  # noqa: BLE001 - a garbled message: that process is not trusted
+            log.exception("model '%s': a process forked by instance %s sent what cannot be "
+                          "read", self.model_name, self.instance_name)
+        finally:
+            side.close()
 
     def _died(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         if channel is not self.channel:
@@ -409,12 +441,13 @@ class ProcessInstance:
                 raise Unavailable("models cannot call other models here: no model client")
             if decoupled:
                 stream = client.stream_from_thread(request)
-                self._streams[call] = stream  # the model may cancel it
+                key = (id(channel), call)  # a forked process counts its calls apart
+                self._streams[key] = stream  # the model may cancel it
                 try:
                     for part in stream:
                         channel.send("bls_part", call, part)
                 finally:
-                    self._streams.pop(call, None)
+                    self._streams.pop(key, None)
                 return
             channel.send("bls_answer", call, client.infer_from_thread(request))
         except NurseryError as error:

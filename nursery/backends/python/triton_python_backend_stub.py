@@ -18,10 +18,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import queue
 import socket
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +212,7 @@ def serve(channel: Channel) -> int:
     threading.Thread(target=read, name="stub-reader", daemon=True).start()
     root = logging.getLogger()
     root.handlers[:] = [_ToServer(channel)]
+    os.register_at_fork(after_in_child=partial(_forked, client))
     root.setLevel(logging.DEBUG)
     threads.bind_context(client)  # BLS from the model's execute thread
 
@@ -257,6 +260,40 @@ def serve(channel: Channel) -> int:
                     tensor_of(n, a) for n, a in outputs.items()]))
             except NurseryError as exc:
                 channel.send("warmed", exc)
+
+
+def _forked(client: StubClient) -> None:
+    """In a process the model forked (``multiprocessing.Pool``, as Triton's qa bls model
+    does): a channel of its own to the server, handed over on the stub's, so its BLS calls,
+    metrics and log lines are answered to it; the stub's socket is closed here, so the
+    server still sees the stub's death however long the child lives."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stub_channel = client.channel
+    try:
+        stub_channel.hand_over(theirs)
+    except ChannelClosed:
+        pass
+    finally:
+        theirs.close()
+    stub_channel.sock.close()  # this process's copy only (no shutdown: the stub's goes on)
+    channel = Channel(ours)
+    client.channel = channel
+    client.calls = {}
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _ToServer):
+            handler.channel = channel
+
+    def read() -> None:
+        try:
+            while True:
+                message = channel.receive()
+                answers = client.calls.get(message[1]) if len(message) > 1 else None
+                if answers is not None:
+                    answers.put(message[2])
+        except ChannelClosed:
+            pass
+
+    threading.Thread(target=read, name="forked-reader", daemon=True).start()
 
 
 def _any_backend(backend: str, model_name: str) -> Any:
