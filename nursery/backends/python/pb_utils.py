@@ -608,12 +608,15 @@ class InferenceRequest:
 
 
 def _bls_error(model: str, error: NurseryError) -> NurseryError:
-    """Triton's words when the target model is not there (unknown, or no ready version)."""
+    """Triton's words when the target model is not there (unknown, or no ready version): the
+    core's reason behind the Python backend's prefix, as Triton since its core looks the
+    model up first ("Model m - Error when running inference: Request for unknown model: 'm'
+    is not found"; Triton 2.51 said "Failed for execute the inference request. Model 'm' is
+    not ready.")."""
     if error.kind in (ErrorKind.NOT_FOUND, ErrorKind.UNAVAILABLE) and "unknown model" in (
             error.message):
-        return NurseryError(
-            f"Model {model} - Error when running inference: Failed for execute the inference "
-            f"request. Model '{model}' is not ready.", error.kind)
+        return NurseryError(f"Model {model} - Error when running inference: {error.message}",
+                            error.kind)
     return error
 
 
