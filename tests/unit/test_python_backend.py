@@ -396,3 +396,29 @@ def test_a_metric_outlives_its_family_object_only_as_an_error() -> None:
         histogram.Metric(labels={}, buckets=[])
     finally:
         bind_context(None)
+
+
+def test_response_iterator_replays_once_read_to_the_end() -> None:
+    """Triton's ResponseIterator: ``next()`` and ``for`` share one position; once the last
+    response has been read, a new ``for`` starts again from the first."""
+    def stream() -> Any:
+        for value in range(4):
+            out = Tensor("OUT", DataType.INT32, (1,), np.array([value], np.int32))
+            yield Part(InferenceResponse("m", "1", [out]), None, False)
+        yield Part(None, None, True)  # a bare final flag: an empty final response
+
+    def values(responses: Any) -> list[Any]:
+        return [r.output_tensors()[0].as_numpy()[0] if r.output_tensors() else None
+                for r in responses]
+
+    responses = pb_utils.ResponseIterator(stream(), "m")
+    assert values([next(responses)]) == [0]
+    assert values(responses) == [1, 2, 3, None]  # the rest
+    with pytest.raises(StopIteration):
+        next(responses)
+    assert values(responses) == [0, 1, 2, 3, None]  # again, from the first
+    for count, _ in enumerate(responses, 1):
+        if count == 2:
+            break
+    assert values([next(responses)]) == [2]
+    assert values(responses) == [3, None]  # resumed where it stopped

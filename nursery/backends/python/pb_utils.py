@@ -622,38 +622,64 @@ def _bls_error(model: str, error: NurseryError) -> NurseryError:
 
 class ResponseIterator:
     """What ``exec(decoupled=True)`` returns: the responses as the target model sends them
-    (an empty final response last when it sent a bare final flag). ``cancel()`` cancels the
-    request: the target's ``request.is_cancelled()`` turns true and the responses it still
-    sends keep coming; after the last response it does nothing."""
+    (an empty final response last when it sent a bare final flag). As Triton's, it keeps
+    them: once the last has come and been read, iterating it again (``for``, ``iter()``)
+    starts from the first; ``next()`` past the end raises StopIteration. ``cancel()`` cancels
+    the request: the target's ``request.is_cancelled()`` turns true and the responses it
+    still sends keep coming; after the last response it does nothing."""
 
     def __init__(self, parts: Iterator[Any], model: str) -> None:
         self._parts = parts
         self._model = model
-        self._ahead: list[Any] = []  # a part taken before it was asked for
+        self._responses: list[InferenceResponse] = []  # every response so far
+        self._index = 0  # the next one to give
+        self._finished = False  # the last response has come
+
+    def _take(self) -> None:
+        """The next part from the target (waits for it), kept as a response."""
+        try:
+            part = next(self._parts)
+        except StopIteration:
+            self._finished = True
+            raise
+        if isinstance(part, InferenceResponse):
+            response = part
+        elif part.error is not None:
+            response = InferenceResponse(
+                [], error_from_nursery(_bls_error(self._model, part.error)))
+        elif part.response is not None:
+            response = InferenceResponse._from_nursery(part.response)
+        else:
+            response = InferenceResponse([])  # the empty final response
+        self._responses.append(response)
+        if getattr(part, "final", True):
+            self._finished = True
 
     def _prefetch(self) -> None:
         """Wait for the first part now (off the event loop, for ``async_exec``)."""
-        try:
-            self._ahead.append(next(self._parts))
-        except StopIteration:
-            pass
+        if not self._responses and not self._finished:
+            try:
+                self._take()
+            except StopIteration:
+                pass
 
     def __iter__(self) -> ResponseIterator:
+        if self._finished and self._index >= len(self._responses):
+            self._index = 0  # read to the end: iterate again from the first
         return self
 
     def __next__(self) -> InferenceResponse:
-        part = self._ahead.pop() if self._ahead else next(self._parts)
-        if isinstance(part, InferenceResponse):
-            return part
-        if part.error is not None:
-            return InferenceResponse([], error_from_nursery(_bls_error(self._model, part.error)))
-        if part.response is not None:
-            return InferenceResponse._from_nursery(part.response)
-        return InferenceResponse([])  # the empty final response
+        if self._index >= len(self._responses):
+            if self._finished:
+                raise StopIteration
+            self._take()
+        response = self._responses[self._index]
+        self._index += 1
+        return response
 
     def cancel(self) -> None:
         cancel = getattr(self._parts, "cancel", None)
-        if cancel is not None:
+        if cancel is not None and not self._finished:
             cancel()
 
 
