@@ -422,3 +422,18 @@ def test_response_iterator_replays_once_read_to_the_end() -> None:
             break
     assert values([next(responses)]) == [2]
     assert values(responses) == [3, None]  # resumed where it stopped
+
+
+def test_bls_request_carries_the_sequence() -> None:
+    """A BLS request's correlation ID and sequence flags reach the target's sequence batcher
+    as a client's would."""
+    one = [pb_utils.Tensor("IN", np.array([1], np.int32))]
+    start = pb_utils.InferenceRequest(
+        model_name="seq", inputs=one, requested_output_names=["OUT"], correlation_id=1000,
+        flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)._to_nursery()
+    assert (start.sequence_id, start.sequence_start, start.sequence_end) == (1000, True, False)
+    end = pb_utils.InferenceRequest(
+        model_name="seq", inputs=one, requested_output_names=["OUT"], correlation_id="s-1",
+        flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)._to_nursery()
+    assert (end.sequence_id, end.sequence_start, end.sequence_end) == ("s-1", False, True)
+    assert "sequence_id" not in end.parameters

@@ -559,16 +559,18 @@ class InferenceRequest:
         for tensor in self._inputs:
             t = tensor._unwrap()
             inputs[t.name] = t
-        params = dict(self._parameters)
-        if self._correlation_id:
-            params["sequence_id"] = self._correlation_id
         return _Request(
             model_name=self._model_name,
             model_version="" if self._model_version in (-1, None) else str(self._model_version),
             inputs=inputs,
             requested_outputs=tuple(RequestedOutput(n) for n in self._requested),
             id=self._request_id,
-            parameters=params,
+            parameters=dict(self._parameters),
+            # the correlation ID and the sequence flags, as Triton's BLS sets them on the
+            # request for the target's sequence batcher
+            sequence_id=self._correlation_id,
+            sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+            sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
             timeout_us=self._timeout,
         )
 
