@@ -697,6 +697,9 @@ class LogLevel(enum.Enum):
     VERBOSE = 3
 
 
+_Level = LogLevel  # the type, where Logger's own name LogLevel would shadow it
+
+
 def _message(where: str, message: Any) -> str:
     if not isinstance(message, str):
         raise _argument(where, "message", "str", message)
@@ -717,8 +720,8 @@ class Logger:
                LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
-        if not isinstance(level, LogLevel):
+    def log(message: str, level: _Level = _Level.INFO) -> None:
+        if not isinstance(level, _Level):
             raise _argument("log()", "level", "a Logger.LogLevel", level)
         _log.log(Logger._LEVELS[level], "%s", _message("log()", message))
 
