@@ -11,6 +11,7 @@ settles on this machine while anything else runs); the rounds give the spread.
 
     python bench/ab_perf.py --base 3c53c53 --rounds 3
     python bench/ab_perf.py --base HEAD~5 --protocols http-bin,grpc --models mlp --concurrency 1,16
+    python bench/ab_perf.py --base HEAD --batching --protocols grpc --concurrency 1,16,64
 
 The machine is noisy: only ratios from one run mean anything, and a ratio within the spread of
 the rounds is a tie.
@@ -77,14 +78,22 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-ms", type=int, default=2000)
+    parser.add_argument("--batching", action="store_true",
+                        help="dynamic batching on, as the peer sweep's batching rows "
+                             "(max_batch_size 32, 1 ms queue delay)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nursery-ab-"))
     base = tmp / "base"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.base],
                    check=True, capture_output=True)
     repo = tmp / "repo"
-    make_models.write_add_sub(repo, max_batch_size=64)
-    make_models.write_mlp(repo, max_batch_size=64)
+    size = 32 if args.batching else 64
+    for folder in (make_models.write_add_sub(repo, max_batch_size=size),
+                   make_models.write_mlp(repo, max_batch_size=size)):
+        if args.batching:
+            config = folder / "config.pbtxt"
+            config.write_text(config.read_text()
+                              + "dynamic_batching { max_queue_delay_microseconds: 1000 }\n")
     sides = {"base": base, "new": ROOT}
     rows = [(p, m, int(c)) for p in args.protocols.split(",") for m in args.models.split(",")
             for c in args.concurrency.split(",")]

@@ -2,7 +2,7 @@
 """In-process cost of the actor pipeline, without any HTTP: Core.infer round trips per second.
 
     python bench/core_overhead.py [--model add_sub] [--repo model_repository] [--n 20000]
-                                  [--concurrency 1,16]
+                                  [--concurrency 1,16] [--batching]
 
 Loads the repository with the real ModelManager, then drives Core.infer from N concurrent
 trio tasks. The figure is the ceiling the frontends can reach on this machine; compare it with
@@ -58,14 +58,17 @@ async def main(args: argparse.Namespace) -> None:
                     await core.infer(request)
 
             start, cpu = time.perf_counter(), time.process_time()
+            own = time.thread_time()  # the trio thread: the part a frontend process would share
             async with trio.open_nursery() as workers:
                 for _ in range(concurrency):
                     workers.start_soon(worker)
             elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+            own = time.thread_time() - own
             total = per_task * concurrency
             print(f"{args.model} concurrency {concurrency}: {total / elapsed:,.0f} infer/s, "
                   f"{elapsed / total * 1e6:.1f} us per request, CPU {cpu / total * 1e6:.1f} us "
-                  "per request (all threads)")
+                  f"per request (all threads), trio thread {own / total * 1e6:.1f} us "
+                  f"(one core: {total / own:,.0f} requests/s)")
         await commands.aclose()
 
 
@@ -75,4 +78,19 @@ if __name__ == "__main__":  # noqa
     p.add_argument("--repo", default="model_repository")
     p.add_argument("--n", type=int, default=20000)
     p.add_argument("--concurrency", default="1,16")
-    trio.run(main, p.parse_args())
+    p.add_argument("--batching", action="store_true",
+                   help="serve the MLP with dynamic batching (max_batch_size 32, 1 ms delay), "
+                        "as the peer sweep's batching rows, from a temporary repository")
+    parsed = p.parse_args()
+    if parsed.batching:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+        import tempfile
+
+        import make_models  # type: ignore[import-not-found]
+        repo = Path(tempfile.mkdtemp(prefix="nursery-core-")) / "repo"
+        folder = make_models.write_mlp(repo, max_batch_size=32)
+        config = folder / "config.pbtxt"
+        config.write_text(config.read_text()
+                          + "dynamic_batching { max_queue_delay_microseconds: 1000 }\n")
+        parsed.repo, parsed.model = str(repo), "mlp"
+    trio.run(main, parsed)

@@ -5,6 +5,7 @@ tiny_llm, with NVIDIA's tritonclient (gRPC streams: one response per token).
     python bench/llm_batching.py [--modes continuous,static,sequential]
                                  [--concurrency 1,8,16,32] [--requests-per-client 4]
                                  [--max-tokens 8,16,32,64,128,256] [--slots 32] [--json OUT]
+                                 [--max-num-batched-tokens N] [--width W --layers L]
 
 For each batching mode (the model's ``batching_mode`` parameter) it copies tiny_llm into a
 temporary repository, starts ``python -m nursery serve`` on free loopback ports and, at each
@@ -61,7 +62,7 @@ class Trace:
 
 
 def with_mode(repo: Path, mode: str, slots: int, process: bool = False,
-              width: int = 0, layers: int = 0) -> None:
+              width: int = 0, layers: int = 0, budget: int = 0) -> None:
     source = ROOT / "model_repository" / MODEL
     shutil.copytree(source, repo / MODEL)
     if width:  # a wider decoder: its step, not the serving path, sets the pace
@@ -79,6 +80,9 @@ def with_mode(repo: Path, mode: str, slots: int, process: bool = False,
         lines.append(line)
     if process:
         lines.append('parameters { key: "nursery_instance_mode" value: { string_value: "process" } }')
+    if budget:  # the decode step's token budget (chunked prefill; default: max_slots)
+        lines.append(f'parameters {{ key: "max_num_batched_tokens" value: {{ string_value: '
+                     f'"{budget}" }} }}')
     (repo / MODEL / "config.pbtxt").write_text("\n".join(lines) + "\n")
 
 
@@ -188,6 +192,10 @@ def main() -> None:
                         "4x wider MLP, no adapters): a decode step that costs what a real "
                         "model's does beside the serving path (0: the bundled weights)")
     parser.add_argument("--layers", type=int, default=0, help="with --width: layers (4)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=0,
+                        help="the model's max_num_batched_tokens: tokens a decode step runs "
+                        "at most, decodes first, then prompt chunks (0: the model's default, "
+                        "max_slots)")
     args = parser.parse_args()
     args.lengths = [int(x) for x in args.max_tokens.split(",")]
     modes = args.modes.split(",")
@@ -199,7 +207,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             repo = Path(tmp) / "repo"
             repo.mkdir()
-            with_mode(repo, mode, args.slots, args.process, args.width, args.layers)
+            with_mode(repo, mode, args.slots, args.process, args.width, args.layers,
+                      args.max_num_batched_tokens)
             server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
             try:
                 server.wait_ready()

@@ -11,7 +11,8 @@
 # Knobs pass through: CONCURRENCY (default "1 16"), MODELS ("add_sub mlp"), REPEATS (2),
 # MEASURE_MS (3000), BATCHING ("off"). Set up the peers first (once per machine):
 #   bash ../shared/bench/setup_envs.sh tools pa mlserver pytriton
-# Never run two benchmarks at once on the 2-core machine.
+# Never run two benchmarks at once on the 2-core machine. Beside the shared summary, cpu.md
+# gives each row's server CPU per request (bench/peer_cpu.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHARED="${SHARED_BENCH:-$ROOT/../shared/bench}"
@@ -25,10 +26,18 @@ case "$proto" in
             BATCHING="${BATCHING:-on}" ;;
   *) echo "usage: $0 http|grpc|batching" >&2; exit 2 ;;
 esac
+steps="${STEPS:-$steps}"  # e.g. STEPS="models nursery triton summary" leaves MLServer out
 export NURSERY_ROOT="$ROOT" NURSERY_PROTOCOLS="$np" TRITON_PROTOCOLS="$tp" PROTOCOLS="$mp"
 export CONCURRENCY="${CONCURRENCY:-1 16}" MODELS="${MODELS:-add_sub mlp}"
 export REPEATS="${REPEATS:-2}" MEASURE_MS="${MEASURE_MS:-3000}" BATCHING="${BATCHING:-off}"
 export OUT="${OUT:-$ROOT/bench/results/peer-$proto-$(date +%Y%m%d-%H%M)}"
+mkdir -p "$OUT"
+# server CPU per request beside every row (bench/peer_cpu.py: /proc of each server's session)
+python3 "$ROOT/bench/peer_cpu.py" sample "$OUT/cpu.jsonl" &
+sampler=$!
+trap 'kill "$sampler" 2>/dev/null || true' EXIT
 # shellcheck disable=SC2086
 bash "$SHARED/run_anchors.sh" $steps
-echo "summary: $OUT/summary.md"
+kill "$sampler" 2>/dev/null || true
+python3 "$ROOT/bench/peer_cpu.py" attach "$OUT" || true
+echo "summary: $OUT/summary.md; CPU per request: $OUT/cpu.md"

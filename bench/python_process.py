@@ -16,7 +16,10 @@ One server, one repository, both instance modes side by side (the model paramete
 
 ``--hop-only`` runs only the third part, ``--rounds`` times; with ``--base`` a second server
 runs from that checkout (a ``git worktree`` of an older commit) and the rounds interleave the
-two, for an A/B of the hop on a noisy machine (medians and spread printed).
+two, for an A/B of the hop on a noisy machine (medians and spread printed). With ``--triton``
+real Triton (the tritonserver of the shared harness's pytriton environment, its own Python
+backend and stub) serves the same ``model.py`` in the same rounds: Triton's hop beside
+nursery's.
 
 Never run it beside another benchmark on the 2-core machine.
 """
@@ -84,7 +87,7 @@ def write_python(repo: Path, name: str, source: str, mode: str, count: int,
         f'parameters {{ key: "work_ms" value {{ string_value: "{work_ms}" }} }}\n')
 
 
-def perf(server: ServerProcess, model: str, concurrency: int, measure_ms: int,
+def perf(server: ServerProcess | TritonProcess, model: str, concurrency: int, measure_ms: int,
          out: Path, stable: bool = True) -> subprocess.Popen[bytes]:
     # stable=False: three windows, whatever their spread (an A/B on a noisy machine, where the
     # rounds' medians carry the comparison, not one window's stability)
@@ -114,6 +117,8 @@ def main() -> int:
     parser.add_argument("--hop-only", action="store_true")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--base", type=Path, default=None)
+    parser.add_argument("--triton", action="store_true",
+                        help="with --hop-only: Triton's Python backend in the same rounds")
     args = parser.parse_args()
     if args.hop_only:
         return hop_ab(args)
@@ -163,6 +168,58 @@ def main() -> int:
     return 0
 
 
+class TritonProcess:
+    """Real Triton 2.51 (the shared harness's pytriton environment, ``../shared/bench``) on
+    free loopback ports, started as the harness starts it, in a session of its own."""
+
+    def __init__(self, repo: Path, work: Path) -> None:
+        import glob
+        import socket
+
+        venv = Path("/tmp/anchors-venv-pytriton")
+        found = glob.glob(str(venv / "lib/python3*/site-packages/pytriton/tritonserver"))
+        if not found:
+            raise SystemExit("no Triton: run `bash ../shared/bench/setup_envs.sh pytriton` first")
+        ports = []
+        for _ in range(3):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        self.http_port = ports[0]
+        script = ROOT.parent / "shared/bench/triton_pybackend/start_tritonserver.sh"
+        self.log = (work / "triton.log").open("wb")
+        self.proc = subprocess.Popen(
+            ["bash", str(script), found[0], str(repo), str(venv), *map(str, ports)],
+            cwd=work, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        import time
+        import urllib.request
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited: {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("tritonserver not ready")
+
+    def stop(self) -> None:
+        import os
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
 def hop_ab(args: argparse.Namespace) -> int:
     """The hop's cost alone, interleaved rounds, this checkout against ``--base``."""
     trees = {"this": ROOT} | ({"base": args.base.resolve()} if args.base else {})
@@ -170,8 +227,11 @@ def hop_ab(args: argparse.Namespace) -> int:
         repo = Path(tmp) / "repo"
         for mode in ("thread", "process"):
             write_python(repo, f"identity_{mode}", IDENTITY_MODEL, mode, 1)
-        servers = {name: ServerProcess(repo, log_path=Path(tmp) / f"{name}.log", cwd=tree)
-                   for name, tree in trees.items()}
+        servers: dict[str, ServerProcess | TritonProcess] = {
+            name: ServerProcess(repo, log_path=Path(tmp) / f"{name}.log", cwd=tree)
+            for name, tree in trees.items()}
+        if args.triton:
+            servers["triton"] = TritonProcess(repo, Path(tmp))
         seen: dict[tuple[str, str, int], list[dict[str, float]]] = {}
         try:
             for server in servers.values():
@@ -181,6 +241,8 @@ def hop_ab(args: argparse.Namespace) -> int:
                 for c in (1, 16):
                     for mode in ("thread", "process"):
                         for name, server in servers.items():
+                            if name == "triton" and mode == "thread":
+                                continue  # Triton has stubs only
                             n += 1
                             out = Path(tmp) / f"r{n}.csv"
                             r = result(perf(server, f"identity_{mode}", c, args.measure_ms, out,
@@ -194,7 +256,7 @@ def hop_ab(args: argparse.Namespace) -> int:
     for (name, mode, c), rs in sorted(seen.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         rate = sorted(r["infer_s"] for r in rs)
         p50 = sorted(r["p50_ms"] for r in rs)
-        print(f"  c={c:<3d} {mode:8s} {name:5s} {rate[len(rate) // 2]:8.1f} "
+        print(f"  c={c:<3d} {mode:8s} {name:6s} {rate[len(rate) // 2]:8.1f} "
               f"[{rate[0]:.0f}-{rate[-1]:.0f}]   p50 {p50[len(p50) // 2]:.3f} ms "
               f"[{p50[0]:.3f}-{p50[-1]:.3f}]")
     return 0

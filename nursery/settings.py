@@ -57,6 +57,7 @@ class OpenAISettings:
     default_max_tokens: int = 16  # --default-max-tokens
     chat_template: str = ""  # --chat-template: a Jinja file that replaces the tokenizer's
     backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
+    tool_call_parser: str = ""  # --tool-call-parser llama3|hermes: tool calls in chat answers
     max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
 
 
@@ -493,6 +494,11 @@ def _openai_flags(parser: argparse.ArgumentParser) -> None:
                        help="The request format (tensor names) for every model, instead of the "
                        "one chosen per model (vLLM for backend vllm or a sampling_parameters "
                        "input, TRT-LLM otherwise).")
+    group.add_argument("--tool-call-parser", default="", choices=["", "llama3", "hermes"],
+                       metavar="<llama3|hermes>",
+                       help="Specify the parser for handling tool calling related response "
+                       "text: 'llama3' (JSON calls) or 'hermes' (<tool_call> blocks). Needed "
+                       "for requests with tools and an \"auto\" tool_choice.")
     group.add_argument("--openai-max-input-size", type=int, default=1 << 26, metavar="<int>",
                        help="The largest OpenAI request body in bytes. Default is 67108864 "
                        "(64 MiB, Triton's frontend's --http-max-input-size).")
@@ -501,7 +507,8 @@ def _openai_flags(parser: argparse.ArgumentParser) -> None:
 def _openai_settings(parser: argparse.ArgumentParser,
                      args: argparse.Namespace) -> OpenAISettings | None:
     if args.openai_port is None:
-        for flag in ("tokenizer", "lora_separator", "chat_template", "backend"):
+        for flag in ("tokenizer", "lora_separator", "chat_template", "backend",
+                     "tool_call_parser"):
             if getattr(args, flag):
                 parser.error(f"--{flag.replace('_', '-')} needs --openai-port")
         return None
@@ -522,6 +529,7 @@ def _openai_settings(parser: argparse.ArgumentParser,
         default_max_tokens=args.default_max_tokens,
         chat_template=args.chat_template,
         backend=args.backend,
+        tool_call_parser=args.tool_call_parser,
         max_input_size=args.openai_max_input_size,
     )
 

@@ -105,7 +105,8 @@ def config_pbtxt(name: str = "tiny_llm", mode: str = "continuous", slots: int = 
              "model_transaction_policy { decoupled: true }",
              "input [", ",\n".join(inputs), "]", "output [", ",\n".join(outputs), "]",
              "instance_group [ { count: 1 kind: KIND_CPU } ]",
-             "# batching_mode: continuous | static | sequential (docs/llm.md)"]
+             "# batching_mode: continuous | static | sequential (docs/llm.md);",
+             "# max_num_batched_tokens (tokens a decode step runs, chunked prefill): max_slots"]
     lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
               for k, v in params.items()]
     return "\n".join(lines) + "\n"

@@ -3,12 +3,14 @@
 GPT-2's shape (learned positions, pre-norm blocks, GELU, output head tied to the token
 embedding, with an optional ``lm_head.bias``), float32. State lives in *slots*: each slot has
 its own KV cache rows for every layer (``[slots, heads, context, head_dim]``) and a length.
-``step`` runs, in one pass, one token for each of several slots (decoding) and whole prompts
-into other slots (prefilling): the projections and the MLP run once over all those rows, so
-a request admitted in the middle of a run costs the others little; it returns one row of
-logits per decoding slot and one per prompt (its last position). The decoding rows' attention
-reads the cache through a view of the slot range it needs (no copy): rows of that range that
-are not in the batch cost a few wasted multiplications, never a gather of the cache.
+``step`` runs, in one pass, one token for each of several slots (decoding) and prompt chunks
+into other slots (prefilling: a whole prompt, or a piece of one at an offset into the slot's
+cache, so a long prompt can be spread over several steps): the projections and the MLP run
+once over all those rows, so a request admitted in the middle of a run costs the others
+little; it returns one row of logits per decoding slot and one per chunk (its last
+position). The decoding rows' attention reads the cache through a view of the slot range it
+needs (no copy): rows of that range that are not in the batch cost a few wasted
+multiplications, never a gather of the cache.
 ``prefill`` and ``decode`` are the two halves alone.
 
 LoRA adapters apply per row on the shared base weights: for the rows of the batch that ask
@@ -130,29 +132,36 @@ class Decoder:
     # -- the entry points -------------------------------------------------------------------
 
     def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
-             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             prefills: Sequence[tuple[int, Sequence[int], int, int]] = ()
              ) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass for a decode loop's step: one token for each of ``slots`` (their
-        next position) and, in the same pass, whole prompts ``(slot, ids, adapter)`` run into
-        their slots (their caches start over). The projections run once over all those rows;
-        only attention is per kind. Returns the logits of the decode rows ``[len(slots),
-        vocab]`` and of each prompt's last position ``[len(prefills), vocab]``."""
+        next position) and, in the same pass, prompt chunks ``(slot, ids, adapter, start)``
+        run into their slots at positions ``start ..`` (``start`` 0: the slot's cache starts
+        over; otherwise it must be the slot's length, the chunks of a prompt following each
+        other). The projections run once over all those rows; only attention is per kind.
+        Returns the logits of the decode rows ``[len(slots), vocab]`` and of each chunk's
+        last position ``[len(prefills), vocab]``."""
         slot_ix = np.asarray(slots, dtype=np.int64)
         batch = len(slot_ix)
         positions = self.lengths[slot_ix]
         if batch and (positions >= self.n_ctx).any():
             raise ValueError("a sequence has filled the model's context")
-        for _, ids, _ in prefills:
-            if not 0 < len(ids) <= self.n_ctx:
-                raise ValueError(f"a prompt of {len(ids)} tokens does not fit a context of "
-                                 f"{self.n_ctx}")
-        lengths = [len(ids) for _, ids, _ in prefills]
+        for slot, ids, _, start in prefills:
+            if not len(ids) or start + len(ids) > self.n_ctx:
+                raise ValueError(f"a prompt of {start + len(ids)} tokens does not fit a context "
+                                 f"of {self.n_ctx}")
+            if start and start != self.lengths[slot]:
+                raise ValueError(f"a prompt chunk at {start} does not follow the "
+                                 f"{self.lengths[slot]} tokens of slot {slot}")
+        lengths = [len(ids) for _, ids, _, _ in prefills]
         token_rows = np.concatenate([np.asarray(tokens, np.int64),
-                                     *(np.asarray(ids, np.int64) for _, ids, _ in prefills)])
-        pos_rows = np.concatenate([positions, *(np.arange(n) for n in lengths)])
+                                     *(np.asarray(ids, np.int64) for _, ids, _, _ in prefills)])
+        pos_rows = np.concatenate([positions, *(np.arange(start, start + n) for (_, _, _, start), n
+                                                in zip(prefills, lengths, strict=True))])
         adapter_rows = np.concatenate([
             np.zeros(batch, np.int64) if adapters is None else np.asarray(adapters, np.int64),
-            *(np.full(n, a, np.int64) for (_, _, a), n in zip(prefills, lengths, strict=True))])
+            *(np.full(n, a, np.int64) for (_, _, a, _), n in zip(prefills, lengths,
+                                                                  strict=True))])
         x = self.embed[token_rows] + self.pos[pos_rows]
         span = self._span(slot_ix, positions) if batch else None
         for i, layer in enumerate(self.layers):
@@ -162,23 +171,25 @@ class Decoder:
             parts = []
             if span is not None:
                 parts.append(self._attend_decode(i, qkv[:batch], slot_ix, positions, span))
-            start = batch
-            for (slot, _, _), n in zip(prefills, lengths, strict=True):
-                parts.append(self._attend_prompt(i, qkv[start:start + n], slot))
-                start += n
+            first = batch
+            for (slot, _, _, start), n in zip(prefills, lengths, strict=True):
+                parts.append(self._attend_prompt(i, qkv[first:first + n], slot, start))
+                first += n
             att = parts[0] if len(parts) == 1 else np.concatenate(parts)
             x = x + self._linear(att, i, "attn.out", adapter_rows)
             x = x + self._mlp(x, i, layer, adapter_rows)
         self.lengths[slot_ix] = positions + 1
-        for (slot, _, _), n in zip(prefills, lengths, strict=True):
-            self.lengths[slot] = n
+        for (slot, _, _, start), n in zip(prefills, lengths, strict=True):
+            self.lengths[slot] = start + n
         last = batch + np.cumsum(lengths, dtype=np.int64) - 1
         logits = self._logits(x[np.concatenate([np.arange(batch), last])])
         return logits[:batch], logits[batch:]
 
-    def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0) -> np.ndarray:
-        """Run a prompt into ``slot`` (its cache starts over); the last position's logits."""
-        last: np.ndarray = self.step((), (), None, [(slot, ids, adapter)])[1][0]
+    def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0, start: int = 0
+                ) -> np.ndarray:
+        """Run a prompt into ``slot`` (its cache starts over), or with ``start`` a further
+        chunk of one; the last position's logits."""
+        last: np.ndarray = self.step((), (), None, [(slot, ids, adapter, start)])[1][0]
         return last
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int],
@@ -220,12 +231,18 @@ class Decoder:
         out: np.ndarray = np.matmul(scores, values)[where, :, 0].reshape(len(slot_ix), -1)
         return out
 
-    def _attend_prompt(self, i: int, qkv: np.ndarray, slot: int) -> np.ndarray:
+    def _attend_prompt(self, i: int, qkv: np.ndarray, slot: int, start: int) -> np.ndarray:
+        """A prompt chunk at positions ``start .. start + n``: its keys and values go into the
+        slot's cache, and each of its positions attends to every one before it, those of
+        earlier chunks (read from the cache) and its own (causally)."""
         n = len(qkv)
         q, k, v = (qkv[:, j].transpose(1, 0, 2) for j in range(3))  # [H, n, hd]
-        self.k[i][slot, :, :n] = k
-        self.v[i][slot, :, :n] = v
-        causal = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+        self.k[i][slot, :, start:start + n] = k
+        self.v[i][slot, :, start:start + n] = v
+        if start:
+            k = self.k[i][slot, :, :start + n]  # views: [H, start + n, hd]
+            v = self.v[i][slot, :, :start + n]
+        causal = np.triu(np.full((n, start + n), -np.inf, np.float32), start + 1)
         scores = np.matmul(q, k.transpose(0, 2, 1)) * self._scale + causal
         scores -= scores.max(-1, keepdims=True)
         np.exp(scores, out=scores)

@@ -2,16 +2,20 @@
 
 Each step: (1) requests whose client has gone are dropped, waiting or running, and their
 slots freed; (2) the slot scheduler admits waiting requests into free slots (every step in
-``continuous`` mode); (3) one forward pass gives every running sequence its next token and
-runs the prompts of the admitted ones, which get their first token; a sequence that ends
-(end-of-sequence token, stop string, ``max_tokens``) leaves at once and its slot is free for
-the next step. A pass that fails is run again in parts, so that only the sequences whose
-part fails again end with the error.
+``continuous`` mode); (3) one forward pass gives every decoding sequence its next token and
+runs prompt tokens of the admitted ones, as many as the step's token budget leaves (chunked
+prefill: a long prompt is spread over several steps, so it never stalls the sequences
+already decoding for more than a budget's worth of rows); a sequence whose last prompt chunk
+ran gets its first token; a sequence that ends (end-of-sequence token, stop string,
+``max_tokens``) leaves at once and its slot is free for the next step. A pass that fails is
+run again in parts, so that only the sequences whose part fails again end with the error.
 
 ``execute`` of a decoupled ``model.py`` only hands requests over (``submit``) and returns;
 what a sequence produces goes out through its job's ``emit`` callback, on this thread, as
-``Chunk``s: one per token, then a final one. ``step`` is public so tests drive the loop
-synchronously, without the thread.
+``Chunk``s: one per token, then a final one. What one step emits for all its sequences is
+sent inside one ``coalesce()`` block, so a server that can carry the responses of a block
+together does (``triton_python_backend_utils.coalesce_responses`` in nursery). ``step`` is
+public so tests drive the loop synchronously, without the thread.
 """
 
 from __future__ import annotations
@@ -20,27 +24,29 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from nursery.llm.sampling import Sampler, SamplingParams, TextStream
-from nursery.llm.slots import SlotScheduler
+from nursery.llm.slots import SlotScheduler, plan_prefill
 
 log = logging.getLogger("nursery.llm")
 
 
 class BatchModel(Protocol):
     """What the loop needs of a model (``decoder.Decoder`` is one): ``step`` decodes one token
-    for each of ``slots`` and, in the same pass, runs each prompt of ``prefills`` (``(slot,
-    ids, adapter)``) into its slot; it returns the decode rows' logits and one row per
-    prompt."""
+    for each of ``slots`` and, in the same pass, runs each prompt chunk of ``prefills``
+    (``(slot, ids, adapter, start)``: ``ids`` at positions ``start ..`` of the slot; 0 starts
+    the slot over) into its slot; it returns the decode rows' logits and one row per chunk
+    (its last position)."""
 
     n_ctx: int
 
     def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
-             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             prefills: Sequence[tuple[int, Sequence[int], int, int]] = ()
              ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
@@ -77,16 +83,29 @@ class _Sequence:
     stream: TextStream
     generated: list[int] = field(default_factory=list)
     last: int = 0
+    fed: int = 0  # prompt tokens run into the slot so far
+
+    @property
+    def decoding(self) -> bool:
+        return self.fed == len(self.job.prompt)
 
 
 class DecodeLoop:
     def __init__(self, model: BatchModel, token_bytes: Callable[[int], bytes], slots: int,
                  mode: str = "continuous", eos_ids: Collection[int] = (),
                  seed: int | None = None, name: str = "llm",
-                 observe: Callable[[DecodeLoop], None] | None = None) -> None:
+                 observe: Callable[[DecodeLoop], None] | None = None,
+                 token_budget: int | None = None,
+                 coalesce: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
         self.model = model
         self.token_bytes = token_bytes
         self.scheduler: SlotScheduler[Job] = SlotScheduler(slots, mode)
+        # tokens one step runs at most: every decoding sequence's next token, then prompt
+        # tokens (default: a full batch of decodes, so no step is longer than that one)
+        self.token_budget = slots if token_budget is None else token_budget
+        if self.token_budget < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {token_budget}")
+        self.coalesce = coalesce
         self.eos_ids = frozenset(eos_ids)
         self.name = name
         self.observe = observe
@@ -149,28 +168,45 @@ class DecodeLoop:
 
     def step(self) -> None:
         self.steps += 1
-        for job in [*self.scheduler.waiting, *self.scheduler.active]:
-            if job.cancelled():
-                self._end(job, "cancelled")
-        running = sorted(self._running.values(), key=lambda s: s.slot)
-        new = [self._sequence(job, slot) for job, slot in self.scheduler.admit()]
-        if running or new:
-            self._forward(running, new)
+        with self.coalesce():
+            for job in [*self.scheduler.waiting, *self.scheduler.active]:
+                if job.cancelled():
+                    self._end(job, "cancelled")
+            decoding = sorted((s for s in self._running.values() if s.decoding),
+                              key=lambda s: s.slot)
+            for job, slot in self.scheduler.admit():
+                if job.prompt:
+                    self._sequence(job, slot)
+                else:  # nothing to attend to: it cannot start
+                    self._end(job, "error", "a prompt must have at least one token")
+        prefilling = [s for s in self._running.values() if not s.decoding]  # admission order
+        plan = plan_prefill(self.token_budget, len(decoding),
+                            [len(s.job.prompt) - s.fed for s in prefilling])
+        chunks = [(s, n) for s, n in zip(prefilling, plan, strict=True) if n]
+        if decoding or chunks:
+            with self.coalesce():  # what this step sends, sent together
+                self._forward(decoding, chunks)
         if self.observe is not None:
             self.observe(self)
 
-    def _forward(self, running: list[_Sequence], new: list[_Sequence]) -> None:
+    @staticmethod
+    def _piece(seq: _Sequence, n: int) -> tuple[int, Sequence[int], int, int]:
+        return seq.slot, seq.job.prompt[seq.fed:seq.fed + n], seq.job.adapter, seq.fed
+
+    def _forward(self, decoding: list[_Sequence], chunks: list[tuple[_Sequence, int]]) -> None:
         try:
             decoded, prefilled = self.model.step(
-                [s.slot for s in running], [s.last for s in running],
-                [s.job.adapter for s in running],
-                [(s.slot, s.job.prompt, s.job.adapter) for s in new])
+                [s.slot for s in decoding], [s.last for s in decoding],
+                [s.job.adapter for s in decoding], [self._piece(s, n) for s, n in chunks])
             rows: list[np.ndarray | None] = [*decoded, *prefilled]
         except Exception:  # noqa: BLE001 - find whose rows failed: they alone pay for it
             log.exception("%s: decode step failed; running its parts apart", self.name)
-            rows = self._apart(running, new)
-        for seq, row in zip([*running, *new], rows, strict=True):
+            rows = self._apart(decoding, chunks)
+        for (seq, n), row in zip(chunks, rows[len(decoding):], strict=True):
             if row is not None:
+                seq.fed += n
+        for seq, row in zip([*decoding, *(s for s, _ in chunks)], rows, strict=True):
+            if row is not None and seq.decoding:  # a prompt's last chunk gives its first token
                 self._advance(seq, seq.sampler.next_token(row, seq.generated))
 
     def _sequence(self, job: Job, slot: int) -> _Sequence:
@@ -182,25 +218,24 @@ class DecodeLoop:
         self._running[job] = seq
         return seq
 
-    def _apart(self, running: list[_Sequence], new: list[_Sequence]
+    def _apart(self, decoding: list[_Sequence], chunks: list[tuple[_Sequence, int]]
                ) -> list[np.ndarray | None]:
-        """A failed step again, the decode rows together and each prompt alone (lengths move
-        only when a pass completes, so nothing is fed twice); a part that fails again ends its
-        sequences with the error."""
+        """A failed step again, the decode rows together and each prompt chunk alone (lengths
+        move only when a pass completes, so nothing is fed twice); a part that fails again
+        ends its sequences with the error."""
         rows: list[np.ndarray | None] = []
         try:
-            if running:
-                rows += list(self.model.step([s.slot for s in running],
-                                             [s.last for s in running],
-                                             [s.job.adapter for s in running])[0])
+            if decoding:
+                rows += list(self.model.step([s.slot for s in decoding],
+                                             [s.last for s in decoding],
+                                             [s.job.adapter for s in decoding])[0])
         except Exception as exc:  # noqa: BLE001 - these sequences' failure only
-            rows += [None] * len(running)
-            for seq in running:
+            rows += [None] * len(decoding)
+            for seq in decoding:
                 self._end(seq.job, "error", f"generation failed: {exc!r}")
-        for seq in new:
+        for seq, n in chunks:
             try:
-                rows.append(self.model.step((), (), None,
-                                            [(seq.slot, seq.job.prompt, seq.job.adapter)])[1][0])
+                rows.append(self.model.step((), (), None, [self._piece(seq, n)])[1][0])
             except Exception as exc:  # noqa: BLE001 - this sequence's failure only
                 rows.append(None)
                 self._end(seq.job, "error", f"generation failed: {exc!r}")

@@ -15,7 +15,9 @@ one response per step (one token; text may wait for the rest of a character or a
 stop string), the last with the final flag. Otherwise one final response with everything.
 
 Model configuration ``parameters``: ``batching_mode`` (continuous | static | sequential),
-``max_slots`` (sequences decoded together), ``default_max_tokens``,
+``max_slots`` (sequences decoded together), ``max_num_batched_tokens`` (tokens one decode
+step runs at most: every decoding sequence's next one, then prompt tokens, so a long prompt
+is spread over several steps; default ``max_slots``), ``default_max_tokens``,
 ``exclude_input_in_output`` (the default of the input of that name), ``tokenizer`` (a
 folder beside config.pbtxt), ``weights`` (the decoder's folder in the version folder),
 ``seed`` (for requests without one), ``blas_threads`` (OpenBLAS's thread count for the
@@ -25,6 +27,7 @@ process: small products run fastest on one).
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +79,8 @@ class DecoderServer:
         self.tokenizer = ByteBPETokenizer.from_file(tok_dir / "tokenizer.json")
         adapters = [load_adapter(name, folder)
                     for name, folder in read_multi_lora(version_dir).items()]
-        slots = int(params.get("max_slots", "32") or 32)
+        slots = _integer(params, "max_slots", 32)
+        budget = _integer(params, "max_num_batched_tokens", slots)
         if params.get("blas_threads"):
             set_blas_threads(int(params["blas_threads"]))
         self.decoder: Decoder = load_decoder(version_dir / (params.get("weights") or "."), slots,
@@ -91,7 +95,9 @@ class DecoderServer:
         self.loop = DecodeLoop(self.decoder, self.tokenizer.token_bytes, slots,
                                params.get("batching_mode") or "continuous", eos,
                                seed=int(seed) if seed else None, name=self.model_name,
-                               observe=self._metrics.update)
+                               observe=self._metrics.update, token_budget=budget,
+                               # a step's responses travel together where the server can
+                               coalesce=getattr(pb_utils, "coalesce_responses", nullcontext))
         self.loop.start()
 
     def close(self) -> None:
@@ -251,6 +257,16 @@ class _Metrics:
             if count != self.seen[outcome]:
                 self.ended[outcome].increment(count - self.seen[outcome])
                 self.seen[outcome] = count
+
+
+def _integer(params: dict[str, str], name: str, default: int) -> int:
+    text = params.get(name) or ""
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"parameter {name!r} must be an integer, got {text!r}") from None
 
 
 def _text(value: Any, name: str) -> str:

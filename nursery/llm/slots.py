@@ -11,16 +11,36 @@ Three modes, chosen by the model's ``batching_mode`` parameter:
 
 A slot is the lowest free number, so the active slots stay packed at the low end (the
 decoder's attention reads the span of active slots).
+
+``plan_prefill`` is the other half of a step's policy (chunked prefill): how many prompt
+tokens each admitted sequence runs in a step, under the per-step token budget.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
 MODES = ("continuous", "static", "sequential")
+
+
+def plan_prefill(budget: int, decoding: int, remaining: Sequence[int]) -> list[int]:
+    """Chunked prefill: a step runs every decoding sequence's next token (``decoding`` of
+    them) and at most ``budget - decoding`` prompt tokens, given to the prompts in
+    ``remaining`` (each one's tokens not yet run, in admission order) first come, first
+    served. While a prompt waits, at least one of its tokens runs in every step, so no budget
+    starves it. Returns how many tokens of each prompt run now (a 0 runs nothing)."""
+    if budget < 1:
+        raise ValueError(f"the token budget must be at least 1, got {budget}")
+    left = max(budget - decoding, 1 if any(remaining) else 0)
+    plan = []
+    for want in remaining:
+        take = min(want, left)
+        plan.append(take)
+        left -= take
+    return plan
 
 K = TypeVar("K", bound=Hashable)
 

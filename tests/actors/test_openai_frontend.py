@@ -91,7 +91,7 @@ async def test_cancelling_the_request_scope_mid_stream_reaches_the_model(tmp_pat
 async def test_an_unexpected_failure_costs_its_request_only(tmp_path: Path) -> None:
     async with _serving(tmp_path) as frontend:
         class Broken:
-            def apply_chat_template(self, messages: Any) -> str:
+            def apply_chat_template(self, messages: Any, **kw: Any) -> str:
                 raise RuntimeError("template engine exploded")
 
         good = frontend.tokenizer

@@ -289,18 +289,24 @@ def test_in_a_stub_process_streams_and_cancels_the_same(
         assert metric(server, "nursery_llm_active_sequences") == 0
 
 
-def test_a_bad_batching_mode_fails_the_load_with_its_reason(
+@pytest.mark.parametrize(("parameter", "value", "reason"), [
+    ("batching_mode", "eager",
+     "batching_mode must be one of continuous, static, sequential; got 'eager'"),
+    ("max_num_batched_tokens", "0", "max_num_batched_tokens must be at least 1, got 0"),
+    ("max_num_batched_tokens", "lots",
+     "parameter 'max_num_batched_tokens' must be an integer, got 'lots'")])
+def test_a_bad_batching_parameter_fails_the_load_with_its_reason(
+        parameter: str, value: str, reason: str,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     repo = tmp_path_factory.mktemp("badmode")
     shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL)
     config = repo / MODEL / "config.pbtxt"
-    config.write_text(config.read_text().replace('string_value: "continuous"',
-                                                 'string_value: "eager"'))
+    config.write_text(config.read_text().replace('"batching_mode"', '"unused"') +
+                      f'parameters {{ key: "{parameter}" value: {{ string_value: "{value}" }} }}\n')
     with running_server(repo, "--exit-on-error=false", "--strict-readiness=false",
                         tmp_path_factory=tmp_path_factory) as server:
         client = httpclient.InferenceServerClient(server.url)
         (entry,) = client.get_model_repository_index()
         client.close()
     assert entry["state"] == "UNAVAILABLE"
-    assert "batching_mode must be one of continuous, static, sequential; got 'eager'" in \
-        entry["reason"]
+    assert reason in entry["reason"]

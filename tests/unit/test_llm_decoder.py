@@ -125,6 +125,36 @@ def test_batched_greedy_equals_alone() -> None:
     assert together == alone
 
 
+def test_a_prompt_run_in_chunks_equals_the_prompt_run_at_once() -> None:
+    """Chunked prefill in the decoder: a prompt fed in pieces at their offsets (each attending
+    to the cache of the pieces before it), in passes shared with decoding rows of another
+    slot, leaves the same cache and gives the same logits as the prompt in one piece."""
+    w = weights()
+    alpha = adapter("alpha", 4, 1)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(2, 97, 23)]
+    whole = Decoder(CONFIG, w, 2, [alpha])
+    want = whole.prefill(1, prompt, 1)
+    pieces = Decoder(CONFIG, w, 2, [alpha])
+    pieces.prefill(0, [5, 6, 7])
+    token = 8
+    start = 0
+    for size in (1, 7, 2, 13):
+        _, rows = pieces.step([0], [token], None, [(1, prompt[start:start + size], 1, start)])
+        start += size
+        token += 1
+    np.testing.assert_allclose(rows[0], want, rtol=1e-5, atol=1e-5)
+    assert pieces.lengths[1] == 23 and pieces.lengths[0] == 7
+    for k_whole, k_pieces in zip(whole.k, pieces.k, strict=True):
+        np.testing.assert_allclose(k_pieces[1, :, :23], k_whole[1, :, :23], rtol=1e-5, atol=1e-5)
+    # and decoding goes on from the chunked cache as from the whole one
+    np.testing.assert_allclose(pieces.decode([1], [40], [1])[0], whole.decode([1], [40], [1])[0],
+                               rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="does not follow"):
+        pieces.prefill(1, [3, 4], 0, start=5)
+    with pytest.raises(ValueError, match="does not fit"):
+        pieces.prefill(1, [3] * 60, 0, start=24)
+
+
 def merged(w: dict[str, np.ndarray], a: Adapter) -> dict[str, np.ndarray]:
     out = dict(w)
     for module, (lora_a, lora_b) in a.modules.items():

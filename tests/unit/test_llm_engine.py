@@ -6,7 +6,8 @@ end-of-sequence token, failures that cost one sequence."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ class ScriptedModel:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[int]]] = []
+        self.chunks: list[list[tuple[int, int, int]]] = []  # per pass: (slot, length, start)
         self.fail_prefill_for: set[int] = set()
 
     def _row(self, token: int) -> np.ndarray:
@@ -35,17 +37,18 @@ class ScriptedModel:
 
     def step(self, slots: Sequence[int], tokens: Sequence[int],
              adapters: Sequence[int] | None,
-             prefills: Sequence[tuple[int, Sequence[int], int]] = ()
+             prefills: Sequence[tuple[int, Sequence[int], int, int]] = ()
              ) -> tuple[np.ndarray, np.ndarray]:
         if prefills:
-            self.calls.append(("prefill", [slot for slot, _, _ in prefills]))
+            self.calls.append(("prefill", [slot for slot, _, _, _ in prefills]))
+            self.chunks.append([(slot, len(ids), start) for slot, ids, _, start in prefills])
         if slots:
             self.calls.append(("decode", list(slots)))
-        if any(ids[0] in self.fail_prefill_for for _, ids, _ in prefills):
+        if any(ids[0] in self.fail_prefill_for for _, ids, _, _ in prefills):
             raise RuntimeError("boom")
         empty = np.zeros((0, VOCAB), np.float32)
         decoded = np.stack([self._row(t) for t in tokens]) if len(tokens) else empty
-        prefilled = np.stack([self._row(ids[-1]) for _, ids, _ in prefills]) if prefills \
+        prefilled = np.stack([self._row(ids[-1]) for _, ids, _, _ in prefills]) if prefills \
             else empty
         return decoded, prefilled
 
@@ -74,10 +77,10 @@ def letters(token: int) -> bytes:
     return bytes([ord("a") + token % 26])
 
 
-def loop_with(slots: int, mode: str = "continuous", eos: tuple[int, ...] = ()
-              ) -> tuple[DecodeLoop, ScriptedModel]:
+def loop_with(slots: int, mode: str = "continuous", eos: tuple[int, ...] = (),
+              budget: int | None = None) -> tuple[DecodeLoop, ScriptedModel]:
     model = ScriptedModel()
-    return DecodeLoop(model, letters, slots, mode, eos_ids=eos), model
+    return DecodeLoop(model, letters, slots, mode, eos_ids=eos, token_budget=budget), model
 
 
 def step(loop: DecodeLoop) -> None:
@@ -287,3 +290,121 @@ def test_the_observer_sees_every_step_even_one_that_only_cancels() -> None:
     only.gone = True
     step(loop)  # nothing left to run: the step still reports the freed slot
     assert seen == [(1, 0, 0), (0, 0, 1)]
+
+
+def test_a_long_prompt_is_spread_over_steps_within_the_token_budget() -> None:
+    """Chunked prefill: with a budget of 4 tokens a step, one decoding sequence leaves room
+    for 3 prompt tokens; a 10-token prompt runs in chunks of 3, 3, 3, 1 at their offsets
+    while the running sequence gets a token every step, and it says nothing until its last
+    chunk, which gives its first token."""
+    loop, model = loop_with(4, budget=4)
+    running, late = Client(), Client()
+    loop.submit(running.job([0], 50))
+    step(loop)
+    loop.submit(late.job(list(range(10, 20)), 5))
+    for _ in range(3):
+        step(loop)
+        assert not late.chunks
+    step(loop)
+    assert model.chunks[1:] == [[(1, 3, 0)], [(1, 3, 3)], [(1, 3, 6)], [(1, 1, 9)]]
+    assert late.text == "u"  # the last prompt token is 19: the scripted model answers 20
+    assert len(running.chunks) == 5  # its first token, then one every step
+    step(loop)
+    assert model.calls[-1] == ("decode", [0, 1])
+
+
+def test_prompts_share_the_budget_first_come_first_served() -> None:
+    loop, model = loop_with(4, budget=6)
+    first, second = Client(), Client()
+    loop.submit(first.job(list(range(8)), 3))
+    loop.submit(second.job(list(range(20, 24)), 3))
+    step(loop)  # 6 tokens: all for the first prompt
+    step(loop)  # its last 2, then 4 of the second: both finish their prompts
+    assert model.chunks == [[(0, 6, 0)], [(0, 2, 6), (1, 4, 0)]]
+    assert first.text == "i" and second.text == "y"
+
+
+def test_a_small_budget_still_moves_a_prompt_every_step() -> None:
+    """A budget the decoding sequences use up leaves one prompt token a step, never none."""
+    loop, model = loop_with(3, budget=1)
+    a, b, c = Client(), Client(), Client()
+    loop.submit(a.job([0], 30))
+    loop.submit(b.job([5], 30))
+    step(loop)
+    step(loop)
+    loop.submit(c.job([1, 2, 3], 5))
+    for _ in range(3):
+        step(loop)
+    assert model.chunks[-3:] == [[(2, 1, 0)], [(2, 1, 1)], [(2, 1, 2)]]
+    assert c.text == "e" and len(a.chunks) == 5
+
+
+def test_a_request_cancelled_in_prefill_stops_within_one_step_and_frees_its_slot() -> None:
+    loop, model = loop_with(2, budget=2)
+    long, next_ = Client(), Client()
+    loop.submit(long.job(list(range(30)), 5))
+    loop.submit(next_.job([7], 3))
+    step(loop)
+    step(loop)
+    long.gone = True
+    step(loop)  # seen at once: no more of its chunks; the prompt behind it runs now
+    assert long.final is not None and long.final.finish == "cancelled" and len(long.chunks) == 1
+    assert all(slot != 0 for slot, _, _ in model.chunks[-1])
+    drain(loop)
+    assert next_.text == "ijk" and sorted(loop.scheduler._free) == [0, 1]
+
+
+def test_a_failing_prompt_chunk_costs_its_own_request_only() -> None:
+    loop, model = loop_with(4, budget=3)
+    model.fail_prefill_for = {7}
+    good, bad = Client(), Client()
+    loop.submit(good.job([0, 1, 2, 3, 4], 4))
+    loop.submit(bad.job([7, 8, 9], 4))
+    drain(loop)
+    assert bad.final is not None and bad.final.finish == "error" and "boom" in str(bad.final.error)
+    assert good.text == "fghi" and loop.active == 0
+
+
+def test_a_budget_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be at least 1"):
+        DecodeLoop(ScriptedModel(), letters, 2, token_budget=0)
+
+
+def test_each_step_sends_its_responses_inside_one_coalesce_block() -> None:
+    """What a step emits for all its sequences is emitted inside one ``coalesce()`` block
+    (the server then carries it together); a cancellation's final word goes in a block of
+    its own before the step's pass."""
+    blocks: list[list[str]] = []
+    current: list[list[str]] = []
+
+    @contextmanager
+    def coalesce() -> Iterator[None]:
+        current.append([])
+        yield
+        blocks.append(current.pop())
+
+    def emit(name: str) -> Callable[[Chunk], None]:
+        return lambda chunk: current[-1].append(name + ("!" if chunk.final else ""))
+
+    loop = DecodeLoop(ScriptedModel(), letters, 4, coalesce=coalesce)
+    gone = {"c": False}
+    for name, n in (("a", 2), ("b", 3), ("c", 9)):
+        loop.submit(Job([1], n, emit(name), SamplingParams(temperature=0.0),
+                        cancelled=lambda name=name: gone.get(name, False)))
+    step(loop)
+    step(loop)
+    gone["c"] = True
+    step(loop)
+    assert blocks == [[], ["a", "b", "c"], [], ["a!", "b", "c"], ["c!"], ["b!"]]
+
+
+def test_an_empty_prompt_is_refused_and_frees_its_slot() -> None:
+    loop, model = loop_with(1)
+    empty, next_ = Client(), Client()
+    loop.submit(empty.job([], 5))
+    loop.submit(next_.job([3], 2))
+    step(loop)
+    assert empty.final is not None and empty.final.finish == "error"
+    assert empty.final.error == "a prompt must have at least one token" and not model.calls
+    drain(loop)
+    assert next_.text == "ef"

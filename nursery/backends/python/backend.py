@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from nursery.actors import mailbox
 from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
 from nursery.backends.python.environment import environment_path, interpreter_for
+from nursery.backends.python.outbox import Route
 from nursery.backends.python.process import (
     MEMORY_LIMIT_KEY,
     MEMORY_LIMIT_SETTING,
@@ -284,12 +284,7 @@ class PythonInstance:
         token = self._token
         for item in work:
             request = item.request
-            reply = item.reply
-
-            def deliver(answer: Any, reply: Any = reply) -> None:
-                token.run_sync_soon(mailbox.tell, reply, answer)
-
-            sender = ResponseSender(deliver, request, self, item.abandoned)
+            sender = ResponseSender(Route(token, item.reply), request, self, item.abandoned)
             senders.append(sender)
             names = [o.name for o in request.requested_outputs] or self._all_outputs
             requests.append(pb_utils.InferenceRequest._served(request, names, sender))

@@ -12,6 +12,7 @@ received the moment :meth:`Channel.receive` returns.
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import pickle
@@ -216,6 +217,20 @@ def _get(r: _Reader, value: Any) -> Any:
     return body
 
 
+_FD_SPACE = socket.CMSG_LEN(array.array("i").itemsize)  # room for one descriptor
+
+
+def _recv_fds(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
+    """One packet and the descriptor it may carry (``socket.recv_fds`` before Python 3.12
+    ignores its ``flags``, so ``MSG_DONTWAIT`` needs this)."""
+    payload, ancillary, _flags, _addr = sock.recvmsg(MAX_PACKET, _FD_SPACE, flags)
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return payload, list(fds)
+
+
 class Channel:
     """One end of the socket pair. ``send`` is safe from any thread; one thread receives."""
 
@@ -291,17 +306,36 @@ class Channel:
             raise ChannelClosed(str(exc)) from None
 
     def receive(self) -> tuple[Any, ...]:
-        """The next message; a descriptor handed over with it (:meth:`hand_over`) comes last,
-        as an int the caller owns."""
+        """The next message, waiting for it; a descriptor handed over with it
+        (:meth:`hand_over`) comes last, as an int the caller owns."""
+        return self.decode(*self.receive_packet())
+
+    def receive_packet(self, wait: bool = True) -> tuple[Any, list[int]]:
+        """The next message as it came (:meth:`decode` reads it). With ``wait=False`` an empty
+        socket raises :class:`BlockingIOError` at once: for a reader on the trio thread."""
         try:
-            payload, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_PACKET, 1)
+            payload, fds = _recv_fds(self.sock, 0 if wait else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            raise
         except OSError as exc:
             raise ChannelClosed(str(exc)) from None
         if not payload:
             for fd in fds:
                 os.close(fd)
             raise ChannelClosed("the other side closed the channel")
-        where, body = pickle.loads(payload)
+        return pickle.loads(payload), fds
+
+    @staticmethod
+    def tensor_bytes(packet: Any) -> int:
+        """How many tensor bytes a message holds in the ring (what :meth:`decode` copies)."""
+        where = packet[0]
+        return 0 if where is None else where[2]
+
+    def decode(self, packet: Any, fds: list[int]) -> tuple[Any, ...]:
+        """A received message, its tensors copied out of the ring (the ring's space given
+        back). Messages must be decoded in the order they came. A descriptor handed over
+        with it (:meth:`hand_over`) comes last, as an int the caller owns."""
+        where, body = packet
         if fds and where is None:  # a socket handed over, not a ring
             return (*_get(_Reader(self._rings, None), body), fds[0])
         if fds:

@@ -8,6 +8,11 @@ models, ``TritonError`` with its codes, ``TritonModelException``, ``Logger``, th
 ``ModelConfig`` helper of ``auto_complete_config`` and the small helpers
 (``get_input_tensor_by_name`` ...). Requests and responses wrap nursery's own types: tensors
 pass through as the same numpy arrays, without copies.
+
+nursery adds one name: ``coalesce_responses()``, a context manager inside which the responses
+a thread's senders send travel to the server together, delivered when the block ends
+(``backends/python/outbox.py``; a model that must also run on Triton looks it up with
+``getattr(pb_utils, "coalesce_responses", contextlib.nullcontext)``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nursery.backends.python.outbox import coalesce_responses as coalesce_responses  # nursery's
 from nursery.errors import ErrorKind, NurseryError
 from nursery.observability.custom_metrics import labels_of
 from nursery.runtime.threads import current_context

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import trio
 
 from nursery.actors import mailbox
 from nursery.backends.python.environment import (
@@ -38,6 +39,7 @@ from nursery.backends.python.environment import (
     interpreter,
 )
 from nursery.backends.python.ipc import Channel, ChannelClosed
+from nursery.backends.python.outbox import tell_all
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
 from nursery.messages import InferWork, Part
@@ -139,6 +141,14 @@ def complete_in_stub(script: Path, model_name: str, model_dir: str, given: dict[
     return answer.get("config")  # type: ignore[no-any-return]
 
 
+_COPY_ON_THREAD = 1 << 20  # a message with more tensor bytes is copied out on a worker thread
+
+
+def _close_watched(channel: Channel) -> None:
+    trio.lowlevel.notify_closing(channel.sock)
+    channel.close()
+
+
 class _Dead(Exception):
     """The stub process is gone."""
 
@@ -168,6 +178,7 @@ class ProcessInstance:
         except NurseryError as exc:
             raise InternalError(exc.message) from None
         self._token = current_token()
+        self._trio_thread = -1  # the trio thread's ident, once a reader task has run there
         self._client = current_context()  # the server's ModelClient: BLS calls go through it
         self._bls = ThreadPoolExecutor(max_workers=16, thread_name_prefix=f"{name}-bls")
         self._batches = itertools.count(1)
@@ -240,9 +251,14 @@ class ProcessInstance:
                 env=_stub_environment(own_site=self._python is None))
         finally:
             theirs.close()
-        self._reader = threading.Thread(target=self._read, args=(channel, control),
-                                        name=f"{self.instance_name}-stub-reader", daemon=True)
-        self._reader.start()
+        # the stub's messages are read by a task on the trio thread: an answer reaches its
+        # requester with one wake of trio (the socket's), not a reader thread's wake and then
+        # trio's
+        try:
+            self._token.run_sync_soon(self._start_reader, channel, control)
+        except RuntimeError:  # the trio run is over (a shutdown): a thread reads instead
+            threading.Thread(target=self._read, args=(channel, control),
+                             name=f"{self.instance_name}-stub-reader", daemon=True).start()
         config = self.config
         try:
             channel.send("init", str(config.path), config.name, self.version,
@@ -268,21 +284,46 @@ class ProcessInstance:
         why = f": {self._kill_reason}" if self._kill_reason else ""
         return f"Stub process '{self.instance_name}' is not healthy{how}{why}."
 
-    def _read(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+    def _start_reader(self, channel: Channel,
+                      control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+        self._trio_thread = threading.get_ident()
+        trio.lowlevel.spawn_system_task(self._read_in_trio, channel, control,
+                                        name=f"{self.instance_name}-stub-reader")
+
+    async def _read_in_trio(self, channel: Channel,
+                            control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+        """The stub's messages, on the trio thread. A message with many tensor bytes is copied
+        out of the ring on a worker thread (the loop is not held by a large copy); the next
+        waits for it, so the order holds. A system task: nothing but Cancelled leaves it."""
         try:
             while True:
-                message = channel.receive()
-                kind = message[0]
-                if kind == "result":
-                    self._finish(message[1], message[2])
-                elif kind == "part":
-                    self._part(message[1], message[2], message[3])
-                elif kind == "ready_answer":
-                    answers = self._ready_calls.get(message[1])
-                    if answers is not None:
-                        answers.put(message[2])
-                elif not self._serve_model(channel, message):  # ready, failed, warmed, bye
-                    control.put(message)
+                try:
+                    packet, fds = channel.receive_packet(wait=False)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(channel.sock)
+                    continue
+                if Channel.tensor_bytes(packet) > _COPY_ON_THREAD:
+                    message = await trio.to_thread.run_sync(channel.decode, packet, fds)
+                else:
+                    message = channel.decode(packet, fds)
+                self._dispatch(channel, control, message)
+        except (ChannelClosed, trio.ClosedResourceError):  # closed: by the stub or by us
+            pass
+        except trio.Cancelled:  # the server's run is ending: nobody waits for the stub
+            raise
+        except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
+            log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
+                          self.instance_name)
+            self._terminate()
+        # the death's bookkeeping waits for the process: on a thread of its own
+        threading.Thread(target=self._died, args=(channel, control),
+                         name=f"{self.instance_name}-stub-died", daemon=True).start()
+
+    def _read(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+        """The stub's messages on a thread (when there is no trio run to read them on)."""
+        try:
+            while True:
+                self._dispatch(channel, control, channel.receive())
         except ChannelClosed:
             pass
         except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
@@ -290,6 +331,22 @@ class ProcessInstance:
                           self.instance_name)
             self._terminate()
         self._died(channel, control)
+
+    def _dispatch(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]],
+                  message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "result":
+            self._finish(message[1], message[2])
+        elif kind == "part":
+            self._part(message[1], message[2], message[3])
+        elif kind == "parts":  # a coalesce_responses() block: one wake for the lot
+            self._parts(message[1])
+        elif kind == "ready_answer":
+            answers = self._ready_calls.get(message[1])
+            if answers is not None:
+                answers.put(message[2])
+        elif not self._serve_model(channel, message):  # ready, failed, warmed, bye
+            control.put(message)
 
     def _serve_model(self, channel: Channel, message: tuple[Any, ...]) -> bool:
         """What the model asks of the server from its stub, or from a process it forked
@@ -300,7 +357,7 @@ class ProcessInstance:
         elif kind == "bls_cancel":  # the model cancelled a BLS stream
             stream = self._streams.get((id(channel), message[1]))
             if stream is not None:
-                stream.cancel()  # a short hop to the trio thread
+                self._bls.submit(stream.cancel)  # it waits for the trio thread
         elif kind == "metric":
             self._metric(channel, *message[1:])
         elif kind == "log":
@@ -331,6 +388,13 @@ class ProcessInstance:
                           "read", self.model_name, self.instance_name)
         finally:
             side.close()
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn`` on the trio thread: at once when called there, else soon."""
+        if threading.get_ident() == self._trio_thread:
+            fn(*args)
+        else:
+            self._token.run_sync_soon(fn, *args)
 
     def _died(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         if channel is not self.channel:
@@ -408,7 +472,21 @@ class ProcessInstance:
             work = self._open.pop((batch, index), None) if final else self._open.get(
                 (batch, index))
         if work is not None:
-            self._token.run_sync_soon(mailbox.tell, work.reply, answer)
+            self._soon(mailbox.tell, work.reply, answer)
+
+    def _parts(self, parts: list[tuple[int, int, Any]]) -> None:
+        """Responses the model's senders sent together: on to their requesters, in order, in
+        one call on the trio thread."""
+        routed = []
+        with self._lock:
+            for batch, index, answer in parts:
+                final = not isinstance(answer, Part) or answer.final
+                work = self._open.pop((batch, index), None) if final else self._open.get(
+                    (batch, index))
+                if work is not None:
+                    routed.append((work.reply, answer))
+        if routed:
+            self._soon(tell_all, routed)
 
     def _metric(self, channel: Channel, call: int, op: str, *args: Any) -> None:
         """A custom-metric operation from the model, on the server's registry."""
@@ -548,7 +626,7 @@ class ProcessInstance:
 
     def _to_trio(self, done: Callable[[list[Any]], None], answers: list[Any]) -> None:
         try:
-            self._token.run_sync_soon(done, answers)
+            self._soon(done, answers)
         except RuntimeError:  # the trio run is over: nobody waits for it
             pass
 
@@ -595,5 +673,17 @@ class ProcessInstance:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        self.channel.close()
+        self._close_channel(self.channel)
+
+    def _close_channel(self, channel: Channel) -> None:
+        """Close a channel whose socket a reader task on the trio thread may be waiting on:
+        trio is told first (``notify_closing``), on its own thread, so that the descriptor's
+        number, once reused by the next stub's socket, is not still taken for this one's."""
+        if self._trio_thread == -1:
+            channel.close()
+            return
+        try:
+            self._soon(_close_watched, channel)
+        except RuntimeError:  # the trio run is over: nothing waits on the socket any more
+            channel.close()
 

@@ -9,7 +9,9 @@ without indexing, so it keeps no encoder state.
 
 One task reads each connection and handles every frame; each request stream runs the
 application in its own task, under a cancel scope that an RST_STREAM, the peer going away or a
-connection error cancels. Writes go through one lock per connection. Flow control: the peer's
+connection error cancels. Every task queues its frames for the connection's one writer task,
+which sends what one scheduling round queued in one write (the answers to a batch leave
+together). Flow control: the peer's
 windows bound what we send (``send_data`` waits for WINDOW_UPDATE); ours are credited back as
 the application consumes the data, so a stream that nobody reads holds at most its window.
 
@@ -45,7 +47,7 @@ import hpack
 import hpack.exceptions
 import trio
 
-from nursery.protocol.listeners import ServerStream, open_listeners
+from nursery.protocol.listeners import ServerStream, open_listeners, plain
 from nursery.runtime import supervision
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 
@@ -73,7 +75,8 @@ DEFAULT_FRAME = 16384
 
 _U32 = struct.Struct(">I")
 _READ = 256 * 1024
-_WRITE_STEP = 256 * 1024  # a large write goes out in pieces of this size (see Connection.write)
+_WRITE_STEP = 256 * 1024  # a large write goes out in pieces of this size (see Connection.writer)
+_QUEUE_LIMIT = 256 * 1024  # a writer queueing beyond this many unsent bytes waits for the send
 MAX_CONTINUATIONS = 256  # CONTINUATION frames in one header block (each may be empty)
 KEEPALIVE = b"nursery!"  # the opaque data of our keepalive PINGs
 NO_CALLS_PING_INTERVAL = 7200.0  # gRPC: pings on a connection without calls, at most every 2 h
@@ -288,7 +291,13 @@ class Connection:
         self.server = server
         self.sock = sock
         self.scope = trio.CancelScope()
-        self.lock = trio.Lock()
+        # frames wait in ``out`` for ``writer``, which sends them
+        self.out: list[bytes | bytearray] = []
+        self.out_bytes = 0
+        self.out_ready = trio.Event()  # set: something waits in ``out``
+        self.out_drained = trio.Event()  # set (and replaced) whenever ``out`` has been sent
+        self.writer_busy = False
+        self.writer_gone = False
         self.decoder = HeaderDecoder(server.max_header_list)
         self.streams: dict[int, Stream] = {}
         self.last_id = 0  # highest client stream id seen
@@ -313,30 +322,64 @@ class Connection:
         self.ping_ack: trio.Event | None = None  # set when our keepalive PING is acknowledged
         self.writing_since = math.inf  # when the write in progress (its current piece) began
 
-    async def write(self, data: bytes) -> None:
-        """Write whole frames. A write cut by a cancellation may have left a frame half sent:
-        then the connection can carry nothing more and is closed. ``writing_since`` tells the
-        watchdog how long the peer has left the current piece (at most ``_WRITE_STEP`` bytes)
-        unread."""
-        async with self.lock:
-            # taking the lock ends with a schedule point that cannot raise: a writer cancelled
-            # there (its stream reset meanwhile) must leave before its first byte, the
-            # connection whole; from here to the first send nothing yields
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                if len(data) <= _WRITE_STEP:
-                    self.writing_since = trio.current_time()
-                    await self.sock.send_all(data)
-                else:
-                    view = memoryview(data)
-                    for pos in range(0, len(data), _WRITE_STEP):
-                        self.writing_since = trio.current_time()
-                        await self.sock.send_all(view[pos:pos + _WRITE_STEP])
-                self.writing_since = math.inf
-            except trio.Cancelled:
-                self.broken = True
-                self.scope.cancel()
-                raise
+    async def write(self, data: bytes | bytearray, *, flush: bool = False) -> None:
+        """Queue whole frames for the connection's writer (``writer``), which sends what every
+        task queued in one scheduling round as one write: the answers to a batch leave in one
+        send per connection, not one each. The caller waits only when more than
+        ``_QUEUE_LIMIT`` bytes wait to leave (the peer reads slowly) or when it asks for
+        ``flush``; then it returns once its frames are sent."""
+        if self.broken or self.writer_gone:
+            raise trio.BrokenResourceError("the connection can send nothing more")
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if not self.writer_busy:
+            self.out_ready.set()
+        if flush or self.out_bytes > _QUEUE_LIMIT:
+            await self.flushed()
+
+    async def flushed(self) -> None:
+        """Return once everything queued so far has been sent (raise if it never will be)."""
+        while self.out or self.writer_busy:
+            if self.broken or self.writer_gone:
+                raise trio.BrokenResourceError("the connection can send nothing more")
+            await self.out_drained.wait()
+
+    async def writer(self) -> None:
+        """The connection's one sender. A send cut by a cancellation may have left a frame
+        half sent: then the connection can carry nothing more and is closed.
+        ``writing_since`` tells the watchdog how long the peer has left the current piece (at
+        most ``_WRITE_STEP`` bytes) unread."""
+        try:
+            while True:
+                await self.out_ready.wait()
+                self.out_ready = trio.Event()
+                self.writer_busy = True
+                while self.out:
+                    out = self.out
+                    data = out[0] if len(out) == 1 else b"".join(out)
+                    self.out = []
+                    self.out_bytes = 0
+                    try:
+                        if len(data) <= _WRITE_STEP:
+                            self.writing_since = trio.current_time()
+                            await self.sock.send_all(data)
+                        else:
+                            view = memoryview(data)
+                            for pos in range(0, len(data), _WRITE_STEP):
+                                self.writing_since = trio.current_time()
+                                await self.sock.send_all(view[pos:pos + _WRITE_STEP])
+                        self.writing_since = math.inf
+                    except trio.Cancelled:
+                        self.broken = True
+                        self.scope.cancel()
+                        raise
+                self.writer_busy = False
+                drained, self.out_drained = self.out_drained, trio.Event()
+                drained.set()
+        finally:
+            self.writer_gone = True
+            self.writer_busy = False
+            self.out_drained.set()
 
     async def write_data(self, data: bytes) -> None:
         """``write`` for data, headers and window updates: these restart gRPC's ping clock."""
@@ -346,11 +389,11 @@ class Connection:
 
     async def write_quietly(self, data: bytes) -> None:
         """A farewell frame: shielded, bounded in time, and nothing if the peer is gone."""
-        if self.broken:
+        if self.broken or self.writer_gone:
             return
         with trio.CancelScope(shield=True), trio.move_on_after(SHORT):
             try:
-                await self.write(data)
+                await self.write(data, flush=True)
             except GONE:
                 pass
 
@@ -392,11 +435,11 @@ class Connection:
         await self.goaway(code, message)
         if not self.broken:
             with trio.CancelScope(shield=True), trio.move_on_after(SHORT):
-                async with self.lock:
-                    try:
-                        await self.sock.send_eof()
-                    except (*GONE, OSError):
-                        pass
+                try:
+                    await self.flushed()
+                    await self.sock.send_eof()
+                except (*GONE, OSError):
+                    pass
         with trio.move_on_after(SHORT):
             await trio.sleep_forever()
         self.scope.cancel()
@@ -838,7 +881,7 @@ class H2Server:
             if len(self.connections) >= self.max_connections:
                 await self._refuse_connection(sock)
                 return
-            conn = Connection(self, sock)
+            conn = Connection(self, plain(sock))  # clear text: the lean socket calls
             self.connections.add(conn)
             try:
                 await self._serve_connection(conn)
@@ -866,6 +909,13 @@ class H2Server:
                         await conn.watchdog()
 
                 streams.start_soon(watch)
+                sending = trio.CancelScope()
+
+                async def write() -> None:
+                    with sending:
+                        await conn.writer()
+
+                streams.start_soon(write)
                 try:
                     await conn.run(streams)
                 except ConnectionError as exc:
@@ -879,6 +929,12 @@ class H2Server:
                 finally:  # the peer left or broke the protocol: abandon its streams
                     clocks.cancel()
                     conn.close_streams()
+                    with trio.move_on_after(SHORT):  # what was queued still leaves
+                        try:
+                            await conn.flushed()
+                        except GONE:
+                            pass
+                    sending.cancel()
 
     async def _refuse_connection(self, sock: ServerStream) -> None:
         """Beyond the cap: our SETTINGS and GOAWAY (no stream processed), then close. Nothing

@@ -66,7 +66,7 @@ from nursery.protocol.http.infer import (
     too_large,
 )
 from nursery.protocol.http.streaming import Streaming, StreamWriter
-from nursery.protocol.listeners import ServerStream, open_listeners, send_eof, socket_of
+from nursery.protocol.listeners import ServerStream, open_listeners, plain, send_eof, socket_of
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
 
@@ -303,6 +303,7 @@ class HttpServer:
                 raise rest from None
 
     async def _run_connection(self, stream: ServerStream) -> None:
+        stream = plain(stream)  # clear text: the lean socket calls
         conn = _Connection(trio.CancelScope(), stream, trio.current_time() + self.head_timeout,
                            late=self.closing)
         self._connections.add(conn)

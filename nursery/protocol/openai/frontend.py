@@ -40,7 +40,7 @@ from nursery.messages import Part
 from nursery.protocol.http import http1
 from nursery.protocol.http.infer import Response
 from nursery.protocol.http.streaming import SSE_TYPE, Streaming, StreamWriter, sse_event
-from nursery.protocol.openai import mapping
+from nursery.protocol.openai import mapping, tools
 from nursery.protocol.openai.requests import ApiError, Fields, conversation, dumps, from_nursery
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.runtime.supervision import describe
@@ -101,6 +101,7 @@ class Job:
     include_usage: bool
     created: int
     id: str
+    tools: tools.ToolPlan = field(default_factory=tools.ToolPlan)
 
     def usage(self, choices: list[Choice]) -> dict[str, int] | None:
         prompt = next((c.prompt_tokens for c in choices if c.prompt_tokens is not None), None)
@@ -123,6 +124,22 @@ class Job:
         if choice.completion_tokens is not None and choice.completion_tokens >= self.gen.max_tokens:
             return "length"
         return "stop"
+
+    def message(self, choice: Choice) -> tuple[dict[str, Any], str]:
+        """A chat choice's message and finish reason: its text, or the tool calls the request's
+        ``tool_choice`` makes of it (tools.py)."""
+        text = "".join(choice.text)
+        plan = self.tools
+        if plan.named is not None:  # the whole text is that function's arguments
+            call = tools.ToolCall(plan.named, text, self.id)
+            return ({"role": "assistant", "content": "", "tool_calls": [call.as_json()]},
+                    self.finish_reason(choice))
+        if plan.parser:
+            content, calls = tools.parser(plan.parser).parse(text)
+            if calls:
+                return ({"role": "assistant", "content": content,
+                         "tool_calls": [c.as_json() for c in calls]}, "tool_calls")
+        return {"role": "assistant", "content": text}, self.finish_reason(choice)
 
 
 # -- the frontend ------------------------------------------------------------------------------
@@ -327,7 +344,11 @@ class OpenAIFrontend:
                                "(best_of=1) is currently supported", None, "best_of")
         if body.get("logit_bias") is not None:
             raise ApiError(400, "logit bias is not currently supported", None, "logit_bias")
-        if body.get("tools"):
+        plan = tools.ToolPlan()
+        if chat:
+            plan = tools.plan(body, self.options.tool_call_parser)
+            chat_messages = tools.messages_for_template(chat_messages)
+        elif body.get("tools"):
             raise ApiError(400, "having tools in the request requires --tool-call-parser to be "
                            "set", None, "tools")
         n = fields.integer("n", 1, 128) or 1
@@ -340,12 +361,13 @@ class OpenAIFrontend:
             if tokenizer is None:
                 raise ApiError(500, "Unknown tokenizer")
             try:
-                prompt = tokenizer.apply_chat_template(chat_messages)
+                prompt = tokenizer.apply_chat_template(chat_messages, tools=plan.tools)
             except TokenizerError as exc:
                 raise ApiError(500, str(exc)) from None
         else:
             prompt = str(body["prompt"])
         gen = self._generation(fields, prompt, chat, lora)
+        gen.guided_json = plan.schema
         fmt = mapping.request_format(config, self.options.backend)
         if gen.logprobs is not None and "logprobs" not in config.output_map:
             raise ApiError(400, "logprobs are currently available only for the vLLM backend "
@@ -364,22 +386,25 @@ class OpenAIFrontend:
                 _reseed(request, gen.seed + i, fmt)
         prefix = "chatcmpl" if chat else "cmpl"
         return Job("chat" if chat else "completion", requested, handle, requests, gen,
-                   tokenizer, include_usage, int(time.time()), f"{prefix}-{uuid.uuid4().hex}")
+                   tokenizer, include_usage, int(time.time()), f"{prefix}-{uuid.uuid4().hex}",
+                   plan)
 
     async def chat(self, body: dict[str, Any]) -> Response | Streaming:
         job = await self._job(body, chat=True)
         if job.gen.stream:
             return Streaming(lambda writer: self._stream(job, writer))
         choices = await self._run_all(job)
-        return 200, list(_JSON), dumps({
-            "id": job.id, "object": "chat.completion", "created": job.created,
-            "model": job.model, "system_fingerprint": None,
-            "choices": [{
-                "index": c.index,
-                "message": {"role": "assistant", "content": "".join(c.text)},
+        entries = []
+        for c in choices:
+            message, finish = job.message(c)
+            entries.append({
+                "index": c.index, "message": message,
                 "logprobs": ({"content": mapping.chat_logprobs(c.logprobs)}
                              if job.gen.logprobs is not None else None),
-                "finish_reason": job.finish_reason(c)} for c in choices],
+                "finish_reason": finish})
+        return 200, list(_JSON), dumps({
+            "id": job.id, "object": "chat.completion", "created": job.created,
+            "model": job.model, "system_fingerprint": None, "choices": entries,
             "usage": job.usage(choices)})
 
     async def completion(self, body: dict[str, Any]) -> Response | Streaming:
@@ -449,9 +474,12 @@ class OpenAIFrontend:
         async def one(choice: Choice, request: InferenceRequest,
                       scope: trio.CancelScope) -> None:
             offset = 0
+            plan = job.tools
+            parsing = tools.parser(plan.parser).stream() if chat and plan.parser else None
+            calls = 0  # tool calls sent
 
             async def on_part(part: Part) -> None:
-                nonlocal offset
+                nonlocal offset, calls
                 async with lock:
                     if failed:
                         return
@@ -478,8 +506,30 @@ class OpenAIFrontend:
                         logprobs = ({"content": mapping.chat_logprobs(found)} if chat
                                     else mapping.completion_logprobs(found, offset))
                     offset += len(text)
+                    delta: dict[str, Any] = {"content": text}
+                    if chat and plan.named is not None:  # the text is the call's arguments
+                        call: dict[str, Any] = {"index": 0, "function": {
+                            "name": plan.named, "arguments": text}}
+                        if calls == 0:
+                            call.update(id=job.id, type="function")
+                            calls = 1
+                        delta = {"tool_calls": [call]}
+                    elif parsing is not None:
+                        content, made = parsing.feed(text)
+                        if part.final:
+                            more, last = parsing.finish()
+                            content, made = content + more, made + last
+                        delta = {"content": content} if content or not made else {}
+                        if made:
+                            delta["tool_calls"] = [{"index": calls + i, **c.as_json()}
+                                                   for i, c in enumerate(made)]
+                            calls += len(made)
+                        if part.final and calls:
+                            finish = "tool_calls"
+                        elif not part.final and not content and not made:
+                            return  # nothing certain yet (a possible start of a call)
                     entry: dict[str, Any] = (
-                        {"index": choice.index, "delta": {"content": text}} if chat
+                        {"index": choice.index, "delta": delta} if chat
                         else {"index": choice.index, "text": text})
                     entry["logprobs"] = logprobs
                     entry["finish_reason"] = finish

@@ -70,6 +70,7 @@ class Generation:
     echo: bool | None = None
     lora: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # every other field, for vLLM
+    guided_json: str | None = None  # a JSON schema the text must follow (a forced tool call)
 
 
 def request_format(config: ModelConfig, override: str | None) -> str:
@@ -111,6 +112,8 @@ def generation_request(config: ModelConfig, name: str, version: str, fmt: str,
             sampling["logprobs"] = gen.logprobs
         if gen.lora is not None:
             sampling["lora_name"] = gen.lora
+        if gen.guided_json is not None:  # vLLM's StructuredOutputsParams, as a JSON text
+            sampling["structured_outputs"] = json.dumps({"json": gen.guided_json})
         inputs["sampling_parameters"] = [json.dumps(sampling)]
         inputs["return_logprobs"] = [gen.logprobs is not None]
         echo_default = True  # vLLM: the prompt is left out unless echo is asked for
@@ -122,6 +125,9 @@ def generation_request(config: ModelConfig, name: str, version: str, fmt: str,
             value = getattr(gen, key)
             if value is not None:
                 inputs[key] = [value]
+        if gen.guided_json is not None:  # TensorRT-LLM's guided decoding inputs
+            inputs["guided_decoding_guide_type"] = ["json_schema"]
+            inputs["guided_decoding_guide"] = [gen.guided_json]
         echo_default = None
     exclude = (not gen.echo) if gen.echo is not None else echo_default
     if exclude is not None:

@@ -119,8 +119,11 @@ def load_chat_template(path: str | None) -> str | None:
     if not path:
         return None
     p = Path(path)
-    if p.is_file():
-        return p.read_text()
+    try:
+        if p.is_file():
+            return p.read_text()
+    except OSError:  # a template given inline can be longer than a file name may be
+        pass
     if any(c in path for c in "{}\n"):
         return path
     raise TokenizerError(f"--chat-template: no such file '{path}'")

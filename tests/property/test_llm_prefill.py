@@ -1,0 +1,110 @@
+"""Chunked prefill under hypothesis, on the real numpy decoder: random prompts (lengths,
+LoRA adapters, output lengths), random token budgets and slot counts, requests arriving at
+random steps. Greedy decoding through the decode loop, its prompts spread over as many steps
+as the budget makes them, gives every request the tokens it gets alone, its prompt run in one
+piece and decoded one request at a time. Along the way: no step runs more rows than the
+budget allows (every decoding sequence's token, then prompt tokens; at least one prompt token
+while a prompt waits), and a sequence sends nothing before its prompt's last chunk ran."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nursery.llm.decoder import Decoder
+from nursery.llm.engine import Chunk, DecodeLoop, Job
+from nursery.llm.sampling import SamplingParams
+from nursery.llm.slots import plan_prefill
+from tests.unit.test_llm_decoder import CONFIG, adapter, greedy_tokens, weights
+
+ADAPTERS = (adapter("alpha", 4, 1), adapter("beta", 8, 2))
+
+
+@cache
+def alone(prompt: tuple[int, ...], n: int, lora: int) -> tuple[int, ...]:
+    """The reference: this prompt alone, prefilled in one piece, decoded greedily."""
+    return tuple(greedy_tokens(Decoder(CONFIG, weights(), 1, ADAPTERS), 0, list(prompt), n,
+                               lora))
+
+
+class Watched(Decoder):
+    """The decoder, with every pass's row counts and the requests' chunks checked."""
+
+    def __init__(self, slots: int, budget: int) -> None:
+        super().__init__(CONFIG, weights(), slots, ADAPTERS)
+        self.budget = budget
+        self.passes = 0
+
+    def step(self, slots: Sequence[int], tokens: Sequence[int], adapters: Sequence[int] | None,
+             prefills: Sequence[tuple[int, Sequence[int], int, int]] = ()
+             ) -> tuple[np.ndarray, np.ndarray]:
+        prompt_rows = sum(len(ids) for _, ids, _, _ in prefills)
+        assert len(slots) + prompt_rows <= max(self.budget, len(slots) + 1)
+        self.passes += 1
+        return super().step(slots, tokens, adapters, prefills)
+
+
+requests = st.lists(st.tuples(st.lists(st.integers(2, CONFIG.vocab_size - 1), min_size=1,
+                                       max_size=40),
+                              st.integers(1, 8),  # max_tokens
+                              st.integers(0, len(ADAPTERS)),  # 0: no adapter
+                              st.integers(0, 6)),  # steps to wait before arriving
+                    min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests=requests, budget=st.integers(1, 48), slots=st.integers(1, 4),
+       mode=st.sampled_from(["continuous", "continuous", "static"]))
+def test_chunked_prefill_gives_every_request_its_tokens_alone(
+        requests: list[tuple[list[int], int, int, int]], budget: int, slots: int,
+        mode: str) -> None:
+    model = Watched(slots, budget)
+    loop = DecodeLoop(model, lambda t: f"{t} ".encode(), slots, mode, token_budget=budget)
+    got: list[list[Chunk]] = [[] for _ in requests]
+
+    def emit(i: int) -> Callable[[Chunk], None]:
+        def put(chunk: Chunk) -> None:
+            # nothing before the prompt's last chunk ran: its first token comes with it
+            assert loop._running.get(jobs[i]) is None or loop._running[jobs[i]].decoding
+            got[i].append(chunk)
+        return put
+
+    jobs = [Job(prompt, n, emit(i), SamplingParams(temperature=0.0), lora)
+            for i, (prompt, n, lora, _) in enumerate(requests)]
+    waits = [wait for *_, wait in requests]
+    for i in sorted(range(len(jobs)), key=lambda i: waits[i]):  # arrival order: by wait
+        while loop.steps < waits[i]:
+            loop.pending()
+            loop.step()
+        loop.submit(jobs[i])
+    loop.pending()
+    while not loop.scheduler.idle:
+        loop.step()
+    for i, (prompt, n, lora, _) in enumerate(requests):
+        text = "".join(c.text for c in got[i])
+        assert [int(t) for t in text.split()] == list(alone(tuple(prompt), n, lora)), i
+        assert got[i][-1].final and got[i][-1].finish == "length"
+        assert sum(c.tokens for c in got[i]) == n
+    assert sorted(loop.scheduler._free) == list(range(loop.scheduler.slots))
+
+
+@given(budget=st.integers(1, 64), decoding=st.integers(0, 40),
+       remaining=st.lists(st.integers(0, 50), max_size=6))
+def test_a_plan_fills_the_budget_first_come_first_served(
+        budget: int, decoding: int, remaining: list[int]) -> None:
+    plan = plan_prefill(budget, decoding, remaining)
+    assert len(plan) == len(remaining)
+    assert all(0 <= take <= want for take, want in zip(plan, remaining, strict=True))
+    if any(remaining):
+        room = max(budget - decoding, 1)
+        assert sum(plan) == min(room, sum(remaining))  # never idle while a prompt waits
+        # first come, first served: a prompt gets tokens only when those before it have all
+        for before, take in enumerate(plan):
+            if take:
+                assert all(plan[j] == remaining[j] for j in range(before))
+    else:
+        assert sum(plan) == 0
