@@ -480,19 +480,21 @@ def test_async_bls_streams_run_at_once(tmp_path: Path, start_server: type[Server
     assert server.stop() == 0, server.log()
 
 
-def test_bls_from_processes_the_model_forks(tmp_path: Path,
-                                            start_server: type[ServerProcess]) -> None:
-    """A model that forks (``multiprocessing.Pool``) can call other models from the
-    children, as in Triton: each child gets a channel of its own to the server."""
+@pytest.mark.parametrize("model", ["py_bls_fork", "py_bls_thread"])
+def test_bls_from_processes_and_threads_the_model_starts(
+        tmp_path: Path, start_server: type[ServerProcess], model: str) -> None:
+    """A model can call other models from processes it forks (``multiprocessing.Pool``: each
+    child gets a channel of its own to the server) and from threads it starts, as in
+    Triton."""
     repo = tmp_path / "repo"
-    shutil.copytree(MODELS / "py_bls_fork", repo / "py_bls_fork")
+    shutil.copytree(MODELS / model, repo / model)
     make_models.write_add_sub(repo)
     server = start_server(repo)
     client = httpclient.InferenceServerClient(server.url, network_timeout=120)
     for value in (1.0, 10.0):
         item = httpclient.InferInput("IN", [1], "FP32")
         item.set_data_from_numpy(np.array([value], dtype=np.float32))
-        out = client.infer("py_bls_fork", [item]).as_numpy("OUT")
+        out = client.infer(model, [item]).as_numpy("OUT")
         assert out.tolist() == [value + 1, value + 2, value + 3]
     assert len(_stubs(server)) == 1  # the children are gone; the stub serves on
     assert server.stop() == 0, server.log()

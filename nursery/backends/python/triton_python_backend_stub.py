@@ -228,7 +228,7 @@ def serve(channel: Channel) -> int:
     root.handlers[:] = [_ToServer(channel)]
     os.register_at_fork(after_in_child=partial(_forked, client))
     root.setLevel(logging.DEBUG)
-    threads.bind_context(client)  # BLS from the model's execute thread
+    threads.bind_process_context(client)  # BLS from any thread of the model's
 
     first = inbox.get()
     if first is None or first[0] != "init":
