@@ -9,6 +9,7 @@ intake channel and the model's frozen configuration.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -22,6 +23,8 @@ from nursery.config.repository import RepositoryScan
 from nursery.errors import InvalidArgument, NotFound, Unavailable
 from nursery.messages import CancelWork, IndexEntry, InferWork, StatsQuery
 from nursery.observability.stats import StatsSnapshot
+
+log = logging.getLogger("nursery.readiness")
 
 
 class ModelState(enum.Enum):
@@ -44,14 +47,16 @@ class ModelHandle:
     # started again after it died); the version's readiness, as Triton 2.60+ reports it
     healthy: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
     # the readiness endpoints' full check: healthy, and each instance's own readiness hook
-    # (a Python model's is_ready(), called in its instance with a time limit); None: healthy
-    ready: Callable[[], Awaitable[bool]] | None = field(default=None, repr=False,
-                                                        compare=False)
+    # (a Python model's is_ready(), called in its instance with a time limit): None when
+    # ready, else why not; None here: healthy() alone
+    unready: Callable[[], Awaitable[str | None]] | None = field(default=None, repr=False,
+                                                                compare=False)
 
-    async def check_ready(self) -> bool:
-        if self.ready is None:
-            return self.healthy()
-        return await self.ready()
+    async def not_ready_reason(self) -> str | None:
+        """None when every instance is ready, else why one is not (Triton's words)."""
+        if self.unready is None:
+            return None if self.healthy() else "an instance is not healthy"
+        return await self.unready()
 
     @property
     def version_str(self) -> str:
@@ -172,7 +177,11 @@ class Directory:
             handle = self.resolve(name, version)
         except (NotFound, Unavailable, InvalidArgument):
             return False
-        return await handle.check_ready()
+        reason = await handle.not_ready_reason()
+        if reason is not None:  # Triton's line at --log-verbose 1
+            log.debug("Model '%s' version %d is not ready: %s", handle.name, handle.version,
+                      reason)
+        return reason is None
 
     async def check_all_ready(self) -> bool:
         """:meth:`all_ready`, with every READY version's readiness hooks asked."""
@@ -180,7 +189,13 @@ class Directory:
             return False
         for entry in self.table.models.values():
             for status in entry.versions.values():
-                if status.handle is not None and not await status.handle.check_ready():
+                if status.handle is None:
+                    continue
+                reason = await status.handle.not_ready_reason()
+                if reason is not None:
+                    log.debug("Model '%s' version %d is in READY lifecycle state but failed "
+                              "runtime readiness check during server readiness evaluation: %s",
+                              status.handle.name, status.handle.version, reason)
                     return False
         return True
 

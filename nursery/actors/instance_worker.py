@@ -374,17 +374,18 @@ async def run(
     def healthy() -> bool:
         return backend is None or bool(getattr(backend, "healthy", True))
 
-    check = _ReadyCheck(config.name, placement.name)
+    check = _ReadyCheck()
 
-    async def ready() -> bool:
+    async def unready() -> str | None:
         if not healthy():
-            return False
+            return str(getattr(backend, "unhealthy_reason", "")
+                       or f"instance {placement.name} is not healthy")
         if backend is None or not getattr(backend, "has_ready_hook", False):
-            return True  # no hook: no call to the model at all
-        return await check(backend)
+            return None  # no hook: no call to the model at all
+        return await check(backend, getattr(backend, "instance_name", placement.name))
 
     intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait, healthy,
-                          ready)
+                          unready)
     try:
         async with scheduler:
             backend = await thread.call(factory.load, config, version_path, placement,
@@ -450,49 +451,50 @@ async def run(
 
 
 class _ReadyCheck:
-    """A backend's readiness hook, called off the trio thread with Triton's time limit; one
-    call at a time per instance (checks that come meanwhile share its answer, and while a
-    call given up on has not returned, checks answer not ready without calling again). A
-    hook that raises, answers late or is not a bool: not ready (the reason at
-    --log-verbose 1)."""
+    """A backend's readiness hook, called off the trio thread with Triton's time limit, one
+    call at a time per instance, as Triton's Python backend calls ``is_ready()``: a check
+    that comes while a call is in flight (even one an earlier check stopped waiting for)
+    waits for that call, within the same limit, and shares its answer. A hook that raises,
+    answers late or is not a bool: not ready, with the reason in Triton's words (the
+    readiness endpoint logs it at --log-verbose 1)."""
 
-    def __init__(self, model: str, instance: str) -> None:
-        self._where = f"model '{model}' instance {instance}"
-        self._running: trio.Event | None = None
-        self._answer = False
-        self._busy = False  # a hook call is running in the model (even one given up on)
+    def __init__(self) -> None:
+        self._inflight: trio.Event | None = None  # set when the hook call in flight returns
+        self._answer: str | None = None  # its answer: None (ready) or why not
 
-    async def __call__(self, backend: Any) -> bool:
-        if self._running is not None:
-            await self._running.wait()
-            return self._answer
-        if self._busy:  # an earlier call still has not returned: no second one beside it
-            log.debug("%s is not ready: its readiness check has not returned yet", self._where)
-            return False
-        self._running = done = trio.Event()
-        self._answer = False
+    async def __call__(self, backend: Any, instance: str) -> str | None:
+        """None when the hook says ready, else why not."""
+        inflight = self._inflight
+        if inflight is not None:
+            with trio.move_on_after(READY_TIMEOUT):
+                await inflight.wait()
+                return self._answer
+            return "Timed out waiting for in-flight is_ready() response"
+        self._inflight = done = trio.Event()
+        token = trio.lowlevel.current_trio_token()
 
-        def check() -> bool:
-            try:
-                return bool(backend.check_ready())
-            finally:
-                self._busy = False
-
-        self._busy = True
-        try:
-            with trio.move_on_after(READY_TIMEOUT) as waited:
-                self._answer = await trio.to_thread.run_sync(check, abandon_on_cancel=True)
-            if waited.cancelled_caught:
-                log.debug("%s is not ready: its readiness check did not answer within %.0f s",
-                          self._where, READY_TIMEOUT)
-            elif not self._answer:
-                log.debug("%s is not ready (user-defined check failed)", self._where)
-        except Exception as exc:  # noqa: BLE001 - a failing hook means not ready, no more
-            log.debug("%s is not ready: %s", self._where, getattr(exc, "message", exc))
-        finally:
-            self._running = None
+        def finish(answer: str | None) -> None:  # on the trio thread, whoever waits or not
+            self._answer = answer
+            self._inflight = None
             done.set()
-        return self._answer
+
+        def check() -> None:
+            answer: str | None
+            try:
+                answer = None if bool(backend.check_ready()) else (
+                    f"Model '{instance}' is not ready (user-defined check failed).")
+            except Exception as exc:  # noqa: BLE001 - a failing hook means not ready
+                answer = str(getattr(exc, "message", exc))
+            try:
+                token.run_sync_soon(finish, answer)
+            except trio.RunFinishedError:
+                pass
+
+        with trio.move_on_after(READY_TIMEOUT):
+            await trio.to_thread.run_sync(check, abandon_on_cancel=True)
+            await done.wait()
+            return self._answer
+        return "Timed out waiting for user-defined is_ready() response"
 
 
 async def _close_when(intake: WorkerIntake, queued: trio.MemorySendChannel[Any]) -> None:
@@ -509,18 +511,19 @@ class WorkerIntake:
 
     def __init__(self, accept: Callable[[ExecuteBatch | ReleaseSlots], None],
                  healthy: Callable[[], bool] = lambda: True,
-                 ready: Callable[[], Awaitable[bool]] | None = None) -> None:
+                 unready: Callable[[], Awaitable[str | None]] | None = None) -> None:
         self._accept = accept
         self.healthy = healthy  # the instance can serve now (a dead stub: not until restarted)
-        self._ready = ready
+        self._unready = unready
         self.closed = trio.Event()
 
-    async def ready(self) -> bool:
-        """The instance's readiness as a readiness endpoint asks it: healthy, and the
-        backend's own hook (a Python model's ``is_ready()``) says so."""
-        if self._ready is None:
-            return self.healthy()
-        return await self._ready()
+    async def unready(self) -> str | None:
+        """The instance's readiness as a readiness endpoint asks it: None when it is healthy
+        and the backend's own hook (a Python model's ``is_ready()``) says so; else why not
+        (Triton's words: "Stub process '<instance>' is not healthy.", ...)."""
+        if self._unready is None:
+            return None if self.healthy() else "the instance is not healthy"
+        return await self._unready()
 
     def send_nowait(self, message: ExecuteBatch | ReleaseSlots) -> None:
         if self.closed.is_set():

@@ -92,14 +92,15 @@ async def serve_version(
                 def healthy() -> bool:
                     return all(w.healthy() for w in workers)
 
-                async def ready() -> bool:
+                async def unready() -> str | None:
                     for worker in workers:
-                        if not await worker.ready():
-                            return False
-                    return True
+                        reason = await worker.unready()
+                        if reason is not None:
+                            return reason  # the first instance that is not (Triton's way)
+                    return None
 
                 task_status.started((ModelHandle(config.name, version, config, intake, healthy,
-                                                 ready),
+                                                 unready),
                                      intake.clone()))
     finally:
         intake.close()

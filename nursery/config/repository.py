@@ -199,10 +199,12 @@ MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems: a model folder's name ca
 
 
 def check_model_name(name: str) -> str | None:
-    """Why ``name`` cannot be a model name (a single, plain path component), or None."""
+    """Why ``name`` cannot be a model name (a single, plain path component), or None. A
+    backslash is a plain character of a folder name here, as for Triton on Linux (a Python
+    model so named is then refused by its backend, as Triton's refuses it)."""
     if not name:
         return "the model name is empty"
-    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+    if name in (".", "..") or "/" in name or "\0" in name:
         return f"'{name}' is not a valid model name: it must be a single folder name"
     if name.startswith("."):
         return f"'{name}' is not a valid model name: it must not start with '.'"

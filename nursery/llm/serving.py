@@ -232,16 +232,21 @@ class _Metrics:
 
     def __init__(self, pb: Any, model: str, version: str) -> None:
         labels = {"model": model, "version": version}
-        self.active = pb.MetricFamily(
+        # the families live as long as their metrics (a metric whose MetricFamily object is
+        # deleted refuses every operation, as in Triton)
+        active = pb.MetricFamily(
             name="nursery_llm_active_sequences", description="Sequences in the decode loop",
-            kind=pb.MetricFamily.GAUGE).Metric(labels=labels)
-        self.waiting = pb.MetricFamily(
+            kind=pb.MetricFamily.GAUGE)
+        waiting = pb.MetricFamily(
             name="nursery_llm_waiting_requests", description="Requests waiting for a slot",
-            kind=pb.MetricFamily.GAUGE).Metric(labels=labels)
+            kind=pb.MetricFamily.GAUGE)
         ended = pb.MetricFamily(
             name="nursery_llm_sequences_total",
             description="Sequences ended, by outcome (stop, length, cancelled, error)",
             kind=pb.MetricFamily.COUNTER)
+        self.families = (active, waiting, ended)
+        self.active = active.Metric(labels=labels)
+        self.waiting = waiting.Metric(labels=labels)
         self.ended = {o: ended.Metric(labels={**labels, "outcome": o})
                       for o in ("stop", "length", "cancelled", "error")}
         self.seen = dict.fromkeys(self.ended, 0)

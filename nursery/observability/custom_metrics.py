@@ -56,7 +56,9 @@ class CustomMetrics:
         self._families: dict[str, _Family] = {}
 
     def family(self, name: str, description: str, kind: int) -> None:
-        """Register a family (again: the same name, description and kind is the same one)."""
+        """Register a family. The same name again with the same kind is the same family (its
+        first description stays, as in Triton's Prometheus registry); with another kind it is
+        refused."""
         if kind not in KIND_NAMES:
             raise InvalidArgument(f"metric family '{name}': unknown kind {kind}")
         if not _NAME.match(name):
@@ -65,10 +67,10 @@ class CustomMetrics:
             found = self._families.get(name)
             if found is None:
                 self._families[name] = _Family(description, kind)
-            elif found.kind != kind or found.description != description:
+            elif found.kind != kind:
                 raise AlreadyExists(
-                    f"metric family '{name}' already exists with a different kind or "
-                    "description")
+                    f"metric family '{name}' already exists with a different kind "
+                    f"({KIND_NAMES[found.kind]})")
 
     def metric(self, name: str, labels: Labels, buckets: tuple[float, ...] | None) -> None:
         with self._lock:
@@ -77,7 +79,10 @@ class CustomMetrics:
                 if buckets is None:
                     raise InvalidArgument(f"metric family '{name}': a histogram metric needs "
                                           "'buckets'")
-                bounds = tuple(sorted(float(b) for b in buckets))
+                bounds = tuple(float(b) for b in buckets)
+                if any(a >= b for a, b in zip(bounds, bounds[1:], strict=False)):
+                    raise InvalidArgument(f"metric family '{name}': bucket boundaries must be "
+                                          "strictly increasing")
                 series = family.series.get(labels)
                 if series is None:
                     family.series[labels] = _Series(buckets=bounds,

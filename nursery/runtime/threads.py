@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 _STOP = object()
 _local = threading.local()
+_process_context: Any = None  # every thread's context in a process serving one instance
 
 
 def current_token() -> trio.lowlevel.TrioToken:
@@ -36,8 +37,17 @@ def current_token() -> trio.lowlevel.TrioToken:
 def current_context() -> Any:
     """What the owner of the calling :class:`DedicatedThread` gave it as ``context`` (None on
     any other thread): how code running on an instance's thread reaches the services its
-    instance was given (a Python model's BLS calls reach the model client so)."""
-    return getattr(_local, "context", None)
+    instance was given (a Python model's BLS calls reach the model client so); in a process
+    that serves one instance (:func:`bind_process_context`), that instance's on any thread."""
+    return getattr(_local, "context", _process_context)
+
+
+def bind_process_context(context: Any) -> None:
+    """The context of every thread of this process that was given none: for a stub process,
+    which serves one model instance, so that threads the model starts itself reach the
+    server too (Triton lets a model call other models from any thread it starts)."""
+    global _process_context
+    _process_context = context
 
 
 def bind_context(context: Any) -> None:

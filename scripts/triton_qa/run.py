@@ -29,7 +29,12 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
 
 Each group's `test.sh` then runs in its own folder under `bash`, in a private network namespace
 when `unshare --net` works (Triton's scripts use the fixed ports 8000-8002 and localhost; the
-namespace keeps them from meeting other servers on this machine and from reaching out).
+namespace keeps them from meeting other servers on this machine and from reaching out), and in
+a private PID namespace with its own /proc when `unshare --pid --mount-proc` works too (scripts
+find processes by name, `pgrep -f triton_python_backend_stub`, and kill what they find: they
+must see only their own; whatever a script leaves running ends with it), and then a private
+/dev/shm (a tmpfs in its mount namespace: the leak probes of Triton's shm_util.py look there
+for Triton's Python-backend pools, which a real Triton elsewhere on the machine may create).
 Subtests of L0_backend_python (`L0_backend_python/<sub>`) get the variables their parent
 script exports. Every unittest / pytest case a client runs is recorded (hooks/qa_record.py);
 `--work`/results/<group>.json holds the cases, the script's exit status and its log.
@@ -154,6 +159,10 @@ def shell_cases(text: str) -> list[dict]:
         if case["outcome"] == "passed":
             case["message"] = ""
     return cases
+
+
+# a private PID namespace (and /proc) per group beside the network namespace, where allowed
+PIDNS = ("--pid", "--fork", "--mount-proc")
 
 
 def group_file(group: str) -> str:
@@ -351,8 +360,8 @@ def server_version() -> str:
     return match.group(1) if match else ""
 
 
-def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: bool,
-              checkouts: Path | None = None) -> dict:
+def run_group(work: Path, group: str, python_mode: str, timeout: float,
+              netns: bool | tuple[str, ...], checkouts: Path | None = None) -> dict:
     results = work / "results"
     results.mkdir(exist_ok=True)
     stem = group_file(group)
@@ -365,8 +374,14 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float, netns: b
     env.update(GROUP_ENV.get(group, {}))
     log_path = results / f"{stem}.log"
     command = ["bash", "test.sh"]
-    if netns:
-        command = ["unshare", "--net", "--", "bash", "-c", "ip link set lo up && exec bash test.sh"]
+    if netns:  # True, or the unshare flags beside --net (PIDNS)
+        extra = netns if isinstance(netns, tuple) else ()
+        # with a mount namespace of its own, a /dev/shm of its own too: Triton's shared-memory
+        # leak probes (shm_util.py) look there for Triton's Python-backend pools, and a real
+        # Triton elsewhere on the machine would otherwise put its pools in their view
+        private_shm = "mount -t tmpfs tmpfs /dev/shm && " if extra else ""
+        command = ["unshare", "--net", *extra, "--", "bash", "-c",
+                   f"ip link set lo up && {private_shm}exec bash test.sh"]
     started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log,
@@ -477,8 +492,11 @@ def main() -> None:
     if args.generate:
         with open(work / "generate.log", "w") as log:
             generate(work, environment(work, work / "generate.cases.jsonl", ""), log)
-    netns = not args.no_netns and subprocess.run(
+    netns: bool | tuple[str, ...] = not args.no_netns and subprocess.run(
         ["unshare", "--net", "true"], capture_output=True).returncode == 0
+    if netns and subprocess.run(["unshare", "--net", *PIDNS, "true"],
+                                capture_output=True).returncode == 0:
+        netns = PIDNS  # and a PID namespace of its own
     for group in args.groups:
         if not (work / "qa" / group / "test.sh").is_file():
             print(f"{group}: no test.sh", file=sys.stderr)

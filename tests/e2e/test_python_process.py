@@ -4,7 +4,10 @@ killed at unload and at shutdown; every instance has its own process."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -41,7 +44,7 @@ def _stubs(server: ServerProcess) -> set[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == server.proc.pid and b"nursery.backends.python.stub" in cmdline:
+        if ppid == server.proc.pid and b"triton_python_backend_stub" in cmdline:
             found.add(int(entry.name))
     return found
 
@@ -143,32 +146,136 @@ def test_each_instance_has_its_own_process(tmp_path: Path,
 
 
 def test_readiness_follows_the_stub(tmp_path: Path, start_server: type[ServerProcess]) -> None:
-    """A dead stub makes its model (and the strict server readiness) not ready until it has
-    been started again, which happens at once, without waiting for the next request."""
+    """A dead stub makes its model (and the strict server readiness) not ready, with Triton's
+    reason at --log-verbose 1, until the next request starts a new stub (as in Triton, the
+    readiness endpoints alone never start one)."""
     repo = tmp_path / "repo"
     shutil.copytree(MODELS / "py_crash", repo / "py_crash")
-    slow = repo / "py_crash" / "1" / "model.py"
-    # initialize takes a moment, so the window where the stub is being started is seen
-    slow.write_text(slow.read_text().replace(
-        "class TritonPythonModel:\n",
-        "class TritonPythonModel:\n    def initialize(self, args):\n"
-        "        import time\n        time.sleep(1.5)\n\n", 1))
-    server = start_server(repo)
+    server = start_server(repo, "--log-verbose=1")
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     assert client.is_model_ready("py_crash") and client.is_server_ready()
     (before,) = _stubs(server)
     with pytest.raises(InferenceServerException, match="is not healthy"):
         client.infer("py_crash", _fp32(-1.0))
-    assert not client.is_model_ready("py_crash")
-    assert not client.is_server_ready()
-    deadline = time.monotonic() + 30
-    while not client.is_model_ready("py_crash"):
-        assert time.monotonic() < deadline, "the stub was not started again"
-        time.sleep(0.1)
-    assert client.is_server_ready()
+    for _ in range(3):
+        assert not client.is_model_ready("py_crash")
+        assert not client.is_server_ready()
+    assert _stubs(server) == set()
+    assert server.log().count("Model 'py_crash' version 1 is not ready: Stub process "
+                              "'py_crash_0_0' is not healthy.") == 3
+    assert client.infer("py_crash", _fp32(3.0, 0.0)).as_numpy("OUTPUT0")[0, 0] == 3.0
     (after,) = _stubs(server)
     assert after != before
-    assert client.infer("py_crash", _fp32(3.0, 0.0)).as_numpy("OUTPUT0")[0, 0] == 3.0
+    assert client.is_model_ready("py_crash") and client.is_server_ready()
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGSEGV, signal.SIGKILL])
+def test_a_stub_found_by_its_name_and_killed(tmp_path: Path, start_server: type[ServerProcess],
+                                             signal_number: int) -> None:
+    """The stub is found as Triton's is (``pgrep -f triton_python_backend_stub``, as Triton's
+    L0_backend_python/model_readiness does); killed with a signal, its model reads not ready
+    over HTTP and gRPC, and the next request is served by a new stub."""
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_crash", repo / "py_crash")
+    server = start_server(repo)
+    found = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f",
+                            "triton_python_backend_stub"], capture_output=True, text=True,
+                           check=False)
+    (stub,) = (int(pid) for pid in found.stdout.split())
+    assert _stubs(server) == {stub}
+    cmdline = Path(f"/proc/{stub}/cmdline").read_bytes().split(b"\0")
+    assert b"py_crash_0_0" in cmdline  # who it serves shows in ps, as in Triton
+    os.kill(stub, signal_number)
+    http = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    deadline = time.monotonic() + 60
+    while stub in _stubs(server):  # until it is gone (or a zombie the server reaps)
+        assert time.monotonic() < deadline, "the stub outlived its signal"
+        time.sleep(0.05)
+    assert not http.is_model_ready("py_crash")
+    assert not grpc.is_model_ready("py_crash")
+    assert http.infer("py_crash", _fp32(5.0, 0.0)).as_numpy("OUTPUT0")[0, 0] == 5.0
+    assert http.is_model_ready("py_crash") and grpc.is_model_ready("py_crash")
+    assert stub not in _stubs(server)
+    grpc.close()
+    assert server.stop() == 0, server.log()
+
+
+def test_model_code_sees_the_argv_of_tritons_stub(tmp_path: Path,
+                                                  start_server: type[ServerProcess]) -> None:
+    """``sys.argv`` in a stub is ``['']``, as in Triton's, so a model that runs
+    ``unittest.main("model", exit=False)`` inside ``execute`` runs its own tests."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "py_argv", repo / "py_argv")
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    item = httpclient.InferInput("IN", [1], "FP32")
+    item.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    result = client.infer("py_argv", [item])
+    assert result.as_numpy("ARGV").tolist() == [b""]
+    assert result.as_numpy("PASSED").tolist() == [True]
+    assert server.stop() == 0, server.log()
+
+
+IDENTITY_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+"""
+
+
+def test_model_names_a_shell_would_read_are_refused(tmp_path: Path,
+                                                    start_server: type[ServerProcess]) -> None:
+    """A Python model whose name holds a character Triton's Python backend refuses in a stub
+    name (``;|&$`<>()[]{}\\"'*?~#!``) fails to load with Triton's message; others load."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    server = start_server(repo, "--model-control-mode=explicit", "--allow-model-file-upload=true")
+
+    def load(name: str) -> tuple[int, str]:
+        # the model's file names it, as Triton's test writes it: with a quote in the name it
+        # does not even compile, and Triton refuses the name before it would run
+        source = f"print('Hello from model {name}')\n" + IDENTITY_MODEL
+        code = base64.b64encode(source.encode()).decode()
+        config = {"name": name, "backend": "python", "max_batch_size": 4,
+                  "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                  "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
+        body = json.dumps({"parameters": {"config": json.dumps(config),
+                                          "file:1/model.py": code}}).encode()
+        url = (f"http://{server.url}/v2/repository/models/"
+               f"{urllib.parse.quote(name, safe='')}/load")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, body, method="POST")) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    for name in ("model;test", "model|test", "model&test", "model$test", "model`test`",
+                 "model<test>", "model(test)", "model[test]", "model{test}", "model\\test",
+                 'model"test"', "model'test'", "model*test", "model?test", "model~test",
+                 "model#test", "model!test"):
+        status, text = load(name)
+        assert status == 400, (name, status, text)
+        assert "Invalid stub name: contains invalid characters" in text, (name, text)
+        assert text.startswith('{"error":"load failed for model'), text
+    for name in ("TestModel123", "model-with-hyphens", "model_with_underscores"):
+        assert load(name)[0] == 200, name
+        client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        assert client.infer(name, _fp32(4.0)).as_numpy("OUTPUT0")[0, 0] == 4.0
     assert server.stop() == 0, server.log()
 
 
@@ -342,6 +449,54 @@ def test_async_decoupled_answers_after_execute_returns(
     values = sorted(float(got.get(timeout=30).as_numpy("OUT")[0]) for _ in range(6))
     client.stop_stream()
     assert values == [10.0, 11.0, 12.0, 20.0, 21.0, 22.0]
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_bls_streams_run_at_once(tmp_path: Path, start_server: type[ServerProcess],
+                                       mode: str) -> None:
+    """Four requests to a decoupled ``async def execute`` that forwards each with ``await
+    async_exec(decoupled=True)``: the four calls reach the target together (it answers each
+    with how many it saw in flight at once), as in Triton, where ``async_exec`` returns once
+    the first response is in and the event loop serves the other requests meanwhile."""
+    import queue as queue_
+
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    for name in ("py_async_meet", "py_async_bls_meet"):
+        shutil.copytree(MODELS / name, repo / name)
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}")
+    got: queue_.Queue[object] = queue_.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: got.put(error or result))
+    for index in range(4):
+        item = grpcclient.InferInput("IN", [1], "FP32")
+        item.set_data_from_numpy(np.array([4.0], dtype=np.float32))
+        client.async_stream_infer("py_async_bls_meet", [item], request_id=str(index))
+    seen = [float(got.get(timeout=120).as_numpy("OUT")[0]) for _ in range(4)]  # type: ignore[attr-defined]
+    client.stop_stream()
+    assert seen == [4.0] * 4
+    assert server.stop() == 0, server.log()
+
+
+@pytest.mark.parametrize("model", ["py_bls_fork", "py_bls_thread"])
+def test_bls_from_processes_and_threads_the_model_starts(
+        tmp_path: Path, start_server: type[ServerProcess], model: str) -> None:
+    """A model can call other models from processes it forks (``multiprocessing.Pool``: each
+    child gets a channel of its own to the server) and from threads it starts, as in
+    Triton."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / model, repo / model)
+    make_models.write_add_sub(repo)
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+    for value in (1.0, 10.0):
+        item = httpclient.InferInput("IN", [1], "FP32")
+        item.set_data_from_numpy(np.array([value], dtype=np.float32))
+        out = client.infer(model, [item]).as_numpy("OUT")
+        assert out.tolist() == [value + 1, value + 2, value + 3]
+    assert len(_stubs(server)) == 1  # the children are gone; the stub serves on
     assert server.stop() == 0, server.log()
 
 

@@ -261,7 +261,8 @@ def test_response_parameters_of_bls_responses(server: ServerProcess) -> None:
 def test_is_ready_hook_decides_model_and_server_readiness(server: ServerProcess) -> None:
     """python_backend's is_ready() (Triton's TRITONBACKEND_ModelInstanceReady): asked by the
     model's and the (strict) server's readiness; False, an exception, a non-bool or no answer
-    within 5 s: not ready. Inference goes on meanwhile, as in Triton."""
+    within 5 s: not ready. Inference goes on meanwhile, as in Triton; a check while a call
+    is still in flight waits for that call (no second one) and shares its answer."""
     repo = Path(server.args[server.args.index("--model-repository") + 1])
     h = httpclient.InferenceServerClient(server.url, network_timeout=60)
     g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -280,6 +281,10 @@ def test_is_ready_hook_decides_model_and_server_readiness(server: ServerProcess)
         if model == "py_ready":  # no answer within the time limit (once: it costs 5 s)
             state.write_text("slow")
             assert not h.is_model_ready(model)
+            item = httpclient.InferInput("INPUT0", [2], "FP32")
+            item.set_data_from_numpy(data)
+            assert h.infer(model, [item]).as_numpy("OUTPUT0").tolist() == data.tolist()
+            assert g.is_model_ready(model)  # the slow call in flight answers ready at last
         state.write_text("true")
         deadline = time.monotonic() + 30  # a slow check given up on must end first
         while not h.is_model_ready(model):

@@ -23,7 +23,7 @@ def test_each_kind_allows_its_own_operations() -> None:
     m.family("h", "a histogram", HISTOGRAM)
     m.metric("c", L, None)
     m.metric("g", L, None)
-    m.metric("h", L, (10.0, 1.0))
+    m.metric("h", L, (1.0, 10.0))
     assert m.update("c", L, "increment", 2) == 2
     with pytest.raises(InvalidArgument, match="can only increase"):
         m.update("c", L, "increment", -1)
@@ -38,15 +38,17 @@ def test_each_kind_allows_its_own_operations() -> None:
         m.update("h", L, "value")
     (c, g, h) = sorted(m.snapshot(), key=lambda f: f.name)
     assert c.series == ((L, 2.0),) and g.series == ((L, 9.0),)
-    assert h.histograms == ((L, (1.0, 10.0), (2, 3), 26.5, 4),)  # sorted bounds, <= each
+    assert h.histograms == ((L, (1.0, 10.0), (2, 3), 26.5, 4),)  # <= each bound
 
 
 def test_families_and_metrics_are_checked() -> None:
     m = CustomMetrics()
     m.family("c", "a counter", COUNTER)
     m.family("c", "a counter", COUNTER)  # the same again: the same family
-    with pytest.raises(AlreadyExists):
-        m.family("c", "another description", COUNTER)
+    m.family("c", "another description", COUNTER)  # the same family; its first description
+    assert m.snapshot()[0].description == "a counter"  # stays, as in Triton's registry
+    with pytest.raises(AlreadyExists, match="with a different kind"):
+        m.family("c", "a counter", GAUGE)
     with pytest.raises(InvalidArgument, match="not a valid Prometheus name"):
         m.family("bad name", "x", GAUGE)
     with pytest.raises(InvalidArgument, match="unknown kind"):
@@ -54,6 +56,10 @@ def test_families_and_metrics_are_checked() -> None:
     m.family("h", "a histogram", HISTOGRAM)
     with pytest.raises(InvalidArgument, match="needs 'buckets'"):
         m.metric("h", L, None)
+    for unsorted in ((2.5, 0.1, 1.0), (1.0, 1.0, 2.0)):  # Triton: strictly increasing bounds
+        with pytest.raises(InvalidArgument, match="strictly increasing"):
+            m.metric("h", L, unsorted)
+    m.metric("h", labels_of({"no": "buckets"}), ())  # no bounds: only +Inf
     with pytest.raises(InvalidArgument, match="only histogram metrics take buckets"):
         m.metric("c", L, (1.0,))
     with pytest.raises(NotFound):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nursery.config.repository import override_relative_path, write_override
+from nursery.config.repository import check_model_name, override_relative_path, write_override
 from nursery.errors import InternalError
 
 
@@ -36,3 +36,13 @@ def test_write_override_keeps_files_inside(tmp_path: Path) -> None:
     with pytest.raises(InternalError, match="must stay within model directory"):
         write_override(tmp_path, "m", {"/../escape": b"c"})
     assert not (tmp_path / "escape").exists()
+
+
+@pytest.mark.parametrize("name", ["model", "model\\test", "model;test", "a b", "TestModel123"])
+def test_model_names_that_are_one_folder(name: str) -> None:
+    assert check_model_name(name) is None
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b", ".hidden"])
+def test_model_names_that_are_not(name: str) -> None:
+    assert check_model_name(name) is not None

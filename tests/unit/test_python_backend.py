@@ -317,3 +317,140 @@ def test_memory_limit_sizes() -> None:
     for bad in ("", "lots", "-1M", "0"):
         with pytest.raises(ConfigError, match="^x: expected a size"):
             parse_size(bad, "x")
+
+
+def test_stub_names_triton_refuses() -> None:
+    """Triton's Python backend refuses a stub name holding any of ``;|&$`<>()[]{}\\"'*?~#!``
+    (characters a shell reads), before any process starts."""
+    from nursery.backends.python.process import check_stub_name
+    from nursery.errors import ConfigError
+
+    for name in ("model_0_0", "model-with-hyphens_0_0", "TestModel123", "a.b", "m@x", "m%y"):
+        check_stub_name(name)
+    for char in ";|&$`<>()[]{}\\\"'*?~#!":
+        with pytest.raises(ConfigError, match=r"^Invalid stub name: contains invalid characters$"):
+            check_stub_name(f"model{char}test_0_0")
+    with pytest.raises(ConfigError, match="^Invalid stub name"):
+        check_stub_name("")
+
+
+def test_arguments_are_checked_as_tritons_bindings_check_them() -> None:
+    """What the stub's bindings cannot convert (None for a required value, a wrong type) is
+    a TypeError; what they pass on and the stub refuses is a TritonModelException."""
+    one = [pb_utils.Tensor("IN", np.array([1], np.int32))]
+    request = {"model_name": "m", "inputs": one, "requested_output_names": ["OUT"]}
+    for key, value in (("inputs", None), ("model_name", None), ("requested_output_names", None),
+                       ("requested_output_names", [None]), ("correlation_id", None),
+                       ("request_id", None), ("model_version", None), ("flags", None),
+                       ("timeout", None), ("inputs", [1])):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**{**request, key: value})
+    with pytest.raises(TypeError, match="missing required argument 'inputs'"):
+        pb_utils.InferenceRequest(model_name="m", requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
+        pb_utils.InferenceRequest(**{**request, "inputs": [None]})
+    with pytest.raises(pb_utils.TritonModelException, match="Correlation ID must be"):
+        pb_utils.InferenceRequest(**request, correlation_id=1.5)
+    assert pb_utils.InferenceRequest(**request, correlation_id="s-1").correlation_id() == "s-1"
+    assert pb_utils.InferenceRequest(**request).correlation_id() == 0
+    pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+
+    with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)  # type: ignore[arg-type]
+    assert pb_utils.InferenceResponse().output_tensors() == []
+    assert len(pb_utils.InferenceResponse(one).output_tensors()) == 1
+
+    for name, array in ((None, np.array([1])), ("OUT", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, array)  # type: ignore[arg-type]
+    with pytest.raises(pb_utils.TritonModelException, match="cannot be an empty string"):
+        pb_utils.Tensor("", np.array([1]))
+    for name in ("OUT", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+
+    logger = pb_utils.Logger
+    for call in (lambda: logger.log("x", None), lambda: logger.log("x", 1),
+                 lambda: logger.log_info(None), lambda: logger.log_warn(None),
+                 lambda: logger.log_error(None), lambda: logger.log_verbose(None)):
+        with pytest.raises(TypeError):
+            call()
+    logger.log("no level given")
+    assert logger.LogLevel.ERROR is logger.ERROR
+
+
+def test_a_metric_outlives_its_family_object_only_as_an_error() -> None:
+    """Deleting a MetricFamily before its metrics makes them refuse every operation with
+    Triton's words; another object of the same family keeps working."""
+    from nursery.observability.custom_metrics import CustomMetrics
+    from nursery.runtime.threads import bind_context
+
+    class Context:
+        custom_metrics = CustomMetrics()
+
+    bind_context(Context())
+    try:
+        family = pb_utils.MetricFamily("lifetime", "first", pb_utils.MetricFamily.GAUGE)
+        again = pb_utils.MetricFamily("lifetime", "second", pb_utils.MetricFamily.GAUGE)
+        metric = family.Metric(labels={"a": "1"})
+        kept = again.Metric(labels={"a": "2"})
+        metric.set(3)
+        del family
+        for call in (lambda: metric.set(1), lambda: metric.increment(1), metric.value):
+            with pytest.raises(pb_utils.TritonModelException,
+                               match="^Invalid metric operation as the corresponding "
+                                     "'MetricFamily' has been deleted"):
+                call()
+        kept.increment(2)
+        assert kept.value() == 2
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.MetricFamily("lifetime", "x", pb_utils.MetricFamily.COUNTER)
+        histogram = pb_utils.MetricFamily("lifetime_h", "h", pb_utils.MetricFamily.HISTOGRAM)
+        with pytest.raises(pb_utils.TritonModelException):
+            histogram.Metric(labels={}, buckets=[2.0, 1.0])
+        histogram.Metric(labels={}, buckets=[])
+    finally:
+        bind_context(None)
+
+
+def test_response_iterator_replays_once_read_to_the_end() -> None:
+    """Triton's ResponseIterator: ``next()`` and ``for`` share one position; once the last
+    response has been read, a new ``for`` starts again from the first."""
+    def stream() -> Any:
+        for value in range(4):
+            out = Tensor("OUT", DataType.INT32, (1,), np.array([value], np.int32))
+            yield Part(InferenceResponse("m", "1", [out]), None, False)
+        yield Part(None, None, True)  # a bare final flag: an empty final response
+
+    def values(responses: Any) -> list[Any]:
+        return [r.output_tensors()[0].as_numpy()[0] if r.output_tensors() else None
+                for r in responses]
+
+    responses = pb_utils.ResponseIterator(stream(), "m")
+    assert values([next(responses)]) == [0]
+    assert values(responses) == [1, 2, 3, None]  # the rest
+    with pytest.raises(StopIteration):
+        next(responses)
+    assert values(responses) == [0, 1, 2, 3, None]  # again, from the first
+    for count, _ in enumerate(responses, 1):
+        if count == 2:
+            break
+    assert values([next(responses)]) == [2]
+    assert values(responses) == [3, None]  # resumed where it stopped
+
+
+def test_bls_request_carries_the_sequence() -> None:
+    """A BLS request's correlation ID and sequence flags reach the target's sequence batcher
+    as a client's would."""
+    one = [pb_utils.Tensor("IN", np.array([1], np.int32))]
+    start = pb_utils.InferenceRequest(
+        model_name="seq", inputs=one, requested_output_names=["OUT"], correlation_id=1000,
+        flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)._to_nursery()
+    assert (start.sequence_id, start.sequence_start, start.sequence_end) == (1000, True, False)
+    end = pb_utils.InferenceRequest(
+        model_name="seq", inputs=one, requested_output_names=["OUT"], correlation_id="s-1",
+        flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)._to_nursery()
+    assert (end.sequence_id, end.sequence_start, end.sequence_end) == ("s-1", False, True)
+    assert "sequence_id" not in end.parameters

@@ -15,7 +15,7 @@ import trio.testing
 from nursery.backends.python import pb_utils
 from nursery.backends.python.ipc import Channel
 from nursery.backends.python.outbox import Route, coalesce_responses
-from nursery.backends.python.stub import PARTS_PER_MESSAGE, _Direct, _Reply
+from nursery.backends.python.triton_python_backend_stub import PARTS_PER_MESSAGE, _Direct, _Reply
 from nursery.messages import Part
 
 

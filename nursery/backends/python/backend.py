@@ -51,6 +51,7 @@ from nursery.backends.python.process import (
     ProcessInstance,
     complete_in_stub,
     parse_size,
+    valid_stub_name,
 )
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
@@ -436,6 +437,8 @@ class PythonFactory:
             config.runtime = PYTHON_BASED_RUNTIME  # as Triton records a Python-based backend
         path = self.model_file(config.default_model_filename, version_path)
         given = json.loads(json.dumps(config_to_json(config)))
+        if self._in_process(config) and not valid_stub_name(config.name):
+            return  # Triton refuses its stub before model.py runs: the instance's load says so
         if self._in_process(config):
             data = complete_in_stub(path, config.name, str(version_path), given,
                                     _environment_of(config, version_path))

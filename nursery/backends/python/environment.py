@@ -82,6 +82,11 @@ def _unpacked(archive: Path, where: str) -> Path:
     return target
 
 
+# The stub's module. Its name is Triton's stub executable's, so what finds Triton's stubs by
+# their command line (`pgrep -f triton_python_backend_stub`, as Triton's own tests do) finds
+# nursery's: `python -m nursery.backends.python.triton_python_backend_stub <fd> <instance>`.
+STUB_MODULE = "nursery.backends.python.triton_python_backend_stub"
+
 # A stub under an environment's interpreter starts with this: the server's site-packages go
 # at the END of sys.path (after the environment's own), then the stub module runs.
 BOOTSTRAP = (
@@ -89,7 +94,7 @@ BOOTSTRAP = (
     "sys.path.extend(p for p in os.environ.get('NURSERY_STUB_FALLBACK', '').split(os.pathsep)"
     " if p); "
     "sys.argv = ['nursery-stub', *sys.argv[1:]]; "
-    "runpy.run_module('nursery.backends.python.stub', run_name='__main__')"
+    f"runpy.run_module('{STUB_MODULE}', run_name='__main__')"
 )
 
 

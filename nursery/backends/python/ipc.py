@@ -295,8 +295,19 @@ class Channel:
         finally:
             self._send_lock.release()
 
+    def hand_over(self, other: socket.socket) -> None:
+        """Send ``other`` (one end of a new socket pair) to the other side, which receives
+        ``("attach", <fd>)``: a forked child's channel of its own. It takes no lock (the fork
+        may have copied one held) and no ring: one packet, atomic beside the parent's."""
+        payload = pickle.dumps((None, ("seq", [("plain", "attach")])), protocol=5)
+        try:
+            socket.send_fds(self.sock, [payload], [other.fileno()])
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from None
+
     def receive(self) -> tuple[Any, ...]:
-        """The next message, waiting for it."""
+        """The next message, waiting for it; a descriptor handed over with it
+        (:meth:`hand_over`) comes last, as an int the caller owns."""
         return self.decode(*self.receive_packet())
 
     def receive_packet(self, wait: bool = True) -> tuple[Any, list[int]]:
@@ -322,8 +333,11 @@ class Channel:
 
     def decode(self, packet: Any, fds: list[int]) -> tuple[Any, ...]:
         """A received message, its tensors copied out of the ring (the ring's space given
-        back). Messages must be decoded in the order they came."""
+        back). Messages must be decoded in the order they came. A descriptor handed over
+        with it (:meth:`hand_over`) comes last, as an int the caller owns."""
         where, body = packet
+        if fds and where is None:  # a socket handed over, not a ring
+            return (*_get(_Reader(self._rings, None), body), fds[0])
         if fds:
             self._rings.adopt(where[0], fds[0])
         reader = _Reader(self._rings, where)

@@ -18,6 +18,7 @@ a thread's senders send travel to the server together, delivered when the block 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import struct
@@ -156,6 +157,39 @@ _KIND_OF_CODE = {
 _CODE_OF_KIND = {v: k for k, v in _KIND_OF_CODE.items()}
 
 
+def _argument(where: str, name: str, expected: str, value: Any) -> TypeError:
+    """A call whose argument the bindings of Triton's stub cannot convert: a TypeError, as
+    pybind11 raises it there (None where a value is required, a wrong type)."""
+    return TypeError(f"{where}: incompatible function arguments: '{name}' must be {expected}, "
+                     f"not {type(value).__name__}")
+
+
+def _typed(where: str, name: str, value: Any, kind: type | tuple[type, ...],
+           expected: str) -> Any:
+    if not isinstance(value, kind):
+        raise _argument(where, name, expected, value)
+    return value
+
+
+def _sequence(where: str, name: str, value: Any, expected: str) -> list[Any]:
+    """A list argument (any sequence but a string, as pybind11 converts one)."""
+    if value is None or isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        raise _argument(where, name, expected, value)
+    return list(value)
+
+
+def _tensors(where: str, name: str, value: Any, empty: str) -> list[Tensor]:
+    """A list of Tensor; a None in it passes the bindings and is refused by the stub
+    (``empty``, Triton's words), anything else is a TypeError."""
+    items = _sequence(where, name, value, "a list of Tensor")
+    for item in items:
+        if item is None:
+            raise TritonModelException(empty)
+        if not isinstance(item, Tensor):
+            raise _argument(where, name, "a list of Tensor", item)
+    return items
+
+
 def error_to_nursery(error: Any) -> NurseryError:
     if isinstance(error, TritonError):
         return NurseryError(error.message(), _KIND_OF_CODE.get(error.code(), ErrorKind.INTERNAL))
@@ -241,6 +275,12 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_wire")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        if not isinstance(name, str):
+            raise _argument("Tensor()", "name", "str", name)
+        if numpy_array is None:
+            raise _argument("Tensor()", "numpy_array", "a numpy array", numpy_array)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         if array.dtype.kind == "U" or array.dtype == np.void:
             raise TritonModelException(
@@ -298,6 +338,15 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
+        if not isinstance(name, str):
+            raise _argument("from_dlpack()", "name", "str", name)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        if type(capsule).__name__ != "PyCapsule" and not (
+                hasattr(capsule, "__dlpack__") and hasattr(capsule, "__dlpack_device__")):
+            raise TritonModelException(
+                "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+                "`__dlpack__` and `__dlpack_device__` attributes")
         source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
         return Tensor(name, np.from_dlpack(source))
 
@@ -358,14 +407,17 @@ def _checked_parameters(parameters: Any) -> dict[str, Any]:
 # -- responses ------------------------------------------------------------------------------
 
 
+_NO_OUTPUTS: list[Tensor] = []  # the default (never changed: a copy is taken)
+
+
 class InferenceResponse:
-    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None,
+    def __init__(self, output_tensors: list[Tensor] = _NO_OUTPUTS,
+                 error: TritonError | None = None,
                  parameters: dict[str, Any] | str | None = None) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, list):
-            raise TritonModelException('"output_tensors" must be a list.')
-        self._outputs = output_tensors
+        self._outputs = _tensors("InferenceResponse()", "output_tensors", output_tensors,
+                                 "Output tensor for inference response should not be empty.")
+        if error is not None and not isinstance(error, TritonError):
+            raise _argument("InferenceResponse()", "error", "a TritonError or None", error)
         self._error = error
         self._parameters = _checked_parameters(parameters)
 
@@ -391,15 +443,18 @@ class InferenceResponse:
 # -- requests -------------------------------------------------------------------------------
 
 
+_REQUIRED: Any = object()  # an argument Triton's InferenceRequest has no default for
+
+
 class InferenceRequest:
     """A request the model serves (built by the backend), or a BLS request the model builds
     to call another model (``exec`` / ``async_exec``)."""
 
     def __init__(
         self,
-        model_name: str = "",
-        inputs: list[Tensor] | None = None,
-        requested_output_names: list[str] | None = None,
+        model_name: str = _REQUIRED,  # type: ignore[assignment]
+        inputs: list[Tensor] = _REQUIRED,  # type: ignore[assignment]
+        requested_output_names: list[str] = _REQUIRED,  # type: ignore[assignment]
         request_id: str = "",
         correlation_id: int | str = 0,
         model_version: int = -1,
@@ -408,14 +463,36 @@ class InferenceRequest:
         parameters: dict[str, Any] | str | None = None,
         **_ignored: Any,  # preferred_memory, trace: no meaning on the CPU-only path
     ) -> None:
-        self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
-        self._request_id = request_id
+        # the arguments as the bindings of Triton's stub check them (None where a value is
+        # required, or a wrong type: TypeError; what they pass on and the stub refuses:
+        # TritonModelException, with Triton's words)
+        where = "InferenceRequest()"
+        for name, value in (("model_name", model_name), ("inputs", inputs),
+                            ("requested_output_names", requested_output_names)):
+            if value is _REQUIRED:
+                raise TypeError(f"{where}: missing required argument '{name}'")
+        self._model_name = _typed(where, "model_name", model_name, str, "str")
+        self._request_id = _typed(where, "request_id", request_id, str, "str")
+        self._inputs = _tensors(where, "inputs", inputs,
+                                f"Input tensor for request with id '{request_id}' and model "
+                                f"name '{model_name}' should not be empty.")
+        self._requested = _sequence(where, "requested_output_names", requested_output_names,
+                                    "a list of str")
+        for output in self._requested:
+            if not isinstance(output, str):
+                raise _argument(where, "requested_output_names", "a list of str", output)
+            if not output:
+                raise TritonModelException(
+                    f"Requested output name for request with id '{request_id}' and model "
+                    f"name '{model_name}' should not be empty.")
+        if correlation_id is None:
+            raise _argument(where, "correlation_id", "an int or a str", correlation_id)
+        if not isinstance(correlation_id, int | str):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._correlation_id = correlation_id
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
+        self._model_version = _typed(where, "model_version", model_version, int, "int")
+        self._flags = _typed(where, "flags", flags, int, "int")
+        self._timeout = _typed(where, "timeout", timeout, int, "int")
         self._parameters = _checked_parameters(parameters)
         self._sender: ResponseSender | None = None
         # the model client of the instance whose thread builds this request (its BLS route)
@@ -488,16 +565,18 @@ class InferenceRequest:
         for tensor in self._inputs:
             t = tensor._unwrap()
             inputs[t.name] = t
-        params = dict(self._parameters)
-        if self._correlation_id:
-            params["sequence_id"] = self._correlation_id
         return _Request(
             model_name=self._model_name,
             model_version="" if self._model_version in (-1, None) else str(self._model_version),
             inputs=inputs,
             requested_outputs=tuple(RequestedOutput(n) for n in self._requested),
             id=self._request_id,
-            parameters=params,
+            parameters=dict(self._parameters),
+            # the correlation ID and the sequence flags, as Triton's BLS sets them on the
+            # request for the target's sequence batcher
+            sequence_id=self._correlation_id,
+            sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+            sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
             timeout_us=self._timeout,
         )
 
@@ -507,7 +586,10 @@ class InferenceRequest:
         ``decoupled=True``, an iterator over the responses."""
         return self._exec(self._client or current_context(), decoupled)
 
-    def _exec(self, client: Any, decoupled: bool) -> Any:
+    def _exec(self, client: Any, decoupled: bool, first: bool = False) -> Any:
+        """``exec``; with ``first`` (``async_exec``), a decoupled call returns once its first
+        response is in, as Triton's does, so iterating it does not block the event loop
+        until the target model answers."""
         try:
             if client is None:
                 raise NurseryError(
@@ -516,7 +598,11 @@ class InferenceRequest:
                     ErrorKind.UNAVAILABLE)
             request = self._to_nursery()
             if decoupled:
-                return ResponseIterator(client.stream_from_thread(request), self._model_name)
+                responses = ResponseIterator(client.stream_from_thread(request),
+                                             self._model_name)
+                if first:
+                    responses._prefetch()
+                return responses
             return InferenceResponse._from_nursery(client.infer_from_thread(request))
         except NurseryError as exc:
             failed = InferenceResponse([], error_from_nursery(_bls_error(self._model_name, exc)))
@@ -526,61 +612,110 @@ class InferenceRequest:
         """``exec`` for ``async def execute``: an awaitable; other calls proceed meanwhile."""
         client = self._client or current_context()  # the executor's threads have none
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self._exec, client, decoupled)
+        return loop.run_in_executor(None, self._exec, client, decoupled, True)
 
 
 def _bls_error(model: str, error: NurseryError) -> NurseryError:
-    """Triton's words when the target model is not there (unknown, or no ready version)."""
+    """Triton's words when the target model is not there (unknown, or no ready version): the
+    core's reason behind the Python backend's prefix, as Triton since its core looks the
+    model up first ("Model m - Error when running inference: Request for unknown model: 'm'
+    is not found"; Triton 2.51 said "Failed for execute the inference request. Model 'm' is
+    not ready.")."""
     if error.kind in (ErrorKind.NOT_FOUND, ErrorKind.UNAVAILABLE) and "unknown model" in (
             error.message):
-        return NurseryError(
-            f"Model {model} - Error when running inference: Failed for execute the inference "
-            f"request. Model '{model}' is not ready.", error.kind)
+        return NurseryError(f"Model {model} - Error when running inference: {error.message}",
+                            error.kind)
     return error
 
 
 class ResponseIterator:
     """What ``exec(decoupled=True)`` returns: the responses as the target model sends them
-    (an empty final response last when it sent a bare final flag). ``cancel()`` cancels the
-    request: the target's ``request.is_cancelled()`` turns true and the responses it still
-    sends keep coming; after the last response it does nothing."""
+    (an empty final response last when it sent a bare final flag). As Triton's, it keeps
+    them: once the last has come and been read, iterating it again (``for``, ``iter()``)
+    starts from the first; ``next()`` past the end raises StopIteration. ``cancel()`` cancels
+    the request: the target's ``request.is_cancelled()`` turns true and the responses it
+    still sends keep coming; after the last response it does nothing."""
 
     def __init__(self, parts: Iterator[Any], model: str) -> None:
         self._parts = parts
         self._model = model
+        self._responses: list[InferenceResponse] = []  # every response so far
+        self._index = 0  # the next one to give
+        self._finished = False  # the last response has come
+
+    def _take(self) -> None:
+        """The next part from the target (waits for it), kept as a response."""
+        try:
+            part = next(self._parts)
+        except StopIteration:
+            self._finished = True
+            raise
+        if isinstance(part, InferenceResponse):
+            response = part
+        elif part.error is not None:
+            response = InferenceResponse(
+                [], error_from_nursery(_bls_error(self._model, part.error)))
+        elif part.response is not None:
+            response = InferenceResponse._from_nursery(part.response)
+        else:
+            response = InferenceResponse([])  # the empty final response
+        self._responses.append(response)
+        if getattr(part, "final", True):
+            self._finished = True
+
+    def _prefetch(self) -> None:
+        """Wait for the first part now (off the event loop, for ``async_exec``)."""
+        if not self._responses and not self._finished:
+            try:
+                self._take()
+            except StopIteration:
+                pass
 
     def __iter__(self) -> ResponseIterator:
+        if self._finished and self._index >= len(self._responses):
+            self._index = 0  # read to the end: iterate again from the first
         return self
 
     def __next__(self) -> InferenceResponse:
-        part = next(self._parts)
-        if isinstance(part, InferenceResponse):
-            return part
-        if part.error is not None:
-            return InferenceResponse([], error_from_nursery(_bls_error(self._model, part.error)))
-        if part.response is not None:
-            return InferenceResponse._from_nursery(part.response)
-        return InferenceResponse([])  # the empty final response
+        if self._index >= len(self._responses):
+            if self._finished:
+                raise StopIteration
+            self._take()
+        response = self._responses[self._index]
+        self._index += 1
+        return response
 
     def cancel(self) -> None:
         cancel = getattr(self._parts, "cancel", None)
-        if cancel is not None:
+        if cancel is not None and not self._finished:
             cancel()
 
 
 # -- logging --------------------------------------------------------------------------------
 
 
-class LogLevel:
+class LogLevel(enum.Enum):
+    """Triton's ``Logger.LogLevel`` (an enumeration: a plain int is not a level)."""
+
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
 
 
+_Level = LogLevel  # the type, where Logger's own name LogLevel would shadow it
+
+
+def _message(where: str, message: Any) -> str:
+    if not isinstance(message, str):
+        raise _argument(where, "message", "str", message)
+    return message
+
+
 class Logger:
     """Triton's model logger: lines go to the server log."""
 
+    LogLevel = LogLevel
     # ``pb_utils.Logger.INFO`` etc., as Triton's models write them
     INFO = LogLevel.INFO
     WARNING = LogLevel.WARNING
@@ -591,27 +726,40 @@ class Logger:
                LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
 
     @staticmethod
-    def log(message: str, level: int = LogLevel.INFO) -> None:
-        _log.log(Logger._LEVELS.get(level, logging.INFO), "%s", message)
+    def log(message: str, level: _Level = _Level.INFO) -> None:
+        if not isinstance(level, _Level):
+            raise _argument("log()", "level", "a Logger.LogLevel", level)
+        _log.log(Logger._LEVELS[level], "%s", _message("log()", message))
 
     @staticmethod
     def log_info(message: str) -> None:
-        _log.info("%s", message)
+        _log.info("%s", _message("log_info()", message))
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _log.warning("%s", message)
+        _log.warning("%s", _message("log_warn()", message))
 
     @staticmethod
     def log_error(message: str) -> None:
-        _log.error("%s", message)
+        _log.error("%s", _message("log_error()", message))
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _log.debug("%s", message)
+        _log.debug("%s", _message("log_verbose()", message))
 
 
 # -- custom metrics -----------------------------------------------------------------------
+
+
+class _FamilyRef:
+    """What a family's metrics hold of it: the registry and the name, and whether the
+    model's ``MetricFamily`` object still exists (Triton invalidates the metrics of a family
+    object that is deleted before them)."""
+
+    __slots__ = ("metrics", "name", "alive")
+
+    def __init__(self, metrics: Any, name: str) -> None:
+        self.metrics, self.name, self.alive = metrics, name, True
 
 
 class MetricFamily:
@@ -627,33 +775,48 @@ class MetricFamily:
             raise TritonModelException(
                 "MetricFamily must be created on a thread the server runs the model on "
                 "(initialize or execute)")
-        self._metrics: Any = metrics
         self.name = name
         self.kind = kind
         try:
-            self._metrics.family(name, description, kind)
+            metrics.family(name, description, kind)
         except NurseryError as exc:
             raise TritonModelException(exc.message) from None
+        self._ref = _FamilyRef(metrics, name)
+
+    def __del__(self) -> None:
+        ref = getattr(self, "_ref", None)
+        if ref is not None:
+            ref.alive = False
 
     def Metric(self, labels: dict[str, str] | None = None,  # noqa: N802 - Triton's name
                buckets: list[float] | None = None) -> Metric:
-        return Metric(self, labels, buckets)
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None and not isinstance(buckets, list):
+            raise TritonModelException("Failed to create metric. Buckets must be a list.")
+        return Metric(self._ref, labels, buckets)
 
 
 class Metric:
     """One metric of a family: a set of label values."""
 
-    def __init__(self, family: MetricFamily, labels: dict[str, str] | None,
+    def __init__(self, family: _FamilyRef, labels: dict[str, str] | None,
                  buckets: list[float] | None) -> None:
-        self._family = family
+        self._family = family  # not the MetricFamily object: the model may delete that
         self._labels = labels_of(labels)
         self._call("metric", None if buckets is None else tuple(buckets))
 
     def _call(self, op: str, *args: Any) -> Any:
+        family = self._family
+        if not family.alive:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been "
+                "deleted. The 'MetricFamily' object should be deleted AFTER its corresponding "
+                "'Metric' objects have been deleted.")
         try:
             if op == "metric":
-                return self._family._metrics.metric(self._family.name, self._labels, *args)
-            return self._family._metrics.update(self._family.name, self._labels, op, *args)
+                return family.metrics.metric(family.name, self._labels, *args)
+            return family.metrics.update(family.name, self._labels, op, *args)
         except NurseryError as exc:
             raise TritonModelException(exc.message) from None
 

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ import trio
 from nursery.actors import mailbox
 from nursery.backends.python.environment import (
     BOOTSTRAP,
+    STUB_MODULE,
     environment_path,
     fallback_path,
     interpreter,
@@ -78,6 +80,19 @@ def parse_size(text: str, where: str) -> int:
         raise ConfigError(f"{where}: expected a size above 0, got '{text}'")
     return size
 READY_WAIT = 10.0  # seconds an is_ready() answer is waited for at most
+# what Triton's Python backend refuses in a stub's name (the instance's; the model's for the
+# stub that completes a configuration), as characters a shell would read
+INVALID_STUB_CHARACTERS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def valid_stub_name(name: str) -> bool:
+    return bool(name) and INVALID_STUB_CHARACTERS.isdisjoint(name)
+
+
+def check_stub_name(name: str) -> None:
+    """Refuse a stub name as Triton's Python backend does (before any process starts)."""
+    if not valid_stub_name(name):
+        raise ConfigError("Invalid stub name: contains invalid characters")
 
 
 def _stub_environment(own_site: bool = True) -> dict[str, str]:
@@ -102,8 +117,8 @@ def complete_in_stub(script: Path, model_name: str, model_dir: str, given: dict[
     """``auto_complete_config`` run in a stub process of its own (under the model's own
     interpreter when it has an EXECUTION_ENV_PATH), so the server never imports the model's
     ``model.py``: the completed configuration, None without the method, or a ConfigError."""
-    command = ([sys.executable, "-m", "nursery.backends.python.stub", "auto-complete"]
-               if python is None else [str(python), "-c", BOOTSTRAP, "auto-complete"])
+    command = ([sys.executable, "-m", STUB_MODULE, "auto-complete", model_name]
+               if python is None else [str(python), "-c", BOOTSTRAP, "auto-complete", model_name])
     request = json.dumps({"script": str(script), "model": model_name, "model_dir": model_dir,
                           "config": given})
     try:
@@ -139,11 +154,13 @@ class _Dead(Exception):
 
 
 class ProcessInstance:
-    """One ``TritonPythonModel`` in its stub process (``nursery.backends.python.stub``)."""
+    """One ``TritonPythonModel`` in its stub process (:data:`STUB_MODULE`)."""
 
     def __init__(self, config: ModelConfig, version: str, name: str,
                  args: Mapping[str, str], script: Path | None = None,
                  memory_limit: int | None = None) -> None:
+        check_stub_name(config.name)  # Triton's stub that completes the configuration
+        check_stub_name(name)  # and the instance's
         self.config = config
         self.memory_limit = memory_limit  # bytes of RSS the stub may hold (None: no limit)
         self._kill_reason = ""
@@ -172,11 +189,12 @@ class ProcessInstance:
         self._started: dict[int, tuple[int, Callable[[list[Any]], None]]] = {}
         self._control: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._ready_calls: dict[int, queue.SimpleQueue[Any]] = {}
-        self._streams: dict[int, Any] = {}  # BLS streams in flight, by the stub's call id
+        # BLS streams in flight, by (the channel, its call id): the stub's and its forks'
+        self._streams: dict[tuple[int, int], Any] = {}
         self._ready_ids = itertools.count(1)
         self.has_ready_hook = False  # the model defines is_ready() (the stub says)
         self.restarts = 0
-        self._life = threading.Lock()  # one start at a time (the reviver, a batch)
+        self._life = threading.Lock()  # one start at a time (batches of several threads)
         self._closing = False
         self._starting = False
         self._start()
@@ -184,8 +202,26 @@ class ProcessInstance:
 
     @property
     def healthy(self) -> bool:
-        """The stub is up (False from its death until it is started again)."""
-        return not self.dead and not self._starting
+        """The stub is up (False from its death until the next batch starts it again; the
+        process is asked too, as Triton asks, so a stub killed a moment ago reads dead before
+        its reader thread has seen the socket close)."""
+        return not self.dead and not self._starting and not self._exited()
+
+    def _exited(self) -> bool:
+        """The stub process has ended (looked at without reaping it, so no lock is shared
+        with the reader thread, which may be waiting for it right now)."""
+        if self.process.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.process.pid,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped meanwhile
+            return True
+
+    @property
+    def unhealthy_reason(self) -> str:
+        """Why the instance is not ready while its stub is down (Triton's words)."""
+        return f"Stub process '{self.instance_name}' is not healthy."
 
     # -- the stub's life ---------------------------------------------------------------------
 
@@ -207,8 +243,9 @@ class ProcessInstance:
         self._control = control
         try:
             fd = str(theirs.fileno())
-            command = ([sys.executable, "-m", "nursery.backends.python.stub", fd]
-                       if self._python is None else [str(self._python), "-c", BOOTSTRAP, fd])
+            command = ([sys.executable, "-m", STUB_MODULE, fd, self.instance_name]
+                       if self._python is None
+                       else [str(self._python), "-c", BOOTSTRAP, fd, self.instance_name])
             self.process = subprocess.Popen(
                 command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, close_fds=True,
                 env=_stub_environment(own_site=self._python is None))
@@ -308,19 +345,49 @@ class ProcessInstance:
             answers = self._ready_calls.get(message[1])
             if answers is not None:
                 answers.put(message[2])
+        elif not self._serve_model(channel, message):  # ready, failed, warmed, bye
+            control.put(message)
+
+    def _serve_model(self, channel: Channel, message: tuple[Any, ...]) -> bool:
+        """What the model asks of the server from its stub, or from a process it forked
+        (its own channel): BLS calls, custom metrics, log lines. False: not such a message."""
+        kind = message[0]
+        if kind == "bls":
+            self._bls.submit(self._call, channel, *message[1:])
         elif kind == "bls_cancel":  # the model cancelled a BLS stream
-            stream = self._streams.get(message[1])
+            stream = self._streams.get((id(channel), message[1]))
             if stream is not None:
                 self._bls.submit(stream.cancel)  # it waits for the trio thread
-        elif kind == "bls":
-            self._bls.submit(self._call, channel, *message[1:])
         elif kind == "metric":
             self._metric(channel, *message[1:])
         elif kind == "log":
             logging.getLogger(message[2] or "nursery.python_model").log(
                 message[1], "%s", message[3])
-        else:  # ready, failed, warmed, bye
-            control.put(message)
+        elif kind == "attach":  # the model forked (multiprocessing): the child's own channel
+            side = Channel(socket.socket(fileno=message[1]))
+            threading.Thread(target=self._serve_forked, args=(side,),
+                             name=f"{self.instance_name}-forked", daemon=True).start()
+        else:
+            return False
+        return True
+
+    def _serve_forked(self, side: Channel) -> None:
+        """A process the model forked from its stub: its BLS calls, metrics and log lines,
+        until it exits (its end closing is no death of the stub)."""
+        try:
+            while True:
+                message = side.receive()
+                if not self._serve_model(side, message):
+                    log.error("model '%s': a process forked by instance %s sent '%s', which "
+                              "only the stub may send", self.model_name, self.instance_name,
+                              message[0])
+        except ChannelClosed:
+            pass
+        except Exception:  # noqa: BLE001 - a garbled message: that process is not trusted
+            log.exception("model '%s': a process forked by instance %s sent what cannot be "
+                          "read", self.model_name, self.instance_name)
+        finally:
+            side.close()
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn`` on the trio thread: at once when called there, else soon."""
@@ -350,22 +417,9 @@ class ProcessInstance:
             self._token.run_sync_soon(mailbox.tell, work.reply, answer)
         control.put(("dead",))
         if not self._closing and not self._starting:  # a failed start is its caller's
-            log.error("model '%s': %s Starting it again.", self.model_name, error.message)
-            threading.Thread(target=self._revive, name=f"{self.instance_name}-revive",
-                             daemon=True).start()
-
-    def _revive(self) -> None:
-        """Start a dead stub again (``initialize`` runs again); until then the instance is
-        not healthy, and the model's readiness says so."""
-        with self._life:
-            if not self.dead or self._closing:
-                return
-            self.restarts += 1
-            try:
-                self._start()
-            except NurseryError as exc:
-                log.error("model '%s': the stub process of instance %s could not be started "
-                          "again: %s", self.model_name, self.instance_name, exc.message)
+            # as in Triton, the instance stays not ready; the next batch starts a new stub
+            log.error("model '%s': %s It is started again for the next request.",
+                      self.model_name, error.message)
 
     def _watch(self) -> None:
         """Tell the stub when a requester stops waiting (``request.is_cancelled()`` there):
@@ -465,12 +519,13 @@ class ProcessInstance:
                 raise Unavailable("models cannot call other models here: no model client")
             if decoupled:
                 stream = client.stream_from_thread(request)
-                self._streams[call] = stream  # the model may cancel it
+                key = (id(channel), call)  # a forked process counts its calls apart
+                self._streams[key] = stream  # the model may cancel it
                 try:
                     for part in stream:
                         channel.send("bls_part", call, part)
                 finally:
-                    self._streams.pop(call, None)
+                    self._streams.pop(key, None)
                 return
             channel.send("bls_answer", call, client.infer_from_thread(request))
         except NurseryError as error:
@@ -506,7 +561,7 @@ class ProcessInstance:
         """Run ``execute`` in the stub on these requests; one answer per request, ``None``
         where the model's sender answers (or will)."""
         if self.dead:
-            with self._life:  # the reviver may be starting it right now
+            with self._life:  # another batch may be starting it right now
                 if self.dead:
                     self.restarts += 1
                     try:

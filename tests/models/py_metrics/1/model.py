@@ -10,15 +10,20 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        self.requests = pb_utils.MetricFamily(
-            name="py_metrics_requests", description="Requests the model served",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
-        self.last = pb_utils.MetricFamily(
-            name="py_metrics_last_input", description="The last input seen",
-            kind=pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
-        self.inputs = pb_utils.MetricFamily(
-            name="py_metrics_inputs", description="Inputs seen",
-            kind=pb_utils.MetricFamily.HISTOGRAM).Metric(labels=labels, buckets=[1.0, 10.0])
+        # the families are kept as long as their metrics: as in Triton, a metric whose
+        # MetricFamily object is deleted refuses every operation
+        self.families = [
+            pb_utils.MetricFamily(name="py_metrics_requests",
+                                  description="Requests the model served",
+                                  kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name="py_metrics_last_input",
+                                  description="The last input seen",
+                                  kind=pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily(name="py_metrics_inputs", description="Inputs seen",
+                                  kind=pb_utils.MetricFamily.HISTOGRAM)]
+        self.requests = self.families[0].Metric(labels=labels)
+        self.last = self.families[1].Metric(labels=labels)
+        self.inputs = self.families[2].Metric(labels=labels, buckets=[1.0, 10.0])
 
     def execute(self, requests):
         responses = []

@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     """Identity with an ``is_ready()`` that reads the file ``ready_state`` beside the model's
     config on every check: "true" / "false" answer that; "raise" raises; "number" returns 1
-    (not a bool); "slow" takes 6 s. With the parameter ``async_is_ready`` the hook is an
+    (not a bool); "slow" takes 6 s, then answers ready. With the parameter ``async_is_ready`` the hook is an
     ``async def``."""
 
     def initialize(self, args):
@@ -30,6 +30,7 @@ class TritonPythonModel:
             return 1
         if state == "slow":
             time.sleep(6)
+            return True
         return state == "true"
 
     def is_ready(self):

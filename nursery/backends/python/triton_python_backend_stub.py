@@ -1,6 +1,10 @@
-"""The stub process of one Python model instance (``python -m nursery.backends.python.stub
-<fd>``), as Triton runs each Python-backend instance: the model's ``model.py`` runs here, apart
-from the server, so a model that exits, crashes or leaks takes only this process down.
+"""The stub process of one Python model instance (``python -m
+nursery.backends.python.triton_python_backend_stub <fd> <instance>``), as Triton runs each
+Python-backend instance: the model's ``model.py`` runs here, apart from the server, so a model
+that exits, crashes or leaks takes only this process down. The module is named after Triton's
+stub executable, so the stub is found by its command line as Triton's is; the model sees
+``sys.argv == ['']``, as in Triton's stub (an embedded interpreter given no arguments), so a
+model that runs ``unittest.main("model", exit=False)`` runs its own tests.
 
 The server sends ``init`` (the model folder, version, instance name and completed
 configuration), then ``execute`` batches, ``warm`` samples and finally ``finalize``. Inside,
@@ -14,10 +18,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import queue
 import socket
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +226,9 @@ def serve(channel: Channel) -> int:
     threading.Thread(target=read, name="stub-reader", daemon=True).start()
     root = logging.getLogger()
     root.handlers[:] = [_ToServer(channel)]
+    os.register_at_fork(after_in_child=partial(_forked, client))
     root.setLevel(logging.DEBUG)
-    threads.bind_context(client)  # BLS from the model's execute thread
+    threads.bind_process_context(client)  # BLS from any thread of the model's
 
     first = inbox.get()
     if first is None or first[0] != "init":
@@ -269,6 +276,40 @@ def serve(channel: Channel) -> int:
                 channel.send("warmed", exc)
 
 
+def _forked(client: StubClient) -> None:
+    """In a process the model forked (``multiprocessing.Pool``, as Triton's qa bls model
+    does): a channel of its own to the server, handed over on the stub's, so its BLS calls,
+    metrics and log lines are answered to it; the stub's socket is closed here, so the
+    server still sees the stub's death however long the child lives."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stub_channel = client.channel
+    try:
+        stub_channel.hand_over(theirs)
+    except ChannelClosed:
+        pass
+    finally:
+        theirs.close()
+    stub_channel.sock.close()  # this process's copy only (no shutdown: the stub's goes on)
+    channel = Channel(ours)
+    client.channel = channel
+    client.calls = {}
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _ToServer):
+            handler.channel = channel
+
+    def read() -> None:
+        try:
+            while True:
+                message = channel.receive()
+                answers = client.calls.get(message[1]) if len(message) > 1 else None
+                if answers is not None:
+                    answers.put(message[2])
+        except ChannelClosed:
+            pass
+
+    threading.Thread(target=read, name="forked-reader", daemon=True).start()
+
+
 def _any_backend(backend: str, model_name: str) -> Any:
     """Every model a stub runs is a Python model (a Python-based backend's too)."""
     return python_backend.FACTORY
@@ -294,6 +335,9 @@ def auto_complete() -> int:
 
 
 def main(argv: list[str]) -> int:
+    """``<fd> [<instance>]`` or ``auto-complete [<model>]`` (the name only shows who the
+    process serves, in ``ps``)."""
+    sys.argv = [""]  # what model code sees, as in Triton's stub
     if argv[1:2] == ["auto-complete"]:
         return auto_complete()
     sock = socket.socket(fileno=int(argv[1]))
