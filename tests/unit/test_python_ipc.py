@@ -82,3 +82,40 @@ def test_a_closed_side_is_reported() -> None:
     with pytest.raises(ChannelClosed):
         a.send("execute", 1, [])
     a.sock.close()
+
+
+def test_a_huge_message_leaves_no_huge_ring_behind() -> None:
+    """A message beyond the one-off size gets a ring of its own; the next message replaces it
+    with an ordinary ring on both sides (the sender's and the receiver's mappings), so a
+    single 1 GiB BLS tensor does not keep a 2 GiB ring alive for the stub's life."""
+    from nursery.backends.python import ipc
+
+    huge = np.ones(ipc._ONE_OFF + 4096, dtype=np.uint8)
+    small = np.arange(16, dtype=np.float32)
+    a, b = _pair()
+    with a.sock, b.sock:
+        a.send("execute", 1, [InferenceRequest(
+            "m", "1", {"A": Tensor("A", DataType.UINT8, huge.shape, huge)})])
+        (_, _, (got,)) = b.receive()
+        assert got.inputs["A"].data.nbytes == huge.nbytes and int(got.inputs["A"].data[-1]) == 1
+        assert a._ring is not None and a._ring.one_off and a._ring.size == huge.nbytes
+        a.send("execute", 2, [InferenceRequest(
+            "m", "1", {"A": Tensor("A", DataType.FP32, small.shape, small)})])
+        (_, _, (got,)) = b.receive()
+        np.testing.assert_array_equal(got.inputs["A"].data, small)
+        assert not a._ring.one_off and a._ring.size <= ipc._RING_CAP
+        assert [size for _, size in b._rings.maps.values()] == [a._ring.size]
+
+
+def test_ordinary_rings_stop_growing_at_the_cap() -> None:
+    from nursery.backends.python import ipc
+
+    a, b = _pair()
+    with a.sock, b.sock:
+        for n in range(4):  # nothing read: each message finds the ring full and grows it
+            block = np.zeros(ipc._ONE_OFF, dtype=np.uint8)
+            a.send("execute", n, [InferenceRequest(
+                "m", "1", {"A": Tensor("A", DataType.UINT8, block.shape, block)})])
+            assert a._ring is not None and a._ring.size <= ipc._RING_CAP
+        for _ in range(4):
+            b.receive()

@@ -63,18 +63,22 @@ class _Writer:
 
 _HEADER = 64  # the ring's first bytes: [0:8] how far the receiver has read (little endian)
 _FIRST_RING = 1 << 20
+_ONE_OFF = 64 << 20  # a message with more tensor bytes gets a ring of its own (see _placed)
+_RING_CAP = 2 * _ONE_OFF  # an ordinary ring grows no larger
 
 
 class _Ring:
     """The sender's shared-memory ring: one memfd, mapped by both sides, reused message after
     message. The sender writes each message's tensors at its head; the receiver, once it has
     copied them out, moves the read position in the ring's header. A message that does not fit
-    makes a ring twice as large (its descriptor goes with that message); the old one is left
-    to the receiver, which drops it when the first message of the new one arrives."""
+    makes a ring twice as large, up to ``_RING_CAP`` (its descriptor goes with that message);
+    a huge one gets a ring of its own (``Channel._placed``); an old ring is left to the
+    receiver, which drops it when the first message of the next one arrives."""
 
-    def __init__(self, size: int, generation: int) -> None:
+    def __init__(self, size: int, generation: int, one_off: bool = False) -> None:
         self.size = size
         self.generation = generation
+        self.one_off = one_off  # one huge message's: replaced by the next message
         self.fd = os.memfd_create("nursery-ring", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size + _HEADER)
         self.map = mmap.mmap(self.fd, size + _HEADER)
@@ -247,13 +251,22 @@ class Channel:
         return cls(ours), theirs
 
     def _placed(self, size: int) -> tuple[_Ring, int]:
+        """Where a message's ``size`` tensor bytes go. The ring grows (doubling, up to
+        ``_RING_CAP``) while messages do not fit; a message of more than ``_ONE_OFF`` bytes gets
+        a ring of its own, exactly its size, which the next message replaces with an ordinary
+        one, so a single huge tensor (a BLS call with 1 GiB) does not leave a ring twice its
+        size mapped for the channel's life."""
         ring = self._ring
-        if ring is not None:
+        if ring is not None and not ring.one_off and size <= _ONE_OFF:
             start = ring.place(size)
             if start is not None:
                 return ring, start
-        grown = _Ring(max(_FIRST_RING, 2 * (ring.size if ring else 0), 2 * size),
-                      ring.generation + 1 if ring else 1)
+        generation = ring.generation + 1 if ring else 1
+        if size > _ONE_OFF:
+            grown = _Ring(size, generation, one_off=True)
+        else:
+            before = ring.size if ring is not None and not ring.one_off else 0
+            grown = _Ring(min(max(_FIRST_RING, 2 * before, 2 * size), _RING_CAP), generation)
         if ring is not None:
             ring.close()  # the receiver keeps its own mapping until it has read it all
         self._ring = grown
