@@ -84,6 +84,19 @@ class CloseIntake:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class UpdateInstances:
+    """A reload changed only the instance groups (version -> scheduler): ``added`` instances
+    (index -> the worker's intake; each announces itself with ``InstanceReady``) join,
+    ``retired`` ones take no new work and are closed once their batches end (and, under the
+    sequence batcher, once no sequence lives in their slots). The reply: the retired instances
+    that are closed without waiting for a sequence."""
+
+    added: Mapping[int, Any]
+    retired: tuple[int, ...]
+    reply: trio.MemorySendChannel[Any]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class ExecuteBatch:
     """Run these requests together on one instance (scheduler -> instance worker)."""
 

@@ -142,6 +142,31 @@ class ModelConfig:
     def model_filename(self) -> str:
         return self.default_model_filename or DEFAULT_FILENAMES.get(self.backend, "")
 
+    def instance_signatures(self) -> list[bytes]:
+        """One per placement, in the same order: what an instance must keep for a reload to
+        keep it (Triton's instance signature: its group's settings but for the name and the
+        count, and its device), so a renamed or regrouped instance stays."""
+        out: list[bytes] = []
+        for group in self.proto.instance_group:
+            settings = pb.ModelInstanceGroup().parse(bytes(group))
+            settings.name = ""
+            settings.count = 1
+            key = bytes(settings)
+            devices = group.gpus if group.kind == pb.ModelInstanceGroupKind.KIND_GPU else [0]
+            for device in devices:
+                out += [key + b"@" + str(device).encode()] * max(group.count, 0)
+        return out
+
+    def same_but_instances(self, other: ModelConfig) -> bool:
+        """Whether ``other`` differs from this configuration at most in its instance groups
+        and version policy: Triton then updates the serving version's instances in place
+        instead of loading it anew (ConfigChangeRequiresReload)."""
+        mine, theirs = (pb.ModelConfig().parse(bytes(c.proto)) for c in (self, other))
+        for proto in (mine, theirs):
+            proto.instance_group = []
+            proto.version_policy = pb.ModelVersionPolicy()
+        return mine.to_dict() == theirs.to_dict()
+
     def placements(self) -> list[InstancePlacement]:
         """One placement per model instance, in group order.
 

@@ -173,6 +173,7 @@ class SequencePolicy(Generic[W]):
         self._rejected: list[tuple[W, str]] = []
         self._cancelled: list[W] = []  # the rest of cancelled sequences, to answer
         self._released: dict[int, list[int]] = {}  # instance -> slots whose state to drop
+        self._retired: set[int] = set()  # leaving: their slots take no new sequence
         self._count = 0  # queued requests
 
     # -- events ------------------------------------------------------------------------------
@@ -231,6 +232,25 @@ class SequencePolicy(Generic[W]):
             seq.running = False
             seq.last = now
         self._free[instance] = None
+
+    def add_instance(self, instance: int) -> None:
+        """A new instance's slots: the backlog's oldest sequences take them first."""
+        self.instances += 1
+        for slot in range(self.schedule.slots_per_instance):
+            if self._backlog:
+                self._take(self._backlog.popleft(), (instance, slot))
+            else:
+                heapq.heappush(self._free_slots, (slot, instance))
+
+    def retire_instance(self, instance: int) -> None:
+        """No new sequence takes a slot of ``instance``; the sequences in its slots go on
+        there until they end (Triton's sequence batcher keeps a removed instance for them)."""
+        self._retired.add(instance)
+        self._free_slots = [(s, i) for s, i in self._free_slots if i != instance]
+        heapq.heapify(self._free_slots)
+
+    def holds(self, instance: int) -> bool:
+        return any(i == instance for i, _ in self._slots)
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -368,6 +388,8 @@ class SequencePolicy(Generic[W]):
         instance, slot = place
         if release:
             self._released.setdefault(instance, []).append(slot)
+        if instance in self._retired:
+            return  # the slot leaves with its instance
         if self._backlog:
             self._take(self._backlog.popleft(), place)
         else:
