@@ -533,7 +533,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
                               MappingProxyType(dict(s.input_map)),
                               MappingProxyType(dict(s.output_map)))
                  for s in proto.ensemble_scheduling.step],
-                optional_inputs=[t.name for t in inputs if t.optional])
+                optional_inputs=[t.name for t in inputs if t.optional],
+                max_inflight=proto.ensemble_scheduling.max_inflight_requests)
         groups = []
     with config_boundary(name, "version_policy"):
         which, _ = betterproto.which_one_of(proto.version_policy, "policy_choice")
