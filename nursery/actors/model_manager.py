@@ -117,7 +117,11 @@ class _Manager:
         unload_timeout: float,
         rate_limiter: Any = None,
         faults: FaultCounter | None = None,
+        config_name: str = "",
+        load_retries: int = 0,
     ) -> None:
+        self.config_name = config_name  # --model-config-name
+        self.load_retries = load_retries  # --model-load-retry-count
         self.client = client  # ensembles' steps and Python models' BLS calls go through it
         self.backends = backends
         self.summaries = summaries  # versions keep latency samples for the summary metrics
@@ -360,7 +364,7 @@ class _Manager:
             config, versions = await trio.to_thread.run_sync(
                 partial(read_model_config, location.path, name, backends=self.backends,
                         auto_complete=self.auto_complete,
-                        proto=override),
+                        proto=override, config_name=self.config_name),
                 limiter=self.config_limiter,
             )
         except NurseryError as exc:
@@ -442,16 +446,27 @@ class _Manager:
         if old is None:  # a reload keeps the old one READY and serving until the new one is
             self._set(name, version, ModelState.LOADING)
         log.info("loading: %s:%d", name, version)
-        scope = trio.CancelScope()
-        done = trio.Event()
         started = time.perf_counter()
-        try:
-            handle, control, resize = await self.nursery.start(
-                partial(self._supervise_version, location, config, version, scope, done)
-            )
-        except BaseException as exc:
-            if isinstance(first_error(exc), trio.Cancelled):
-                raise
+        attempt = 0
+        while True:
+            scope = trio.CancelScope()
+            done = trio.Event()
+            try:
+                handle, control, resize = await self.nursery.start(
+                    partial(self._supervise_version, location, config, version, scope, done)
+                )
+                break
+            except BaseException as exc:
+                if isinstance(first_error(exc), trio.Cancelled):
+                    raise
+                failure = exc
+            attempt += 1
+            if attempt > self.load_retries:
+                break
+            log.warning("failed to load '%s' version %d (%s); retrying (%d of %d)", name,
+                        version, failure_reason(failure), attempt, self.load_retries)
+        if attempt > self.load_retries:
+            exc = failure
             reason = failure_reason(exc)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if old is not None:  # a failed reload leaves the old version serving
@@ -708,6 +723,8 @@ async def run(
     rate_limiter: Any = None,
     faults: FaultCounter | None = None,
     cloud_cache: str = "",
+    config_name: str = "",
+    load_retries: int = 0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
@@ -721,7 +738,9 @@ async def run(
 
     ``client`` is how the models reach other models (the server's; actor tests let the
     manager make its own over ``directory``); ``backends`` the backends it may load (the
-    built-in ones unless given).
+    built-in ones unless given). ``config_name``: Triton's --model-config-name (a model's
+    ``configs/<name>.pbtxt`` over its ``config.pbtxt``); ``load_retries``: its
+    --model-load-retry-count (a version that fails to load is tried again so often).
     """
     async with trio.open_nursery() as nursery:
         manager = _Manager(
@@ -731,7 +750,7 @@ async def run(
             summaries=summaries,
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
-            cloud_cache=cloud_cache,
+            cloud_cache=cloud_cache, config_name=config_name, load_retries=load_retries,
         )
         failed = await manager.load_many(startup_models)
         if failed and exit_on_error:

@@ -235,26 +235,39 @@ def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAM
             raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
 
 
-def read_config_proto(model_path: Path, model_name: str, auto_complete: bool) -> pb.ModelConfig:
-    path = model_path / CONFIG_FILENAME
+def config_file(model_path: Path, config_name: str = "") -> str:
+    """The model's configuration file, relative to its folder: ``configs/<name>.pbtxt`` when
+    a custom configuration name is given and the folder has that file (Triton's
+    --model-config-name), else ``config.pbtxt``."""
+    if config_name:
+        custom = f"configs/{config_name}.pbtxt"
+        if (model_path / custom).is_file():
+            return custom
+    return CONFIG_FILENAME
+
+
+def read_config_proto(model_path: Path, model_name: str, auto_complete: bool,
+                      config_name: str = "") -> pb.ModelConfig:
+    filename = config_file(model_path, config_name)
+    path = model_path / filename
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         if not auto_complete:
             raise ConfigError(
-                f"model '{model_name}': {CONFIG_FILENAME} is missing and auto-complete is "
+                f"model '{model_name}': {filename} is missing and auto-complete is "
                 "disabled (--disable-auto-complete-config / --strict-model-config=true)"
             ) from None
         return pb.ModelConfig()
     except OSError as exc:
-        raise ConfigError(f"model '{model_name}': cannot read {CONFIG_FILENAME}: {exc}") from exc
+        raise ConfigError(f"model '{model_name}': cannot read {filename}: {exc}") from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"model '{model_name}': {CONFIG_FILENAME} is not UTF-8 text (byte {exc.start})"
+            f"model '{model_name}': {filename} is not UTF-8 text (byte {exc.start})"
         ) from None
-    return parse_config_text(text, model_name)
+    return parse_config_text(text, model_name, filename)
 
 
 def read_model_config(
@@ -264,8 +277,10 @@ def read_model_config(
     backends: BackendLookup,
     auto_complete: bool = True,
     proto: pb.ModelConfig | None = None,
+    config_name: str = "",
 ) -> tuple[ModelConfig, list[int]]:
     """The frozen configuration of a model folder and the versions its policy selects.
+    ``config_name``: read ``configs/<name>.pbtxt`` where the folder has it (config_file).
 
     ``backends`` finds the backend a configuration names (an unknown one fails the model), whose
     factory then auto-completes the configuration from the model file (the caller's registry,
@@ -277,7 +292,8 @@ def read_model_config(
     """
     with config_boundary(model_name):
         return _read_model_config(model_path, model_name, backends=backends,
-                                  auto_complete=auto_complete, proto=proto)
+                                  auto_complete=auto_complete, proto=proto,
+                                  config_name=config_name)
 
 
 def _read_model_config(
@@ -287,9 +303,10 @@ def _read_model_config(
     backends: BackendLookup,
     auto_complete: bool,
     proto: pb.ModelConfig | None,
+    config_name: str = "",
 ) -> tuple[ModelConfig, list[int]]:
     if proto is None:
-        proto = read_config_proto(model_path, model_name, auto_complete)
+        proto = read_config_proto(model_path, model_name, auto_complete, config_name)
     where = f"model '{model_name}'"
     if not proto.name:
         proto.name = model_name
