@@ -303,8 +303,14 @@ async def run(
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
     closing = False
 
-    async def serve(work: InferWork) -> None:
+    async def serve(work: InferWork,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         answer: Any
+        # started at once: this task goes on to queue its first steps before its first
+        # wait, and only then does the loop take the next request, so the steps of
+        # successive requests reach each model in the order the requests came (a stream's
+        # answers and a sequence's requests keep their order, as in Triton)
+        task_status.started()
         with trio.CancelScope() as scope:
             scopes[id(work)] = scope
             # one request is the unit of failure: an unexpected error answers it INTERNAL
@@ -343,7 +349,7 @@ async def run(
                 if closing:
                     _answer(message, Unavailable(f"model '{plan.name}' is unloading"))
                 elif not message.abandoned():
-                    requests.start_soon(serve, message)
+                    await requests.start(serve, message)
             elif isinstance(message, CancelWork):
                 scope = scopes.get(id(message.work))
                 if scope is not None:
