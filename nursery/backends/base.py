@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -63,6 +64,17 @@ _MODULES = {
     "tensorflow": "nursery.backends.tensorflow",
     "tensorrt": "nursery.backends.tensorrt",
 }
+
+
+def drop_bogus_module() -> None:
+    """Drop the module named '' that serializing a message with betterproto's Rust codec
+    leaves in ``sys.modules`` (the working directory, as a package without a file): libraries
+    that walk ``sys.modules`` through ``inspect.getmodule`` fail on it (torch, at import:
+    "<module ''> is a built-in module", then "partially initialized module 'torch'"). Called
+    before a backend or a model file imports such libraries."""
+    bogus = sys.modules.get("")
+    if bogus is not None and getattr(bogus, "__name__", None) == "":
+        del sys.modules[""]
 
 
 def missing_extra(model: str, backend: str, extra: str, exc: ImportError) -> ConfigError:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from nursery.actors import mailbox
+from nursery.backends.base import drop_bogus_module
 from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
 from nursery.backends.python.environment import environment_path, interpreter_for
@@ -104,6 +105,7 @@ def _model_file(config_filename: str, version_path: Path) -> Path:
 def import_model(path: Path, model_name: str) -> ModuleType:
     """A fresh copy of ``model.py`` (its folder is on ``sys.path`` for sibling imports)."""
     register_utils()
+    drop_bogus_module()  # a model may import torch, which walks sys.modules
     if not path.exists():
         raise ConfigError(f"model '{model_name}': unable to find '{path}'")
     folder = str(path.parent)
