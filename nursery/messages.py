@@ -62,6 +62,16 @@ class InstanceReady:
     slots: int = 1
     report: BatchReport | None = None
     held: tuple[tuple[InferWork, Any], ...] = ()  # (request, answer) for ordered batches
+    # iterative sequences: the requests the model rescheduled (they run again in their
+    # sequence's slot) and the sequences whose request completed (they end)
+    rescheduled: tuple[InferWork, ...] = ()
+    ended: tuple[Hashable, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rescheduled:
+    """A request's answer from a model that released it with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it runs again instead of being answered."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

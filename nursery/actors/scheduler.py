@@ -42,6 +42,7 @@ from nursery.observability.stats import StatsAccumulator
 from nursery.runtime import timer as precise_timer
 from nursery.runtime.supervision import describe
 from nursery.scheduling.decisions import Cancel, Dispatch, Reject, Release, SchedulingPolicy
+from nursery.scheduling.sequence_policy import SequencePolicy
 
 log = logging.getLogger("nursery.scheduler")
 
@@ -99,6 +100,10 @@ async def run(
     workers: dict[int, WorkerInbox] = dict(enumerate(instances))  # by placement index
     outstanding = dict.fromkeys(workers, 0)  # batches sent to each instance and not finished
     retired: set[int] = set()  # leaving: closed once idle and no longer held by the policy
+    # iterative_sequence: a request without a correlation ID starts a sequence of its own
+    iterative = policy if isinstance(policy, SequencePolicy) and policy.schedule.iterative \
+        else None
+    sequence_ids = itertools.count(1)
     early: dict[int, int] = {}  # InstanceReady of an instance added but not yet announced
     stats = StatsAccumulator(summaries)
     ordering = _Ordering() if preserve_ordering else None
@@ -185,6 +190,9 @@ async def run(
                         if closing or not workers:
                             _answer(message, Unavailable(f"model '{name}' is unloading"))
                         else:
+                            if iterative is not None and not message.request.sequence_id:
+                                message.request.sequence_id = next(sequence_ids)
+                                message.request.sequence_start = True
                             policy.arrive(message, now)
                     elif isinstance(message, InstanceReady) and message.instance not in outstanding:
                         # an added instance announced itself before its update came
@@ -198,6 +206,12 @@ async def run(
                             for work, answer in message.held:
                                 ordering.finish(work, answer)
                         policy.instance_ready(i, now, message.slots)
+                        if iterative is not None:
+                            for corrid in message.ended:
+                                iterative.end_sequence(corrid)
+                            for work in message.rescheduled:
+                                work.request.sequence_start = work.request.sequence_end = False
+                                iterative.requeue(work, now)
                     elif isinstance(message, CancelWork):
                         if cancel is not None and cancel(message.work):
                             stats.record_failure("CANCELED")

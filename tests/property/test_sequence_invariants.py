@@ -497,3 +497,28 @@ def test_a_retired_instance_keeps_its_sequences_until_they_end() -> None:
     policy.arrive(Req(3, True, False, 1, None), 0.3)  # no slot: never the retired one
     policy.poll(0.3)
     assert policy.place_of(3) is None and policy.backlog() == [3]
+
+
+def test_iterative_requeue_keeps_the_slot_and_completion_ends_the_sequence() -> None:
+    """Iterative sequences (Triton's IterativeSequencer): a rescheduled request runs again in
+    its sequence's slot; once a request completes without being rescheduled, the sequence
+    ends and its slot (state released) goes to the next sequence."""
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=1, max_batch_size=1,
+                                idle_us=10_000_000, iterative=True)
+    policy = SequencePolicy[Req](schedule, 1, model="m")
+    policy.instance_ready(0, 0.0)
+    first = Req(7, True, False, 1, None)
+    policy.arrive(first, 0.0)
+    policy.arrive(Req(8, True, False, 1, None), 0.0)  # waits in the backlog
+    [run] = policy.poll(0.0).decisions
+    assert isinstance(run, Dispatch) and run.items == (first,)
+    policy.instance_ready(0, 0.1)
+    policy.requeue(first, 0.1)  # the model rescheduled it
+    [again] = policy.poll(0.1).decisions
+    assert isinstance(again, Dispatch) and again.items == (first,)
+    assert again.rows is not None and again.rows[0].start is False  # its state is kept
+    policy.instance_ready(0, 0.2)
+    policy.end_sequence(7)  # it completed
+    decisions = policy.poll(0.2).decisions
+    assert [type(d) for d in decisions] == [Release, Dispatch]  # state dropped, then 8 runs
+    assert policy.place_of(8) == (0, 0)
