@@ -466,14 +466,13 @@ class _Manager:
             log.warning("failed to load '%s' version %d (%s); retrying (%d of %d)", name,
                         version, failure_reason(failure), attempt, self.load_retries)
         if attempt > self.load_retries:
-            exc = failure
-            reason = failure_reason(exc)
+            reason = failure_reason(failure)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if old is not None:  # a failed reload leaves the old version serving
                 self._set(name, version, ModelState.READY, "", old.handle)
             else:
                 self._set(name, version, ModelState.UNAVAILABLE, reason)
-            error = first_error(exc)
+            error = first_error(failure)
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
         self.live[(name, version)] = _Live(handle, control, scope, done, resize)
         self._set(name, version, ModelState.READY, "", handle, time.perf_counter() - started)
