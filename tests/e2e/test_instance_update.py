@@ -158,10 +158,11 @@ def test_other_changes_load_the_version_anew(tmp_path: Path,
     model.counts_are(8, 4)
 
 
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 4 }"])
 def test_an_instance_holding_a_sequence_stays_until_it_ends(
-        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+        tmp_path: Path, start_server: type[ServerProcess], strategy: str) -> None:
     model = Counted(tmp_path)
-    sequencing = ("sequence_batching { oldest { max_candidate_sequences: 4 } "
+    sequencing = ("sequence_batching { " + strategy + " "
                   "max_sequence_idle_microseconds: 60000000 }")
     model.configure("{ count: 3 kind: KIND_CPU }", extra=sequencing)
     _, client = _serve(start_server, model)
