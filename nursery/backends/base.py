@@ -67,14 +67,17 @@ _MODULES = {
 
 
 def drop_bogus_module() -> None:
-    """Drop the module named '' that serializing a message with betterproto's Rust codec
-    leaves in ``sys.modules`` (the working directory, as a package without a file): libraries
-    that walk ``sys.modules`` through ``inspect.getmodule`` fail on it (torch, at import:
-    "<module ''> is a built-in module", then "partially initialized module 'torch'"). Called
-    before a backend or a model file imports such libraries."""
+    """Make harmless the module named '' that serializing a message with betterproto's Rust
+    codec puts in ``sys.modules`` (the working directory, as a package without a file):
+    libraries that walk ``sys.modules`` through ``inspect.getmodule`` fail on a module without
+    a file (torch, at import: "<module ''> is a built-in module", then "partially initialized
+    module 'torch'"). It gets a ``__file__`` that names no file, which inspect passes over; it
+    is not removed, as the codec looks it up again on other threads. Called before a backend
+    or a model file imports such libraries."""
     bogus = sys.modules.get("")
-    if bogus is not None and getattr(bogus, "__name__", None) == "":
-        del sys.modules[""]
+    if bogus is not None and getattr(bogus, "__name__", None) == "" and not getattr(
+            bogus, "__file__", None):
+        bogus.__file__ = "<betterproto-rust-codec>"
 
 
 def missing_extra(model: str, backend: str, extra: str, exc: ImportError) -> ConfigError:
