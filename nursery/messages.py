@@ -62,6 +62,16 @@ class InstanceReady:
     slots: int = 1
     report: BatchReport | None = None
     held: tuple[tuple[InferWork, Any], ...] = ()  # (request, answer) for ordered batches
+    # iterative sequences: the requests the model rescheduled (they run again in their
+    # sequence's slot) and the sequences whose request completed (they end)
+    rescheduled: tuple[InferWork, ...] = ()
+    ended: tuple[Hashable, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rescheduled:
+    """A request's answer from a model that released it with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it runs again instead of being answered."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,6 +91,19 @@ class StatsQuery:
 @dataclass(frozen=True, slots=True)
 class CloseIntake:
     """No new requests will come; finish what is queued and stop (manager -> scheduler)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UpdateInstances:
+    """A reload changed only the instance groups (version -> scheduler): ``added`` instances
+    (index -> the worker's intake; each announces itself with ``InstanceReady``) join,
+    ``retired`` ones take no new work and are closed once their batches end (and, under the
+    sequence batcher, once no sequence lives in their slots). The reply: the retired instances
+    that are closed without waiting for a sequence."""
+
+    added: Mapping[int, Any]
+    retired: tuple[int, ...]
+    reply: trio.MemorySendChannel[Any]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -195,7 +195,7 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         async with trio.open_nursery() as http_nursery:
             binds = await http_nursery.start(server.serve, settings.http_address,
-                                             settings.http_port)
+                                             settings.http_port, settings.reuse_http_port)
             task_status.started(binds)
             await shutdown.wait()
             server.close()
@@ -440,6 +440,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                             summaries=settings.allow_metrics and options.summary_latencies,
                             auto_complete=settings.auto_complete,
                             unload_timeout=settings.model_unload_timeout_secs,
+                            config_name=settings.model_config_name,
+                            load_retries=settings.model_load_retry_count,
                             rate_limiter=limiter,
                             faults=faults,
                         )

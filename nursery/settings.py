@@ -69,11 +69,18 @@ class Settings:
     metrics_port: int = 8002
     http_address: str = "0.0.0.0"
     grpc_address: str = "0.0.0.0"
+    reuse_http_port: bool = False  # SO_REUSEPORT on the HTTP listeners
+    reuse_grpc_port: bool = False  # SO_REUSEPORT on the gRPC listeners
+    # gRPC infer responses compressed (gzip) at this level when the client accepts it
+    grpc_response_compression: str = "none"  # none | low | medium | high
     metrics_address: str = ""
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
     model_control_mode: str = "none"
+    model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt over config.pbtxt
+    model_namespacing: bool = False  # accepted; namespacing itself is not active yet
+    model_load_retry_count: int = 0  # --model-load-retry-count: loads retried on failure
     repository_poll_secs: int = 15
     # nursery only: a lasting cache of cloud repositories' objects (config/storage/mirror.py)
     cloud_cache_directory: str = ""
@@ -179,9 +186,6 @@ _LATER_FLAGS = {
     "--min-supported-compute-capability": "GPU compute capability filtering",
     "--repoagent-directory": "repository agents",
     "--cache-directory": "cache plugin directories",
-    # gRPC lets a server answer uncompressed whatever the client accepts: answers stay so
-    "--grpc-infer-response-compression-level": "gRPC response compression",
-    "--model-load-retry-count": "retrying a failed model load",
 }
 
 
@@ -227,6 +231,17 @@ def build_parser(prog: str = "python -m nursery serve",
                         "Default is 8001.")
     parser.add_argument("--grpc-address", default="0.0.0.0", metavar="<string>",
                         help="The address for the grpc server to bind to. Default is 0.0.0.0.")
+    _bool_flag(parser, "--reuse-http-port", False,
+               "Let several servers listen on the same HTTP port (SO_REUSEPORT): each of them "
+               "must set this; the kernel spreads the connections.")
+    _bool_flag(parser, "--reuse-grpc-port", False,
+               "Let several servers listen on the same gRPC port (SO_REUSEPORT): each of them "
+               "must set this; the kernel spreads the connections.")
+    parser.add_argument(
+        "--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+        default="none", metavar="<string>",
+        help="Compress the gRPC inference responses at this level (none, low, medium or "
+        "high), with gzip when the client accepts it. Default is none.")
     parser.add_argument("--metrics-port", type=int, default=8002, metavar="<int>",
                         help="The port reporting prometheus metrics. Default is 8002.")
     parser.add_argument("--metrics-address", default="", metavar="<string>",
@@ -345,6 +360,18 @@ def build_parser(prog: str = "python -m nursery serve",
         "configuration files. Model configuration files must be provided and all required "
         "configuration settings must be specified.",
     )
+    parser.add_argument(
+        "--model-config-name", default="", metavar="<string>",
+        help="A custom configuration name: a model whose folder has configs/<name>.pbtxt is "
+        "configured by that file instead of config.pbtxt (the others by config.pbtxt). No "
+        "space allowed. Default: config.pbtxt for every model.")
+    _bool_flag(parser, "--model-namespacing", False,
+               "Serve models of the same name from different repositories, each in the "
+               "namespace of its repository. Accepted; true is reported as not active yet.")
+    parser.add_argument(
+        "--model-load-retry-count", type=int, default=0, metavar="<int>",
+        help="How many times a model version that fails to load is tried again before the "
+        "load fails. Default is 0.")
     _bool_flag(parser, "--strict-readiness", True,
                "If true /v2/health/ready endpoint indicates ready if the server is responsive "
                "and all models are available. If false it indicates ready if the server is "
@@ -778,7 +805,11 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
                                 "False to True in favor of '--disable-auto-complete-config'!")
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
-    )
+    ) + (("--model-namespacing",) if args.model_namespacing else ())
+    if any(c.isspace() for c in args.model_config_name):
+        parser.error("--model-config-name must not contain a space")
+    if args.model_load_retry_count < 0:
+        parser.error("--model-load-retry-count must not be negative")
     backend_config = []
     for entry in args.backend_config:
         backend, _, setting = entry.partition(",") if "," in entry.split("=", 1)[0] else (
@@ -810,7 +841,13 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        reuse_http_port=args.reuse_http_port,
+        reuse_grpc_port=args.reuse_grpc_port,
+        grpc_response_compression=args.grpc_infer_response_compression_level,
         model_control_mode=args.model_control_mode,
+        model_config_name=args.model_config_name,
+        model_namespacing=args.model_namespacing,
+        model_load_retry_count=args.model_load_retry_count,
         repository_poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),
         auto_complete=auto_complete,

@@ -40,14 +40,51 @@ from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
 from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.runtime.supervision import Boundary, FaultCounter
-from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
+from nursery.scheduling.ensemble_plan import EnsemblePlan, IterFlow
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 log = logging.getLogger("nursery.ensemble")
 
+# Seconds a step waits for room under max_inflight_requests before it goes anyway (Triton's
+# kMutexTimeoutSeconds: a stuck limit must not deadlock the ensemble)
+STEP_WAIT_LIMIT = 300.0
+
 Infer = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
 OnPart = Callable[[Any], Awaitable[None]]
 Stream = Callable[[InferenceRequest, OnPart], Awaitable[None]]  # Gateway.stream
+
+
+class StepLimit:
+    """``max_inflight_requests`` for one step (Triton's StepInflightRequestLimiter): shared by
+    every request of the ensemble, a step request takes a place before it is sent and gives it
+    back when its model's final answer came, so a fast producer cannot flood a slow consumer.
+    A place not found within ``STEP_WAIT_LIMIT`` seconds is taken anyway (logged)."""
+
+    def __init__(self, ensemble: str, step: int, limit: int) -> None:
+        self.ensemble, self.step, self.limit = ensemble, step, limit
+        self.inflight = 0
+        self._waiting = trio.lowlevel.ParkingLot()
+
+    async def acquire(self) -> None:
+        with trio.move_on_after(STEP_WAIT_LIMIT) as waited:
+            while self.inflight >= self.limit:
+                await self._waiting.park()
+        if waited.cancelled_caught:
+            log.error("Ensemble '%s' unable to schedule step %d (inflight: %d >= limit: %d) "
+                      "for %.0f seconds; proceeding to avoid deadlock", self.ensemble,
+                      self.step, self.inflight, self.limit, STEP_WAIT_LIMIT)
+        self.inflight += 1
+
+    def release(self) -> None:
+        if self.inflight:
+            self.inflight -= 1
+            self._waiting.unpark()
+
+
+def step_limits(plan: EnsemblePlan) -> list[StepLimit] | None:
+    if plan.max_inflight <= 0:
+        return None
+    return [StepLimit(plan.name, i, plan.max_inflight) for i in range(len(plan.steps))]
 
 
 def _step_error(plan: EnsemblePlan, index: int, error: NurseryError) -> NurseryError:
@@ -72,21 +109,35 @@ def _sequence_parameters(request: InferenceRequest) -> dict[str, Any]:
             "sequence_end": request.sequence_end}
 
 
-def _step_request(step: EnsembleStep, request: InferenceRequest,
+def _shaped(name: str, t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    if shape == t.shape:
+        return _renamed(name, t)
+    return Tensor(name, t.datatype, shape, t.data.reshape(shape))
+
+
+def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
                   inputs: Mapping[str, Tensor | None]) -> InferenceRequest:
     """The request to a step's model: ``inputs`` by the model's input names (an absent
-    tensor, None, is left out, as Triton does), the step's outputs requested, and the ensemble
+    tensor, None, is left out, as Triton does; a batch dim of 1 added or taken away where a
+    batching and a non-batching model meet), the step's outputs requested, and the ensemble
     request's id, parameters, priority and timeout."""
+    step = plan.steps[index]
     return InferenceRequest(
         step.model_name, step.version_str,
-        {n: _renamed(n, t) for n, t in inputs.items() if t is not None},
+        {n: _shaped(n, t, plan.step_input_shape(index, n, t.shape))
+         for n, t in inputs.items() if t is not None},
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
         request.parameters, request.priority, request.timeout_us)
 
 
+def _answer_output(plan: EnsemblePlan, name: str, t: Tensor) -> Tensor:
+    return _shaped(name, t, plan.output_shape(name, t.shape))
+
+
 async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
-                   infer: Infer) -> InferenceResponse:
-    """One request through the graph; raises the failing step's error."""
+                   infer: Infer, limits: list[StepLimit] | None = None) -> InferenceResponse:
+    """One request through the graph; raises the failing step's error. ``limits``: the
+    ensemble's max_inflight_requests, one per step."""
     tensors: dict[str, Tensor | None] = dict.fromkeys(plan.inputs)  # None: absent
     tensors.update(request.inputs)
     wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
@@ -95,13 +146,16 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
 
     def step_request(index: int) -> InferenceRequest:
         step = plan.steps[index]  # an optional input the request left out is left out here
-        return _step_request(step, request, step.request_inputs(tensors))
+        return _step_request(plan, index, request, step.request_inputs(tensors))
 
     async def call(index: int) -> Any:
         try:
             return await infer(step_request(index))
         except NurseryError as error:
             return error
+        finally:
+            if limits is not None:
+                limits[index].release()
 
     async def run_step(index: int) -> None:
         send.send_nowait((index, await call(index)))
@@ -113,9 +167,13 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
         while not flow.complete():
             if len(ready) == 1 and running == 0:
                 index = ready[0]  # a chain: the step runs right here, no task, no hop
+                if limits is not None:
+                    await limits[index].acquire()
                 answer = await call(index)
             else:
                 for i in ready:
+                    if limits is not None:
+                        await limits[i].acquire()
                     steps.start_soon(run_step, i)
                 running += len(ready)
                 index, answer = await receive.receive()
@@ -140,7 +198,7 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
     for name in wanted:
         value = tensors.get(name)
         if value is not None:
-            outputs.append(value)
+            outputs.append(_answer_output(plan, name, value))
         else:  # absent: the answer leaves it out (Triton's verbose line)
             log.debug("Composing models did not output tensor %s", name)
     return InferenceResponse(plan.name, version, outputs, id=request.id,
@@ -148,7 +206,8 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
 
 
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
-                             stream: Stream, emit: Callable[[Any], None]) -> None:
+                             stream: Stream, emit: Callable[[Any], None],
+                             limits: list[StepLimit] | None = None) -> None:
     """One request through a decoupled ensemble: ``emit`` gets each
     :class:`~nursery.messages.Part` of the answer, the last one final. Raises the first
     failing step's error (no further part is emitted then)."""
@@ -159,13 +218,17 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
     runs: list[list[int]] = []  # per run: step, iteration, responses so far
 
     async def run_step(run: int, index: int, iteration: int) -> None:
-        step_request = _step_request(plan.steps[index], request,
+        step_request = _step_request(plan, index, request,
                                      flow.inputs(index, iteration))  # type: ignore[arg-type]
 
         async def on_part(part: Any) -> None:
             send.send_nowait((run, part))
 
-        await stream(step_request, on_part)
+        try:
+            await stream(step_request, on_part)
+        finally:
+            if limits is not None:
+                limits[index].release()
 
     running = 0
     failure: NurseryError | None = None  # raised after the nursery (not wrapped in a group)
@@ -174,6 +237,8 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
         updates = flow.add_inputs({n: request.inputs.get(n) for n in plan.inputs})
         while True:
             for index, iteration in flow.ready(updates):
+                if limits is not None:  # waits while the step has its limit in flight
+                    await limits[index].acquire()
                 runs.append([index, iteration, 0])
                 steps.start_soon(run_step, len(runs) - 1, index, iteration)
                 running += 1
@@ -183,7 +248,7 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
                 for name in wanted:
                     value = flow.output(name, iteration)
                     if value is not None:
-                        outputs.append(_renamed(name, value))  # type: ignore[arg-type]
+                        outputs.append(_answer_output(plan, name, value))  # type: ignore[arg-type]
                     else:  # absent: the answer leaves it out (Triton's verbose line)
                         log.debug("Composing models did not output tensor %s", name)
                 final = running == 0 and k == len(answers) - 1
@@ -231,11 +296,21 @@ async def run(
     flight finish. With ``stream`` the ensemble is decoupled: it answers in parts."""
     faults = faults or FaultCounter()
     stats = StatsAccumulator(summaries)
+    limits = step_limits(plan)
+    if limits is not None:  # Triton's line, which scripts look for
+        log.info("Ensemble model '%s' configured with max_inflight_requests: %d", plan.name,
+                 plan.max_inflight)
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
     closing = False
 
-    async def serve(work: InferWork) -> None:
+    async def serve(work: InferWork,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         answer: Any
+        # started at once: this task goes on to queue its first steps before its first
+        # wait, and only then does the loop take the next request, so the steps of
+        # successive requests reach each model in the order the requests came (a stream's
+        # answers and a sequence's requests keep their order, as in Triton)
+        task_status.started()
         with trio.CancelScope() as scope:
             scopes[id(work)] = scope
             # one request is the unit of failure: an unexpected error answers it INTERNAL
@@ -243,10 +318,10 @@ async def run(
                 try:
                     if stream is not None:
                         await run_decoupled_flow(plan, version, work.request, stream,
-                                                 partial(_answer, work))
+                                                 partial(_answer, work), limits)
                         answer = None  # every part is sent
                     else:
-                        answer = await run_flow(plan, version, work.request, infer)
+                        answer = await run_flow(plan, version, work.request, infer, limits)
                 except NurseryError as error:
                     answer = error
                 finally:
@@ -274,7 +349,7 @@ async def run(
                 if closing:
                     _answer(message, Unavailable(f"model '{plan.name}' is unloading"))
                 elif not message.abandoned():
-                    requests.start_soon(serve, message)
+                    await requests.start(serve, message)
             elif isinstance(message, CancelWork):
                 scope = scopes.get(id(message.work))
                 if scope is not None:

@@ -30,7 +30,7 @@ from nursery.config.warmup import WarmupSample
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError, Unavailable
 from nursery.execution import batch as batching
 from nursery.execution.sequence import SlotStates
-from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots
+from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots, Rescheduled
 from nursery.observability.stats import BatchReport
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import DedicatedThread
@@ -307,6 +307,7 @@ async def run(
     backend: BackendInstance | None = None
     # the sequence slots' state lives with the instance and is touched only on its thread
     states = SlotStates(config) if config.sequence is not None else None
+    iterative = config.sequence is not None and config.sequence.schedule.iterative
     running: dict[int, ExecuteBatch] = {}  # batches on the thread, by id
     all_done = trio.Event()
     all_done.set()
@@ -331,12 +332,22 @@ async def run(
             pairs = _answers(batch.work, InternalError(
                 f"model '{config.name}' returned answers that do not fit its requests: {exc}"))
         held: tuple[tuple[InferWork, Any], ...] = ()
+        rescheduled: tuple[InferWork, ...] = ()
+        ended: tuple[Any, ...] = ()
+        if iterative:  # a rescheduled request runs again; any other ends its sequence
+            rescheduled = tuple(w for w, a in pairs if isinstance(a, Rescheduled))
+            ended = tuple(w.request.sequence_id for w, a in pairs
+                          if not isinstance(a, Rescheduled))
+            pairs = [(w, a) for w, a in pairs if not isinstance(a, Rescheduled)]
         if batch.ordered:
             held = tuple(pairs)  # the scheduler releases them in arrival order
         else:
             _deliver(pairs)
-        if not mailbox.tell(scheduler, InstanceReady(placement.index, 1, report, held)):
+        if not mailbox.tell(scheduler, InstanceReady(placement.index, 1, report, held,
+                                                     rescheduled, ended)):
             _deliver(list(held))  # the scheduler is gone: the answers go out unordered
+            _deliver([(w, Unavailable(f"model '{config.name}' is unloading"))
+                      for w in rescheduled])
         if not running:
             all_done.set()
 

@@ -108,17 +108,27 @@ class ModelClient:
         the cache, tracing, the queue and the answer. A caller that must tell a request's
         refusal (raised by ``submit``) from its failure (raised here) splits the two, as a
         gRPC stream in ``triton_grpc_error`` mode does."""
+        return await self.start(work, receive, handle)
+
+    def start(self, work: InferWork, receive: OneShot,
+              handle: ModelHandle) -> Awaitable[InferenceResponse]:
+        """:meth:`run` split where the request is queued: a request that need not ask the
+        response cache first is queued now, in the caller's order (a stream queues its
+        requests in the order they came, as Triton does), and the awaitable returned waits
+        for its answer; one that asks the cache first is queued by that awaitable."""
         if self.cache is not None and handle.config.uses_response_cache:
-            return await self._cached(work, receive, handle, self.cache)
-        return await self._queued(work, receive, handle)
+            return self._cached(work, receive, handle, self.cache)
+        return self._queue_now(work, receive, handle)
 
     def submit(self, request: InferenceRequest, handle: ModelHandle | None = None, *,
-               queue: bool = True) -> tuple[InferWork, OneShot]:
+               queue: bool = True, slot: OneShot | None = None) -> tuple[InferWork, OneShot]:
         """Check a request and queue it without waiting (a stream queues its requests in the
-        order they came, which a sequence needs); :meth:`wait` gets the answer."""
+        order they came, which a sequence needs); :meth:`wait` gets the answer. ``slot``: the
+        reply slot to use (a stream's, which notes the order answers come in)."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
-        slot = OneShot()
+        if slot is None:
+            slot = OneShot()
         work = make_work(request, handle.config, slot)
         if queue:
             self._queue(work, handle)
@@ -154,19 +164,24 @@ class ModelClient:
 
     async def _queued(self, work: InferWork, receive: OneShot,
                       handle: ModelHandle) -> InferenceResponse:
+        return await self._queue_now(work, receive, handle)
+
+    def _queue_now(self, work: InferWork, receive: OneShot,
+                   handle: ModelHandle) -> Awaitable[InferenceResponse]:
+        """Queue the request now (traced when sampled); the wait for its answer."""
         request = work.request
         trace = request.trace  # None: not sampled yet; False: sampled, not traced
         if trace is None and self.tracer.active:
             trace = request.trace = self.tracer.start(handle.name)
             if trace:
-                return await self._traced(work, receive, handle, trace)
+                return self._traced(work, receive, handle, trace)
         elif trace:
-            return await self._traced(work, receive, handle, trace, own=False)
+            return self._traced(work, receive, handle, trace, own=False)
         self._queue(work, handle)
-        return await self.wait(work, receive, handle)
+        return self.wait(work, receive, handle)
 
-    async def _traced(self, work: InferWork, receive: OneShot,
-                      handle: ModelHandle, trace: Any, own: bool = True) -> InferenceResponse:
+    def _traced(self, work: InferWork, receive: OneShot,
+                handle: ModelHandle, trace: Any, own: bool = True) -> Awaitable[InferenceResponse]:
         request = work.request
         trace.model_version = handle.version
         trace.request_id = request.id
@@ -175,6 +190,16 @@ class ModelClient:
             trace.tensor("TENSOR_QUEUE_INPUT", name, tensor.datatype.value, tensor.data)
         try:
             self._queue(work, handle)
+        except BaseException:
+            trace.stamp("REQUEST_END")
+            if own:
+                trace.finish()
+            raise
+        return self._traced_wait(work, receive, handle, trace, own)
+
+    async def _traced_wait(self, work: InferWork, receive: OneShot, handle: ModelHandle,
+                           trace: Any, own: bool) -> InferenceResponse:
+        try:
             response = await self.wait(work, receive, handle)
             for out in response.outputs:
                 trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype.value, out.data)

@@ -38,7 +38,7 @@ from nursery.actors.directory import (
     repository_index,
 )
 from nursery.actors.model_client import ModelClient
-from nursery.actors.version import serve_ensemble, serve_version
+from nursery.actors.version import Resize, Started, serve_ensemble, serve_version
 from nursery.backends.base import Backends
 from nursery.config import pbtext
 from nursery.config.ensemble_check import check_wiring
@@ -100,6 +100,7 @@ class _Live:
     control: trio.MemorySendChannel[Any]
     scope: trio.CancelScope
     done: trio.Event
+    resize: Resize | None = None  # its instances changed in place (None: an ensemble)
 
 
 class _Manager:
@@ -117,7 +118,11 @@ class _Manager:
         unload_timeout: float,
         rate_limiter: Any = None,
         faults: FaultCounter | None = None,
+        config_name: str = "",
+        load_retries: int = 0,
     ) -> None:
+        self.config_name = config_name  # --model-config-name
+        self.load_retries = load_retries  # --model-load-retry-count
         self.client = client  # ensembles' steps and Python models' BLS calls go through it
         self.backends = backends
         self.summaries = summaries  # versions keep latency samples for the summary metrics
@@ -138,6 +143,9 @@ class _Manager:
         self.config_limiter = trio.CapacityLimiter(4)
         # what each model's folder held when it last loaded, to reload only on change
         self.loaded_from: dict[str, ModelFingerprint | None] = {}
+        # what each model's folder held when it last loaded from it (config overrides too):
+        # a version whose own files did not change since may be updated in place
+        self.folders: dict[str, ModelFingerprint | None] = {}
         self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
         # where models of buckets are made local: --cloud-cache-directory, else a temporary
         # folder per cloud (made on first use, under Triton's mount directory) removed at exit
@@ -336,9 +344,11 @@ class _Manager:
                 why = [r for root, r in repo.unreadable.items() if isinstance(root, CloudRoot)]
                 return InternalError(f"{poll_error}: {why[0]}" if why else poll_error)
             location = found
-        current = None
+        current = folder = None
+        if not files:
+            folder = await trio.to_thread.run_sync(model_fingerprint, location)
         if override is None and not files:
-            current = await trio.to_thread.run_sync(model_fingerprint, location)
+            current = folder
             if current == self.loaded_from.get(name) and self._serving(name) and not force:
                 return None  # nothing changed since it loaded: nothing to do
         remote = location.remote
@@ -355,7 +365,7 @@ class _Manager:
             config, versions = await trio.to_thread.run_sync(
                 partial(read_model_config, location.path, name, backends=self.backends,
                         auto_complete=self.auto_complete,
-                        proto=override),
+                        proto=override, config_name=self.config_name),
                 limiter=self.config_limiter,
             )
         except NurseryError as exc:
@@ -369,9 +379,18 @@ class _Manager:
             name, entry.versions if entry else MappingProxyType({}), "", config
         )
         errors: dict[int, NurseryError] = {}
+        updated: set[int] = set()  # versions served on, their instances changed in place
+        before = self.folders.get(name)
 
         async def one(version: int) -> None:
-            error = await self._load_version(location, config, version)
+            live = self.live.get((name, version))
+            if (live is not None and live.resize is not None and folder is not None
+                    and before is not None and folder.same_model_files(before, version)
+                    and live.handle.config.same_but_instances(config)):
+                updated.add(version)
+                error = await self._update_version(live, config, version)
+            else:
+                error = await self._load_version(location, config, version)
             if error is not None:
                 errors[version] = error
 
@@ -380,15 +399,41 @@ class _Manager:
                 nursery.start_soon(one, version)
         if errors:  # Triton's aggregate: one line per version that failed
             return InvalidArgument(f"load failed for model '{name}': " + "".join(
-                f"version {v} is at UNAVAILABLE state: {failure_reason(e)};\n"
+                f"version {v} is at {'READY' if v in updated else 'UNAVAILABLE'} state: "
+                f"{failure_reason(e)};\n"
                 for v, e in sorted(errors.items())))
         dropped = sorted(v for (n, v) in self.live if n == name and v not in versions)
         async with trio.open_nursery() as nursery:
             for version in dropped:  # the new version policy no longer selects these
                 nursery.start_soon(self._unload_version, name, version)
         self.loaded_from[name] = current
+        self.folders[name] = folder
         if remote is not None:  # every version now serves from this copy: drop older ones
             await trio.to_thread.run_sync(mirror.prune, self.cloud_base(remote.root), remote)
+        return None
+
+    async def _update_version(self, live: _Live, config: ModelConfig,
+                              version: int) -> NurseryError | None:
+        """A reload that changed only the instance groups (and nothing in the model's files
+        for this version): the serving version keeps the instances whose signature did not
+        change, starts the new ones and retires the rest (Triton's UpdateInstanceGroup).
+        Requests keep being served throughout; a failure leaves it as it was."""
+        name = config.name
+        assert live.resize is not None
+        log.info("updating instances: %s:%d", name, version)
+        try:
+            handle = await live.resize(config)
+        except BaseException as exc:
+            if isinstance(first_error(exc), trio.Cancelled):
+                raise
+            reason = failure_reason(exc)
+            log.error("failed to update '%s' version %d: %s", name, version, reason)
+            error = first_error(exc)
+            return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
+        if self.live.get((name, version)) is live:
+            live.handle = handle
+            self._set(name, version, ModelState.READY, "", handle)
+        log.info("successfully updated '%s' version %d", name, version)
         return None
 
     def _serving(self, name: str) -> bool:
@@ -402,25 +447,35 @@ class _Manager:
         if old is None:  # a reload keeps the old one READY and serving until the new one is
             self._set(name, version, ModelState.LOADING)
         log.info("loading: %s:%d", name, version)
-        scope = trio.CancelScope()
-        done = trio.Event()
         started = time.perf_counter()
-        try:
-            handle, control = await self.nursery.start(
-                partial(self._supervise_version, location, config, version, scope, done)
-            )
-        except BaseException as exc:
-            if isinstance(first_error(exc), trio.Cancelled):
-                raise
-            reason = failure_reason(exc)
+        attempt = 0
+        while True:
+            scope = trio.CancelScope()
+            done = trio.Event()
+            try:
+                handle, control, resize = await self.nursery.start(
+                    partial(self._supervise_version, location, config, version, scope, done)
+                )
+                break
+            except BaseException as exc:
+                if isinstance(first_error(exc), trio.Cancelled):
+                    raise
+                failure = exc
+            attempt += 1
+            if attempt > self.load_retries:
+                break
+            log.warning("failed to load '%s' version %d (%s); retrying (%d of %d)", name,
+                        version, failure_reason(failure), attempt, self.load_retries)
+        if attempt > self.load_retries:
+            reason = failure_reason(failure)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if old is not None:  # a failed reload leaves the old version serving
                 self._set(name, version, ModelState.READY, "", old.handle)
             else:
                 self._set(name, version, ModelState.UNAVAILABLE, reason)
-            error = first_error(exc)
+            error = first_error(failure)
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
-        self.live[(name, version)] = _Live(handle, control, scope, done)
+        self.live[(name, version)] = _Live(handle, control, scope, done, resize)
         self._set(name, version, ModelState.READY, "", handle, time.perf_counter() - started)
         log.info("successfully loaded '%s' version %d", name, version)
         if old is not None:  # the new version serves; the old one drains
@@ -434,7 +489,7 @@ class _Manager:
         version: int,
         scope: trio.CancelScope,
         done: trio.Event,
-        task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
+        task_status: Started,
     ) -> None:
         """The supervision boundary of one serving version. A failure while loading goes to
         the loader (the load fails); a failure once it serves (an actor of the version
@@ -444,7 +499,8 @@ class _Manager:
         serving: list[ModelHandle] = []
 
         class _Started:
-            def started(self, value: tuple[ModelHandle, trio.MemorySendChannel[Any]]) -> None:
+            def started(self, value: tuple[ModelHandle, trio.MemorySendChannel[Any],
+                                           Resize | None]) -> None:
                 serving.append(value[0])
                 task_status.started(value)
 
@@ -460,7 +516,7 @@ class _Manager:
         with Boundary(self.faults, "model", log, f"model '{name}' version {version}") as b:
             raise error  # cancellation goes on up; a failure is recorded here
         live = self.live.get((name, version))
-        if live is not None and live.handle is serving[0]:
+        if live is not None and live.scope is scope:  # not replaced by a reload meanwhile
             del self.live[(name, version)]
             self._set(name, version, ModelState.UNAVAILABLE, f"Internal: {b.failure}")
             now = trio.current_time()
@@ -496,7 +552,7 @@ class _Manager:
         version: int,
         scope: trio.CancelScope,
         done: trio.Event,
-        task_status: trio.TaskStatus[tuple[ModelHandle, trio.MemorySendChannel[Any]]],
+        task_status: Started,
     ) -> None:
         """The life of one version (``nursery.actors.version``); an ensemble's composing
         models are checked (and loaded) first."""
@@ -565,6 +621,11 @@ class _Manager:
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
         decoupled = check_wiring(config, steps)
+        # what tensors need between batching and non-batching models (Triton's
+        # ReshapeTensorDims), from the step models as they are loaded now
+        config = replace(config, ensemble=plan.shaped(
+            config.max_batch_size > 0, {t.name: tuple(t.dims) for t in config.outputs},
+            [(m.max_batch_size > 0, {t.name: tuple(t.dims) for t in m.inputs}) for m in steps]))
         proto = pb.ModelConfig().parse(bytes(config.proto))
         proto.model_transaction_policy.decoupled = decoupled
         # Triton sets the field, so an ensemble's configuration always carries the message
@@ -610,6 +671,7 @@ class _Manager:
             if plan is not None:
                 composing |= set(plan.models())
         self.loaded_from.pop(name, None)  # unloading what is not loaded succeeds, as in Triton
+        self.folders.pop(name, None)
         self.restarts.pop(name, None)
         self.dependency_only.discard(name)
         async with trio.open_nursery() as nursery:
@@ -666,6 +728,8 @@ async def run(
     rate_limiter: Any = None,
     faults: FaultCounter | None = None,
     cloud_cache: str = "",
+    config_name: str = "",
+    load_retries: int = 0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
@@ -679,7 +743,9 @@ async def run(
 
     ``client`` is how the models reach other models (the server's; actor tests let the
     manager make its own over ``directory``); ``backends`` the backends it may load (the
-    built-in ones unless given).
+    built-in ones unless given). ``config_name``: Triton's --model-config-name (a model's
+    ``configs/<name>.pbtxt`` over its ``config.pbtxt``); ``load_retries``: its
+    --model-load-retry-count (a version that fails to load is tried again so often).
     """
     async with trio.open_nursery() as nursery:
         manager = _Manager(
@@ -689,7 +755,7 @@ async def run(
             summaries=summaries,
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
-            cloud_cache=cloud_cache,
+            cloud_cache=cloud_cache, config_name=config_name, load_retries=load_retries,
         )
         failed = await manager.load_many(startup_models)
         if failed and exit_on_error:

@@ -24,7 +24,11 @@ from nursery.messages import (
     UnregisterInstance,
 )
 from nursery.runtime.supervision import FaultCounter
-from nursery.scheduling.rate_limit_policy import RateLimitError, RateLimitPolicy
+from nursery.scheduling.rate_limit_policy import (
+    RateLimitError,
+    RateLimitPolicy,
+    describe_max_resources,
+)
 
 log = logging.getLogger("nursery.ratelimit")
 
@@ -38,6 +42,7 @@ async def run(
 ) -> None:
     faults = faults or FaultCounter()
     waiting: dict[Hashable, trio.MemorySendChannel[Any]] = {}
+    pools = policy.max_resources()
     task_status.started()
     async with inbox:
         async for message in inbox:
@@ -61,6 +66,11 @@ async def run(
                 elif isinstance(message, UnregisterInstance):
                     policy.unregister(message.key)
                     waiting.pop(message.key, None)
+                if isinstance(message, (RegisterInstance, UnregisterInstance)):
+                    now = policy.max_resources()
+                    if now != pools:  # the pools follow the instances registered
+                        pools = now
+                        log.debug("%s", describe_max_resources(pools))
             except Exception as exc:  # one command is the unit of failure
                 faults.record("ratelimiter", exc, log, "rate limiter command")
                 reply = getattr(message, "reply", None)

@@ -36,11 +36,13 @@ from nursery.messages import (
     InstanceReady,
     ReleaseSlots,
     StatsQuery,
+    UpdateInstances,
 )
 from nursery.observability.stats import StatsAccumulator
 from nursery.runtime import timer as precise_timer
 from nursery.runtime.supervision import describe
 from nursery.scheduling.decisions import Cancel, Dispatch, Reject, Release, SchedulingPolicy
+from nursery.scheduling.sequence_policy import SequencePolicy
 
 log = logging.getLogger("nursery.scheduler")
 
@@ -95,7 +97,14 @@ async def run(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     closing = False
-    outstanding = [0] * len(instances)  # batches sent to each instance and not finished
+    workers: dict[int, WorkerInbox] = dict(enumerate(instances))  # by placement index
+    outstanding = dict.fromkeys(workers, 0)  # batches sent to each instance and not finished
+    retired: set[int] = set()  # leaving: closed once idle and no longer held by the policy
+    # iterative_sequence: a request without a correlation ID starts a sequence of its own
+    iterative = policy if isinstance(policy, SequencePolicy) and policy.schedule.iterative \
+        else None
+    sequence_ids = itertools.count(1)
+    early: dict[int, int] = {}  # InstanceReady of an instance added but not yet announced
     stats = StatsAccumulator(summaries)
     ordering = _Ordering() if preserve_ordering else None
     cancel = getattr(policy, "cancel", None)
@@ -115,12 +124,13 @@ async def run(
                 for decision in poll.decisions:
                     if isinstance(decision, Dispatch) and decision.rows is not None:
                         # a sequence's requests always run: its state depends on each
-                        instances[decision.instance].send_nowait(
+                        workers[decision.instance].send_nowait(
                             ExecuteBatch(decision.items, rows=decision.rows))
                         outstanding[decision.instance] += 1
                     elif isinstance(decision, Release):
-                        if instances:
-                            instances[decision.instance].send_nowait(ReleaseSlots(decision.slots))
+                        worker = workers.get(decision.instance)
+                        if worker is not None:
+                            worker.send_nowait(ReleaseSlots(decision.slots))
                     elif isinstance(decision, Dispatch):
                         live = tuple(w for w in decision.items if not w.abandoned())
                         if len(live) != len(decision.items):
@@ -132,7 +142,7 @@ async def run(
                         if ordering is not None:
                             for w in live:
                                 ordering.number(w)
-                        instances[decision.instance].send_nowait(
+                        workers[decision.instance].send_nowait(
                             ExecuteBatch(live, ordering is not None))
                         outstanding[decision.instance] += 1
                     elif isinstance(decision, Cancel):
@@ -152,10 +162,15 @@ async def run(
                         stats.record_failure("REJECTED", len(decision.items))
                 if dropped:
                     continue  # the freed place may take the next request at once
-                if closing and instances and policy.pending() == 0 and not any(outstanding):
-                    for channel in instances:
+                for i in [i for i in retired if not outstanding[i] and not policy.holds(i)]:
+                    retired.discard(i)
+                    del outstanding[i]
+                    await workers.pop(i).aclose()  # the worker finalizes its instance and ends
+                if closing and workers and policy.pending() == 0 and not any(
+                        outstanding.values()):
+                    for channel in workers.values():
                         await channel.aclose()  # ends the workers, which close their senders
-                    instances = ()
+                    workers = {}
                 try:
                     if poll.wake_at is None:
                         message = await inbox.receive()
@@ -172,10 +187,16 @@ async def run(
                 now = trio.current_time()
                 while True:  # take everything already waiting before deciding again
                     if isinstance(message, InferWork):
-                        if closing or not instances:
+                        if closing or not workers:
                             _answer(message, Unavailable(f"model '{name}' is unloading"))
                         else:
+                            if iterative is not None and not message.request.sequence_id:
+                                message.request.sequence_id = next(sequence_ids)
+                                message.request.sequence_start = True
                             policy.arrive(message, now)
+                    elif isinstance(message, InstanceReady) and message.instance not in outstanding:
+                        # an added instance announced itself before its update came
+                        early[message.instance] = early.get(message.instance, 0) + message.slots
                     elif isinstance(message, InstanceReady):
                         i = message.instance
                         outstanding[i] = max(0, outstanding[i] - message.slots)
@@ -185,6 +206,12 @@ async def run(
                             for work, answer in message.held:
                                 ordering.finish(work, answer)
                         policy.instance_ready(i, now, message.slots)
+                        if iterative is not None:
+                            for corrid in message.ended:
+                                iterative.end_sequence(corrid)
+                            for work in message.rescheduled:
+                                work.request.sequence_start = work.request.sequence_end = False
+                                iterative.requeue(work, now)
                     elif isinstance(message, CancelWork):
                         if cancel is not None and cancel(message.work):
                             stats.record_failure("CANCELED")
@@ -193,6 +220,19 @@ async def run(
                         _answer(message, stats.snapshot(policy.pending()))  # type: ignore[arg-type]
                     elif isinstance(message, CloseIntake):
                         closing = True
+                    elif isinstance(message, UpdateInstances):
+                        for i, worker in message.added.items():
+                            workers[i] = worker
+                            outstanding[i] = 0
+                            policy.add_instance(i)
+                            if i in early:
+                                policy.instance_ready(i, now, early.pop(i))
+                        for i in message.retired:
+                            if i in workers:
+                                retired.add(i)
+                                policy.retire_instance(i)
+                        mailbox.answer(message.reply, tuple(
+                            i for i in message.retired if i in retired and not policy.holds(i)))
                     elif isinstance(message, CacheOutcome):
                         stats.record_cache(message.hit, message.cache_ns, message.request_ns)
                     elif isinstance(message, DecoupledResponse):
@@ -216,7 +256,7 @@ async def run(
                 ordering.flush()
             _answer_held(name, policy, inbox, stats, failure)
             with trio.CancelScope(shield=True):
-                for channel in instances:
+                for channel in workers.values():
                     await channel.aclose()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -63,6 +64,20 @@ _MODULES = {
     "tensorflow": "nursery.backends.tensorflow",
     "tensorrt": "nursery.backends.tensorrt",
 }
+
+
+def drop_bogus_module() -> None:
+    """Make harmless the module named '' that serializing a message with betterproto's Rust
+    codec puts in ``sys.modules`` (the working directory, as a package without a file):
+    libraries that walk ``sys.modules`` through ``inspect.getmodule`` fail on a module without
+    a file (torch, at import: "<module ''> is a built-in module", then "partially initialized
+    module 'torch'"). It gets a ``__file__`` that names no file, which inspect passes over; it
+    is not removed, as the codec looks it up again on other threads. Called before a backend
+    or a model file imports such libraries."""
+    bogus = sys.modules.get("")
+    if bogus is not None and getattr(bogus, "__name__", None) == "" and not getattr(
+            bogus, "__file__", None):
+        bogus.__file__ = "<betterproto-rust-codec>"
 
 
 def missing_extra(model: str, backend: str, extra: str, exc: ImportError) -> ConfigError:

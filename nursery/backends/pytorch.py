@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from nursery.backends.base import drop_bogus_module
 from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
@@ -58,10 +59,22 @@ _KNOWN_PARAMETERS = {
 }
 
 
-def _torch() -> Any:
-    import torch
+_TORCH_IMPORT = threading.Lock()
+_torch_module: Any = None
 
-    return torch
+
+def _torch() -> Any:
+    """torch, imported once, by one thread (instances load on threads of their own), after
+    the bogus module '' is gone from sys.modules (base.drop_bogus_module)."""
+    global _torch_module
+    drop_bogus_module()  # torch's lazy imports walk sys.modules
+    if _torch_module is None:
+        with _TORCH_IMPORT:
+            if _torch_module is None:
+                import torch
+
+                _torch_module = torch
+    return _torch_module
 
 
 def _torch_dtype(dt: DataType) -> Any:

@@ -145,6 +145,31 @@ class ModelConfig:
     def model_filename(self) -> str:
         return self.default_model_filename or DEFAULT_FILENAMES.get(self.backend, "")
 
+    def instance_signatures(self) -> list[bytes]:
+        """One per placement, in the same order: what an instance must keep for a reload to
+        keep it (Triton's instance signature: its group's settings but for the name and the
+        count, and its device), so a renamed or regrouped instance stays."""
+        out: list[bytes] = []
+        for group in self.proto.instance_group:
+            settings = pb.ModelInstanceGroup().parse(bytes(group))
+            settings.name = ""
+            settings.count = 1
+            key = bytes(settings)
+            devices = group.gpus if group.kind == pb.ModelInstanceGroupKind.KIND_GPU else [0]
+            for device in devices:
+                out += [key + b"@" + str(device).encode()] * max(group.count, 0)
+        return out
+
+    def same_but_instances(self, other: ModelConfig) -> bool:
+        """Whether ``other`` differs from this configuration at most in its instance groups
+        and version policy: Triton then updates the serving version's instances in place
+        instead of loading it anew (ConfigChangeRequiresReload)."""
+        mine, theirs = (pb.ModelConfig().parse(bytes(c.proto)) for c in (self, other))
+        for proto in (mine, theirs):
+            proto.instance_group = []
+            proto.version_policy = pb.ModelVersionPolicy()
+        return mine.to_dict() == theirs.to_dict()
+
     def placements(self) -> list[InstancePlacement]:
         """One placement per model instance, in group order.
 
@@ -213,26 +238,39 @@ def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAM
             raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
 
 
-def read_config_proto(model_path: Path, model_name: str, auto_complete: bool) -> pb.ModelConfig:
-    path = model_path / CONFIG_FILENAME
+def config_file(model_path: Path, config_name: str = "") -> str:
+    """The model's configuration file, relative to its folder: ``configs/<name>.pbtxt`` when
+    a custom configuration name is given and the folder has that file (Triton's
+    --model-config-name), else ``config.pbtxt``."""
+    if config_name:
+        custom = f"configs/{config_name}.pbtxt"
+        if (model_path / custom).is_file():
+            return custom
+    return CONFIG_FILENAME
+
+
+def read_config_proto(model_path: Path, model_name: str, auto_complete: bool,
+                      config_name: str = "") -> pb.ModelConfig:
+    filename = config_file(model_path, config_name)
+    path = model_path / filename
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         if not auto_complete:
             raise ConfigError(
-                f"model '{model_name}': {CONFIG_FILENAME} is missing and auto-complete is "
+                f"model '{model_name}': {filename} is missing and auto-complete is "
                 "disabled (--disable-auto-complete-config / --strict-model-config=true)"
             ) from None
         return pb.ModelConfig()
     except OSError as exc:
-        raise ConfigError(f"model '{model_name}': cannot read {CONFIG_FILENAME}: {exc}") from exc
+        raise ConfigError(f"model '{model_name}': cannot read {filename}: {exc}") from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"model '{model_name}': {CONFIG_FILENAME} is not UTF-8 text (byte {exc.start})"
+            f"model '{model_name}': {filename} is not UTF-8 text (byte {exc.start})"
         ) from None
-    return parse_config_text(text, model_name)
+    return parse_config_text(text, model_name, filename)
 
 
 def read_model_config(
@@ -242,8 +280,10 @@ def read_model_config(
     backends: BackendLookup,
     auto_complete: bool = True,
     proto: pb.ModelConfig | None = None,
+    config_name: str = "",
 ) -> tuple[ModelConfig, list[int]]:
     """The frozen configuration of a model folder and the versions its policy selects.
+    ``config_name``: read ``configs/<name>.pbtxt`` where the folder has it (config_file).
 
     ``backends`` finds the backend a configuration names (an unknown one fails the model), whose
     factory then auto-completes the configuration from the model file (the caller's registry,
@@ -255,7 +295,8 @@ def read_model_config(
     """
     with config_boundary(model_name):
         return _read_model_config(model_path, model_name, backends=backends,
-                                  auto_complete=auto_complete, proto=proto)
+                                  auto_complete=auto_complete, proto=proto,
+                                  config_name=config_name)
 
 
 def _read_model_config(
@@ -265,9 +306,10 @@ def _read_model_config(
     backends: BackendLookup,
     auto_complete: bool,
     proto: pb.ModelConfig | None,
+    config_name: str = "",
 ) -> tuple[ModelConfig, list[int]]:
     if proto is None:
-        proto = read_config_proto(model_path, model_name, auto_complete)
+        proto = read_config_proto(model_path, model_name, auto_complete, config_name)
     where = f"model '{model_name}'"
     if not proto.name:
         proto.name = model_name
@@ -570,7 +612,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
                               MappingProxyType(dict(s.input_map)),
                               MappingProxyType(dict(s.output_map)))
                  for s in proto.ensemble_scheduling.step],
-                optional_inputs=[t.name for t in inputs if t.optional])
+                optional_inputs=[t.name for t in inputs if t.optional],
+                max_inflight=proto.ensemble_scheduling.max_inflight_requests)
         groups = []
     with config_boundary(name, "version_policy"):
         which, _ = betterproto.which_one_of(proto.version_policy, "policy_choice")

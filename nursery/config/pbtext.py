@@ -388,12 +388,17 @@ class _Parser:
                     raise self.error(f"unknown value {number} for enum field '{name}'", t) from None
             raise self.error(f"expected an enum value for field '{name}', got '{t.text}'", t)
         if proto_type in _INT_TYPES:
-            if t.kind != "number" or not _is_int(t.text):
-                raise self.error(f"expected an integer for field '{name}', got '{t.text}'", t)
-            v = _int(t.text)
+            # protobuf's own words first (tools grep Triton's log for them), then the field
             lo, hi = _INT_TYPES[proto_type]
+            if t.kind != "number" or not _is_int(t.text) or (lo == 0 and t.text.startswith("-")):
+                got = "-" if t.kind == "number" and t.text.startswith("-") and _is_int(
+                    t.text) else t.text
+                raise self.error(f"Expected integer, got: {got} (an integer for field "
+                                 f"'{name}')", t)
+            v = _int(t.text)
             if not lo <= v <= hi:
-                raise self.error(f"integer {v} out of range for {proto_type} field '{name}'", t)
+                raise self.error(f"Integer out of range ({t.text}) for {proto_type} field "
+                                 f"'{name}'", t)
             return v
         if proto_type in _FLOAT_TYPES:
             low = t.text.lower().lstrip("-")

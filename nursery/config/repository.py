@@ -136,6 +136,24 @@ class ModelFingerprint:
 
     files: tuple[tuple[str, int, int | str], ...]
 
+    def same_model_files(self, other: ModelFingerprint, version: int) -> bool:
+        """Whether ``version``'s folder and the model's files outside every version folder
+        and outside its configuration (``config.pbtxt``, ``configs/``) are unchanged: Triton
+        then may apply a new configuration to the serving version in place
+        (IsModelVersionModified)."""
+        return _version_files(self, version) == _version_files(other, version)
+
+
+def _version_files(found: ModelFingerprint, version: int) -> set[tuple[str, int, int | str]]:
+    mine = str(version)
+    out = set()
+    for entry in found.files:
+        top = entry[0].replace(os.sep, "/").split("/", 1)[0]
+        if top in ("config.pbtxt", "configs") or (top.isdigit() and top != mine):
+            continue
+        out.add(entry)
+    return out
+
 
 def model_fingerprint(location: ModelLocation) -> ModelFingerprint:
     """A model's fingerprint: its folder's files, or for a model in a bucket its listing

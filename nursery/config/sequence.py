@@ -9,14 +9,14 @@ state checks of the sequence batcher).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import betterproto
 import numpy as np
 
-from nursery.errors import ConfigError, ErrorKind, InvalidArgument
+from nursery.errors import ConfigError, InvalidArgument
 from nursery.scheduling.sequence_policy import SequenceSchedule
 from nursery.schema import inference as pb
 from nursery.types import DataType, checked_count
@@ -80,9 +80,6 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
     sb = proto.sequence_batching
     name = proto.name
     label = f"{where}: config.pbtxt"
-    if sb.iterative_sequence:
-        raise ConfigError(f"{label}: sequence batching 'iterative_sequence' is not supported by "
-                          "this server yet", ErrorKind.UNSUPPORTED)
     controls: list[ControlSpec] = []
     corrid: tuple[str, DataType] | None = None
     seen_tensors: set[str] = set()
@@ -168,6 +165,8 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
             idle_us=sb.max_sequence_idle_microseconds,
             max_queue_delay_us=direct.max_queue_delay_microseconds,
             min_slot_utilization=direct.minimum_slot_utilization)
+    if sb.iterative_sequence:  # Triton's IterativeSequencer (see scheduling/sequence_policy)
+        schedule = replace(schedule, iterative=True)
     return SequenceConfig(schedule, tuple(controls), corrid, states)
 
 

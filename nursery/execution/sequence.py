@@ -33,7 +33,8 @@ def check_request(request: InferenceRequest, config: ModelConfig, batch_size: in
         raise InvalidArgument(f"inference request to model '{model}' must specify batch-size 1 "
                               "due to requirements of sequence batcher")
     corrid = request.sequence_id
-    if corrid == 0 or corrid == "":
+    if (corrid == 0 or corrid == "") and not seq.schedule.iterative:  # iterative: the
+        # scheduler gives it a sequence of its own
         raise InvalidArgument(f"inference request to model '{model}' must specify a non-zero or "
                               "non-empty correlation ID")
     if seq.corrid is not None:

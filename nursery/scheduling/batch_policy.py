@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, cast
 
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, W, rejections
+from nursery.scheduling.decisions import Decision, Dispatch, FreeInstances, Poll, W, rejections
 
 TIMEOUT_EXPIRED = "Request timeout expired"
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -104,7 +104,7 @@ class _Level(Generic[W]):
         return len(self.queue) + len(self.delayed)
 
 
-class DynamicBatchPolicy(Generic[W]):
+class DynamicBatchPolicy(FreeInstances, Generic[W]):
     """Dispatches batches to free instances; one batch at a time per instance."""
 
     def __init__(self, config: BatchConfig, *,
@@ -146,7 +146,8 @@ class DynamicBatchPolicy(Generic[W]):
             self._deadlines += 1
 
     def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
-        self._free[instance] = None
+        if instance not in self._retired:
+            self._free[instance] = None
 
     def cancel(self, item: W) -> bool:
         """Remove a queued request (its client went away); False if it is not queued."""

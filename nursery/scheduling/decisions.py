@@ -93,3 +93,36 @@ class SchedulingPolicy(Protocol[W]):
         ...
 
     def idle_instances(self) -> int: ...
+
+    def add_instance(self, instance: int) -> None:
+        """A new instance joined (a reload that changed only the instance groups); it takes
+        work once it is ready (:meth:`instance_ready`)."""
+        ...
+
+    def retire_instance(self, instance: int) -> None:
+        """The instance is leaving: no new work goes to it. It leaves once :meth:`holds` says
+        nothing of the policy needs it any more and its batches have finished."""
+        ...
+
+    def holds(self, instance: int) -> bool:
+        """Whether the policy still needs this retired instance (the sequence batcher: a
+        sequence still lives in one of its slots)."""
+        ...
+
+
+class FreeInstances:
+    """The instance-set changes of a policy that knows instances only as free or busy (its
+    ``_free`` map): a retired instance leaves the map and never comes back to it."""
+
+    _free: dict[int, Any]
+    _retired: frozenset[int] = frozenset()
+
+    def add_instance(self, instance: int) -> None:
+        """Nothing to do: it becomes free with its first ``instance_ready``."""
+
+    def retire_instance(self, instance: int) -> None:
+        self._retired = self._retired | {instance}
+        self._free.pop(instance, None)
+
+    def holds(self, instance: int) -> bool:
+        return False

@@ -32,7 +32,7 @@ from nursery.scheduling.batch_policy import (
     BatchItem,
     self_described,
 )
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, W, rejections
+from nursery.scheduling.decisions import Decision, Dispatch, FreeInstances, Poll, W, rejections
 
 
 @dataclass(slots=True, eq=False)
@@ -52,7 +52,7 @@ class _Entry(Generic[W]):
         self.key = (self.level, self.deadline, self.seq)
 
 
-class EarliestDeadlinePolicy(Generic[W]):
+class EarliestDeadlinePolicy(FreeInstances, Generic[W]):
     def __init__(self, config: BatchConfig, *,
                  describe: Callable[[W], BatchItem] | None = None) -> None:
         self.config = config
@@ -94,7 +94,8 @@ class EarliestDeadlinePolicy(Generic[W]):
                             min(deadline, expires), expires, self._seq))
 
     def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
-        self._free[instance] = None
+        if instance not in self._retired:
+            self._free[instance] = None
 
     def cancel(self, item: W) -> bool:
         for i, entry in enumerate(self._queue):

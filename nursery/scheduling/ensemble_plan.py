@@ -20,8 +20,9 @@ is optional, the step's own error otherwise), and the ensemble's answer leaves i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TypeVar
 
 from nursery.errors import ConfigError
@@ -35,6 +36,10 @@ class EnsembleStep:
     model_version: int  # -1: the latest ready version
     input_map: Mapping[str, str]  # the step model's input -> ensemble tensor
     output_map: Mapping[str, str]  # the step model's output -> ensemble tensor
+    # filled in once the step's model is loaded (EnsemblePlan.shaped): whether it batches
+    # (None: not known, tensors pass unchanged) and its inputs' configured dims
+    batching: bool | None = None
+    input_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def version_str(self) -> str:
@@ -59,15 +64,21 @@ class EnsemblePlan:
     outputs: tuple[str, ...]
     steps: tuple[EnsembleStep, ...]
     optional_inputs: frozenset[str] = frozenset()  # inputs a request may leave out
+    batching: bool = False  # the ensemble's own max_batch_size > 0
+    # max_inflight_requests: requests each step may have in flight across all the
+    # ensemble's requests (0: no limit)
+    max_inflight: int = 0
+    output_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # outputs' dims
 
     @staticmethod
     def build(name: str, inputs: Iterable[str], outputs: Iterable[str],
-              steps: Iterable[EnsembleStep], optional_inputs: Iterable[str] = ()) -> EnsemblePlan:
+              steps: Iterable[EnsembleStep], optional_inputs: Iterable[str] = (),
+              max_inflight: int = 0) -> EnsemblePlan:
         """Check the graph: every tensor a step reads exists (an ensemble input or some
         step's output), no tensor is written twice, every ensemble output is written, no
         cycle, no step unreachable. Errors name the ensemble, the step and the tensor."""
         plan = EnsemblePlan(name, tuple(inputs), tuple(outputs), tuple(steps),
-                            frozenset(optional_inputs))
+                            frozenset(optional_inputs), max_inflight=max_inflight)
         where = f"ensemble '{name}'"
         unknown = sorted(plan.optional_inputs - set(plan.inputs))
         if unknown:
@@ -138,6 +149,64 @@ class EnsemblePlan:
 
     def models(self) -> set[str]:
         return {s.model_name for s in self.steps}
+
+    def shaped(self, batching: bool, output_dims: Mapping[str, tuple[int, ...]],
+               steps: Sequence[tuple[bool, Mapping[str, tuple[int, ...]]]]) -> EnsemblePlan:
+        """The plan with what tensors need between batching and non-batching models: the
+        ensemble's own batching and output dims, and for each step whether its model batches
+        and its inputs' dims (in step order)."""
+        return replace(self, batching=batching, output_dims=MappingProxyType(dict(output_dims)),
+                       steps=tuple(replace(step, batching=b, input_dims=MappingProxyType(dict(d)))
+                                   for step, (b, d) in zip(self.steps, steps, strict=True)))
+
+    def _batch_size(self, tensor: str, shape: Sequence[int]) -> int:
+        """Triton's batch size of an ensemble tensor: its first dim when the model that wrote
+        it (or the ensemble, for an ensemble input) batches, else 0."""
+        batching: bool | None = self.batching
+        for step in self.steps:
+            if tensor in step.output_map.values():
+                batching = step.batching
+                break
+        return int(shape[0]) if batching and shape else 0
+
+    def step_input_shape(self, index: int, model_input: str,
+                         shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape with which an ensemble tensor reaches input ``model_input`` of step
+        ``index``: a batch dim of 1 added or taken away where a batching and a non-batching
+        model meet (Triton's ReshapeTensorDims)."""
+        step = self.steps[index]
+        dims = step.input_dims.get(model_input)
+        if step.batching is None or dims is None:
+            return shape
+        tensor = step.input_map[model_input]
+        return reshape_dims(dims, step.batching, self._batch_size(tensor, shape), shape)
+
+    def output_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of ensemble output ``name`` in the ensemble's answer (the same rule)."""
+        dims = self.output_dims.get(name)
+        if dims is None:
+            return shape
+        return reshape_dims(dims, self.batching, self._batch_size(name, shape), shape)
+
+
+def _dims_match(config_dims: Sequence[int], dims: Sequence[int]) -> bool:
+    return len(config_dims) == len(dims) and all(
+        c == d or c == -1 or d == -1 for c, d in zip(config_dims, dims, strict=True))
+
+
+def reshape_dims(config_dims: Sequence[int], config_batching: bool, tensor_batch: int,
+                 dims: tuple[int, ...]) -> tuple[int, ...]:
+    """Triton's rule when a tensor made by a batching model meets a non-batching one or the
+    reverse (and only then): a batching model gets a batch dim of 1 prepended when the shape
+    already is its configured dims; a non-batching model gets a batch of 1 stripped when the
+    full shape does not fit its dims. Everything else passes unchanged."""
+    if config_batching != (tensor_batch != 0):
+        if config_batching:
+            if _dims_match(config_dims, dims):
+                return (1, *dims)
+        elif not _dims_match(config_dims, dims) and tensor_batch == 1:
+            return dims[1:]
+    return dims
 
 
 class Flow:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic
 
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, W
+from nursery.scheduling.decisions import Decision, Dispatch, FreeInstances, Poll, Reject, W
 
 QUEUE_FULL = "Exceeds maximum queue size"  # Triton's message
 
 
-class FifoPolicy(Generic[W]):
+class FifoPolicy(FreeInstances, Generic[W]):
     def __init__(self, slots: int = 1, max_queue: int = 65536) -> None:
         self.slots = slots
         self.max_queue = max_queue
@@ -32,6 +32,8 @@ class FifoPolicy(Generic[W]):
             self._queue.append(item)
 
     def instance_ready(self, instance: int, now: float, slots: int = 1) -> None:
+        if instance in self._retired:
+            return
         free = self._free.pop(instance, 0) + slots
         self._free[instance] = min(free, self.slots)
 

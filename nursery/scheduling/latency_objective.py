@@ -58,7 +58,7 @@ from typing import Generic
 
 from nursery.errors import ErrorKind
 from nursery.scheduling.batch_policy import QUEUE_FULL, BatchConfig, BatchItem, self_described
-from nursery.scheduling.decisions import Decision, Dispatch, Poll, Reject, W
+from nursery.scheduling.decisions import Decision, Dispatch, FreeInstances, Poll, Reject, W
 
 BATCHER_KEY = "nursery.batcher"
 BATCHER_NAME = "latency_objective"
@@ -178,7 +178,7 @@ class _Level(Generic[W]):
     queue: deque[_Entry[W]] = field(default_factory=deque)
 
 
-class LatencyObjectivePolicy(Generic[W]):
+class LatencyObjectivePolicy(FreeInstances, Generic[W]):
     """Holds a model to an :class:`Objective`; one batch at a time per instance."""
 
     slots = 1
@@ -250,7 +250,8 @@ class LatencyObjectivePolicy(Generic[W]):
         ran = self._running.pop(instance, None)
         if ran is not None:
             self.model.observe(ran[1], now - ran[0])
-        self._free[instance] = None
+        if instance not in self._retired:
+            self._free[instance] = None
 
     def cancel(self, item: W) -> bool:
         for level in self._levels.values():

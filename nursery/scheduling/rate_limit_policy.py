@@ -42,6 +42,17 @@ class _Instance:
     running: bool = False
 
 
+def describe_max_resources(pools: Mapping[tuple[str, int], int]) -> str:
+    """The pools as Triton's rate limiter logs them (at --log-verbose 1) when they change."""
+    text = "\nMax Resource Map===>\n"
+    for device in sorted({d for _, d in pools}):
+        text += f"\tDevice: {'GLOBAL' if device == GLOBAL else device}\n"
+        for (name, d), count in pools.items():
+            if d == device:
+                text += f"\t\tResource: {name}\t Count: {count}\n"
+    return text
+
+
 class RateLimitError(ValueError):
     pass
 
@@ -72,6 +83,11 @@ class RateLimitPolicy:
             return explicit
         return max((n.count for i in self.instances.values() for n in i.needs
                     if self._slot(n, i.device) == (name, device)), default=0)
+
+    def max_resources(self) -> dict[tuple[str, int], int]:
+        """Every pool a registered instance uses and how many copies it has."""
+        slots = {self._slot(n, i.device) for i in self.instances.values() for n in i.needs}
+        return {slot: self.capacity(*slot) for slot in sorted(slots)}
 
     def _fits(self, inst: _Instance) -> bool:
         return all(self.in_use.get(self._slot(n, inst.device), 0) + n.count

@@ -113,6 +113,10 @@ class SequenceSchedule:
     preferred_batch_sizes: tuple[int, ...] = ()  # oldest only
     max_queue_delay_us: int = 0
     min_slot_utilization: float = 0.0  # direct only: rows ready / max_batch_size to run at once
+    # iterative_sequence: a request without a correlation ID starts a sequence of its own;
+    # the model may send a request back (rescheduled) to run again in its slot, and a request
+    # that completes without being rescheduled ends its sequence
+    iterative: bool = False
 
 
 BACKLOG_TIMEOUT = "timeout of the corresponding sequence has been expired"
@@ -173,6 +177,7 @@ class SequencePolicy(Generic[W]):
         self._rejected: list[tuple[W, str]] = []
         self._cancelled: list[W] = []  # the rest of cancelled sequences, to answer
         self._released: dict[int, list[int]] = {}  # instance -> slots whose state to drop
+        self._retired: set[int] = set()  # leaving: their slots take no new sequence
         self._count = 0  # queued requests
 
     # -- events ------------------------------------------------------------------------------
@@ -231,6 +236,44 @@ class SequencePolicy(Generic[W]):
             seq.running = False
             seq.last = now
         self._free[instance] = None
+
+    def add_instance(self, instance: int) -> None:
+        """A new instance's slots: the backlog's oldest sequences take them first."""
+        self.instances += 1
+        for slot in range(self.schedule.slots_per_instance):
+            if self._backlog:
+                self._take(self._backlog.popleft(), (instance, slot))
+            else:
+                heapq.heappush(self._free_slots, (slot, instance))
+
+    def requeue(self, item: W, now: float) -> None:
+        """Iterative sequences: the model rescheduled ``item``; it runs again in its
+        sequence's slot, after what the sequence has queued (neither START nor END now)."""
+        seq = self._by_id.get(self._describe(item).sequence_id)
+        if seq is None:  # its sequence is gone (cancelled, reaped): it cannot run again
+            self._rejected.append((item, "the sequence of a rescheduled request has ended"))
+            return
+        seq.queue.append(_Request(item, False, False, now))
+        seq.last = now
+        self._count += 1
+
+    def end_sequence(self, corrid: Hashable) -> None:
+        """Iterative sequences: a request completed without being rescheduled, which ends
+        its sequence (Triton enqueues a cancelled END for it): the slot is freed, its state
+        dropped, once nothing of the sequence is queued or running."""
+        seq = self._by_id.pop(corrid, None)
+        if seq is not None:
+            seq.cancelled = True
+
+    def retire_instance(self, instance: int) -> None:
+        """No new sequence takes a slot of ``instance``; the sequences in its slots go on
+        there until they end (Triton's sequence batcher keeps a removed instance for them)."""
+        self._retired.add(instance)
+        self._free_slots = [(s, i) for s, i in self._free_slots if i != instance]
+        heapq.heapify(self._free_slots)
+
+    def holds(self, instance: int) -> bool:
+        return any(i == instance for i, _ in self._slots)
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -368,6 +411,8 @@ class SequencePolicy(Generic[W]):
         instance, slot = place
         if release:
             self._released.setdefault(instance, []).append(slot)
+        if instance in self._retired:
+            return  # the slot leaves with its instance
         if self._backlog:
             self._take(self._backlog.popleft(), place)
         else:

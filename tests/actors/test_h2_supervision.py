@@ -340,6 +340,18 @@ async def test_stream_requests_in_flight_are_bounded(
             await release.wait()
             raise NotFound("done")
 
+    class HeldClient:
+        """What a stream asks of the model client: check and queue (here: nothing), then
+        the answer (here: held until released, then an error)."""
+
+        def submit(self, request: object, handle: object, *, queue: bool = True,
+                   slot: object = None) -> tuple[object, object]:
+            return object(), slot
+
+        def start(self, work: object, slot: object, handle: object) -> object:
+            return HeldCore().infer(work, handle)
+
+    HeldCore.client = HeldClient()  # type: ignore[attr-defined]
     inference = InferenceService(HeldCore(), Draining())  # type: ignore[arg-type]
     server = H2Server(GrpcApp([inference], StrictProtoCodec()))
     headers = encode_headers([(b":method", b"POST"),

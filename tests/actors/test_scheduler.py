@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nursery.actors import scheduler
+from nursery.actors.mailbox import OneShot
 from nursery.errors import Unavailable
-from nursery.messages import CloseIntake, ExecuteBatch, InferWork
+from nursery.messages import CloseIntake, ExecuteBatch, InferWork, UpdateInstances
 from nursery.scheduling.fifo import FifoPolicy
 from tests.fakes import ExecutionLog, fake_worker, make_work
 
@@ -174,3 +175,33 @@ def test_actor_invariants(instances: int, compute: float, arrivals: list[tuple[f
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
     if instances == 1:
         assert ran == sorted(ran)
+
+
+async def test_update_instances_adds_and_retires(autojump_clock: trio.testing.MockClock) -> None:
+    """A reload that changes only the instance groups: the added instance takes work once it
+    announced itself (even before the update reached the scheduler), the retired one finishes
+    its batch, gets no new work and is closed; the reply names it."""
+    log = ExecutionLog()
+    async with trio.open_nursery() as nursery:
+        intake, control = await _start(nursery, 2, log, compute=1.0)
+        busy, busy_answer = make_work(0)
+        intake.send_nowait(busy)  # instance 0 runs it for 1 s
+        await trio.sleep(0.1)
+        send, receive = trio.open_memory_channel[ExecuteBatch](1)
+        await nursery.start(partial(fake_worker, 5, receive, intake.clone(), log, 1.0))
+        reply = OneShot()
+        control.send_nowait(UpdateInstances({5: send}, (0,), reply))
+        assert await reply.receive() == (0,)
+        await busy_answer.receive()  # the retired instance's running batch still answers
+        receivers = []
+        for i in range(1, 5):
+            work, answer = make_work(i)
+            intake.send_nowait(work)
+            receivers.append(answer)
+        for answer in receivers:
+            await answer.receive()
+        after = {b[0] for b in log.batches if b[1][0] != "0"}
+        assert after == {1, 5}  # never the retired instance again
+        intake.close()
+        control.send_nowait(CloseIntake())
+        control.close()

@@ -92,3 +92,50 @@ def test_ensemble_answers_of_a_sequence_carry_its_id_and_flags(tmp_path, start_s
     with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
         plain = client.infer("ens", [inp]).get_response()
     assert "sequence_id" not in plain.parameters
+
+
+BATCHING = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            assert x.shape == (1, 1), x.shape  # the batch dim the ensemble added
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]))
+        return out
+'''
+
+
+def test_a_non_batching_ensemble_feeds_a_batching_step(tmp_path, start_server):
+    """Triton's ReshapeTensorDims: an ensemble with max_batch_size 0 and dims [1] feeding a
+    model with max_batch_size 1 and dims [1] (L0_simple_ensemble's backpressure models): the
+    step gets [1, 1], the answer is [1] again; max_inflight_requests is logged as Triton does."""
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    (repo / "double" / "1").mkdir(parents=True)
+    (repo / "double" / "1" / "model.py").write_text(BATCHING)
+    (repo / "double" / "config.pbtxt").write_text(
+        'name: "double"\nbackend: "python"\nmax_batch_size: 1\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(
+        'name: "ens"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { max_inflight_requests: 2 step [ { model_name: "double" '
+        'model_version: -1 input_map { key: "IN" value: "X" } '
+        'output_map { key: "OUT" value: "Y" } } ] }\n')
+    server = start_server(repo)
+    x = np.array([3.0], dtype=np.float32)
+    inp = grpcclient.InferInput("X", [1], "FP32")
+    inp.set_data_from_numpy(x)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        for _ in range(3):
+            result = client.infer("ens", [inp])
+            np.testing.assert_array_equal(result.as_numpy("Y"), x * 2)
+    assert "Ensemble model 'ens' configured with max_inflight_requests: 2" in server.log()

@@ -114,19 +114,22 @@ def test_triton_style_config(reference: ModuleType) -> None:
 @pytest.mark.parametrize(
     ("text", "where", "message"),
     [
-        ("max_batch_size: 1.5", "1:17", "expected an integer for field 'max_batch_size'"),
+        ("max_batch_size: 1.5", "1:17",
+         "Expected integer, got: 1.5 (an integer for field 'max_batch_size')"),
         ("\n  bogus: 1", "2:3", "unknown field 'bogus' in ModelConfig"),
         ('name: "a"\nname: "b"', "2:1", "field 'name' is specified more than once"),
         ('input { name: "x"', "1:18", "expected '}' to close ModelInput"),
         ("dynamic_batching {} sequence_batching {}", "1:21", "another member of oneof"),
-        ("max_batch_size: 99999999999", "1:17", "out of range for int32"),
+        ("max_batch_size: 99999999999", "1:17",
+         "Integer out of range (99999999999) for int32"),
         ("input { data_type: TYPE_FOO }", "1:20", "unknown value 'TYPE_FOO'"),
         ('name "x"', "1:6", "expected ':' after field 'name'"),
         ("max_batch_size: [1, 2]", "1:17", "is not repeated"),
         ('name: "unterminated', "1:7", "unexpected character"),
         ("input { dims: [1, 2 }", "1:21", "expected ','"),
         ("max_batch_size: -1\nversion_policy { latest { num_versions: -2 } }", "2:41",
-         "out of range for uint32"),
+         "Expected integer, got: -"),
+        ('ensemble_scheduling { max_inflight_requests: "x" }', "1:46", 'Expected integer, got: "x"'),
     ],
 )
 def test_errors_name_line_column_and_field(text: str, where: str, message: str) -> None:

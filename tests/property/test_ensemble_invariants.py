@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from nursery.actors import ensemble
 from nursery.errors import ConfigError, ErrorKind, InternalError, NurseryError
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part
-from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow
+from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow, reshape_dims
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 
@@ -494,3 +494,29 @@ def test_run_flow_without_an_optional_input() -> None:
 
     trio.run(main)
     assert [set(r.inputs) for r in requests] == [{"IN0"}]
+
+
+def test_tensors_gain_or_lose_a_batch_of_one_between_batching_and_not() -> None:
+    """Triton's ReshapeTensorDims: only where a batching and a non-batching model meet, and
+    only when the shape says which way."""
+    # from a non-batching source (batch 0) into a batching model with dims [1]
+    assert reshape_dims((1,), True, 0, (1,)) == (1, 1)
+    assert reshape_dims((-1,), True, 0, (4,)) == (1, 4)
+    assert reshape_dims((1,), True, 0, (3, 1)) == (3, 1)  # already batched: unchanged
+    # from a batching source with batch 1 into a non-batching model with dims [1]
+    assert reshape_dims((1,), False, 1, (1, 1)) == (1,)
+    assert reshape_dims((1, 1), False, 1, (1, 1)) == (1, 1)  # fits as it is
+    assert reshape_dims((1,), False, 2, (2, 1)) == (2, 1)  # a batch of 2 cannot be stripped
+    # both batch, or neither: unchanged
+    assert reshape_dims((1,), True, 1, (1, 1)) == (1, 1)
+    assert reshape_dims((1,), False, 0, (1,)) == (1,)
+
+
+def test_a_shaped_plan_reshapes_step_inputs_and_answers() -> None:
+    plan = EnsemblePlan.build("e", ["IN"], ["OUT"], [
+        EnsembleStep("batching", -1, {"X": "IN"}, {"Y": "mid"}),
+        EnsembleStep("plain", -1, {"X": "mid"}, {"Y": "OUT"}),
+    ]).shaped(False, {"OUT": (1,)}, [(True, {"X": (1,)}), (False, {"X": (1,)})])
+    assert plan.step_input_shape(0, "X", (1,)) == (1, 1)  # the ensemble does not batch
+    assert plan.step_input_shape(1, "X", (1, 1)) == (1,)  # written by a batching model
+    assert plan.output_shape("OUT", (1,)) == (1,)

@@ -466,3 +466,59 @@ def test_oldest_stops_a_batch_at_a_differing_shape() -> None:
     policy.instance_ready(0, 0.002)
     poll = policy.poll(0.002)
     assert poll.decisions == [] and poll.wake_at is not None  # alone: waits for the delay
+
+
+def test_a_retired_instance_keeps_its_sequences_until_they_end() -> None:
+    """A reload that changes only the instance groups (Triton's sequence batcher Update): a
+    retired instance takes no new sequence, keeps the ones in its slots until their END, and
+    is then no longer held; a new sequence goes to the added instance, and a backlogged one
+    takes an added instance's slot at once."""
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=1, max_batch_size=1,
+                                idle_us=10_000_000)
+    policy = SequencePolicy[Req](schedule, 1, model="m")
+    policy.instance_ready(0, 0.0)
+    policy.arrive(Req(1, True, False, 1, None), 0.0)
+    [first] = policy.poll(0.0).decisions
+    assert isinstance(first, Dispatch) and first.instance == 0
+    policy.instance_ready(0, 0.1)
+    policy.arrive(Req(2, True, False, 1, None), 0.1)  # every slot taken: backlog
+    assert policy.backlog() == [2]
+    policy.retire_instance(0)
+    policy.add_instance(1)
+    assert policy.backlog() == [] and policy.place_of(2) == (1, 0)
+    assert policy.holds(0)
+    policy.instance_ready(1, 0.2)
+    policy.arrive(Req(1, False, True, 1, None), 0.2)  # sequence 1 ends where it lives
+    batches = [d for d in policy.poll(0.2).decisions if isinstance(d, Dispatch)]
+    assert sorted(b.instance for b in batches) == [0, 1]
+    assert not policy.holds(0)  # its last sequence is over: it may go
+    policy.instance_ready(0, 0.3)
+    policy.instance_ready(1, 0.3)
+    policy.arrive(Req(3, True, False, 1, None), 0.3)  # no slot: never the retired one
+    policy.poll(0.3)
+    assert policy.place_of(3) is None and policy.backlog() == [3]
+
+
+def test_iterative_requeue_keeps_the_slot_and_completion_ends_the_sequence() -> None:
+    """Iterative sequences (Triton's IterativeSequencer): a rescheduled request runs again in
+    its sequence's slot; once a request completes without being rescheduled, the sequence
+    ends and its slot (state released) goes to the next sequence."""
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=1, max_batch_size=1,
+                                idle_us=10_000_000, iterative=True)
+    policy = SequencePolicy[Req](schedule, 1, model="m")
+    policy.instance_ready(0, 0.0)
+    first = Req(7, True, False, 1, None)
+    policy.arrive(first, 0.0)
+    policy.arrive(Req(8, True, False, 1, None), 0.0)  # waits in the backlog
+    [run] = policy.poll(0.0).decisions
+    assert isinstance(run, Dispatch) and run.items == (first,)
+    policy.instance_ready(0, 0.1)
+    policy.requeue(first, 0.1)  # the model rescheduled it
+    [again] = policy.poll(0.1).decisions
+    assert isinstance(again, Dispatch) and again.items == (first,)
+    assert again.rows is not None and again.rows[0].start is False  # its state is kept
+    policy.instance_ready(0, 0.2)
+    policy.end_sequence(7)  # it completed
+    decisions = policy.poll(0.2).decisions
+    assert [type(d) for d in decisions] == [Release, Dispatch]  # state dropped, then 8 runs
+    assert policy.place_of(8) == (0, 0)

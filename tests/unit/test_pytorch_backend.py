@@ -204,3 +204,28 @@ def test_every_numeric_datatype_round_trips(tmp_path: Path, datatype: str) -> No
     out = instance.execute({"INPUT__0": readonly}, ["OUTPUT__0"])["OUTPUT__0"]
     assert out.dtype == dt.numpy_dtype
     np.testing.assert_array_equal(out, raw)
+
+
+def test_torch_imports_after_a_protobuf_serialization(tmp_path: Path) -> None:
+    """L0_decoupled: serializing a message with betterproto's Rust codec leaves a module named
+    '' in sys.modules, on which torch's import fails ("<module ''> is a built-in module");
+    the backend makes it harmless before importing torch (a fresh process: torch not imported
+    yet), and the codec goes on working."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    script = (
+        "import sys\n"
+        "from nursery.schema import inference as pb\n"
+        "bytes(pb.ModelInstanceGroup(name='g', count=2))\n"
+        "from nursery.backends import pytorch\n"
+        "torch = pytorch._torch()\n"
+        "assert torch.library is not None\n"
+        "bytes(pb.ModelInstanceGroup(name='h', count=3))  # the codec still serializes\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(root)},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr

@@ -12,8 +12,40 @@ def test_triton_tuning_flags_used_by_its_qa_scripts_are_accepted_and_reported():
                                    "--grpc-infer-response-compression-level=high",
                                    "--model-load-retry-count=1"])
     assert {"--http-thread-count", "--grpc-infer-allocation-pool-size", "--enable-peer-access",
-            "--min-supported-compute-capability", "--grpc-infer-response-compression-level",
-            "--model-load-retry-count"} <= set(settings.inactive)
+            "--min-supported-compute-capability"} <= set(settings.inactive)
+
+
+def test_triton_start_flags_are_read():
+    """--model-config-name, --reuse-*-port, --grpc-infer-response-compression-level and
+    --model-load-retry-count take effect; --model-namespacing=true is reported not active."""
+    import pytest
+
+    from nursery.settings import FlagError, settings_from_args
+
+    settings = settings_from_args([
+        "--model-config-name=h100", "--reuse-http-port=true", "--reuse-grpc-port",
+        "--grpc-infer-response-compression-level=medium", "--model-load-retry-count=3",
+        "--model-namespacing=false"])
+    assert settings.model_config_name == "h100"
+    assert settings.reuse_http_port and settings.reuse_grpc_port
+    assert settings.grpc_response_compression == "medium"
+    assert settings.model_load_retry_count == 3
+    assert "--model-namespacing" not in settings.inactive  # false is what nursery does
+    assert "--model-namespacing" in settings_from_args(["--model-namespacing=true"]).inactive
+    for bad in (["--model-config-name=a b"], ["--model-load-retry-count=-1"],
+                ["--grpc-infer-response-compression-level=max"]):
+        with pytest.raises(FlagError):
+            settings_from_args(bad, raise_errors=True)
+
+
+def test_config_file_prefers_the_custom_name(tmp_path):
+    from nursery.config.model import config_file
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "h100.pbtxt").write_text("")
+    assert config_file(tmp_path, "h100") == "configs/h100.pbtxt"
+    assert config_file(tmp_path, "a100") == "config.pbtxt"
+    assert config_file(tmp_path) == "config.pbtxt"
 
 
 def test_deprecated_strict_model_config_warns_in_tritons_words():
@@ -32,3 +64,4 @@ def test_deprecated_strict_model_config_warns_in_tritons_words():
         deprecated, "Warning: Overriding deprecated '--strict-model-config' from False to True "
         "in favor of '--disable-auto-complete-config'!")
     assert not settings.auto_complete
+

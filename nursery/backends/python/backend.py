@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from nursery.backends.base import drop_bogus_module
 from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
 from nursery.backends.python.environment import environment_path, interpreter_for
@@ -57,7 +58,7 @@ from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import PYTHON_BASED_RUNTIME, ModelConfig
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
-from nursery.messages import InferWork, Part
+from nursery.messages import InferWork, Part, Rescheduled
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import bind_context, current_context, current_token
 from nursery.schema import inference as pb
@@ -104,6 +105,7 @@ def _model_file(config_filename: str, version_path: Path) -> Path:
 def import_model(path: Path, model_name: str) -> ModuleType:
     """A fresh copy of ``model.py`` (its folder is on ``sys.path`` for sibling imports)."""
     register_utils()
+    drop_bogus_module()  # a model may import torch, which walks sys.modules
     if not path.exists():
         raise ConfigError(f"model '{model_name}': unable to find '{path}'")
     folder = str(path.parent)
@@ -156,6 +158,8 @@ class PythonInstance:
         self.model_name = config.name
         self.instance_name = name
         self.decoupled = config.decoupled
+        # iterative_sequence: a request the model releases with the RESCHEDULE flag runs again
+        self.iterative = config.sequence is not None and config.sequence.schedule.iterative
         # how a sender's answer reaches the requester: the trio token on the server; in a
         # stub process, a stand-in that sends it on the channel
         self._token = token if token is not None else current_token()
@@ -295,7 +299,8 @@ class PythonInstance:
         rules refuse fails every request of the call that is not answered yet."""
         try:
             result = self._call_execute(requests, senders)
-            return self._answers(result, senders, originals)
+            return self._released(requests, senders, result,
+                                  self._answers(result, senders, originals))
         except Exception as exc:
             error = self._failure(exc)
             log.error("%s", error.message)  # Triton logs it too (an error path, not the hot one)
@@ -303,6 +308,34 @@ class PythonInstance:
         finally:
             for sender in senders:
                 sender.returned = True
+
+    def _released(self, requests: list[pb_utils.InferenceRequest],
+                  senders: list[ResponseSender], result: Any, answers: list[Any]) -> list[Any]:
+        """The answers, with the requests the model released with the RESCHEDULE flag marked
+        :class:`Rescheduled` (they run again; Triton's rules and messages for the rest)."""
+        if not any(r._rescheduled() for r in requests):
+            return answers
+        out = []
+        for i, (request, sender, answer) in enumerate(zip(requests, senders, answers,
+                                                          strict=True)):
+            error = None
+            if not request._rescheduled():
+                out.append(answer)
+                continue
+            if not self.iterative:
+                error = InternalError(
+                    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while "
+                    "the model is not configured to handle such a flag.")
+            elif not self.decoupled and result is not None and result[i] is not None:
+                error = InternalError("Expected a None object in the execute function return "
+                                      "list for reschduled request")  # Triton's words, spelling
+            if error is None:
+                out.append(Rescheduled())
+            elif self.decoupled:
+                out.append(sender.fail(error))  # unless the model's sender finished it
+            else:  # instead of the response the model returned for it
+                out.append(error)
+        return out
 
     def _answers(self, result: Any, senders: list[ResponseSender],
                  originals: list[InferenceRequest]) -> list[Any]:

@@ -556,7 +556,13 @@ class InferenceRequest:
         return self._sender is not None and self._sender.is_cancelled()
 
     def set_release_flags(self, flags: int) -> None:
-        """Accepted for compatibility; requests are released when execute returns."""
+        """How the request is released when execute returns:
+        ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` sends it back to the sequence batcher to
+        run again (a model with ``sequence_batching { iterative_sequence: true }`` only)."""
+        self._release_flags = int(flags)
+
+    def _rescheduled(self) -> bool:
+        return bool(getattr(self, "_release_flags", 0) & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
     # -- BLS ---------------------------------------------------------------------------------
 

@@ -861,9 +861,9 @@ class H2Server:
         log.error("gRPC internal error in %s: %s", where, describe(exc))
         log.debug("gRPC internal error in %s", where, exc_info=exc)
 
-    async def serve(self, host: str, port: int,
+    async def serve(self, host: str, port: int, reuse_port: bool = False,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners, binds = await open_listeners(host, port, self.tls)
+        listeners, binds = await open_listeners(host, port, self.tls, reuse_port)
         async with trio.open_nursery() as connections:
             with trio.CancelScope() as self._accepting:
                 task_status.started(binds)

@@ -60,6 +60,11 @@ OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
 _UNQUOTED = "".join(chr(i) for i in range(0x20, 0x7F) if chr(i) != "%")
 _SPECIAL = {"te", "content-type", "user-agent"}
 _INFLATE_STEP = 1024 * 1024  # the most one decompress() call may produce
+# --grpc-infer-response-compression-level: the zlib level of the gzip'd infer responses
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
+_COMPRESSED_RPCS = {"/inference.GRPCInferenceService/ModelInfer",
+                    "/inference.GRPCInferenceService/ModelStreamInfer"}
+GZIP_HEAD = HEAD + encode_headers([(b"grpc-encoding", b"gzip")])
 
 
 def status_headers(status: Status, message: str | None) -> list[tuple[bytes, bytes]]:
@@ -123,8 +128,10 @@ class Call:
 
     def __init__(self, stream: Stream, handler: grpclib.const.Handler, codec: StrictProtoCodec,
                  encoding: str, metadata: dict[str, str], deadline: float | None,
-                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE) -> None:
+                 max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE, compress: int = 0) -> None:
         self.stream = stream
+        self.compress = compress  # zlib level of the replies (gzip); 0: not compressed
+        self.head = GZIP_HEAD if compress else HEAD
         self.handler = handler
         self.codec = codec
         self.max_input = max_input
@@ -185,7 +192,7 @@ class Call:
     async def send_initial_metadata(self, *, metadata: Any = None) -> None:
         if self.head_sent:
             raise grpclib.exceptions.ProtocolError("Initial metadata was already sent")
-        block = HEAD
+        block = self.head
         if metadata:
             block += encode_headers([(k.encode(), v.encode()) for k, v in dict(metadata).items()])
         self.head_sent = True
@@ -193,7 +200,12 @@ class Call:
 
     async def send_message(self, message: Any) -> None:
         data = self.codec.encode(message, self.handler.reply_type)
-        framed = b"\x00" + len(data).to_bytes(4, "big") + data
+        if self.compress:
+            packer = zlib.compressobj(self.compress, zlib.DEFLATED, 31)  # gzip
+            data = packer.compress(data) + packer.flush()
+            framed = b"\x01" + len(data).to_bytes(4, "big") + data
+        else:
+            framed = b"\x00" + len(data).to_bytes(4, "big") + data
         if not self.handler.cardinality.server_streaming:
             if self.reply is not None:
                 raise grpclib.exceptions.ProtocolError("Message was already sent")
@@ -217,7 +229,7 @@ class Call:
             headers += [(k.encode(), v.encode()) for k, v in dict(metadata).items()]
         trailers = encode_headers(headers)
         if self.reply is not None and status is Status.OK:
-            await self.stream.send_response(HEAD, self.reply, trailers)
+            await self.stream.send_response(self.head, self.reply, trailers)
         elif self.head_sent:
             await self.stream.send_headers(trailers, end_stream=True)
         else:  # Trailers-Only
@@ -253,8 +265,9 @@ class GrpcApp:
 
     def __init__(self, services: Iterable[Any], codec: StrictProtoCodec,
                  max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE,
-                 restrictions: Restrictions = OPEN) -> None:
+                 restrictions: Restrictions = OPEN, compression: str = "none") -> None:
         self.mapping: dict[str, grpclib.const.Handler] = {}
+        self.compress = COMPRESSION_LEVELS[compression]  # infer replies, gzip, this level
         for service in services:
             self.mapping.update(service.__mapping__())
         self.codec = codec
@@ -296,8 +309,12 @@ class GrpcApp:
                 return
         metadata = {k: v for k, v in stream.headers
                     if not k.startswith((":", "grpc-")) and k not in _SPECIAL}
+        compress = 0  # infer replies are compressed when asked for and the client takes gzip
+        if self.compress and path in _COMPRESSED_RPCS and "gzip" in (
+                e.strip() for e in headers.get("grpc-accept-encoding", "").split(",")):
+            compress = self.compress
         call = Call(stream, handler, self.codec, headers.get("grpc-encoding", "identity"),
-                    metadata, deadline, self.max_input)
+                    metadata, deadline, self.max_input, compress)
         status, message = Status.OK, None
         try:
             with trio.move_on_at(deadline if deadline is not None else float("inf")) as scope:
@@ -373,12 +390,12 @@ async def serve_lean(
     options = settings if settings is not None else Settings(model_repositories=())
     inference = InferenceService(core, draining, options.grpc_forward)
     app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size,
-                  options.grpc_restrictions)
+                  options.grpc_restrictions, options.grpc_response_compression)
     server = h2_server_for(app, options, tls)
     server.faults = core.faults  # counted in nursery_internal_errors_total{unit="grpc"}
     inference.on_internal_error = server.internal_error
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(server.serve, host, port)
+        binds = await nursery.start(server.serve, host, port, options.reuse_grpc_port)
         task_status.started(binds)
         try:
             await shutdown.wait()

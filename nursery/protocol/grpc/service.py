@@ -9,7 +9,8 @@ trio once per call (``grpclib_server.py``). Errors become gRPC statuses in one p
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import betterproto
@@ -18,6 +19,7 @@ import grpclib.const
 import grpclib.server
 import trio
 
+from nursery.actors.mailbox import OneShot
 from nursery.actors.model_client import stream_decoupled
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
@@ -51,6 +53,26 @@ def log_internal_error(where: str, exc: BaseException) -> None:
 
 def _status(error: NurseryError) -> grpclib.GRPCError:
     return grpclib.GRPCError(grpclib.const.Status(GRPC_STATUS[error.kind]), error.message)
+
+
+class _StreamSlot(OneShot):
+    """The reply slot of one request of a stream: it notes when its answer came, so the
+    stream writes answers in the order they came (the answers of one batch in the batch's
+    order, as Triton's stream does), whichever request's task wakes first."""
+
+    __slots__ = ("_arrivals", "delivered", "finished", "message")
+
+    def __init__(self, arrivals: deque[_StreamSlot]) -> None:
+        super().__init__()
+        self._arrivals = arrivals
+        self.delivered = False  # its answer came through the slot (not a cache hit, ...)
+        self.finished = False  # its task has its message ready (or nothing to write)
+        self.message: bytes | None = None
+
+    def send_nowait(self, value: Any) -> None:
+        super().send_nowait(value)  # raises when nobody takes it: then nothing to order
+        self.delivered = True
+        self._arrivals.append(self)
 
 
 def _grpc_error_mode(stream: Any) -> bool:
@@ -229,6 +251,26 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             async with lock:
                 await send(message)
 
+        # answers that came through their requests' slots, in the order they came: each is
+        # written once its own task has encoded it and every answer before it is written
+        arrivals: deque[_StreamSlot] = deque()
+
+        def new_slot() -> _StreamSlot:
+            return _StreamSlot(arrivals)
+
+        async def answer(slot: OneShot, message: bytes | None) -> None:
+            if not isinstance(slot, _StreamSlot) or not slot.delivered:
+                if message is not None:  # no answer came through it (a cache hit, ...)
+                    await reply(message)
+                return
+            slot.message = message
+            slot.finished = True
+            async with lock:
+                while arrivals and arrivals[0].finished:
+                    head = arrivals.popleft()
+                    if head.message is not None:
+                        await send(head.message)
+
         shm = self.core.shm
 
         def unexpected(exc: Exception) -> bytes:
@@ -236,10 +278,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             self.on_internal_error("a ModelStreamInfer request", exc)
             return encode_stream_response(None, INTERNAL_MESSAGE)
 
-        async def finish(work: Any, answer: Any, handle: Any, outputs: Any) -> None:
+        async def finish(work: Any, answer_slot: Any, handle: Any, outputs: Any) -> None:
             message: bytes | None
             try:
-                response = await self.core.client.wait(work, answer, handle)
+                response = await self.core.client.wait(work, answer_slot, handle)
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
@@ -248,25 +290,20 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 message = unexpected(exc)
             finally:
                 self.draining.leave()
-            if message is not None:
-                await reply(message)
+            await answer(answer_slot, message)
 
         # a traceparent in the stream's metadata parents every request the stream carries
         tracer = self.core.tracer
         traceparent = _traceparent(stream) if tracer.active else ""
 
-        async def infer(request: Any, handle: Any, outputs: Any, trace: Any,
-                        checked: Any) -> None:
-            """The full path (cache, tracing); ``checked``: the ``(work, answer)`` of a request
-            the loop already checked (``triton_grpc_error`` mode tells its refusal, raised
-            there, from its failure, raised here), else None and the core checks it."""
+        async def infer(handle: Any, outputs: Any, trace: Any, answer_slot: OneShot,
+                        pending: Awaitable[Any]) -> None:
+            """The full path (cache, tracing): ``pending``, the request's answer, which the
+            loop checked and queued (a refusal is raised there, a failure here, as
+            ``triton_grpc_error`` mode tells them apart)."""
             message: bytes | None
             try:
-                if checked is None:
-                    response = await self.core.infer(request, handle)
-                else:
-                    work, answer = checked
-                    response = await self.core.client.run(work, answer, handle)
+                response = await pending
                 message = encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
@@ -277,8 +314,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                 self.draining.leave()
                 if trace is not None:
                     trace.finish()
-            if message is not None:
-                await reply(message)
+            await answer(answer_slot, message)
 
         async def decoupled(request: Any, handle: Any) -> None:
             try:
@@ -296,15 +332,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
         with closing:
             await self._serve_stream(receive, reply, unexpected, infer, decoupled, finish,
-                                     traceparent, grpc_error, _forwarded(self.forward, stream))
+                                     traceparent, new_slot, _forwarded(self.forward, stream))
         if failure:  # ends the stream: grpc-status and message, as Triton's Finish(status)
             raise _status(failure[0])
 
     async def _serve_stream(self, receive: Any, reply: Any, unexpected: Any, infer: Any,
                             decoupled: Any, finish: Any, traceparent: str,
-                            check_first: bool,
+                            new_slot: Callable[[], OneShot],
                             forwarded: dict[str, str] | NurseryError | None = None) -> None:
-        """Read the stream's requests, check and queue each in order, answer as they end."""
+        """Read the stream's requests, check and queue each in order, answer in the order
+        the answers come (``new_slot``: each request's reply slot)."""
         shm = self.core.shm
         tracer = self.core.tracer
         in_flight = trio.Semaphore(MAX_STREAM_IN_FLIGHT)
@@ -342,24 +379,25 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                         nursery.start_soon(bounded, decoupled, request, handle)
                         continue
                     outputs = grpc_codec.decode_shm_outputs(message, shm)
-                    if handle.config.sequence is None:  # no order to keep: the full path
-                        # (cache, tracing), after the checks
+                    if handle.config.sequence is None:  # the full path (cache, tracing),
+                        # queued here after the checks, in order
                         trace = None
                         if traceparent and tracer.active:  # else the core samples it
                             trace = tracer.start(handle.name, traceparent)
                             request.trace = trace or False
-                        checked = None
-                        if check_first:
-                            try:
-                                checked = self.core.client.submit(request, handle, queue=False)
-                            except BaseException:
-                                if trace is not None:
-                                    trace.finish()
-                                raise
-                        nursery.start_soon(bounded, infer, request, handle, outputs, trace,
-                                           checked)
+                        try:
+                            work, slot = self.core.client.submit(request, handle, queue=False,
+                                                                 slot=new_slot())
+                            # queued here, in the order the stream carries them (Triton's)
+                            pending = self.core.client.start(work, slot, handle)
+                        except BaseException:
+                            if trace is not None:
+                                trace.finish()
+                            raise
+                        nursery.start_soon(bounded, infer, handle, outputs, trace, slot,
+                                           pending)
                         continue
-                    work, answer = self.core.client.submit(request, handle)
+                    work, answer = self.core.client.submit(request, handle, slot=new_slot())
                 except NurseryError as error:
                     self.draining.leave()
                     nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))

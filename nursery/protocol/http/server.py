@@ -240,9 +240,9 @@ class HttpServer:
     def open_connections(self) -> int:
         return len(self._connections)
 
-    async def serve(self, host: str, port: int,
+    async def serve(self, host: str, port: int, reuse_port: bool = False,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners, binds = await open_listeners(host, port, self.tls)
+        listeners, binds = await open_listeners(host, port, self.tls, reuse_port)
         async with trio.open_nursery() as connections:
             sweeper = trio.CancelScope()
             connections.start_soon(self._sweep, sweeper)
