@@ -237,7 +237,7 @@ def test_python_models_ensembles_and_version_policies_from_a_bucket(
     staged = tmp_path / "staged"
     for name in ("py_add_sub", "ens_add_sub_py"):
         shutil.copytree(ROOT / "tests" / "models" / name, staged / name)
-    make_models.write_add_sub(staged)
+    make_models.write_add_sub(staged, max_batch_size=64)  # the ensemble allows 64 (Triton: a step must too)
     for version in (2, 3):
         shutil.copytree(staged / "add_sub" / "1", staged / "add_sub" / str(version))
     config = staged / "add_sub" / "config.pbtxt"
