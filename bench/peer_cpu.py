@@ -119,7 +119,9 @@ def attach(folder: Path) -> str:
                              r["concurrency"]), []).append(r)
     cpu: dict[tuple[str, ...], list[float]] = {}
     for log in sorted((folder / "raw").glob("*.log")):
-        server, batching, proto, model, conc, hms = log.stem.split("_")
+        # server_batching_protocol_<model>_c<N>_HHMMSS: the model's name may hold "_"
+        server, batching, proto, rest = log.stem.split("_", 3)
+        model, conc, hms = rest.rsplit("_", 2)
         end = dt.datetime.fromtimestamp(log.stat().st_mtime)
         start = end.replace(hour=int(hms[:2]), minute=int(hms[2:4]), second=int(hms[4:6]))
         if start > end:
