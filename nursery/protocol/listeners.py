@@ -34,24 +34,13 @@ class PlainStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        raw, total = self._raw, len(data)
-        try:
-            sent = raw.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:
-            raise _translated(exc) from exc
+        sent, total = self.try_send(data), len(data)
         if sent >= total:
             return
         view = memoryview(data)
         while sent < total:
             await trio.lowlevel.wait_writable(self._fd)
-            try:
-                sent += raw.send(view[sent:])
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise _translated(exc) from exc
+            sent += self.try_send(view[sent:])
 
     def try_send(self, data: bytes | bytearray | memoryview) -> int:
         """Send what the socket takes now, without waiting: the bytes sent (0 when full)."""

@@ -298,7 +298,8 @@ class Connection:
         self.out_drained = trio.Event()  # set (and replaced) whenever ``out`` has been sent
         self.writer_busy = False
         self.writer_gone = False
-        self.direct = isinstance(sock, PlainStream)  # a clear-text socket can be tried at once
+        # a clear-text socket's send without waiting (None: TLS, every write goes to ``writer``)
+        self.try_send = sock.try_send if isinstance(sock, PlainStream) else None
         self.decoder = HeaderDecoder(server.max_header_list)
         self.streams: dict[int, Stream] = {}
         self.last_id = 0  # highest client stream id seen
@@ -331,10 +332,11 @@ class Connection:
         ``flush``; then it returns once its frames are sent."""
         if self.broken or self.writer_gone:
             raise trio.BrokenResourceError("the connection can send nothing more")
-        if self.direct and not self.out and not self.writer_busy and len(self.streams) <= 1:
+        if (self.try_send is not None and not self.out and not self.writer_busy
+                and len(self.streams) <= 1):
             # one stream: nothing could share the send, so it goes now, without the writer's
             # wake (what the socket does not take now is queued for the writer)
-            sent = self.sock.try_send(data)  # type: ignore[union-attr]
+            sent = self.try_send(data)
             if sent == len(data):
                 return
             data = bytes(memoryview(data)[sent:])
