@@ -204,12 +204,12 @@ class ProcessInstance:
     def healthy(self) -> bool:
         """The stub is up (False from its death until the next batch starts it again; the
         process is asked too, as Triton asks, so a stub killed a moment ago reads dead before
-        its reader thread has seen the socket close)."""
+        its reader has seen the socket close)."""
         return not self.dead and not self._starting and not self._exited()
 
     def _exited(self) -> bool:
         """The stub process has ended (looked at without reaping it, so no lock is shared
-        with the reader thread, which may be waiting for it right now)."""
+        with the thread that reaps it after its death, which may be waiting for it now)."""
         if self.process.returncode is not None:
             return True
         try:
@@ -312,9 +312,7 @@ class ProcessInstance:
         except trio.Cancelled:  # the server's run is ending: nobody waits for the stub
             raise
         except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
-            log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
-                          self.instance_name)
-            self._terminate()
+            self._unreadable()
         # the death's bookkeeping waits for the process: on a thread of its own
         threading.Thread(target=self._died, args=(channel, control),
                          name=f"{self.instance_name}-stub-died", daemon=True).start()
@@ -327,18 +325,22 @@ class ProcessInstance:
         except ChannelClosed:
             pass
         except Exception:  # noqa: BLE001 - a garbled message: the stub is not trusted further
-            log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
-                          self.instance_name)
-            self._terminate()
+            self._unreadable()
         self._died(channel, control)
+
+    def _unreadable(self) -> None:
+        """The stub sent what cannot be read (called in the handler): it is ended."""
+        log.exception("model '%s': instance %s sent what cannot be read", self.model_name,
+                      self.instance_name)
+        self._terminate()
 
     def _dispatch(self, channel: Channel, control: queue.SimpleQueue[tuple[Any, ...]],
                   message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "result":
             self._finish(message[1], message[2])
-        elif kind == "part":
-            self._part(message[1], message[2], message[3])
+        elif kind == "part":  # one response a model's sender sent
+            self._parts([message[1:4]])
         elif kind == "parts":  # a coalesce_responses() block: one wake for the lot
             self._parts(message[1])
         elif kind == "ready_answer":
@@ -464,15 +466,6 @@ class ProcessInstance:
                 self.channel.send(*message)
             except ChannelClosed:
                 pass
-
-    def _part(self, batch: int, index: int, answer: Any) -> None:
-        """A response a model's sender sent: straight on to the requester."""
-        final = not isinstance(answer, Part) or answer.final
-        with self._lock:
-            work = self._open.pop((batch, index), None) if final else self._open.get(
-                (batch, index))
-        if work is not None:
-            self._soon(mailbox.tell, work.reply, answer)
 
     def _parts(self, parts: list[tuple[int, int, Any]]) -> None:
         """Responses the model's senders sent together: on to their requesters, in order, in
@@ -610,7 +603,7 @@ class ProcessInstance:
         return batch
 
     def _finish(self, batch: int, answers: list[Any] | _Dead) -> None:
-        """A batch's answers (from the reader thread), or its stub's death: one answer per
+        """A batch's answers (from the stub's reader), or its stub's death: one answer per
         request, ``None`` where the model's sender answers (or will), to where they go."""
         with self._lock:
             started = self._started.pop(batch, None)
