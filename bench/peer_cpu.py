@@ -109,6 +109,12 @@ def sample(path: Path) -> None:
             time.sleep(1.0)
 
 
+def _middle(values: list[float]) -> float | None:
+    """The median run (the upper one of an even count), or None without runs."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
 def attach(folder: Path) -> str:
     samples = [json.loads(line) for line in (folder / "cpu.jsonl").read_text().splitlines()
                if line.strip()]
@@ -137,21 +143,18 @@ def attach(folder: Path) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
 
     def rate(key: tuple[str, ...]) -> float | None:
-        ok = [float(r["infer_per_s"]) for r in rows.get(key, []) if r["infer_per_s"]]
-        return sorted(ok)[len(ok) // 2] if ok else None
+        return _middle([float(r["infer_per_s"]) for r in rows.get(key, []) if r["infer_per_s"]])
 
     def used(key: tuple[str, ...]) -> float | None:
-        got = sorted(cpu.get(key, []))
-        return got[len(got) // 2] if got else None
+        return _middle(cpu.get(key, []))
+
+    def show(x: float | None, fmt: str) -> str:
+        return format(x, fmt) if x is not None else "-"
 
     for key in sorted(k for k in rows if k[0] == "nursery"):
         _, batching, proto, model, conc = key
         peer = ("triton", *key[1:])
         n, t, nc, tc = rate(key), rate(peer), used(key), used(peer)
-
-        def show(x: float | None, fmt: str) -> str:
-            return format(x, fmt) if x is not None else "-"
-
         lines.append(f"| {proto} | {model} | {conc} | {batching} | {show(n, '.0f')} | "
                      f"{show(t, '.0f')} | {show(n / t if n and t else None, '.2f')} | "
                      f"{show(nc, '.0f')} | {show(tc, '.0f')} | "

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import PERF_ANALYZER, ServerProcess, make_models  # noqa: E402
+from tests.conftest import PERF_ANALYZER, ServerProcess, free_port, make_models  # noqa: E402
 
 CPU_MODEL = '''
 import time
@@ -174,17 +174,12 @@ class TritonProcess:
 
     def __init__(self, repo: Path, work: Path) -> None:
         import glob
-        import socket
 
         venv = Path("/tmp/anchors-venv-pytriton")
         found = glob.glob(str(venv / "lib/python3*/site-packages/pytriton/tritonserver"))
         if not found:
             raise SystemExit("no Triton: run `bash ../shared/bench/setup_envs.sh pytriton` first")
-        ports = []
-        for _ in range(3):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
+        ports = [free_port() for _ in range(3)]
         self.http_port = ports[0]
         script = ROOT.parent / "shared/bench/triton_pybackend/start_tritonserver.sh"
         self.log = (work / "triton.log").open("wb")
