@@ -32,6 +32,16 @@ def _fp32(*values: float) -> list[httpclient.InferInput]:
     return [item]
 
 
+def _ended(pid: int) -> bool:
+    """The process has ended: reaped, or a zombie. (An exiting process's cmdline reads empty a
+    moment before it ends, so a process missing from ``_stubs`` may not have ended yet.)"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def _stubs(server: ServerProcess) -> set[int]:
     """The server's stub processes (its children running the stub module)."""
     found = set()
@@ -192,7 +202,7 @@ def test_a_stub_found_by_its_name_and_killed(tmp_path: Path, start_server: type[
     http = httpclient.InferenceServerClient(server.url, network_timeout=60)
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     deadline = time.monotonic() + 60
-    while stub in _stubs(server):  # until it is gone (or a zombie the server reaps)
+    while not _ended(stub):  # until it is gone or a zombie the server reaps
         assert time.monotonic() < deadline, "the stub outlived its signal"
         time.sleep(0.05)
     assert not http.is_model_ready("py_crash")
