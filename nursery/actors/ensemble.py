@@ -31,6 +31,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
+from itertools import count
+from operator import itemgetter
 from typing import Any
 
 import trio
@@ -301,11 +303,29 @@ async def run(
         log.info("Ensemble model '%s' configured with max_inflight_requests: %d", plan.name,
                  plan.max_inflight)
     scopes: dict[int, trio.CancelScope] = {}  # id(work) -> the scope of its flow
-    closing = False
+    # answers finished in one scheduling round leave in the order their requests came: trio
+    # wakes the tasks a batch's answers woke in either order, so each finished answer waits
+    # here for the round to end (a stream's answers keep its order, as in Triton)
+    finished: list[tuple[int, InferWork, Any]] = []
+    wake, woken = trio.open_memory_channel[None](math.inf)
+    arrivals = count()
+
+    def finish(arrival: int, work: InferWork, answer: Any) -> None:
+        if not finished:
+            wake.send_nowait(None)
+        finished.append((arrival, work, answer))
+
+    async def answer_in_order() -> None:
+        async for _ in woken:
+            finished.sort(key=itemgetter(0))
+            for _arrival, work, answer in finished:
+                _answer(work, answer)
+            finished.clear()
 
     async def serve(work: InferWork,
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         answer: Any
+        arrival = next(arrivals)
         # started at once: this task goes on to queue its first steps before its first
         # wait, and only then does the loop take the next request, so the steps of
         # successive requests reach each model in the order the requests came (a stream's
@@ -340,8 +360,20 @@ async def run(
                 compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
                 finished_ms=time.time_ns() // 1_000_000))
         if answer is not None:
-            _answer(work, answer)
+            finish(arrival, work, answer)
 
+    async with trio.open_nursery() as answering:
+        answering.start_soon(answer_in_order)
+        async with wake:
+            await _intake(inbox, serve, scopes, stats, plan, task_status)
+
+
+async def _intake(inbox: trio.MemoryReceiveChannel[Any], serve: Callable[..., Any],
+                  scopes: dict[int, trio.CancelScope], stats: StatsAccumulator,
+                  plan: EnsemblePlan, task_status: trio.TaskStatus[None]) -> None:
+    """Take the inbox's messages until every sender is gone; then wait for the requests in
+    flight."""
+    closing = False
     async with inbox, trio.open_nursery() as requests:
         task_status.started()
         async for message in inbox:
