@@ -110,6 +110,36 @@ class OneShot:
         self.close_receiver()
 
 
+class CallbackShot(OneShot):
+    """A reply slot whose answer is handed to ``on_answer`` at once, on the trio thread, by
+    whoever answers (no task waits for it): the sender's side and meanings are OneShot's. A
+    sender that closes without answering hands ``on_answer`` the ``closed`` value instead.
+    ``on_answer`` must not raise: the answering actor is running it."""
+
+    __slots__ = ("_on_answer", "_closed")
+
+    def __init__(self, on_answer: Callable[[Any], None], closed: Any) -> None:
+        super().__init__()
+        self._on_answer = on_answer
+        self._closed = closed
+
+    def send_nowait(self, value: Any) -> None:
+        if self._send_closed:
+            raise trio.ClosedResourceError
+        if not self.open_receive_channels:
+            raise trio.BrokenResourceError
+        self.open_receive_channels = 0  # answered: nothing more is taken
+        self._on_answer(value)
+
+    def close(self) -> None:
+        if self._send_closed:
+            return
+        self._send_closed = True
+        if self.open_receive_channels:
+            self.open_receive_channels = 0
+            self._on_answer(self._closed)
+
+
 def answer(reply: Any, value: Any, *, close: bool = False) -> bool:
     """Reply on a request's reply channel; ``False`` when nobody waits for the answer any more.
     ``close`` closes the reply channel afterwards (a one-shot answer)."""

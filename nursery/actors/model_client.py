@@ -22,8 +22,8 @@ import trio
 
 from nursery.actors import mailbox
 from nursery.actors.directory import Directory, ModelHandle
-from nursery.actors.mailbox import OneShot
-from nursery.errors import InvalidArgument, NurseryError
+from nursery.actors.mailbox import CallbackShot, OneShot
+from nursery.errors import InternalError, InvalidArgument, NurseryError
 from nursery.execution.admission import make_work
 from nursery.messages import (
     CacheInsert,
@@ -134,6 +134,47 @@ class ModelClient:
             self._queue(work, handle)
         return work, slot
 
+    def dispatch(self, request: InferenceRequest, handle: ModelHandle,
+                 on_answer: Callable[[Any], None]) -> Callable[[], None] | None:
+        """Check and queue a request whose answer (an InferenceResponse or a NurseryError)
+        goes to ``on_answer`` on the trio thread when the model answers: no task waits for it
+        (a frontend's fast path). Returns the function that abandons the request (its client
+        went away), or None when it cannot be sent so: it needs the response cache or
+        tracing, which :meth:`infer` serves. A refusal raises, nothing queued."""
+        if (self.cache is not None and handle.config.uses_response_cache) \
+                or request.trace or self.tracer.active:
+            return None
+        name = handle.name
+        pending = [True]
+
+        def answered(value: Any) -> None:
+            if pending[0]:
+                pending[0] = False
+                self._left(name)
+            on_answer(value)
+
+        slot = CallbackShot(answered, InternalError(
+            f"model '{name}' stopped without answering a request"))
+        work = make_work(request, handle.config, slot)
+        self._queue(work, handle)
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+
+        def abandon() -> None:
+            if pending[0]:
+                pending[0] = False
+                self._left(name)
+                slot.close_receiver()
+                handle.cancel(work)  # drop it from the queue now rather than at dispatch
+
+        return abandon
+
+    def _left(self, name: str) -> None:
+        left = self.in_flight[name] - 1
+        if left:
+            self.in_flight[name] = left
+        else:
+            del self.in_flight[name]
+
     def _queue(self, work: InferWork, handle: ModelHandle) -> None:
         trace = work.request.trace
         if trace:
@@ -153,11 +194,7 @@ class ModelClient:
             handle.cancel(work)  # drop it from the queue now rather than at dispatch
             raise
         finally:
-            left = self.in_flight[name] - 1
-            if left:
-                self.in_flight[name] = left
-            else:
-                del self.in_flight[name]
+            self._left(name)
         if isinstance(answer, NurseryError):
             raise answer
         return answer  # type: ignore[no-any-return]

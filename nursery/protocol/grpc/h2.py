@@ -42,6 +42,7 @@ import ssl
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import hpack
 import hpack.exceptions
@@ -77,6 +78,9 @@ _U32 = struct.Struct(">I")
 _READ = 256 * 1024
 _WRITE_STEP = 256 * 1024  # a large write goes out in pieces of this size (see Connection.writer)
 _QUEUE_LIMIT = 256 * 1024  # a writer queueing beyond this many unsent bytes waits for the send
+# a stream served without a task (FastPath) buffers at most this much of its request before
+# it gets a task after all (which reads it as it comes and opens the stream's window again)
+_FAST_BODY = 1024 * 1024
 MAX_CONTINUATIONS = 256  # CONTINUATION frames in one header block (each may be empty)
 KEEPALIVE = b"nursery!"  # the opaque data of our keepalive PINGs
 NO_CALLS_PING_INTERVAL = 7200.0  # gRPC: pings on a connection without calls, at most every 2 h
@@ -195,6 +199,11 @@ class Stream:
         self.recv_window = conn.server.stream_window
         self.uncredited = 0
         self.send_window = conn.peer_window
+        # served without a task (the server's FastPath): ``fast`` while its request is still
+        # arriving (``buffered`` bytes so far); ``abandon`` while its answer is awaited
+        self.fast: Any = None  # the FastPath's route while its request is still arriving
+        self.buffered = 0
+        self.abandon: Callable[[], None] | None = None
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -276,6 +285,45 @@ class Stream:
         await self.send_data(data)
         await self.send_headers(trailers, end_stream=True)
 
+    def respond_nowait(self, head: bytes, data: bytes | None, trailers: bytes) -> None:
+        """:meth:`send_response` from plain code (a FastPath's answer; ``data`` None: a
+        trailers-only answer, ``head + trailers`` in one HEADERS): the frames are queued for
+        the connection's writer at once, and the stream is done. When the windows do not
+        allow it, or the peer is slow to read, a task finishes the stream instead."""
+        self.abandon = None
+        conn = self.conn
+        if self.reset or self.local_closed or conn.broken or conn.writer_gone:
+            conn._forget(self)
+            return
+        n = 0 if data is None else len(data)
+        if not self._fits(n) or conn.out_bytes > _QUEUE_LIMIT:
+            try:
+                conn.spawn(self._respond_later, head, data, trailers)
+            except RuntimeError:  # the connection is ending: nobody to answer
+                conn._forget(self)
+            return
+        if data is None:
+            out = self._headers_frames(head + trailers, True)
+        else:
+            self.send_window -= n
+            conn.send_window -= n
+            out = self._headers_frames(head, False) + frame(DATA, 0, self.id, data) \
+                + self._headers_frames(trailers, True)
+        conn.write_nowait(out)
+        conn._forget(self)
+
+    async def _respond_later(self, head: bytes, data: bytes | None, trailers: bytes) -> None:
+        try:
+            if data is None:
+                await self.send_headers(head + trailers, end_stream=True)
+            else:
+                await self.send_response(head, data, trailers)
+            await self.conn.flushed()
+        except GONE:
+            pass
+        finally:
+            self.conn._forget(self)
+
     async def send_reset(self, code: int = CANCEL) -> None:
         if not self.reset and not (self.local_closed and self.remote_closed):
             self.reset = True
@@ -284,6 +332,21 @@ class Stream:
 
 
 Application = Callable[[Stream], Awaitable[None]]
+
+
+class FastPath:
+    """What an application may add to serve some streams without a task each: ``accepts``
+    tells from a new stream's headers whether it may be one (its route, or None; nothing may
+    be sent yet); ``deliver`` gets it with that route once its whole request has arrived and
+    either takes it (True: it answers later with :meth:`Stream.respond_nowait`, and sets
+    ``stream.abandon`` for a client that leaves first) or leaves it (False), and the
+    application then serves it as any other. Both are plain calls on the trio thread."""
+
+    def accepts(self, headers: list[tuple[str, str]]) -> Any:
+        raise NotImplementedError
+
+    def deliver(self, stream: Stream, route: Any) -> bool:
+        raise NotImplementedError
 
 
 class Connection:
@@ -323,6 +386,32 @@ class Connection:
         self.pings_without_data = 0  # our keepalive PINGs since we last sent data
         self.ping_ack: trio.Event | None = None  # set when our keepalive PING is acknowledged
         self.writing_since = math.inf  # when the write in progress (its current piece) began
+        self.nursery: trio.Nursery | None = None  # the connection's, for its streams' tasks
+
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(fn, *args)
+
+    def write_nowait(self, data: bytes | bytearray) -> None:
+        """:meth:`write_data` without waiting: the frames go now if the socket takes them and
+        nothing else waits, else to the writer. (Callers mind ``out_bytes`` themselves.)"""
+        self.last_ping = -math.inf
+        self.ping_strikes = self.pings_without_data = 0
+        if (self.try_send is not None and not self.out and not self.writer_busy
+                and len(self.streams) <= 1):
+            try:
+                sent = self.try_send(data)
+            except GONE:
+                self.broken = True
+                self.out_ready.set()
+                return
+            if sent == len(data):
+                return
+            data = bytes(memoryview(data)[sent:])
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if not self.writer_busy:
+            self.out_ready.set()
 
     async def write(self, data: bytes | bytearray, *, flush: bool = False) -> None:
         """Queue whole frames for the connection's writer (``writer``), which sends what every
@@ -529,6 +618,7 @@ class Connection:
 
     async def run(self, nursery: trio.Nursery) -> None:
         server = self.server
+        self.nursery = nursery
         buf = bytearray()
         while len(buf) < len(PREFACE):
             data = await self.sock.receive_some(_READ)
@@ -654,7 +744,10 @@ class Connection:
             if stream.remote_closed or not end:
                 raise ConnectionError(PROTOCOL_ERROR, "HEADERS on a half-closed stream")
             stream.remote_closed = True
-            stream.readable.set()
+            if stream.fast is not None:
+                self._body_arrived(stream)
+            else:
+                stream.readable.set()
             return
         if stream_id % 2 == 0 or stream_id <= self.last_id:
             raise ConnectionError(PROTOCOL_ERROR if stream_id % 2 == 0 else STREAM_CLOSED,
@@ -668,7 +761,26 @@ class Connection:
             return
         self.streams[stream_id] = stream
         self.idle = trio.Event() if len(self.streams) == 1 else self.idle
+        fast = self.server.fast
+        if fast is not None and not end:
+            stream.fast = fast.accepts(headers)
+            if stream.fast is not None:
+                return  # no task yet: the request's body is awaited (``_data``)
         nursery.start_soon(self._serve_stream, stream)
+
+    def _body_arrived(self, stream: Stream) -> None:
+        """A FastPath stream's request is complete: the fast path takes it, or a task serves
+        it as any other stream."""
+        route, stream.fast = stream.fast, None
+        fast = self.server.fast
+        assert fast is not None and self.nursery is not None
+        try:
+            taken = fast.deliver(stream, route)
+        except Exception as exc:  # noqa: BLE001 - a fault of the fast path: the slow one serves
+            self.server.internal_error(f"stream {stream.id}", exc)
+            taken = stream.abandon is not None
+        if not taken:
+            self.nursery.start_soon(self._serve_stream, stream)
 
     async def _refuse(self, stream: Stream) -> None:
         await self.write_quietly(frame(RST_STREAM, 0, stream.id, _U32.pack(REFUSED_STREAM)))
@@ -710,8 +822,12 @@ class Connection:
         """The peer reset the stream: abandon its work."""
         stream.reset = True
         stream.local_closed = True
+        stream.fast = None
         stream.readable.set()
         stream.scope.cancel()
+        abandon, stream.abandon = stream.abandon, None
+        if abandon is not None:
+            abandon()
         self._forget(stream)
 
     async def _data(self, stream_id: int, flags: int, payload: bytes) -> None:
@@ -750,6 +866,16 @@ class Connection:
             stream.chunks.append(data)
         if flags & END_STREAM:
             stream.remote_closed = True
+        if stream.fast is not None:
+            stream.buffered += len(data)
+            if stream.remote_closed:
+                self._body_arrived(stream)
+            elif stream.buffered > min(_FAST_BODY, self.server.stream_window // 2):
+                # a large request: a task reads it as it comes, opening the window again
+                stream.fast = None
+                assert self.nursery is not None
+                self.nursery.start_soon(self._serve_stream, stream)
+            return
         stream.readable.set()
 
     async def _settings(self, stream_id: int, flags: int, payload: bytes) -> None:
@@ -829,8 +955,9 @@ class H2Server:
                  keepalive_timeout: float = 20.0, keepalive_permit_without_calls: bool = False,
                  max_pings_without_data: int = 2, min_recv_ping_interval: float = 300.0,
                  max_ping_strikes: int = 2, write_timeout: float = 60.0,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, fast: FastPath | None = None) -> None:
         self.app = app
+        self.fast = fast  # streams the application serves without a task each
         self.tls = tls
         self.max_streams = max_streams
         self.stream_window = stream_window
@@ -978,5 +1105,5 @@ def timeout_seconds(value: str) -> float:
     return int(digits) * units[unit]
 
 
-__all__ = ["H2Server", "Stream", "StreamReset", "encode_headers", "frame", "only_gone",
+__all__ = ["FastPath", "H2Server", "Stream", "StreamReset", "encode_headers", "frame", "only_gone",
            "timeout_seconds"]

@@ -24,7 +24,7 @@ import math
 import resource
 import ssl
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -38,6 +38,7 @@ from nursery.core import Core
 from nursery.protocol.access import GRPC_GROUPS, OPEN, Restrictions, grpc_refusal_message
 from nursery.protocol.codecs.grpc_wire import StrictProtoCodec
 from nursery.protocol.grpc.h2 import (
+    FastPath,
     H2Server,
     Stream,
     StreamReset,
@@ -47,6 +48,7 @@ from nursery.protocol.grpc.h2 import (
 )
 from nursery.protocol.grpc.service import Draining, HealthService, InferenceService
 from nursery.runtime.supervision import split_unexpected
+from nursery.schema import inference as pb
 from nursery.settings import DEFAULT_GRPC_MAX_INPUT_SIZE, Settings
 
 log = logging.getLogger("nursery.grpc")
@@ -344,6 +346,75 @@ class GrpcApp:
             await call.send_trailing_metadata(status=status, status_message=message)
 
 
+# a unary route served without a task: it gets the decoded request and ``reply``, queues the
+# work and returns the function that abandons it (None: not taken, served as any other call);
+# ``reply`` later gets the reply message in wire form or a GRPCError
+UnaryRoute = Callable[[Any, Callable[[Any], None]], Callable[[], None] | None]
+_OK_TRAILERS = encode_headers(status_headers(Status.OK, None))
+
+
+class UnaryFastPath(FastPath):
+    """The unary calls of ``routes`` (path -> request type and route), served without a task
+    each (see :class:`~nursery.protocol.grpc.h2.FastPath`) when nothing in the call needs
+    one: no deadline, no compression either way, no restricted groups. Anything unusual (a
+    malformed or compressed message, a request the route does not take) goes to the
+    ordinary path, which answers it exactly as before."""
+
+    def __init__(self, app: GrpcApp, routes: dict[str, tuple[type, UnaryRoute]]) -> None:
+        self.app = app
+        self.routes = routes
+
+    def accepts(self, headers: list[tuple[str, str]]) -> Any:
+        app = self.app
+        if app.restrictions:
+            return None
+        route = method = content_type = te = None
+        for key, value in headers:
+            if key == ":path":
+                route = self.routes.get(value)
+            elif key == ":method":
+                method = value
+            elif key == "content-type":
+                content_type = value
+            elif key == "te":
+                te = value
+            elif key == "grpc-timeout" or (key == "grpc-encoding" and value != "identity") \
+                    or (key == "grpc-accept-encoding" and app.compress and "gzip" in value):
+                return None
+        if method != "POST" or te != "trailers" or content_type not in _CONTENT_TYPES:
+            return None
+        return route
+
+    def deliver(self, stream: Stream, route: Any) -> bool:
+        chunks = stream.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if len(data) < 5 or data[0] != 0:
+            return False
+        length = int.from_bytes(data[1:5], "big")
+        if length != len(data) - 5 or length > self.app.max_input:
+            return False
+        request_type, serve = route
+        try:
+            message = self.app.codec.decode(data[5:], request_type)
+        except grpclib.GRPCError:
+            return False  # the ordinary path gives the error
+
+        def reply(answer: Any) -> None:
+            if isinstance(answer, grpclib.GRPCError):
+                stream.respond_nowait(HEAD, None, encode_headers(
+                    status_headers(answer.status, answer.message)))
+            else:
+                stream.respond_nowait(HEAD, b"\x00" + len(answer).to_bytes(4, "big") + answer,
+                                      _OK_TRAILERS)
+
+        abandon = serve(message, reply)
+        if abandon is None:
+            return False
+        chunks.clear()
+        stream.abandon = abandon
+        return True
+
+
 def _seconds(ms: int) -> float:
     """A millisecond flag in seconds; 0 or less (or Triton's INT_MAX) turns the clock off."""
     return math.inf if ms <= 0 or ms >= 2**31 - 1 else ms / 1000
@@ -392,6 +463,9 @@ async def serve_lean(
     app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size,
                   options.grpc_restrictions, options.grpc_response_compression)
     server = h2_server_for(app, options, tls)
+    # ModelInfer without a task per call (the common case; the rest as before)
+    server.fast = UnaryFastPath(app, {
+        "/inference.GRPCInferenceService/ModelInfer": (pb.ModelInferRequest, inference.infer_now)})
     server.faults = core.faults  # counted in nursery_internal_errors_total{unit="grpc"}
     inference.on_internal_error = server.internal_error
     async with trio.open_nursery() as nursery:

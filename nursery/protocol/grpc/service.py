@@ -8,6 +8,7 @@ trio once per call (``grpclib_server.py``). Errors become gRPC statuses in one p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -214,6 +215,62 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             if trace is not None:
                 trace.stamp("GRPC_SEND_START")
                 trace.finish()
+
+    def infer_now(self, message: Any,
+                  reply: Callable[[Any], None]) -> Callable[[], None] | None:
+        """ModelInfer without a task (the lean server's fast path, ``UnaryFastPath``): the
+        request is checked and queued now, and ``reply`` gets the ModelInferResponse in wire
+        form, or the error's status, when the model answers. Returns the function that
+        abandons the request (the client left); None when the request is not taken here
+        (tracing, header forwarding, on-demand loading, the response cache, a decoupled
+        model, or any refusal): then ``_infer_rpc`` serves it, as every request before."""
+        core = self.core
+        if core.demand is not None or self.forward.pattern is not None or core.tracer.active:
+            return None
+        shm = core.shm
+        try:
+            handle = core.resolve(message.model_name, message.model_version)
+            if handle.config.decoupled:
+                return None
+            request = grpc_codec.decode_request(message, shm)
+            shm_outputs = grpc_codec.decode_shm_outputs(message, shm)
+            request.trace = False  # sampled here, not traced
+            self.draining.enter()
+        except NurseryError:
+            return None
+        draining = self.draining
+
+        def answered(answer: Any) -> None:
+            draining.leave()
+            try:
+                if isinstance(answer, NurseryError):
+                    reply(_status(answer))
+                    return
+                try:
+                    data = grpc_codec.encode_response(answer, None, shm_outputs, shm)
+                except NurseryError as error:
+                    reply(_status(error))
+                    return
+                reply(data)
+            except Exception as exc:  # noqa: BLE001 - this request's boundary
+                self.on_internal_error("gRPC method ModelInfer", exc)
+                with contextlib.suppress(Exception):
+                    reply(grpclib.GRPCError(grpclib.const.Status.INTERNAL,
+                                            "Internal Server Error"))
+
+        try:
+            abandon = core.client.dispatch(request, handle, answered)
+        except NurseryError:
+            abandon = None
+        if abandon is None:
+            draining.leave()
+            return None
+
+        def abandoned() -> None:
+            abandon()
+            draining.leave()
+
+        return abandoned
 
     async def _stream_rpc(
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
