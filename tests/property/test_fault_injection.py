@@ -4,7 +4,8 @@ unit, never the process, and leaks nothing.
 Hypothesis picks a point (the backend, batch assembly and split, the scheduling policy, the
 instance worker's answer step, a repository command) and the call at which it raises; the
 ModelManager then serves two models, ``m`` and ``ok`` (real instance workers on their own
-threads, a fake backend), while requests run on both. Afterwards:
+threads, a fake backend), while requests run on both, every other one with its answer handed
+to a callback (``ModelClient.dispatch``, the gRPC fast path's way). Afterwards:
 - the run itself ended normally (the "process" survived: nothing reached the root);
 - every request got exactly one answer, a response or a NurseryError, none hung;
 - the fault cost its unit only: one batch (a request-path point), one model's queue (the
@@ -111,8 +112,25 @@ def test_a_fault_costs_its_unit_only(tmp_path_factory: pytest.TempPathFactory,
     fds_before = _open_fds()
 
     async def infer(core: Core, model: str, i: int) -> None:
+        """Every other request is sent as the gRPC fast path sends it: no task waits, the
+        answer is handed to a callback where it is delivered (``ModelClient.dispatch``)."""
         request = dataclasses.replace(make_request(i), model_name=model)
         key = f"{model}:{i}"
+        if i % 2:
+            done = trio.Event()
+
+            def on_answer(value: Any) -> None:
+                answers.setdefault(key, []).append(value)
+                done.set()
+
+            try:
+                abandon = core.client.dispatch(request, core.resolve(model), on_answer)
+            except NurseryError as error:
+                answers.setdefault(key, []).append(error)
+                return
+            assert abandon is not None
+            await done.wait()
+            return
         try:
             answers.setdefault(key, []).append(await core.infer(request))
         except NurseryError as error:
