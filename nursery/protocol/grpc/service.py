@@ -262,6 +262,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             abandon = core.client.dispatch(request, handle, answered)
         except NurseryError:
             abandon = None
+        except BaseException:
+            draining.leave()  # a shutdown must not wait for a request never queued
+            raise
         if abandon is None:
             draining.leave()
             return None
