@@ -33,13 +33,15 @@ def _fp32(*values: float) -> list[httpclient.InferInput]:
 
 
 def _ended(pid: int) -> bool:
-    """The process has ended: reaped, or a zombie. (An exiting process's cmdline reads empty a
-    moment before it ends, so a process missing from ``_stubs`` may not have ended yet.)"""
+    """The process has ended: reaped, or a zombie whose every thread has exited. (An exiting
+    process's cmdline reads empty a moment before it ends, and its main thread shows as a
+    zombie while its other threads still exit: until then its parent cannot see it end.)"""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X") and len(tasks) <= 1
 
 
 def _stubs(server: ServerProcess) -> set[int]:

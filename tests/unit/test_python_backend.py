@@ -454,3 +454,28 @@ def test_bls_request_carries_the_sequence() -> None:
         flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)._to_nursery()
     assert (end.sequence_id, end.sequence_start, end.sequence_end) == ("s-1", False, True)
     assert "sequence_id" not in end.parameters
+
+
+@pytest.mark.parametrize(("source", "may"), [
+    ("class TritonPythonModel:\n    def execute(self, requests):\n        return []\n", False),
+    ("import numpy as np\n\n\nclass TritonPythonModel(object):\n    pass\n", True),  # a base
+    ("class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(c):\n"
+     "        return c\n", True),
+    ("# auto_complete_config is not defined here\nclass TritonPythonModel:\n    pass\n", True),
+    ("from helpers import TritonPythonModel\n", True),  # imported: unknown
+    ("TritonPythonModel = type('T', (), {})\n", True),  # assigned: unknown
+    ("@decorate\nclass TritonPythonModel:\n    pass\n", True),  # a decorator may add it
+    ("class TritonPythonModel(metaclass=M):\n    pass\n", True),
+    ("class TritonPythonModel:\n    pass\nclass TritonPythonModel:\n    pass\n", True),
+    ("def broken(:\n", True),  # unparsable: the stub says why
+    ("x = 1\n", True),  # no class at all: the stub says so
+])
+def test_a_stub_completes_the_config_unless_model_py_cannot_have_the_method(
+        tmp_path: Path, source: str, may: bool) -> None:
+    """``may_complete``: the auto-complete stub process is left out only where reading
+    ``model.py`` proves it has no ``auto_complete_config`` (the load then costs one process
+    less); in any doubt the stub runs it as before."""
+    script = tmp_path / "model.py"
+    script.write_text(source)
+    assert python_backend.may_complete(script) is may
+    assert python_backend.may_complete(tmp_path / "missing.py") is True

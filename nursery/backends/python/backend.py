@@ -23,6 +23,7 @@ A model whose ``initialize`` raises fails to load, with the traceback in the rea
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib.util
 import inspect
@@ -473,6 +474,8 @@ class PythonFactory:
         if self._in_process(config) and not valid_stub_name(config.name):
             return  # Triton refuses its stub before model.py runs: the instance's load says so
         if self._in_process(config):
+            if not may_complete(path):
+                return  # no auto_complete_config to run: no stub process started for it
             data = complete_in_stub(path, config.name, str(version_path), given,
                                     _environment_of(config, version_path))
         else:
@@ -537,6 +540,40 @@ def _environment_of(config: pb.ModelConfig, version_path: Path) -> Path | None:
         return interpreter_for(config.name, env)
     except NurseryError as exc:
         raise ConfigError(exc.message) from None
+
+
+_SOURCE_LIMIT = 4 * 1024 * 1024  # a larger model.py is completed in a stub, unread here
+
+
+def may_complete(path: Path) -> bool:
+    """Whether ``model.py`` may define ``auto_complete_config``, read without running it: False
+    only when its source never names the method and defines ``TritonPythonModel`` as a plain
+    module-level class (no base, keyword or decorator that could bring the method in). Then
+    running it in a stub of its own would find no method and change nothing (an import error
+    is the instance's load error, in the same words), so that process is not started; in any
+    doubt (unreadable, unparsable, any other shape) it is."""
+    try:
+        if path.stat().st_size > _SOURCE_LIMIT:
+            return True
+        source = path.read_bytes()
+    except OSError:
+        return True
+    if b"auto_complete_config" in source:
+        return True
+    try:
+        tree = ast.parse(source, str(path))
+    except (SyntaxError, ValueError):
+        return True
+    found = [node for node in tree.body
+             if isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel"]
+    names = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Name | ast.alias) and "TritonPythonModel" in (
+                 getattr(node, "id", None), getattr(node, "name", None),
+                 getattr(node, "asname", None))]
+    if len(found) != 1 or names:
+        return True  # defined twice, imported, or assigned: not a plain class
+    cls = found[0]
+    return bool(cls.bases or cls.keywords or cls.decorator_list)
 
 
 def complete_config(path: Path, model_name: str, model_dir: str,
