@@ -236,21 +236,22 @@ class _CallReader:
         self._args_seen = False
         self._capturing = False  # inside the arguments value
         self._token = ""  # a number or a literal being read
-        self._string: list[str] | None = None  # a string's raw characters being read
+        self._string: list[str] | None = None  # a string's raw characters not yet written
         self._string_is_key = False
         self._escaped = False
-        self._flushed = 0  # raw characters of the string already written into args
 
     def feed(self, text: str) -> int:
         """Read from ``text`` up to the end of the object; how many characters were read."""
+        used = len(text)
         for i, ch in enumerate(text):
             if self.done or self.failed:
-                return i
-            self.raw += ch
+                used = i
+                break
             self._char(ch)
-        if self._string is not None and self._capturing:
+        self.raw += text[:used]
+        if self._string is not None and self._capturing and not self.failed:
             self._flush_string(final=False)
-        return len(text)
+        return used
 
     # -- the characters -----------------------------------------------------------------
 
@@ -348,19 +349,22 @@ class _CallReader:
         self._value_done()
 
     def _begin_string(self, key: bool) -> None:
-        self._string, self._string_is_key, self._flushed = [], key, 0
+        self._string, self._string_is_key = [], key
         self._emit('"')
 
     def _end_string(self) -> None:
         assert self._string is not None
-        raw = "".join(self._string)
-        try:
-            value = json.loads(f'"{raw}"')
-        except ValueError:
-            self.failed = True
-            return
-        if self._capturing:
+        value = ""
+        if self._capturing:  # what is left of it goes into args (and is checked)
             self._flush_string(final=True)
+            if self.failed:
+                return
+        else:
+            try:
+                value = json.loads(f'"{"".join(self._string)}"')
+            except ValueError:
+                self.failed = True
+                return
         self._string = None
         self._emit('"')
         if self._string_is_key:
@@ -376,7 +380,7 @@ class _CallReader:
         """Write what is certain of the string being read: its characters up to the last
         complete escape (a high surrogate waits for its pair)."""
         assert self._string is not None
-        raw = "".join(self._string)[self._flushed:]
+        raw = "".join(self._string)  # only what is not written yet
         safe = len(raw)
         if not final:
             i = safe = 0
@@ -399,7 +403,7 @@ class _CallReader:
             self.failed = True
             return
         self.args += json.dumps(text, ensure_ascii=self.ensure_ascii)[1:-1]
-        self._flushed += safe
+        self._string = [raw[safe:]]
 
 
 class _Calls:
@@ -646,11 +650,12 @@ class Mistral:
     TOKEN = "[TOOL_CALLS]"
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        head = text.lstrip()
         at = text.find(self.TOKEN)
-        if at >= 0:
+        if head.startswith("[") and not head.startswith(self.TOKEN):
+            content, rest = "", head  # a list alone (a token later is in its strings)
+        elif at >= 0:
             content, rest = text[:at], text[at + len(self.TOKEN):]
-        elif text.lstrip().startswith("["):
-            content, rest = "", text.lstrip()
         else:
             return text, []
         calls = []
@@ -701,9 +706,9 @@ class MistralStream:
             rest = self.text[self.at:]
             if self.state == "start":
                 head = rest.lstrip()
-                if token.startswith(head) and token not in rest:
+                if token.startswith(head):
                     break  # nothing yet, or the start of the token
-                if head.startswith("[") and token not in rest:
+                if head.startswith("[") and not head.startswith(token):
                     self.state = "list"  # a list without the token
                     self.at += len(rest) - len(head)
                 else:
