@@ -203,7 +203,8 @@ class Decoder:
             self._attend(i, qkv[:, 0], rows, att)
             x += self._linear(flat, i, "attn.out", rows.lora)
             x += self._mlp(x, i, layer, rows.lora)
-        self.lengths[rows.slots] = rows.positions + 1  # a slot's last row is its highest
+        # each slot's last row (a decode row, a chunk's last) gives its new length
+        self.lengths[rows.slots[rows.last]] = rows.positions[rows.last] + 1
         logits = self._logits(x[rows.last])
         return logits[:rows.batch], logits[rows.batch:]
 
