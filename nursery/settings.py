@@ -57,7 +57,7 @@ class OpenAISettings:
     default_max_tokens: int = 16  # --default-max-tokens
     chat_template: str = ""  # --chat-template: a Jinja file that replaces the tokenizer's
     backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
-    tool_call_parser: str = ""  # --tool-call-parser llama3|hermes: tool calls in chat answers
+    tool_call_parser: str = ""  # --tool-call-parser llama3|hermes|mistral: tool calls in chat answers
     max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
 
 
@@ -526,11 +526,13 @@ def _openai_flags(parser: argparse.ArgumentParser) -> None:
                        help="The request format (tensor names) for every model, instead of the "
                        "one chosen per model (vLLM for backend vllm or a sampling_parameters "
                        "input, TRT-LLM otherwise).")
-    group.add_argument("--tool-call-parser", default="", choices=["", "llama3", "hermes"],
-                       metavar="<llama3|hermes>",
+    group.add_argument("--tool-call-parser", default="",
+                       choices=["", "llama3", "hermes", "mistral"],
+                       metavar="<llama3|hermes|mistral>",
                        help="Specify the parser for handling tool calling related response "
-                       "text: 'llama3' (JSON calls) or 'hermes' (<tool_call> blocks). Needed "
-                       "for requests with tools and an \"auto\" tool_choice.")
+                       "text: 'llama3' (JSON calls), 'hermes' (<tool_call> blocks) or "
+                       "'mistral' ([TOOL_CALLS] and a JSON list). Needed for requests with "
+                       "tools and an \"auto\" tool_choice.")
     group.add_argument("--openai-max-input-size", type=int, default=1 << 26, metavar="<int>",
                        help="The largest OpenAI request body in bytes. Default is 67108864 "
                        "(64 MiB, Triton's frontend's --http-max-input-size).")

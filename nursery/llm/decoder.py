@@ -5,12 +5,16 @@ embedding, with an optional ``lm_head.bias``), float32. State lives in *slots*: 
 its own KV cache rows for every layer (``[slots, heads, context, head_dim]``) and a length.
 ``step`` runs, in one pass, one token for each of several slots (decoding) and prompt chunks
 into other slots (prefilling: a whole prompt, or a piece of one at an offset into the slot's
-cache, so a long prompt can be spread over several steps): the projections and the MLP run
-once over all those rows, so a request admitted in the middle of a run costs the others
-little; it returns one row of logits per decoding slot and one per chunk (its last
-position). The decoding rows' attention reads the cache through a view of the slot range it
-needs (no copy): rows of that range that are not in the batch cost a few wasted
-multiplications, never a gather of the cache.
+cache, so a long prompt can be spread over several steps). All those rows go through each
+layer together: one product per weight over all of them, one scatter of their keys and values
+into their slots' caches, then each row attends to its own slot's cache up to its own
+position; the masks, positions and LoRA row groups are laid out once per step, not per layer.
+It returns one row of logits per decoding slot and one per chunk (its last position). The
+decoding rows' attention reads the cache through a view of the slot range it needs (no copy):
+rows of that range that are not in the batch cost a few wasted multiplications, never a
+gather of the cache; a chunk's reads its own slot's cache (a view), with its causal mask.
+Attention stays per kind because it is per slot: padding every slot's queries to the longest
+chunk, to run decode rows and chunks in one batched product, costs more than it saves.
 ``prefill`` and ``decode`` are the two halves alone.
 
 LoRA adapters apply per row on the shared base weights: for the rows of the batch that ask
@@ -68,7 +72,46 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.n
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))  # type: ignore[no-any-return]
+    """``0.5 * x * (1 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)))``, the same
+    operations in the same order, in two buffers instead of seven."""
+    t = 0.044715 * x
+    t *= x
+    t *= x
+    t += x
+    t *= 0.7978845608
+    np.tanh(t, out=t)
+    t += 1.0
+    y = 0.5 * x
+    y *= t
+    return y
+
+
+def _softmax(scores: np.ndarray) -> None:
+    """Softmax over the last axis, in place."""
+    scores -= scores.max(-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(-1, keepdims=True)
+
+
+# the decode rows' attention, built once per step (Decoder._span)
+_Span = tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One step's rows, laid out once for all layers: the decode rows (``batch`` of them)
+    first, then each chunk's. ``lora``: for each adapter in use, its rows; ``chunks``:
+    ``(first row, rows, slot, start, causal mask)``; ``last``: the rows whose logits the
+    step returns (every decode row, each chunk's last)."""
+
+    batch: int
+    tokens: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    lora: list[tuple[int, np.ndarray]]
+    span: _Span | None
+    chunks: list[tuple[int, int, int, int, np.ndarray]]
+    last: np.ndarray
 
 
 class Decoder:
@@ -138,52 +181,32 @@ class Decoder:
         next position) and, in the same pass, prompt chunks ``(slot, ids, adapter, start)``
         run into their slots at positions ``start ..`` (``start`` 0: the slot's cache starts
         over; otherwise it must be the slot's length, the chunks of a prompt following each
-        other). The projections run once over all those rows; only attention is per kind.
-        Returns the logits of the decode rows ``[len(slots), vocab]`` and of each chunk's
-        last position ``[len(prefills), vocab]``."""
-        slot_ix = np.asarray(slots, dtype=np.int64)
-        batch = len(slot_ix)
-        positions = self.lengths[slot_ix]
-        if batch and (positions >= self.n_ctx).any():
-            raise ValueError("a sequence has filled the model's context")
-        for slot, ids, _, start in prefills:
-            if not len(ids) or start + len(ids) > self.n_ctx:
-                raise ValueError(f"a prompt of {start + len(ids)} tokens does not fit a context "
-                                 f"of {self.n_ctx}")
-            if start and start != self.lengths[slot]:
-                raise ValueError(f"a prompt chunk at {start} does not follow the "
-                                 f"{self.lengths[slot]} tokens of slot {slot}")
-        lengths = [len(ids) for _, ids, _, _ in prefills]
-        token_rows = np.concatenate([np.asarray(tokens, np.int64),
-                                     *(np.asarray(ids, np.int64) for _, ids, _, _ in prefills)])
-        pos_rows = np.concatenate([positions, *(np.arange(start, start + n) for (_, _, _, start), n
-                                                in zip(prefills, lengths, strict=True))])
-        adapter_rows = np.concatenate([
-            np.zeros(batch, np.int64) if adapters is None else np.asarray(adapters, np.int64),
-            *(np.full(n, a, np.int64) for (_, _, a, _), n in zip(prefills, lengths,
-                                                                  strict=True))])
-        x = self.embed[token_rows] + self.pos[pos_rows]
-        span = self._span(slot_ix, positions) if batch else None
+        other). A slot appears once per step. Returns the logits of the decode rows
+        ``[len(slots), vocab]`` and of each chunk's last position ``[len(prefills), vocab]``.
+
+        All the step's rows (decode rows first, then each chunk's) go through each layer
+        together: one product per weight over all of them, one scatter of their keys and
+        values into their slots' caches at their positions; then each row attends to its own
+        slot's cache up to its own position (the decode rows in one batched product over the
+        span of their slots, each chunk over its slot's cache with its causal mask)."""
+        rows = self._rows(slots, tokens, adapters, prefills)
+        count, eps = len(rows.tokens), self.config.layer_norm_epsilon
+        x = self.embed[rows.tokens] + self.pos[rows.positions]
+        att = np.empty((count, self.heads, self.head_dim), np.float32)  # every layer's
+        flat = att.reshape(count, self.config.hidden_size)
         for i, layer in enumerate(self.layers):
-            h = _layer_norm(x, layer["ln1.w"], layer["ln1.b"], self.config.layer_norm_epsilon)
-            qkv = self._linear(h, i, "attn.qkv", adapter_rows).reshape(
-                len(x), 3, self.heads, self.head_dim)
-            parts = []
-            if span is not None:
-                parts.append(self._attend_decode(i, qkv[:batch], slot_ix, positions, span))
-            first = batch
-            for (slot, _, _, start), n in zip(prefills, lengths, strict=True):
-                parts.append(self._attend_prompt(i, qkv[first:first + n], slot, start))
-                first += n
-            att = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            x = x + self._linear(att, i, "attn.out", adapter_rows)
-            x = x + self._mlp(x, i, layer, adapter_rows)
-        self.lengths[slot_ix] = positions + 1
-        for (slot, _, _, start), n in zip(prefills, lengths, strict=True):
-            self.lengths[slot] = start + n
-        last = batch + np.cumsum(lengths, dtype=np.int64) - 1
-        logits = self._logits(x[np.concatenate([np.arange(batch), last])])
-        return logits[:batch], logits[batch:]
+            h = _layer_norm(x, layer["ln1.w"], layer["ln1.b"], eps)
+            qkv = self._linear(h, i, "attn.qkv", rows.lora).reshape(
+                count, 3, self.heads, self.head_dim)
+            self.k[i][rows.slots, :, rows.positions] = qkv[:, 1]
+            self.v[i][rows.slots, :, rows.positions] = qkv[:, 2]
+            self._attend(i, qkv[:, 0], rows, att)
+            x += self._linear(flat, i, "attn.out", rows.lora)
+            x += self._mlp(x, i, layer, rows.lora)
+        # each slot's last row (a decode row, a chunk's last) gives its new length
+        self.lengths[rows.slots[rows.last]] = rows.positions[rows.last] + 1
+        logits = self._logits(x[rows.last])
+        return logits[:rows.batch], logits[rows.batch:]
 
     def prefill(self, slot: int, ids: Sequence[int], adapter: int = 0, start: int = 0
                 ) -> np.ndarray:
@@ -197,10 +220,52 @@ class Decoder:
         """One step for several slots: feed each its token, return ``[len(slots), vocab]``."""
         return self.step(slots, tokens, adapters)[0]
 
+    # -- one step's rows --------------------------------------------------------------------
+
+    def _rows(self, slots: Sequence[int], tokens: Sequence[int],
+              adapters: Sequence[int] | None,
+              prefills: Sequence[tuple[int, Sequence[int], int, int]]) -> _Rows:
+        """Check a step and lay out its rows, masks and adapter groups, once for all layers."""
+        slot_ix = np.asarray(slots, dtype=np.int64)
+        batch = len(slot_ix)
+        positions = self.lengths[slot_ix]
+        if batch and (positions >= self.n_ctx).any():
+            raise ValueError("a sequence has filled the model's context")
+        for slot, ids, _, start in prefills:
+            if not len(ids) or start + len(ids) > self.n_ctx:
+                raise ValueError(f"a prompt of {start + len(ids)} tokens does not fit a context "
+                                 f"of {self.n_ctx}")
+            if start and start != self.lengths[slot]:
+                raise ValueError(f"a prompt chunk at {start} does not follow the "
+                                 f"{self.lengths[slot]} tokens of slot {slot}")
+        chunk_slots = [slot for slot, _, _, _ in prefills]
+        if len({*slots, *chunk_slots}) != batch + len(chunk_slots):
+            raise ValueError("a slot appears twice in one step")
+        lengths = [len(ids) for _, ids, _, _ in prefills]
+        token_rows = np.concatenate([np.asarray(tokens, np.int64),
+                                     *(np.asarray(ids, np.int64) for _, ids, _, _ in prefills)])
+        pos_rows = np.concatenate([positions, *(np.arange(start, start + n) for (_, _, _, start), n
+                                                in zip(prefills, lengths, strict=True))])
+        slot_rows = np.concatenate([slot_ix, *(np.full(n, slot, np.int64) for slot, n
+                                               in zip(chunk_slots, lengths, strict=True))])
+        adapter_rows = np.concatenate([
+            np.zeros(batch, np.int64) if adapters is None else np.asarray(adapters, np.int64),
+            *(np.full(n, a, np.int64) for (_, _, a, _), n in zip(prefills, lengths,
+                                                                  strict=True))])
+        lora = [(int(a), np.flatnonzero(adapter_rows == a))
+                for a in np.unique(adapter_rows[adapter_rows > 0])]
+        chunks, first = [], batch
+        for (slot, _, _, start), n in zip(prefills, lengths, strict=True):
+            causal = np.triu(np.full((n, start + n), -np.inf, np.float32), start + 1)
+            chunks.append((first, n, slot, start, causal))
+            first += n
+        last = np.concatenate([np.arange(batch), batch + np.cumsum(lengths, dtype=np.int64) - 1])
+        return _Rows(batch, token_rows, pos_rows, slot_rows, lora,
+                     self._span(slot_ix, positions) if batch else None, chunks, last)
+
     # -- attention --------------------------------------------------------------------------
 
-    def _span(self, slot_ix: np.ndarray, positions: np.ndarray
-              ) -> tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]:
+    def _span(self, slot_ix: np.ndarray, positions: np.ndarray) -> _Span:
         """What the decode rows' attention reads, built once per step: the slot range, the
         width, each row's place in the range, the mask, a query buffer for the range."""
         lo, hi = int(slot_ix.min()), int(slot_ix.max()) + 1
@@ -214,58 +279,47 @@ class Decoder:
         q_span = np.zeros((hi - lo, self.heads, 1, self.head_dim), np.float32)
         return lo, hi, width, where, mask, q_span
 
-    def _attend_decode(self, i: int, qkv: np.ndarray, slot_ix: np.ndarray,
-                       positions: np.ndarray,
-                       span: tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]
-                       ) -> np.ndarray:
-        lo, hi, width, where, mask, q_span = span
-        self.k[i][slot_ix, :, positions] = qkv[:, 1]
-        self.v[i][slot_ix, :, positions] = qkv[:, 2]
-        q_span[where, :, 0] = qkv[:, 0]
-        keys = self.k[i][lo:hi, :, :width]  # views: [span, H, width, hd]
-        values = self.v[i][lo:hi, :, :width]
-        scores = np.matmul(q_span, keys.transpose(0, 1, 3, 2)) * self._scale + mask
-        scores -= scores.max(-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(-1, keepdims=True)
-        out: np.ndarray = np.matmul(scores, values)[where, :, 0].reshape(len(slot_ix), -1)
-        return out
-
-    def _attend_prompt(self, i: int, qkv: np.ndarray, slot: int, start: int) -> np.ndarray:
-        """A prompt chunk at positions ``start .. start + n``: its keys and values go into the
-        slot's cache, and each of its positions attends to every one before it, those of
-        earlier chunks (read from the cache) and its own (causally)."""
-        n = len(qkv)
-        q, k, v = (qkv[:, j].transpose(1, 0, 2) for j in range(3))  # [H, n, hd]
-        self.k[i][slot, :, start:start + n] = k
-        self.v[i][slot, :, start:start + n] = v
-        if start:
-            k = self.k[i][slot, :, :start + n]  # views: [H, start + n, hd]
-            v = self.v[i][slot, :, :start + n]
-        causal = np.triu(np.full((n, start + n), -np.inf, np.float32), start + 1)
-        scores = np.matmul(q, k.transpose(0, 2, 1)) * self._scale + causal
-        scores -= scores.max(-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(-1, keepdims=True)
-        out: np.ndarray = np.matmul(scores, v).transpose(1, 0, 2).reshape(n, -1)
-        return out
+    def _attend(self, i: int, q: np.ndarray, rows: _Rows, out: np.ndarray) -> None:
+        """Layer ``i``'s attention for every row (``q``: ``[rows, H, hd]``; the rows' keys and
+        values are in the cache already) into ``out``: each row over its own slot's cache up
+        to its own position."""
+        if rows.span is not None:
+            lo, hi, width, where, mask, q_span = rows.span
+            q_span[where, :, 0] = q[:rows.batch]
+            keys = self.k[i][lo:hi, :, :width]  # views: [span, H, width, hd]
+            values = self.v[i][lo:hi, :, :width]
+            scores = np.matmul(q_span, keys.transpose(0, 1, 3, 2))
+            scores *= self._scale
+            scores += mask
+            _softmax(scores)
+            out[:rows.batch] = np.matmul(scores, values)[where, :, 0]
+        for first, n, slot, start, causal in rows.chunks:
+            # a chunk at positions start .. start + n: each position attends to every one
+            # before it, of earlier chunks and its own (causally)
+            keys = self.k[i][slot, :, :start + n]  # views: [H, start + n, hd]
+            values = self.v[i][slot, :, :start + n]
+            scores = np.matmul(q[first:first + n].transpose(1, 0, 2), keys.transpose(0, 2, 1))
+            scores *= self._scale
+            scores += causal
+            _softmax(scores)
+            out[first:first + n] = np.matmul(scores, values).transpose(1, 0, 2)
 
     # -- pieces -----------------------------------------------------------------------------
 
-    def _linear(self, x: np.ndarray, layer: int, name: str, rows: np.ndarray) -> np.ndarray:
+    def _linear(self, x: np.ndarray, layer: int, name: str,
+                lora: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+        """``x @ W`` and, for each adapter's rows, its low-rank update."""
         y: np.ndarray = x @ self.layers[layer][name]
-        if rows.any():
-            for adapter in np.unique(rows[rows > 0]):
-                pair = self._lora[int(adapter)].get((layer, name))
-                if pair is not None:
-                    pick = rows == adapter
-                    y[pick] += (x[pick] @ pair[0]) @ pair[1]
+        for adapter, pick in lora:
+            pair = self._lora[adapter].get((layer, name))
+            if pair is not None:
+                y[pick] += (x[pick] @ pair[0]) @ pair[1]
         return y
 
-    def _mlp(self, x: np.ndarray, i: int, layer: dict[str, np.ndarray], rows: np.ndarray
-             ) -> np.ndarray:
+    def _mlp(self, x: np.ndarray, i: int, layer: dict[str, np.ndarray],
+             lora: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
         h = _layer_norm(x, layer["ln2.w"], layer["ln2.b"], self.config.layer_norm_epsilon)
-        return self._linear(_gelu(self._linear(h, i, "mlp.up", rows)), i, "mlp.down", rows)
+        return self._linear(_gelu(self._linear(h, i, "mlp.up", lora)), i, "mlp.down", lora)
 
     def _logits(self, x: np.ndarray) -> np.ndarray:
         h = _layer_norm(x, self.ln_f[0], self.ln_f[1], self.config.layer_norm_epsilon)

@@ -1,9 +1,11 @@
 """Tool calling on the OpenAI port, with the official ``openai`` SDK, against llm_echo (which
 answers its prompt's words again, one token each) and a chat template that renders the last
 message alone: what the user writes is what the "model" answers, so a test writes the tool
-call a model would. Both parsers (``--tool-call-parser llama3`` and ``hermes``), plain and
-streamed; ``tool_choice`` none, auto, required and named; a tool's result sent back; and
-the refusals with Triton's messages."""
+call a model would. Every parser (``--tool-call-parser llama3``, ``hermes`` and ``mistral``),
+plain and streamed (the stream put together by the SDK's own ``ChatCompletionStreamState``: a
+call's first delta has its id, type and name, the later ones pieces of its arguments);
+``tool_choice`` none, auto, required and named; a tool's result sent back; and the refusals
+with Triton's messages."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.conftest import ServerProcess, running_server
 from tests.llm_tokenizer import write_tokenizer
@@ -39,11 +42,12 @@ TOOLS: list[Any] = [
 # what a model would write to call get_weather, in each parser's form
 CALLS = {"llama3": '{"name": "get_weather", "arguments": {"city": "Paris"}}',
          "hermes": 'Looking it up. <tool_call>{"name": "get_weather", "arguments": {"city": '
-                   '"Paris"}}</tool_call>'}
-CONTENT = {"llama3": "", "hermes": "Looking it up. "}
+                   '"Paris"}}</tool_call>',
+         "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'}
+CONTENT = {"llama3": "", "hermes": "Looking it up. ", "mistral": ""}
 
 
-@pytest.fixture(scope="module", params=["llama3", "hermes"])
+@pytest.fixture(scope="module", params=["llama3", "hermes", "mistral"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[str, openai.OpenAI]]:
     root = tmp_path_factory.mktemp("tools")
@@ -62,26 +66,21 @@ def ask(sdk: openai.OpenAI, content: str, **kw: Any) -> Any:
                                        messages=[{"role": "user", "content": content}], **kw)
 
 
-def streamed(sdk: openai.OpenAI, content: str, **kw: Any) -> tuple[str, list[dict[str, Any]],
-                                                                   list[Any]]:
-    """The streamed answer put together as a client does: content, calls by index, the
-    finish reasons."""
-    text = ""
-    calls: dict[int, dict[str, Any]] = {}
-    finishes = []
+def streamed(sdk: openai.OpenAI, content: str, **kw: Any
+             ) -> tuple[str, list[dict[str, Any]], list[Any], list[Any]]:
+    """The streamed answer put together by the SDK (content, calls), the finish reasons, and
+    every tool-call delta as it came."""
+    state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+    finishes, pieces = [], []
     for chunk in ask(sdk, content, stream=True, **kw):
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        finishes.append(choice.finish_reason)
-        text += choice.delta.content or ""
-        for call in choice.delta.tool_calls or []:
-            entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
-            entry["id"] = entry["id"] or call.id
-            if call.function is not None:
-                entry["name"] = call.function.name or entry["name"]
-                entry["arguments"] += call.function.arguments or ""
-    return text, [calls[i] for i in sorted(calls)], finishes
+        state.handle_chunk(chunk)
+        if chunk.choices:
+            finishes.append(chunk.choices[0].finish_reason)
+            pieces += chunk.choices[0].delta.tool_calls or []
+    message = state.get_final_completion().choices[0].message
+    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+             for c in message.tool_calls or []]
+    return message.content or "", calls, finishes, pieces
 
 
 def test_auto_tool_calls_are_parsed(served: tuple[str, openai.OpenAI]) -> None:
@@ -98,13 +97,24 @@ def test_auto_tool_calls_are_parsed(served: tuple[str, openai.OpenAI]) -> None:
 
 def test_auto_tool_calls_stream(served: tuple[str, openai.OpenAI]) -> None:
     parser, sdk = served
-    text, calls, finishes = streamed(sdk, CALLS[parser], tools=TOOLS,
-                                     stream_options={"include_usage": True})
+    text, calls, finishes, pieces = streamed(sdk, CALLS[parser], tools=TOOLS,
+                                             stream_options={"include_usage": True})
+    whole = ask(sdk, CALLS[parser], tools=TOOLS).choices[0].message.tool_calls[0]
     assert text == CONTENT[parser]
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
-        ("get_weather", {"city": "Paris"})]
-    assert calls[0]["id"]
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        ("get_weather", whole.function.arguments)]  # the same call as unstreamed
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
     assert finishes[-1] == "tool_calls" and set(finishes[:-1]) == {None}
+    # the first delta: index, id, type and name; then the arguments, piece by piece
+    first, *rest = pieces
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")
+    assert first.id == calls[0]["id"]
+    if parser == "mistral":
+        assert len(first.id) == 9 and first.id.isalnum()
+    assert len(rest) > 1 and all(p.index == 0 and p.id is None and p.function.name is None
+                                 for p in rest)
+    assert first.function.arguments + "".join(p.function.arguments for p in rest) == \
+        calls[0]["arguments"]
 
 
 def test_text_without_a_call_is_content(served: tuple[str, openai.OpenAI]) -> None:
@@ -113,7 +123,7 @@ def test_text_without_a_call_is_content(served: tuple[str, openai.OpenAI]) -> No
     assert answer.choices[0].message.content == "It is sunny in Paris"
     assert not answer.choices[0].message.tool_calls
     assert answer.choices[0].finish_reason == "stop"
-    text, calls, finishes = streamed(sdk, "It is sunny in Paris", tools=TOOLS)
+    text, calls, finishes, _ = streamed(sdk, "It is sunny in Paris", tools=TOOLS)
     assert (text, calls, finishes[-1]) == ("It is sunny in Paris", [], "stop")
 
 
@@ -136,7 +146,7 @@ def test_a_named_or_required_choice_makes_the_text_the_arguments(
     (call,) = answer.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and call.function.arguments == arguments
     assert answer.choices[0].finish_reason == "stop"  # as Triton's frontend answers it
-    text, calls, _ = streamed(sdk, arguments, tools=TOOLS, tool_choice="required")
+    text, calls, _, _ = streamed(sdk, arguments, tools=TOOLS, tool_choice="required")
     assert text == "" and [(c["name"], c["arguments"]) for c in calls] == [
         ("get_weather", arguments)]
     assert calls[0]["id"]

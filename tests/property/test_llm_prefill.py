@@ -108,3 +108,48 @@ def test_a_plan_fills_the_budget_first_come_first_served(
                 assert all(plan[j] == remaining[j] for j in range(before))
     else:
         assert sum(plan) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), slots=st.integers(1, 6))
+def test_a_fused_step_equals_its_decode_rows_and_chunks_run_apart(
+        data: st.DataObject, slots: int) -> None:
+    """One ``Decoder.step`` with decode rows and prompt chunks together (any slots, adapters,
+    chunk offsets) gives the logits, and leaves the caches, that the decode rows in a pass
+    of their own and then each chunk in a pass of its own give."""
+    ids = st.lists(st.integers(2, CONFIG.vocab_size - 1), min_size=1, max_size=20)
+    lora = st.integers(0, len(ADAPTERS))
+    history = data.draw(st.lists(st.one_of(st.none(), st.tuples(ids, lora)),
+                                 min_size=slots, max_size=slots), "prompts already run")
+    fused, apart = (Decoder(CONFIG, weights(), slots, ADAPTERS) for _ in range(2))
+    for model in (fused, apart):
+        for slot, past in enumerate(history):
+            if past is not None:
+                model.prefill(slot, past[0], past[1])
+    decode, tokens, adapters = [], [], []
+    prefills: list[tuple[int, Sequence[int], int, int]] = []
+    for slot in data.draw(st.permutations(range(slots)), "slot order"):
+        role = data.draw(st.sampled_from(["decode", "chunk", "idle"]
+                                         if history[slot] else ["chunk", "idle"]))
+        if role == "decode":
+            decode.append(slot)
+            tokens.append(data.draw(st.integers(2, CONFIG.vocab_size - 1)))
+            adapters.append(data.draw(lora))
+        elif role == "chunk":
+            go_on = history[slot] is not None and data.draw(st.booleans(), "continue its prompt")
+            start = len(history[slot][0]) if go_on and history[slot] else 0
+            prefills.append((slot, data.draw(ids), data.draw(lora), start))
+    if not decode and not prefills:
+        return
+    got = fused.step(decode, tokens, adapters, prefills)
+    want_decode = apart.step(decode, tokens, adapters)[0]
+    want_chunks = [apart.step((), (), None, [chunk])[1][0] for chunk in prefills]
+    np.testing.assert_allclose(got[0], want_decode, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], np.array(want_chunks).reshape(-1, CONFIG.vocab_size),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(fused.lengths, apart.lengths)
+    # the caches hold the same keys and values: the next token of every slot agrees
+    live = [slot for slot in range(slots) if fused.lengths[slot]]
+    if live:
+        np.testing.assert_allclose(fused.decode(live, [3] * len(live)),
+                                   apart.decode(live, [3] * len(live)), rtol=1e-4, atol=1e-4)

@@ -153,6 +153,13 @@ def test_a_prompt_run_in_chunks_equals_the_prompt_run_at_once() -> None:
         pieces.prefill(1, [3, 4], 0, start=5)
     with pytest.raises(ValueError, match="does not fit"):
         pieces.prefill(1, [3] * 60, 0, start=24)
+    # a slot once per step: decoded and fed a chunk, or fed two chunks, is refused whole
+    before = pieces.lengths.copy()
+    with pytest.raises(ValueError, match="a slot appears twice in one step"):
+        pieces.step([1], [9], None, [(1, [3, 4], 0, 24)])
+    with pytest.raises(ValueError, match="a slot appears twice in one step"):
+        pieces.step([], [], None, [(0, [3], 0, 0), (0, [4], 0, 0)])
+    np.testing.assert_array_equal(pieces.lengths, before)
 
 
 def merged(w: dict[str, np.ndarray], a: Adapter) -> dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
 """Tool calling's pure half (nursery/protocol/openai/tools.py): the request checks with
-Triton's messages, the llama3 and hermes parsers on whole answers, and their streaming form,
-which, however the text is cut into pieces, gives the content and calls the whole-answer
-parse gives."""
+Triton's messages, the llama3, hermes and mistral parsers on whole answers, and their
+streaming form, which, however the text is cut into pieces, gives the content and calls the
+whole-answer parse gives: each call's first piece with its id and name, then its arguments
+piece by piece, written as the whole parse writes them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ from hypothesis import strategies as st
 from nursery.config.model import TensorSpec
 from nursery.protocol.openai import mapping
 from nursery.protocol.openai.requests import ApiError
-from nursery.protocol.openai.tools import Hermes, Llama3, messages_for_template, plan
+from nursery.protocol.openai.tools import (
+    CallDelta,
+    Hermes,
+    Llama3,
+    Mistral,
+    _CallReader,
+    messages_for_template,
+    plan,
+)
 from nursery.types import DataType
 
 WEATHER = {"type": "function", "function": {
@@ -116,38 +125,146 @@ def test_hermes_answers() -> None:
         assert p.parse(text) == (text, [])
 
 
-ANSWERS = {
+def test_mistral_answers() -> None:
+    p = Mistral()
+    content, calls = p.parse('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": '
+                             '"Zürich"}}, {"name": "get_time", "arguments": {}}]')
+    assert content == ""
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city": "Zürich"}'), ("get_time", "{}")]
+    assert all(len(c.id) == 9 and c.id.isalnum() for c in calls)  # Mistral's ids
+    assert calls[0].id != calls[1].id
+    # text before the token is the content; the list alone (the token dropped) is calls too
+    content, calls = p.parse('Let me check.[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}]')
+    assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [
+        ("f", '{"x": 1}')]
+    content, calls = p.parse(' [{"name": "f", "arguments": {}}] and then some words')
+    assert content == "" and [c.name for c in calls] == ["f"]
+    for text in ("plain text", "[TOOL_CALLS] not json", '[TOOL_CALLS] [{"no_name": 1}]',
+                 "[1, 2, 3]", "[TOOL_CALLS][]", '[TOOL_CALLS] [{"name": "f", "arguments": {'):
+        assert p.parse(text) == (text, [])
+
+
+ANSWERS = {  # well formed, or not a call at all: streamed, the same as whole
     "llama3": ['{"name": "get_weather", "arguments": {"city": "Paris"}}',
                '<|python_tag|>{"name": "a", "parameters": {"x": [1, 2]}}; {"name": "b", '
                '"arguments": {"s": "x; y"}}',
-               "plain text, no call", "<|python", "{", '{"name": "a", "arguments": {"x": 1'],
+               '{"arguments": {"late": "name"}, "name": "c"}',
+               '{"name": "u", "arguments": {"t": "caf\\u00e9 \\ud83d\\ude00 \\"q\\"", '
+               '"n": 1.50e1, "z": null}}',
+               "plain text, no call", "<|python", "{", '{"no_name": 1}'],
     "hermes": ['Thinking <tool_call>{"name": "f", "arguments": {"a": "<b>"}}</tool_call>',
                '<tool_call>{"name": "f", "arguments": {}}</tool_call>\n<tool_call>{"name": '
                '"g", "arguments": {"n": 2}}</tool_call>',
+               "<tool_call>{'name': 'f', 'arguments': {'k': True}}</tool_call>",
+               '<tool_call>{"name": "f", "arguments": {"k": \'v\'}}</tool_call>',
                "a < b and <tool_ but no call", "<tool_call>broken</tool_call>",
                '<tool_call>{"name": "f", "arguments": {"x": 1}}', "text <tool_c"],
+    "mistral": ['[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Zürich"}}, '
+                '{"name": "g", "arguments": {"deep": [{"a": [true, false]}, -0.5]}}]',
+                'Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}] trailing words',
+                '[{"name": "f", "arguments": {"x": "[TOOL_CALLS]"}}]',
+                "[TOOL_CALLS] not json", "[1, 2]", "a [TOOL_CALLS", "[TOOL", "[TOOL_CALLS][]",
+                "plain text"],
 }
+CUT_OFF = {  # a call cut off: its pieces go out as they come, so the stream started it
+    "llama3": ['{"name": "a", "arguments": {"x": 1'],
+    "hermes": ['<tool_call>{"name": "f", "arguments": {"x": 1}} oops</tool_call>'],
+    "mistral": ['[TOOL_CALLS] [{"name": "f", "arguments": {"x": "abc'],
+}
+PARSER = {"llama3": Llama3, "hermes": Hermes, "mistral": Mistral}
 
 
-@settings(max_examples=200, deadline=None)
-@given(kind=st.sampled_from(sorted(ANSWERS)), data=st.data())
-def test_streaming_gives_what_the_whole_answer_gives(kind: str, data: st.DataObject) -> None:
-    text = data.draw(st.sampled_from(ANSWERS[kind]))
-    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=12)))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-    parser = Llama3() if kind == "llama3" else Hermes()
-    stream = parser.stream()
-    content, calls = "", []
+def stream_pieces(kind: str, pieces: list[str]) -> tuple[str, list[list[CallDelta]]]:
+    """The content and, per call, its deltas."""
+    stream = PARSER[kind]().stream()
+    content, deltas = "", []
     for piece in pieces:
         more, found = stream.feed(piece)
         content += more
-        calls += found
+        deltas += found
     more, found = stream.finish()
-    content, calls = content + more, calls + found
-    want_content, want_calls = parser.parse(text)
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
-        (c.name, json.loads(c.arguments)) for c in want_calls]
+    content += more
+    deltas += found
+    assert stream.started == len({d.index for d in deltas})
+    calls: list[list[CallDelta]] = []
+    for delta in deltas:
+        if delta.index == len(calls):
+            calls.append([])
+        calls[delta.index].append(delta)
+    return content, calls
+
+
+def cut(data: st.DataObject, text: str) -> list[str]:
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=12)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(sorted(ANSWERS)), data=st.data())
+def test_streaming_gives_what_the_whole_answer_gives(kind: str, data: st.DataObject) -> None:
+    text = data.draw(st.sampled_from(ANSWERS[kind]))
+    content, calls = stream_pieces(kind, cut(data, text))
+    want_content, want_calls = PARSER[kind]().parse(text)
     assert content == want_content
+    assert len(calls) == len(want_calls)
+    for pieces, want in zip(calls, want_calls, strict=True):
+        first, *rest = pieces
+        assert first.name == want.name and first.id  # the first piece: id and name
+        assert all(p.name is None and p.id is None for p in rest)  # then arguments only
+        assert "".join(p.arguments for p in pieces) == want.arguments  # written alike
+
+
+@settings(max_examples=100, deadline=None)
+@given(kind=st.sampled_from(sorted(CUT_OFF)), data=st.data())
+def test_a_call_cut_off_goes_out_as_far_as_it_came(kind: str, data: st.DataObject) -> None:
+    text = data.draw(st.sampled_from(CUT_OFF[kind]))
+    content, calls = stream_pieces(kind, cut(data, text))
+    assert content == "" and len(calls) == 1 and calls[0][0].name in ("a", "f")
+    assert PARSER[kind]().parse(text)[1] == []  # whole, the text is no call
+
+
+def test_arguments_stream_before_the_call_is_complete() -> None:
+    stream = Llama3().stream()
+    _, (first,) = stream.feed('{"name": "get_weather", "arg')
+    assert (first.index, first.name, first.arguments) == (0, "get_weather", "")
+    assert first.as_json() == {"index": 0, "id": first.id, "type": "function",
+                               "function": {"name": "get_weather", "arguments": ""}}
+    _, found = stream.feed('uments": {"city": "Par')
+    assert found == [CallDelta(0, '{"city": "Par')]
+    assert found[0].as_json() == {"index": 0, "function": {"arguments": '{"city": "Par'}}
+    _, found = stream.feed('is"}}; {"name": "get_time", "arguments": {}}')
+    assert [(d.index, d.name, d.arguments) for d in found] == [
+        (0, None, 'is"}'), (1, "get_time", "{}")]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**20, 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values, ascii_only=st.booleans(), compact=st.booleans(),
+       indent=st.sampled_from([None, 2]), data=st.data())
+def test_the_reader_writes_arguments_as_json_dumps_does(
+        value: object, ascii_only: bool, compact: bool, indent: int | None,
+        data: st.DataObject) -> None:
+    """However the model spaces and escapes its JSON and however it is cut, the arguments
+    the reader writes, joined, are ``json.dumps`` of the value."""
+    body = json.dumps({"name": "f", "arguments": value}, indent=indent,
+                      ensure_ascii=data.draw(st.booleans()),
+                      separators=(",", ":") if compact else None)
+    reader = _CallReader(ascii_only)
+    seen = []
+    for piece in cut(data, body):
+        reader.feed(piece)
+        assert reader.args.startswith("".join(seen))  # it only grows
+        seen = [reader.args]
+    assert reader.done and not reader.failed and reader.name == "f"
+    assert reader.args == json.dumps(value, ensure_ascii=ascii_only)
 
 
 def test_a_long_inline_chat_template_is_taken_as_a_template() -> None:

@@ -476,7 +476,7 @@ class OpenAIFrontend:
             offset = 0
             plan = job.tools
             parsing = tools.parser(plan.parser).stream() if chat and plan.parser else None
-            calls = 0  # tool calls sent
+            calls = 0  # tool calls sent (a named choice's one)
 
             async def on_part(part: Part) -> None:
                 nonlocal offset, calls
@@ -508,23 +508,22 @@ class OpenAIFrontend:
                     offset += len(text)
                     delta: dict[str, Any] = {"content": text}
                     if chat and plan.named is not None:  # the text is the call's arguments
-                        call: dict[str, Any] = {"index": 0, "function": {
-                            "name": plan.named, "arguments": text}}
-                        if calls == 0:
-                            call.update(id=job.id, type="function")
+                        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+                        if calls == 0:  # the first piece names the call (clients join
+                            # every later piece's fields, a name included)
+                            call = {"index": 0, "id": job.id, "type": "function",
+                                    "function": {"name": plan.named, "arguments": text}}
                             calls = 1
                         delta = {"tool_calls": [call]}
                     elif parsing is not None:
                         content, made = parsing.feed(text)
                         if part.final:
                             more, last = parsing.finish()
-                            content, made = content + more, made + last
+                            content, made = content + more, tools.merge(made + last)
                         delta = {"content": content} if content or not made else {}
-                        if made:
-                            delta["tool_calls"] = [{"index": calls + i, **c.as_json()}
-                                                   for i, c in enumerate(made)]
-                            calls += len(made)
-                        if part.final and calls:
+                        if made:  # a call's first piece: id and name; then its arguments
+                            delta["tool_calls"] = [d.as_json() for d in made]
+                        if part.final and parsing.started:
                             finish = "tool_calls"
                         elif not part.final and not content and not made:
                             return  # nothing certain yet (a possible start of a call)
