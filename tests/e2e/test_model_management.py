@@ -58,6 +58,14 @@ def test_explicit_load_unload_reload(tmp_path: Path, start_server: type[ServerPr
     assert {"name": "mlp", "version": "1", "state": "READY"} in index
     status, body = _raw(server, "POST", "/v2/repository/index", b'{"ready": true}')
     assert status == 200 and {m["name"] for m in json.loads(body)} == {"add_sub", "mlp"}
+    # a 'ready' or 'unload_dependents' that is not a boolean: 400 in Triton's words
+    status, body = _raw(server, "POST", "/v2/repository/index", b'{"ready": [true]}')
+    assert status == 400
+    assert json.loads(body)["error"] == "Invalid value for 'ready': expected a boolean"
+    status, body = _raw(server, "POST", "/v2/repository/models/mlp/unload",
+                        b'{"parameters": {"unload_dependents": "yes"}}')
+    assert status == 400 and json.loads(body)["error"] == (
+        "Unable to parse 'unload_dependents': attempt to access JSON non-boolean as boolean")
     # config override: forces a reload with the given configuration
     config = http.get_model_config("add_sub")
     config["max_batch_size"] = 2

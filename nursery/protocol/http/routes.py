@@ -156,8 +156,8 @@ async def repository_index(core: Core, req: RouteRequest) -> Answer:
     ready = False
     if req.body:
         ready = _json_body(req.body).get("ready", False)
-        if not isinstance(ready, bool):
-            raise InvalidArgument("'ready' must be a boolean")
+        if not isinstance(ready, bool):  # Triton's words (HandleRepositoryIndex)
+            raise InvalidArgument("Invalid value for 'ready': expected a boolean")
     entries = await core.repository_index(ready)
     return _json([e.as_json() for e in entries])
 
@@ -177,8 +177,9 @@ async def repository_unload(core: Core, req: RouteRequest) -> Answer:
     if req.body:
         params = _json_body(req.body).get("parameters") or {}
         dependents = params.get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidArgument("'unload_dependents' must be a boolean")
+        if not isinstance(dependents, bool):  # Triton's words (TritonJson's AsBool)
+            raise InvalidArgument("Unable to parse 'unload_dependents': attempt to access "
+                                  "JSON non-boolean as boolean")
     await core.unload_model(req.param("model"), dependents)
     return 200, b""
 
