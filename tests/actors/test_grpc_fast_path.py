@@ -11,6 +11,7 @@ UNAVAILABLE)."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,10 @@ from nursery.protocol.grpc.h2 import (
     END_HEADERS,
     END_STREAM,
     HEADERS,
+    PREFACE,
     RST_STREAM,
+    S_INITIAL_WINDOW_SIZE,
+    SETTINGS,
     WINDOW_UPDATE,
     H2Server,
     encode_headers,
@@ -196,3 +200,32 @@ async def test_what_the_fast_path_does_not_take_goes_the_ordinary_way(
         _, trailers = await _response(peer, sid)
         assert trailers["grpc-status"] != "0"
     assert route.calls == []
+
+
+async def test_an_answer_larger_than_the_window_waits_for_it_or_its_reset(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """An answer the client's window cannot take yet is finished by a task: it goes out as
+    the window opens, and a reset meanwhile ends it (the connection serves on)."""
+    route = Route()
+    small = frame(SETTINGS, 0, 0, struct.pack(">HI", S_INITIAL_WINDOW_SIZE, 16))
+    async with connected(_server(route), PREFACE + small) as peer:
+        await peer.send(frame(HEADERS, END_HEADERS, 1, _headers()) + frame(DATA, END_STREAM, 1, _message()))
+        await trio.sleep(1)
+        route.calls[0][1](b"x" * 40)  # 45 bytes framed: 16 go now, the rest as the window opens
+        first = await peer.until(DATA)
+        assert first[2] == 1 and len(first[3]) == 16
+        await peer.send(frame(WINDOW_UPDATE, 0, 1, (100).to_bytes(4, "big")))
+        data, trailers = await _response(peer, 1)
+        assert first[3] + data == b"\x00\x00\x00\x00\x28" + b"x" * 40
+        assert trailers["grpc-status"] == "0"
+        await peer.send(frame(HEADERS, END_HEADERS, 3, _headers()) + frame(DATA, END_STREAM, 3, _message()))
+        await trio.sleep(1)
+        route.calls[1][1](b"y" * 40)
+        await peer.until(DATA)
+        await peer.send(frame(RST_STREAM, 0, 3, (8).to_bytes(4, "big")))  # gone mid-answer
+        await trio.sleep(1)
+        await peer.send(frame(HEADERS, END_HEADERS, 5, _headers()) + frame(DATA, END_STREAM, 5, _message()))
+        await trio.sleep(1)
+        route.calls[2][1](b"z")
+        data, trailers = await _response(peer, 5)
+        assert data.endswith(b"z") and trailers["grpc-status"] == "0"

@@ -314,11 +314,12 @@ class Stream:
 
     async def _respond_later(self, head: bytes, data: bytes | None, trailers: bytes) -> None:
         try:
-            if data is None:
-                await self.send_headers(head + trailers, end_stream=True)
-            else:
-                await self.send_response(head, data, trailers)
-            await self.conn.flushed()
+            with self.scope:  # a reset cancels the wait for a window, as on the task path
+                if data is None:
+                    await self.send_headers(head + trailers, end_stream=True)
+                else:
+                    await self.send_response(head, data, trailers)
+                await self.conn.flushed()
         except GONE:
             pass
         finally:
