@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from nursery.actors import mailbox
-from nursery.errors import Cancelled, InternalError, NurseryError, Unavailable
+from nursery.errors import Cancelled, InternalError, InvalidArgument, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
 from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.runtime.supervision import Boundary, FaultCounter
@@ -207,6 +207,134 @@ async def run_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                              parameters=_sequence_parameters(request))
 
 
+class CallbackFlow:
+    """One request through the graph with no task waiting on its steps (what :func:`run`
+    uses for a non-decoupled ensemble when it can): each step is queued with
+    ``ModelClient.dispatch``, and its answer is handed to :meth:`_answered` right where the
+    step's model delivers it, which queues the steps it readies at once. So the steps of
+    concurrent requests reach each model in the order the answers before them came (however
+    trio orders the tasks a batch's answers wake), a stream's answers keep its order, and a
+    chain of steps costs no task switch per step. ``done`` gets the answer (the response or
+    the request's error) once, unless :meth:`abandon` came first. A step that cannot be
+    dispatched so (tracing switched on meanwhile) runs in a task of ``spawn``."""
+
+    def __init__(self, plan: EnsemblePlan, version: str, request: InferenceRequest,
+                 client: Any, done: Callable[[Any], None],
+                 spawn: Callable[..., None]) -> None:
+        self.plan, self.version, self.request, self.client = plan, version, request, client
+        self.done, self.spawn = done, spawn
+        self.tensors: dict[str, Tensor | None] = dict.fromkeys(plan.inputs)
+        self.tensors.update(request.inputs)
+        self.wanted = [o.name for o in request.requested_outputs] or list(plan.outputs)
+        self.flow = plan.start(self.wanted)
+        self.outstanding: dict[int, Callable[[], None]] = {}  # step -> its abandon
+        self.over = False
+
+    def start(self) -> None:
+        if self.flow.complete():
+            self.end(self._response())
+            return
+        for index in self.flow.take_ready():
+            self._send(index)
+
+    def abandon(self) -> None:
+        """The request was cancelled: its queued steps are dropped, ``done`` never comes."""
+        self.over = True
+        outstanding, self.outstanding = self.outstanding, {}
+        for abandon in outstanding.values():
+            abandon()
+
+    def _send(self, index: int) -> None:
+        if self.over:
+            return
+        plan, client = self.plan, self.client
+        step = plan.steps[index]  # an optional input the request left out is left out here
+        request = _step_request(plan, index, self.request, step.request_inputs(self.tensors))
+        try:
+            handle = client.resolve(request.model_name, request.model_version)
+            if handle.config.decoupled:  # ModelClient.infer_one's refusal, in its words
+                raise InvalidArgument(
+                    f"model '{handle.name}' uses the decoupled transaction policy; it must be "
+                    "called with decoupled=True (a stream of responses)")
+            abandon = client.dispatch(request, handle, partial(self._answered, index))
+        except NurseryError as error:  # refused before it was queued: the request fails
+            self.end(_step_error(plan, index, error))
+            return
+        if abandon is None:
+            self.spawn(self._slowly, index, request)
+            self.outstanding[index] = lambda: None
+        else:
+            self.outstanding[index] = abandon
+
+    async def _slowly(self, index: int, request: InferenceRequest) -> None:
+        try:
+            answer: Any = await self.client.infer_one(request)
+        except NurseryError as error:
+            answer = error
+        self._answered(index, answer)
+
+    def _answered(self, index: int, answer: Any) -> None:
+        if self.over or self.outstanding.pop(index, None) is None:
+            return  # abandoned, or the request already failed
+        try:
+            plan = self.plan
+            if isinstance(answer, NurseryError):
+                self.end(_step_error(plan, index, answer))
+                return
+            step = plan.steps[index]
+            for written in step.output_map.values():
+                self.tensors[written] = None  # absent unless the model produced it
+            for out in answer.outputs:
+                name = step.output_map.get(out.name)
+                if name is not None:
+                    self.tensors[name] = _renamed(name, out)
+            self.flow.finished(index)
+            if self.flow.complete():
+                self.end(self._response())
+                return
+            for ready in self.flow.take_ready():
+                self._send(ready)
+        except Exception as exc:  # noqa: BLE001 - this request's boundary (the model's
+            # answering code runs this: nothing may reach it)
+            log.exception("in ensemble '%s': a request failed unexpectedly", self.plan.name)
+            self.end(InternalError(f"in ensemble '{self.plan.name}': {exc!r}"))
+
+    def _response(self) -> InferenceResponse:
+        outputs = []
+        for name in self.wanted:
+            value = self.tensors.get(name)
+            if value is not None:
+                outputs.append(_answer_output(self.plan, name, value))
+            else:  # absent: the answer leaves it out (Triton's verbose line)
+                log.debug("Composing models did not output tensor %s", name)
+        return InferenceResponse(self.plan.name, self.version, outputs, id=self.request.id,
+                                 parameters=_sequence_parameters(self.request))
+
+    def end(self, answer: Any) -> None:
+        """Give the request its answer (once) and drop its steps still queued."""
+        if self.over:
+            return
+        self.abandon()
+        self.done(answer)
+
+
+def _callbacks_serve(plan: EnsemblePlan, client: Any) -> bool:
+    """Whether a request can run as a :class:`CallbackFlow` (its steps dispatched with no
+    task): not while tracing samples requests (a traced step request needs its task), nor
+    when a step model answers from the response cache."""
+    if client is None or client.tracer.active:
+        return False
+    if client.cache is None:
+        return True
+    for step in plan.steps:
+        try:
+            if client.resolve(step.model_name, step.version_str).config.uses_response_cache:
+                return False
+        except NurseryError:
+            pass  # the step fails in the flow, with its words
+    return True
+
+
 async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: InferenceRequest,
                              stream: Stream, emit: Callable[[Any], None],
                              limits: list[StepLimit] | None = None) -> None:
@@ -292,10 +420,14 @@ async def run(
     stream: Stream | None = None,
     faults: FaultCounter | None = None,
     summaries: bool = False,
+    client: Any = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve requests until every sender of the inbox is gone, then let the requests in
-    flight finish. With ``stream`` the ensemble is decoupled: it answers in parts."""
+    flight finish. With ``stream`` the ensemble is decoupled: it answers in parts. With
+    ``client`` (the server's ModelClient) a request's steps are dispatched with no task
+    waiting on them where nothing needs one (:class:`CallbackFlow`); else ``infer`` runs
+    each step in the request's task."""
     faults = faults or FaultCounter()
     stats = StatsAccumulator(summaries)
     limits = step_limits(plan)
@@ -331,6 +463,9 @@ async def run(
         # successive requests reach each model in the order the requests came (a stream's
         # answers and a sequence's requests keep their order, as in Triton)
         task_status.started()
+        if stream is None and limits is None and _callbacks_serve(plan, client):
+            await serve_by_callbacks(work)
+            return
         with trio.CancelScope() as scope:
             scopes[id(work)] = scope
             # one request is the unit of failure: an unexpected error answers it INTERNAL
@@ -362,19 +497,62 @@ async def run(
         if answer is not None:
             finish(arrival, work, answer)
 
+    def record(work: InferWork, answer: Any) -> None:
+        now = time.monotonic_ns()
+        stats.record_batch(BatchReport(
+            batch_size=work.batch_size, requests=1,
+            succeeded=not isinstance(answer, NurseryError), queue_ns=0,
+            request_ns=now - work.enqueued_ns, compute_input_ns=0,
+            compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
+            finished_ms=time.time_ns() // 1_000_000))
+
+    async def serve_by_callbacks(work: InferWork) -> None:
+        """A CallbackFlow's request: its answer is given where its last step's answer is
+        delivered (in the order the model delivered them); this task holds its cancel
+        scope (CancelWork) until then."""
+        ended = trio.Event()
+
+        def done(answer: Any) -> None:
+            record(work, answer)  # counted before the client can ask for the statistics
+            _answer(work, answer)
+            ended.set()
+
+        with trio.CancelScope() as scope:
+            scopes[id(work)] = scope
+            flow = CallbackFlow(plan, version, work.request, client, done,
+                                requests_nursery[0].start_soon)
+            try:
+                with Boundary(faults, "model", log,
+                              f"a request of ensemble '{plan.name}'") as b:
+                    flow.start()
+                if b.failure is not None:
+                    flow.end(InternalError(f"in ensemble '{plan.name}': {b.failure}"))
+                await ended.wait()
+            finally:
+                del scopes[id(work)]
+                if not ended.is_set():
+                    flow.abandon()
+        if scope.cancelled_caught and not ended.is_set():
+            stats.record_failure("CANCELED")
+            _answer(work, Cancelled(""))
+
+    requests_nursery: list[trio.Nursery] = []  # the intake's, for a step that needs a task
+
     async with trio.open_nursery() as answering:
         answering.start_soon(answer_in_order)
         async with wake:
-            await _intake(inbox, serve, scopes, stats, plan, task_status)
+            await _intake(inbox, serve, scopes, stats, plan, task_status, requests_nursery)
 
 
 async def _intake(inbox: trio.MemoryReceiveChannel[Any], serve: Callable[..., Any],
                   scopes: dict[int, trio.CancelScope], stats: StatsAccumulator,
-                  plan: EnsemblePlan, task_status: trio.TaskStatus[None]) -> None:
+                  plan: EnsemblePlan, task_status: trio.TaskStatus[None],
+                  requests_nursery: list[trio.Nursery]) -> None:
     """Take the inbox's messages until every sender is gone; then wait for the requests in
     flight."""
     closing = False
     async with inbox, trio.open_nursery() as requests:
+        requests_nursery.append(requests)
         task_status.started()
         async for message in inbox:
             if isinstance(message, InferWork):

@@ -354,10 +354,11 @@ async def run(
     def start(batch: ExecuteBatch) -> None:
         """The batch onto the thread; ``finished`` answers it there after."""
         nonlocal all_done
-        if not running:
+        alone = not running  # inline only behind nothing: answers never overtake a batch
+        if alone:            # still on the thread (one instance answers in FIFO order)
             all_done = trio.Event()
         running[id(batch)] = batch
-        if inline.take(batch):
+        if alone and inline.take(batch):
             t0 = time.monotonic_ns()
             result = outcome.capture(runner, backend, config, version, batch,  # type: ignore[call-overload]
                                      states)

@@ -139,3 +139,53 @@ def test_a_non_batching_ensemble_feeds_a_batching_step(tmp_path, start_server):
             result = client.infer("ens", [inp])
             np.testing.assert_array_equal(result.as_numpy("Y"), x * 2)
     assert "Ensemble model 'ens' configured with max_inflight_requests: 2" in server.log()
+
+
+def test_a_streams_ensemble_answers_keep_its_order_through_batched_steps(tmp_path, start_server):
+    """Three requests on one gRPC stream through an ensemble whose first step batches them
+    (its answers come in one batch) and whose second step runs one request at a time on one
+    instance: the second step's requests are queued where the first step's answers are
+    delivered (``CallbackFlow``), in the order they came, so the stream's answers keep its
+    order trial after trial, however trio orders the tasks those answers would wake."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    io = ('input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]\n'
+          'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]\n'
+          'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    for name, extra in (("batched", "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"),
+                        ("single", "")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(MODEL)
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n' + io + extra)
+    (repo / "chain" / "1").mkdir(parents=True)
+    steps = ", ".join(
+        f'{{ model_name: "{m}" model_version: -1 input_map {{ key: "INPUT0" value: "{a}" }} '
+        f'output_map {{ key: "OUTPUT0" value: "{b}" }} }}'
+        for m, a, b in (("batched", "X", "T"), ("single", "T", "Y")))
+    (repo / "chain" / "config.pbtxt").write_text(
+        'name: "chain"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_INT32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 4 ] } ]\n'
+        f'ensemble_scheduling {{ step [ {steps} ] }}\n')
+    server = start_server(repo)
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(lambda result, error: answers.put((result, error)))
+        for trial in range(12):
+            for n in range(4):
+                x = np.full((1, 4), 10 * trial + n, dtype=np.int32)
+                inp = grpcclient.InferInput("X", [1, 4], "INT32")
+                inp.set_data_from_numpy(x)
+                client.async_stream_infer("chain", [inp], request_id=f"{trial}-{n}")
+            got = []
+            for _ in range(4):
+                result, error = answers.get(timeout=60)
+                assert error is None, error
+                got.append(result.get_response().id)
+                assert result.as_numpy("Y")[0, 0] == 10 * trial + int(got[-1][-1])
+            assert got == [f"{trial}-{n}" for n in range(4)], got
+        client.stop_stream()

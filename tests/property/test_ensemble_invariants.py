@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nursery.actors import ensemble
-from nursery.errors import ConfigError, ErrorKind, InternalError, NurseryError
+from nursery.errors import ConfigError, ErrorKind, InternalError, InvalidArgument, NurseryError
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep, IterFlow, reshape_dims
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
@@ -155,14 +156,18 @@ def _needed_by_fixpoint(plan: EnsemblePlan, requested: list[str]) -> set[str]:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=graphs(), data=st.data(), omit=st.integers(-1, 5), decoupled=st.booleans())
+@given(graph=graphs(), data=st.data(), omit=st.integers(-1, 5),
+       mode=st.sampled_from(["flow", "decoupled", "callbacks"]))
 def test_only_needed_steps_run_and_absent_outputs_are_left_out(
         graph: tuple[EnsemblePlan, dict[str, int]], data: st.DataObject, omit: int,
-        decoupled: bool) -> None:
+        mode: str) -> None:
     """Triton's ensemble scheduler: steps that no requested output needs are pruned (never
     called); a step that does not produce one of its outputs leaves that tensor absent: the
     steps reading it get no such input (these models take their inputs as optional) and the
-    answer leaves it out, with no error. Both for ordinary and decoupled flows."""
+    answer leaves it out, with no error. For ordinary flows (a task per request), decoupled
+    flows, and flows driven by their steps' answers (``CallbackFlow``: the queued step
+    requests are answered in an order hypothesis picks)."""
+    decoupled = mode == "decoupled"
     plan, consts = graph
     requested = data.draw(st.lists(st.sampled_from(plan.outputs), min_size=1, unique=True))
     called: list[str] = []
@@ -195,7 +200,10 @@ def test_only_needed_steps_run_and_absent_outputs_are_left_out(
             return None
         return await ensemble.run_flow(plan, "1", request, infer)
 
-    answer = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if mode == "callbacks":
+        answer = _by_callbacks(plan, request, compute, data)
+    else:
+        answer = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     if decoupled:
         assert [p.final for p in parts] == [True] and parts[0].error is None
         answer = parts[0].response
@@ -217,6 +225,35 @@ def test_only_needed_steps_run_and_absent_outputs_are_left_out(
     assert {t.name: int(t.data[0]) for t in answer.outputs} == {
         n: values[n] for n in requested if n not in absent}
     assert [t.name for t in answer.outputs] == [n for n in requested if n not in absent]
+
+
+def _by_callbacks(plan: EnsemblePlan, request: InferenceRequest,
+                  compute: Any, data: st.DataObject) -> Any:
+    """A CallbackFlow over a client that queues each dispatched step request; the queued
+    requests are answered in an order ``data`` draws, each answer given where a model would
+    give it (on_answer), until the flow gives its answer, exactly once."""
+    queued: list[tuple[InferenceRequest, Any]] = []
+    answers: list[Any] = []
+
+    class Client:
+        tracer = SimpleNamespace(active=False)
+        cache = None
+
+        def resolve(self, name: str, version: str = "") -> Any:
+            return SimpleNamespace(name=name, config=SimpleNamespace(decoupled=False))
+
+        def dispatch(self, step_request: InferenceRequest, handle: Any, on_answer: Any) -> Any:
+            queued.append((step_request, on_answer))
+            return lambda: None
+
+    flow = ensemble.CallbackFlow(plan, "1", request, Client(), answers.append,
+                                 spawn=lambda *_: pytest.fail("no step needs a task"))
+    flow.start()
+    while queued:
+        step_request, on_answer = queued.pop(data.draw(st.integers(0, len(queued) - 1)))
+        on_answer(compute(step_request))
+    assert len(answers) == 1
+    return answers[0]
 
 
 def test_requested_outputs_and_independent_steps_overlap() -> None:
@@ -520,3 +557,50 @@ def test_a_shaped_plan_reshapes_step_inputs_and_answers() -> None:
     assert plan.step_input_shape(0, "X", (1,)) == (1, 1)  # the ensemble does not batch
     assert plan.step_input_shape(1, "X", (1, 1)) == (1,)  # written by a batching model
     assert plan.output_shape("OUT", (1,)) == (1,)
+
+
+def test_a_callback_flow_fails_once_and_drops_its_other_steps() -> None:
+    """CallbackFlow: the first failing step answers the request with its error (Triton's
+    words: "in ensemble ..."), the request's other queued steps are abandoned, and an answer
+    arriving after that changes nothing; a refused step (its model's check) fails it at once."""
+    plan = EnsemblePlan.build("e", ["x"], ["a", "b"], [
+        EnsembleStep("ma", -1, {"IN": "x"}, {"OUT": "a"}),
+        EnsembleStep("mb", -1, {"IN": "x"}, {"OUT": "b"}),
+    ])
+    queued: dict[str, Any] = {}
+    abandoned: list[str] = []
+    answers: list[Any] = []
+
+    class Client:
+        tracer = SimpleNamespace(active=False)
+        cache = None
+        refuse = False
+
+        def resolve(self, name: str, version: str = "") -> Any:
+            return SimpleNamespace(name=name, config=SimpleNamespace(decoupled=False))
+
+        def dispatch(self, step_request: InferenceRequest, handle: Any, on_answer: Any) -> Any:
+            if self.refuse:
+                raise InvalidArgument(f"unexpected shape for model '{handle.name}'")
+            queued[step_request.model_name] = (step_request, on_answer)
+            return lambda: abandoned.append(step_request.model_name)
+
+    x = Tensor("x", DataType.FP32, (1,), np.array([1], np.float32))
+    request = InferenceRequest("e", "", {"x": x})
+    flow = ensemble.CallbackFlow(plan, "1", request, Client(), answers.append,
+                                 spawn=lambda *_: pytest.fail("no step needs a task"))
+    flow.start()
+    assert set(queued) == {"ma", "mb"}
+    queued["mb"][1](InvalidArgument("mb says no"))
+    assert len(answers) == 1 and isinstance(answers[0], NurseryError)
+    assert answers[0].message == "in ensemble 'e', step 1 (model 'mb'): mb says no"
+    assert abandoned == ["ma"]
+    step_request, on_answer = queued["ma"]
+    on_answer(InferenceResponse("ma", "1", [Tensor("OUT", x.datatype, x.shape, x.data)]))
+    assert len(answers) == 1  # late: nothing more
+    refusing = Client()
+    refusing.refuse = True
+    answers.clear()
+    ensemble.CallbackFlow(plan, "1", request, refusing, answers.append,
+                          spawn=lambda *_: None).start()
+    assert len(answers) == 1 and "unexpected shape for model 'ma'" in answers[0].message
