@@ -10,13 +10,17 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nursery"
 
-# function-level imports that exist to keep an optional part optional, not to dodge a cycle
+# function-level imports that exist to keep an optional part optional, or a Python stub
+# process's start short (it imports the backend's instance side only), not to dodge a cycle
 LAZY = {
     ("nursery.__main__", "nursery.simulate.cli"),  # `serve` never loads the research kit
     ("nursery", "nursery.embed"),  # `import nursery` stays light; nursery.Server on first use
     ("nursery.__main__", "nursery.analyze.cli"),  # nor the configuration search
     ("nursery.protocol.card_servers", "nursery.protocol.http.quart_app"),  # card-servers extra
     ("nursery.protocol.card_servers", "nursery.protocol.grpc.grpclib_server"),
+    # the stub's start: the server's side of stub processes (and trio) on the server only
+    ("nursery.backends.python.backend", "nursery.backends.python.process"),
+    ("nursery.backends.python.outbox", "nursery.actors.mailbox"),  # and trio: answers on the server
 }
 TOP_LEVEL = {"core", "errors", "messages", "server", "settings", "types"}
 
