@@ -94,9 +94,10 @@ async def drive(port: int, calls: int, concurrency: int) -> float:
     from grpclib.client import Channel
 
     from nursery.schema import inference as pb
+    from nursery.schema.inference.services import GrpcInferenceServiceStub
 
     channel = Channel("127.0.0.1", port)
-    stub = pb.GrpcInferenceServiceStub(channel)
+    stub = GrpcInferenceServiceStub(channel)
     await stub.server_live(pb.ServerLiveRequest())
     per = calls // concurrency
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import trio
+from typing import TYPE_CHECKING, Any
 
 from nursery.errors import NurseryError
-from nursery.observability.stats import BatchReport, StatsSnapshot
 from nursery.schema import inference as pb
 from nursery.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:  # named in annotations only: a Python stub process loads neither
+    import trio
+
+    from nursery.observability.stats import BatchReport, StatsSnapshot
 
 Reply = InferenceResponse | NurseryError
 

@@ -5,6 +5,10 @@
     python scripts/gen_protos.py --check    # exit 1 if the committed code is stale
 
 Needs the `test` extra (grpcio-tools for protoc, betterproto[compiler] for the plugin).
+
+A package's gRPC services (client stubs and server bases) go into a module of their own,
+``services.py`` beside its messages: importing the messages (the configuration, a Python
+stub process) then never loads grpclib's server.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 TARGET = ROOT / "nursery" / "schema"
 HEADER = "# Generated from protos/ by scripts/gen_protos.py. Do not edit.\n"
+SERVICES_NOTE = ("# The package's gRPC services, apart from its messages (those come from the "
+                 "package itself).\n")
+# what only the services use, at run time, in the generated imports
+SERVICE_IMPORTS = ("import grpclib\n", "from betterproto.grpc.grpclib_server import ServiceBase\n")
 
 
 def generate(out: Path) -> None:
@@ -32,7 +40,30 @@ def generate(out: Path) -> None:
     )
     for path in out.rglob("__init__.py"):
         text = path.read_text()
+        split_services(path, text)
+        text = path.read_text()
         path.write_text(HEADER + text if text else HEADER)
+
+
+def split_services(path: Path, text: str) -> None:
+    """Move the services of a generated package (from its first service class on: betterproto
+    writes them after every message) into ``services.py``, which takes the messages from the
+    package; the package keeps its messages and no longer imports grpclib."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("class ") and (
+        "(betterproto.ServiceStub)" in line or "(ServiceBase)" in line)]
+    if not starts:
+        return
+    first = starts[0]
+    body = [i for i, line in enumerate(lines) if line.startswith(("class ", "@dataclass"))]
+    head = lines[:body[0]]  # the generated comments and imports
+    messages = [line for line in head if line not in SERVICE_IMPORTS] + lines[body[0]:first]
+    while messages and not messages[-1].strip():
+        messages.pop()
+    path.write_text("".join(messages) + "\n")
+    services = head + ["from . import *  # noqa: F403 - the package's messages\n", "\n", "\n"]
+    (path.parent / "services.py").write_text(HEADER + SERVICES_NOTE + "".join(services)
+                                             + "".join(lines[first:]))
 
 
 def differences(a: Path, b: Path) -> list[str]:

@@ -43,9 +43,9 @@ from nursery.config.platforms import (
     detect_backend,
     tensorflow_platform,
 )
-from nursery.config.repository import available_versions, select_versions
 from nursery.config.sequence import SequenceConfig, sequence_config
 from nursery.config.validate import validate_model_config, validate_model_io
+from nursery.config.versions import available_versions, select_versions
 from nursery.errors import ConfigError, InvalidArgument, NurseryError
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy

@@ -1,4 +1,4 @@
-"""Pure functions over model repositories: find models, their versions, the version policy.
+"""Pure functions over model repositories: find models (a model's versions: ``versions.py``).
 
 Layout (Triton's): ``<repo>/<model>/config.pbtxt`` and numbered version folders
 ``<repo>/<model>/<n>/`` holding the model file (``model.onnx`` and so on). A repository is a
@@ -15,13 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import betterproto
-
 from nursery.config.storage import open_store
 from nursery.config.storage.base import ObjectInfo, RemoteModel, StorageError
 from nursery.config.storage.url import CloudRoot
 from nursery.errors import InternalError
-from nursery.schema import inference as pb
 
 Root = Path | CloudRoot  # a repository: a local folder or a bucket
 
@@ -96,33 +93,6 @@ def scan_bucket(root: CloudRoot) -> list[ModelLocation]:
     return [ModelLocation(name, Path(root.child_url(name)), root,
                           RemoteModel(root, name, tuple(sorted(files, key=lambda o: o.rel))))
             for name, files in sorted(by_model.items())]
-
-
-def available_versions(model_path: Path) -> list[int]:
-    """Numbered version folders of a model, ascending (non-numeric folders are ignored)."""
-    versions = []
-    try:
-        entries = list(os.scandir(model_path))
-    except OSError:
-        return []
-    for entry in entries:
-        if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
-            versions.append(int(entry.name))
-        elif entry.is_dir() and entry.name == "0":
-            versions.append(0)
-    return sorted(versions)
-
-
-def select_versions(policy: pb.ModelVersionPolicy, available: list[int]) -> list[int]:
-    """Apply a version policy (``latest``, ``all`` or ``specific``) to the versions on disk."""
-    which, _ = betterproto.which_one_of(policy, "policy_choice")
-    if which == "all":
-        return sorted(available)
-    if which == "specific":
-        wanted = set(policy.specific.versions)
-        return sorted(v for v in available if v in wanted)
-    num = policy.latest.num_versions if which == "latest" else 1
-    return sorted(available)[-max(num, 1) :] if available else []
 
 
 # -- snapshots and changes (poll mode, and "reload only if changed") ------------------------

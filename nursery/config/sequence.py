@@ -17,7 +17,7 @@ import betterproto
 import numpy as np
 
 from nursery.errors import ConfigError, InvalidArgument
-from nursery.scheduling.sequence_policy import SequenceSchedule
+from nursery.scheduling.sequence_schedule import SequenceSchedule
 from nursery.schema import inference as pb
 from nursery.types import DataType, checked_count
 

@@ -5,7 +5,8 @@
 contexts, thread-affine libraries) needs. :class:`DedicatedThread` runs every job on one
 thread, in submission order, fed through a queue. Results come back on the trio thread:
 ``call`` wakes the awaiting task; ``submit`` runs a callback (no task switch at all), which
-lets an actor queue its next job while the current one computes.
+lets an actor queue its next job while the current one computes. The thread's owner and context
+are bound for ``current_token()`` and ``current_context()`` (``runtime/thread_context.py``).
 """
 
 from __future__ import annotations
@@ -18,43 +19,11 @@ from typing import Any, TypeVar
 import outcome
 import trio
 
+from nursery.runtime.thread_context import local
+
 T = TypeVar("T")
 
 _STOP = object()
-_local = threading.local()
-_process_context: Any = None  # every thread's context in a process serving one instance
-
-
-def current_token() -> trio.lowlevel.TrioToken:
-    """The trio token of the run that owns the calling thread (a :class:`DedicatedThread`
-    or the trio thread itself), for code that must call back into trio."""
-    token: trio.lowlevel.TrioToken | None = getattr(_local, "token", None)
-    if token is None:
-        token = trio.lowlevel.current_trio_token()  # RuntimeError outside trio
-    return token
-
-
-def current_context() -> Any:
-    """What the owner of the calling :class:`DedicatedThread` gave it as ``context`` (None on
-    any other thread): how code running on an instance's thread reaches the services its
-    instance was given (a Python model's BLS calls reach the model client so); in a process
-    that serves one instance (:func:`bind_process_context`), that instance's on any thread."""
-    return getattr(_local, "context", _process_context)
-
-
-def bind_process_context(context: Any) -> None:
-    """The context of every thread of this process that was given none: for a stub process,
-    which serves one model instance, so that threads the model starts itself reach the
-    server too (Triton lets a model call other models from any thread it starts)."""
-    global _process_context
-    _process_context = context
-
-
-def bind_context(context: Any) -> None:
-    """Give the calling thread a context (what :func:`current_context` returns on it): for a
-    thread nursery does not own as a :class:`DedicatedThread`, e.g. a stub process's main
-    thread."""
-    _local.context = context
 
 
 class DedicatedThread:
@@ -73,8 +42,8 @@ class DedicatedThread:
 
     def _main(self) -> None:
         run_sync_soon = self._token.run_sync_soon
-        _local.token = self._token
-        _local.context = self._context
+        local.token = self._token  # what current_token() and current_context() read
+        local.context = self._context
         while True:
             job = self._jobs.get()
             if job is _STOP:

@@ -179,12 +179,13 @@ def test_grpclib_client_from_our_stubs(grpc_url: str) -> None:
     from grpclib.client import Channel
 
     from nursery.schema import inference as pb
+    from nursery.schema.inference.services import GrpcInferenceServiceStub
 
     async def main() -> None:
         host, port = grpc_url.split(":")
         channel = Channel(host, int(port))
         try:
-            stub = pb.GrpcInferenceServiceStub(channel)
+            stub = GrpcInferenceServiceStub(channel)
             assert (await stub.server_live(pb.ServerLiveRequest())).live
             request = pb.ModelInferRequest(
                 model_name="add_sub",

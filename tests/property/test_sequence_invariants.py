@@ -45,10 +45,10 @@ from nursery.scheduling.decisions import Cancel, Dispatch, Reject, Release
 from nursery.scheduling.sequence_policy import (
     BACKLOG_TIMEOUT,
     SequencePolicy,
-    SequenceSchedule,
     SlotRow,
     not_started_message,
 )
+from nursery.scheduling.sequence_schedule import SequenceSchedule
 
 IDS: list[Hashable] = [1, 2, 3, 2**64 - 1, "a", "b", "c"]
 

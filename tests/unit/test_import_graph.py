@@ -1,22 +1,28 @@
 """The house's shape, checked on every run: no import cycle among nursery's modules (imports
 under TYPE_CHECKING count: a cycle hidden from the interpreter is still a cycle to a reader),
-no function-level import of a nursery module except the lazy imports of optional parts, and a
-small top level."""
+no function-level import of a nursery module except the lazy imports of optional parts, a
+small top level, and a Python stub process that starts without the server's side."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nursery"
 
-# function-level imports that exist to keep an optional part optional, not to dodge a cycle
+# function-level imports that exist to keep an optional part optional, or a Python stub
+# process's start short (it imports the backend's instance side only), not to dodge a cycle
 LAZY = {
     ("nursery.__main__", "nursery.simulate.cli"),  # `serve` never loads the research kit
     ("nursery", "nursery.embed"),  # `import nursery` stays light; nursery.Server on first use
     ("nursery.__main__", "nursery.analyze.cli"),  # nor the configuration search
     ("nursery.protocol.card_servers", "nursery.protocol.http.quart_app"),  # card-servers extra
     ("nursery.protocol.card_servers", "nursery.protocol.grpc.grpclib_server"),
+    # the stub's start: the server's side of stub processes (and trio) on the server only
+    ("nursery.backends.python.backend", "nursery.backends.python.process"),
+    ("nursery.backends.python.outbox", "nursery.actors.mailbox"),  # and trio: answers on the server
 }
 TOP_LEVEL = {"core", "errors", "messages", "server", "settings", "types"}
 
@@ -108,3 +114,23 @@ def test_no_import_cycles_and_no_dodging_imports() -> None:
 def test_top_level_stays_small() -> None:
     flat = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
     assert flat == TOP_LEVEL, f"top-level modules changed: {sorted(flat ^ TOP_LEVEL)}"
+
+
+# what a Python stub process must not load at its start (each costs its import time on every
+# stub start, once per instance of every Python model): the server's side of stub processes,
+# trio, grpclib's server (the gRPC services), the cloud storage code, the sequence policy
+STUB_NEVER = ("nursery.backends.python.process", "nursery.actors", "trio", "outcome",
+              "grpclib.server", "nursery.schema.inference.services", "nursery.config.storage",
+              "nursery.config.repository", "nursery.scheduling.sequence_policy",
+              "nursery.observability.stats")
+
+
+def test_a_python_stub_starts_without_the_server_side() -> None:
+    code = ("import sys, nursery.backends.python.triton_python_backend_stub\n"
+            "print('\\n'.join(sorted(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, check=True)
+    loaded = proc.stdout.split()
+    found = sorted(m for m in loaded for never in STUB_NEVER
+                   if m == never or m.startswith(never + "."))
+    assert not found, f"a stub process loads server-side modules at its start: {found}"

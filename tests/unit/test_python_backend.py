@@ -385,7 +385,7 @@ def test_a_metric_outlives_its_family_object_only_as_an_error() -> None:
     """Deleting a MetricFamily before its metrics makes them refuse every operation with
     Triton's words; another object of the same family keeps working."""
     from nursery.observability.custom_metrics import CustomMetrics
-    from nursery.runtime.threads import bind_context
+    from nursery.runtime.thread_context import bind_context
 
     class Context:
         custom_metrics = CustomMetrics()

@@ -14,7 +14,8 @@ from nursery.execution.sequence import SlotStates
 from nursery.protocol.codecs import binary_tensor
 from nursery.protocol.codecs import grpc_messages as grpc_codec
 from nursery.protocol.codecs import json_tensors as json_codec
-from nursery.scheduling.sequence_policy import SequenceSchedule, SlotRow
+from nursery.scheduling.sequence_policy import SlotRow
+from nursery.scheduling.sequence_schedule import SequenceSchedule
 from nursery.schema import inference as pb
 from nursery.types import DataType, InferenceRequest, Tensor
 

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,23 +47,18 @@ from nursery.backends.python import pb_utils
 from nursery.backends.python.environment import PARAMETER as ENV_PARAMETER
 from nursery.backends.python.environment import environment_path, interpreter_for
 from nursery.backends.python.outbox import Route
-from nursery.backends.python.process import (
-    MEMORY_LIMIT_KEY,
-    MEMORY_LIMIT_SETTING,
-    ProcessInstance,
-    complete_in_stub,
-    parse_size,
-    valid_stub_name,
-)
 from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import PYTHON_BASED_RUNTIME, ModelConfig
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
 from nursery.messages import InferWork, Part, Rescheduled
 from nursery.runtime.devices import InstancePlacement
-from nursery.runtime.threads import bind_context, current_context, current_token
+from nursery.runtime.thread_context import bind_context, current_context, current_token
 from nursery.schema import inference as pb
 from nursery.types import InferenceRequest, InferenceResponse, tensor_of
+
+if TYPE_CHECKING:
+    from nursery.backends.python.process import ProcessInstance
 
 log = logging.getLogger("nursery.backends.python")
 
@@ -75,6 +70,14 @@ DEFAULT_INSTANCE_MODE = "process"  # each instance in a stub process of its own,
 _module_ids = itertools.count()
 _path_lock = threading.Lock()
 _OWN_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def _process() -> ModuleType:
+    """:mod:`nursery.backends.python.process`, the server's side of stub processes, imported
+    when the factory first needs it: a stub process imports this module for the instance and
+    never for that (nor for trio, which it brings), so its start is shorter."""
+    from nursery.backends.python import process
+    return process
 
 
 class _Refused(Exception):  # noqa: N818 - Triton's PythonBackendException
@@ -436,9 +439,10 @@ class PythonFactory:
         if mode not in ("thread", "process"):
             raise ConfigError(f"--backend-config=python,{INSTANCE_MODE_SETTING}: 'thread' or "
                               f"'process', not '{mode}'")
-        limit = settings.get(MEMORY_LIMIT_SETTING, self.memory_limit).strip()
+        process = _process()
+        limit = settings.get(process.MEMORY_LIMIT_SETTING, self.memory_limit).strip()
         if limit:
-            parse_size(limit, f"--backend-config=python,{MEMORY_LIMIT_SETTING}")
+            process.parse_size(limit, f"--backend-config=python,{process.MEMORY_LIMIT_SETTING}")
         return PythonFactory(mode, self.name, self.script, limit)
 
     def python_based(self, name: str, script: Path) -> PythonFactory:
@@ -451,10 +455,12 @@ class PythonFactory:
         the server's ``--backend-config=python,nursery-memory-limit=...``): the resident
         memory each stub process of the model may hold; past it the stub is killed and
         started again. None: no limit."""
-        raw = str(config.parameters.get(MEMORY_LIMIT_KEY, "")).strip() or self.memory_limit
+        process = _process()
+        raw = str(config.parameters.get(process.MEMORY_LIMIT_KEY, "")).strip() or self.memory_limit
         if not raw:
             return None
-        return parse_size(raw, f"model '{config.name}': parameter '{MEMORY_LIMIT_KEY}'")
+        return process.parse_size(raw, f"model '{config.name}': parameter "
+                                       f"'{process.MEMORY_LIMIT_KEY}'")
 
     def model_file(self, default_model_filename: str, version_path: Path) -> Path:
         if self.script is not None:
@@ -471,13 +477,13 @@ class PythonFactory:
             config.runtime = PYTHON_BASED_RUNTIME  # as Triton records a Python-based backend
         path = self.model_file(config.default_model_filename, version_path)
         given = json.loads(json.dumps(config_to_json(config)))
-        if self._in_process(config) and not valid_stub_name(config.name):
+        if self._in_process(config) and not _process().valid_stub_name(config.name):
             return  # Triton refuses its stub before model.py runs: the instance's load says so
         if self._in_process(config):
             if not may_complete(path):
                 return  # no auto_complete_config to run: no stub process started for it
-            data = complete_in_stub(path, config.name, str(version_path), given,
-                                    _environment_of(config, version_path))
+            data = _process().complete_in_stub(path, config.name, str(version_path), given,
+                                               _environment_of(config, version_path))
         else:
             data = complete_config(path, config.name, str(version_path), given)
         if data is None:
@@ -497,7 +503,7 @@ class PythonFactory:
             config.model_transaction_policy = done.model_transaction_policy
 
     def _in_process(self, config: pb.ModelConfig) -> bool:
-        if ENV_PARAMETER in config.parameters or MEMORY_LIMIT_KEY in config.parameters:
+        if ENV_PARAMETER in config.parameters or _process().MEMORY_LIMIT_KEY in config.parameters:
             return True
         if self.memory_limit:
             return True
@@ -524,7 +530,7 @@ class PythonFactory:
         if (instance_mode(config, self.instance_mode) == "process"
                 or environment_path(config) is not None  # an environment needs a process
                 or limit is not None):  # and so does a memory limit
-            return ProcessInstance(config, version_path.name, name, args, path, limit)
+            return _process().ProcessInstance(config, version_path.name, name, args, path, limit)
         return start_model(path, config, args, version_path.name, name)
 
 

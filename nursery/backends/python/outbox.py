@@ -3,7 +3,8 @@
 Each request's way back is a :class:`Route`: on the server, the trio token and the request's
 reply channel (``token.run_sync_soon(mailbox.tell, reply, answer)``: one wake of the trio
 thread per answer); in a stub process, the channel to the server stands in for the token
-(one socket message per answer).
+(one socket message per answer, sent at once: the stand-in's ``run_sync_soon`` hands the
+answer to the channel itself, so a stub process never loads ``mailbox``, nor trio).
 
 ``coalesce_responses()`` (nursery's addition to ``triton_python_backend_utils``) gathers what
 the senders of one thread send inside the block and delivers it when the block ends, all at
@@ -17,13 +18,25 @@ inside a block is part of the outer one; sends from other threads are not held.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from nursery.actors import mailbox
-
 _held = threading.local()
+
+
+def _first_tell(reply: Any, answer: Any) -> bool:
+    """``mailbox.tell``, imported at the server's first answer (on the trio thread, where trio
+    runs already) rather than at the top: a stub process imports this module too and never
+    needs it. Later answers call ``mailbox.tell`` itself (:data:`_tell`)."""
+    global _tell
+    from nursery.actors import mailbox
+
+    _tell = mailbox.tell
+    return _tell(reply, answer)
+
+
+_tell: Callable[[Any, Any], bool] = _first_tell  # mailbox.tell, once an answer has needed it
 
 
 class Route:
@@ -39,7 +52,7 @@ class Route:
         if pending is not None:
             pending.append((self, answer))
             return
-        self.token.run_sync_soon(mailbox.tell, self.reply, answer)
+        self.token.run_sync_soon(_tell, self.reply, answer)
 
 
 @contextmanager
@@ -75,4 +88,4 @@ def deliver_together(pending: list[tuple[Route, Any]]) -> None:
 def tell_all(pairs: list[tuple[Any, Any]]) -> None:
     """On the trio thread: each answer onto its request's reply channel, in order."""
     for reply, answer in pairs:
-        mailbox.tell(reply, answer)
+        _tell(reply, answer)

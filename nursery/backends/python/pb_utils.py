@@ -31,7 +31,7 @@ import numpy as np
 from nursery.backends.python.outbox import coalesce_responses as coalesce_responses  # nursery's
 from nursery.errors import ErrorKind, NurseryError
 from nursery.observability.custom_metrics import labels_of
-from nursery.runtime.threads import current_context
+from nursery.runtime.thread_context import current_context
 from nursery.types import DataType, RequestedOutput, datatype_of_array
 from nursery.types import InferenceRequest as _Request
 from nursery.types import InferenceResponse as _Response

@@ -43,7 +43,7 @@ from nursery.backends.python.outbox import tell_all
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, NurseryError, Unavailable
 from nursery.messages import InferWork, Part
-from nursery.runtime.threads import current_context, current_token
+from nursery.runtime.thread_context import current_context, current_token
 from nursery.types import InferenceRequest, tensor_of
 
 log = logging.getLogger("nursery.backends.python")

@@ -33,7 +33,7 @@ from nursery.config.json_form import config_from_json
 from nursery.config.model import read_model_config
 from nursery.errors import InternalError, NurseryError
 from nursery.messages import Part
-from nursery.runtime import threads
+from nursery.runtime import thread_context
 from nursery.types import InferenceRequest, InferenceResponse, tensor_of
 
 PARTS_PER_MESSAGE = 256  # answers coalesced into one message at most (a packet stays small)
@@ -45,8 +45,11 @@ class _Direct:
     order sent), which the server hands to its trio thread in one wake."""
 
     @staticmethod
-    def run_sync_soon(fn: Any, *args: Any) -> None:
-        fn(*args)
+    def run_sync_soon(tell: Any, reply: _Reply, answer: Any) -> None:
+        """A Route's answer: ``tell`` (``mailbox.tell``, which on the server puts it on the
+        request's reply channel from the trio thread) is not needed here, the answer goes
+        on the channel at once."""
+        reply.send_nowait(answer)
 
     @staticmethod
     def tell_many(pairs: list[tuple[_Reply, Any]]) -> None:
@@ -210,7 +213,7 @@ def serve(channel: Channel) -> int:
 
     def check_ready(call: int) -> None:
         """The model's is_ready(), on a thread of its own (execute may be running)."""
-        threads.bind_context(client)
+        thread_context.bind_context(client)
         answer: Any
         try:
             answer = served[0].check_ready() if served else False
@@ -228,7 +231,7 @@ def serve(channel: Channel) -> int:
     root.handlers[:] = [_ToServer(channel)]
     os.register_at_fork(after_in_child=partial(_forked, client))
     root.setLevel(logging.DEBUG)
-    threads.bind_process_context(client)  # BLS from any thread of the model's
+    thread_context.bind_process_context(client)  # BLS from any thread of the model's
 
     first = inbox.get()
     if first is None or first[0] != "init":

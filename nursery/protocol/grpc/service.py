@@ -34,6 +34,8 @@ from nursery.protocol.codecs.status import GRPC_STATUS
 from nursery.protocol.grpc.h2 import only_gone
 from nursery.schema import inference as pb
 from nursery.schema.grpc.health import v1 as health_pb
+from nursery.schema.grpc.health.v1 import services as health_services
+from nursery.schema.inference import services
 from nursery.types import InferenceResponse
 
 NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
@@ -128,7 +130,7 @@ class Draining:
             self.idle.set()
 
 
-class InferenceService(pb.GrpcInferenceServiceBase):
+class InferenceService(services.GrpcInferenceServiceBase):
     def __init__(self, core: Core, draining: Draining,
                  forward: HeaderForward = NO_FORWARD) -> None:
         self.core = core
@@ -650,7 +652,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         return mapping
 
 
-class HealthService(health_pb.HealthBase):
+class HealthService(health_services.HealthBase):
     """grpc.health.v1.Health: SERVING while the server is ready, as Triton answers."""
 
     def __init__(self, core: Core) -> None:

@@ -12,8 +12,6 @@ from typing import (
 )
 
 import betterproto
-import grpclib
-from betterproto.grpc.grpclib_server import ServiceBase
 
 if TYPE_CHECKING:
     import grpclib.server
@@ -37,46 +35,3 @@ class HealthCheckRequest(betterproto.Message):
 class HealthCheckResponse(betterproto.Message):
     status: "HealthCheckResponseServingStatus" = betterproto.enum_field(1)
 
-
-class HealthStub(betterproto.ServiceStub):
-    async def check(
-        self,
-        health_check_request: "HealthCheckRequest",
-        *,
-        timeout: Optional[float] = None,
-        deadline: Optional["Deadline"] = None,
-        metadata: Optional["MetadataLike"] = None
-    ) -> "HealthCheckResponse":
-        return await self._unary_unary(
-            "/grpc.health.v1.Health/Check",
-            health_check_request,
-            HealthCheckResponse,
-            timeout=timeout,
-            deadline=deadline,
-            metadata=metadata,
-        )
-
-
-class HealthBase(ServiceBase):
-
-    async def check(
-        self, health_check_request: "HealthCheckRequest"
-    ) -> "HealthCheckResponse":
-        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
-
-    async def __rpc_check(
-        self, stream: "grpclib.server.Stream[HealthCheckRequest, HealthCheckResponse]"
-    ) -> None:
-        request = await stream.recv_message()
-        response = await self.check(request)
-        await stream.send_message(response)
-
-    def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
-        return {
-            "/grpc.health.v1.Health/Check": grpclib.const.Handler(
-                self.__rpc_check,
-                grpclib.const.Cardinality.UNARY_UNARY,
-                HealthCheckRequest,
-                HealthCheckResponse,
-            ),
-        }
