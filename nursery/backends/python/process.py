@@ -196,6 +196,7 @@ class ProcessInstance:
         self.restarts = 0
         self._life = threading.Lock()  # one start at a time (batches of several threads)
         self._closing = False
+        self._opened = threading.Event()  # set when a batch opens requests (wakes _watch)
         self._starting = False
         self._start()
         threading.Thread(target=self._watch, name=f"{name}-cancel-watch", daemon=True).start()
@@ -430,6 +431,15 @@ class ProcessInstance:
         for tick in itertools.count():
             if self._closing:
                 return
+            if self.memory_limit is None and not told:
+                # nothing open and nothing to look at: sleep until a batch opens requests
+                # (an idle server with hundreds of stub models does not poll them all)
+                self._opened.clear()
+                with self._lock:
+                    idle = not self._open
+                if idle:
+                    self._opened.wait()
+                    continue
             time.sleep(CANCEL_POLL)
             if self.memory_limit is not None and tick % MEMORY_POLL_TICKS == 0:
                 self._check_memory()
@@ -600,6 +610,7 @@ class ProcessInstance:
             self._started[batch] = (len(work), deliver)
             for index, item in enumerate(work):
                 self._open[(batch, index)] = item
+        self._opened.set()
         return batch
 
     def _finish(self, batch: int, answers: list[Any] | _Dead) -> None:
@@ -640,6 +651,7 @@ class ProcessInstance:
         """``finalize`` in the stub, then its exit; a stub that takes longer than
         ``FINALIZE_TIMEOUT`` is killed."""
         self._closing = True
+        self._opened.set()
         try:
             if not self.dead:
                 self.channel.send("finalize")
@@ -657,6 +669,7 @@ class ProcessInstance:
     def kill(self) -> None:
         """End the stub now, for good (a hung model at unload or shutdown)."""
         self._closing = True
+        self._opened.set()
         self._terminate()
 
     def _terminate(self) -> None:
