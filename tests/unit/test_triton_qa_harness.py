@@ -209,3 +209,42 @@ def test_clients_see_the_version_the_server_reports(tmp_path):
     from nursery.runtime.about import VERSION
 
     assert run.environment(tmp_path, tmp_path / "r", "")["TRITON_SERVER_VERSION"] == VERSION
+
+
+def _client_python(tmp_path, code: str, **env: str) -> subprocess.CompletedProcess:
+    """A Python started as the harness starts Triton's clients (its hooks on PYTHONPATH)."""
+    return subprocess.run(
+        ["python", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(QA / "hooks"), "NURSERY_QA_RECORD": "", **env})
+
+
+def test_a_pytest_case_that_waits_for_ever_fails_at_the_case_limit(tmp_path):
+    """A client waiting on a queue for an answer that never comes fails at --case-limit, and
+    the cases after it run."""
+    (tmp_path / "test_wait.py").write_text(
+        "import queue\n\ndef test_waits():\n    queue.Queue().get()\n\n"
+        "def test_after():\n    pass\n")
+    record = tmp_path / "cases.jsonl"
+    done = _client_python(tmp_path, "import pytest, sys; sys.exit(pytest.main(["
+                          "'-q', '-p', 'no:cacheprovider', 'test_wait.py']))",
+                          PYTEST_PLUGINS="nursery_qa_pytest", NURSERY_QA_CASE_LIMIT="1",
+                          NURSERY_QA_RECORD=str(record))
+    assert done.returncode == 1, done.stdout + done.stderr
+    cases = {c["test"]: c for c in map(json.loads, record.read_text().splitlines())}
+    assert cases["test_wait.py::test_after"]["outcome"] == "passed"
+    waited = cases["test_wait.py::test_waits"]
+    assert waited["outcome"] == "failed" and "--case-limit" in waited["message"]
+
+
+def test_clients_get_what_tritons_container_gives_them(tmp_path):
+    """np.NINF (NumPy 1, as Triton's container pins) and pkg_resources.resource_filename
+    (tritonclient's shared-memory module finds libcshm.so with it), for the clients only."""
+    done = _client_python(tmp_path, (
+        "import numpy as np, pkg_resources, pathlib\n"
+        "assert np.NINF == -np.inf\n"
+        "p = pathlib.Path(pkg_resources.resource_filename('json', 'decoder.py'))\n"
+        "assert p.is_file(), p\n"))
+    assert done.returncode == 0, done.stderr
+    # the server's environment drops the hooks folder (see the stand-in's test above)
+    assert str(QA / "hooks") not in standin.server_env(
+        {"PYTHONPATH": str(QA / "hooks")}).get("PYTHONPATH", "")
