@@ -58,7 +58,7 @@ def test_server_env_puts_the_project_first_and_drops_the_recording_hooks():
     env = standin.server_env({"PYTHONPATH": os.pathsep.join([hooks, "/x"]),
                               "NURSERY_QA_ROOT": "/proj", "NURSERY_QA_RECORD": "/r",
                               "PYTEST_PLUGINS": "nursery_qa_pytest"})
-    assert env["PYTHONPATH"] == os.pathsep.join(["/proj", "/x"])
+    assert env["PYTHONPATH"] == os.pathsep.join(["/proj", "/x", hooks + "/numpy1"])
     assert "NURSERY_QA_RECORD" not in env and "PYTEST_PLUGINS" not in env
 
 
@@ -245,6 +245,12 @@ def test_clients_get_what_tritons_container_gives_them(tmp_path):
         "p = pathlib.Path(pkg_resources.resource_filename('json', 'decoder.py'))\n"
         "assert p.is_file(), p\n"))
     assert done.returncode == 0, done.stderr
-    # the server's environment drops the hooks folder (see the stand-in's test above)
-    assert str(QA / "hooks") not in standin.server_env(
-        {"PYTHONPATH": str(QA / "hooks")}).get("PYTHONPATH", "")
+    # the server gets the NumPy alias (Triton's Python models use it too), not the rest
+    server = _client_python(tmp_path, (
+        "import numpy as np, importlib.util\n"
+        "assert np.NINF == -np.inf\n"
+        "assert importlib.util.find_spec('pkg_resources') is None or "
+        "importlib.util.find_spec('pkg_resources').origin\n"
+        "import sys; assert 'client_env' not in sys.modules\n"),
+        PYTHONPATH=standin.server_env({"PYTHONPATH": str(QA / "hooks")})["PYTHONPATH"])
+    assert server.returncode == 0, server.stderr

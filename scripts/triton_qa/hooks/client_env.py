@@ -2,29 +2,29 @@
 restored for the clients only (this folder is on their PYTHONPATH, never on the server's):
 
 - ``np.NINF``: Triton's container pins NumPy 1; NumPy 2 removed the alias (L0_nan_inf's
-  client builds its expected answer with it). Only that name is restored, the one
-  Triton's qa/ uses.
+  client builds its expected answer with it; numpy1/nursery_qa_numpy1.py, which the
+  stand-in also puts on the server's PYTHONPATH for Triton's Python models).
 - ``pkg_resources``: ``tritonclient.utils.shared_memory`` (2.41) finds its ``libcshm.so``
   with ``pkg_resources.resource_filename``, and setuptools 81 and later no longer ship
   ``pkg_resources`` (every L0_shared_memory case stopped at that import). When the real module
   is missing, a stand-in answers ``resource_filename`` from the package's own folder, which
   is what the real one returns for an installed package; anything else it is asked fails.
 
-Neither touches the server: nursery runs with the machine's NumPy and needs neither."""
+nursery itself needs neither."""
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
 import types
+from pathlib import Path
 
 
 def _resource_filename(package: str, name: str) -> str:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"nursery-qa pkg_resources stand-in: no package {package!r}")
-    return str(__import__("pathlib").Path(list(spec.submodule_search_locations)[0]) / name)
+    return str(Path(list(spec.submodule_search_locations)[0]) / name)
 
 
 def _pkg_resources_stand_in() -> None:
@@ -41,33 +41,9 @@ def _pkg_resources_stand_in() -> None:
     sys.modules["pkg_resources"] = module
 
 
-class _NumpyAliases(importlib.abc.MetaPathFinder):
-    """Adds the alias once ``numpy`` itself has been imported (numpy is not imported here)."""
-
-    def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201
-        if name != "numpy":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("numpy")
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original = loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            original(module)
-            if not hasattr(module, "NINF"):
-                module.NINF = -module.inf  # type: ignore[attr-defined]
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def install() -> None:
     _pkg_resources_stand_in()
-    if "numpy" in sys.modules:
-        numpy = sys.modules["numpy"]
-        if not hasattr(numpy, "NINF"):
-            numpy.NINF = -numpy.inf
-    else:
-        sys.meta_path.insert(0, _NumpyAliases())
+    sys.path.append(str(Path(__file__).resolve().parent / "numpy1"))
+    import nursery_qa_numpy1
+
+    nursery_qa_numpy1.install()
