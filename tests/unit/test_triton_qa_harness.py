@@ -221,13 +221,21 @@ def _client_python(tmp_path, code: str, **env: str) -> subprocess.CompletedProce
 def test_a_pytest_case_that_waits_for_ever_fails_at_the_case_limit(tmp_path):
     """A client waiting on a queue for an answer that never comes fails at --case-limit, and
     the cases after it run."""
+    # the case's clean-up waits too, on a thread that never ends (as a gRPC client's close()
+    # joins a stream reader the server never releases): interrupted as well, and the
+    # process still exits
     (tmp_path / "test_wait.py").write_text(
-        "import queue\n\ndef test_waits():\n    queue.Queue().get()\n\n"
+        "import queue, threading\n\n"
+        "def test_waits():\n"
+        "    reader = threading.Thread(target=queue.Queue().get)\n"
+        "    reader.start()\n"
+        "    try:\n        queue.Queue().get()\n    finally:\n        reader.join()\n\n"
         "def test_after():\n    pass\n")
     record = tmp_path / "cases.jsonl"
     done = _client_python(tmp_path, "import pytest, sys; sys.exit(pytest.main(["
                           "'-q', '-p', 'no:cacheprovider', 'test_wait.py']))",
                           PYTEST_PLUGINS="nursery_qa_pytest", NURSERY_QA_CASE_LIMIT="1",
+                          NURSERY_QA_CASE_RETRY="0.5",
                           NURSERY_QA_RECORD=str(record))
     assert done.returncode == 1, done.stdout + done.stderr
     cases = {c["test"]: c for c in map(json.loads, record.read_text().splitlines())}

@@ -9,6 +9,7 @@ GPU-only model whose thread fails on ``.cuda()``) would otherwise hold the group
 time runs out, and the cases after it would never run."""
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -53,6 +54,12 @@ class CaseTimeLimit(Exception):
     pass
 
 
+_limit_hit = False
+_exit_status = 1
+# after the limit, the clean-up the case runs is interrupted this often (seconds)
+RETRY_S = float(os.environ.get("NURSERY_QA_CASE_RETRY") or 5)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: Any) -> Iterator[None]:
     limit = float(os.environ.get("NURSERY_QA_CASE_LIMIT") or 0)
@@ -61,6 +68,12 @@ def pytest_runtest_call(item: Any) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: Any) -> None:
+        # the case's own clean-up may wait for ever too (a gRPC client's close() joins a
+        # stream thread that ends only when the server ends the stream): it is interrupted
+        # again until the case has ended
+        global _limit_hit
+        _limit_hit = True
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
         raise CaseTimeLimit(f"nursery-qa: the case ran past its {limit:g} s "
                             "(run.py --case-limit); stopped so that the next cases run")
 
@@ -71,3 +84,19 @@ def pytest_runtest_call(item: Any) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: Any) -> None:
+    """After a case hit the limit, threads it left (a client's stream reader waiting for the
+    server) would keep the interpreter from exiting: leave without waiting for them, once
+    pytest has written its reports."""
+    if _limit_hit:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status)
