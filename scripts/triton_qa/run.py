@@ -86,6 +86,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
 GROUP_ENV = {
     "L0_infer": {"BACKENDS": "onnx libtorch python python_dlpack"},
     "L0_sequence_batcher": {"BACKENDS": "onnx libtorch python"},
+    # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
+    "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
 }
 
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
