@@ -589,6 +589,16 @@ class _Manager:
         assert plan is not None
         where = f"ensemble '{config.name}'"
         models = frozenset(plan.models())
+        # Triton's dependency graph first: every step's model is in the repository (or
+        # served already, e.g. loaded with a config override), found once
+        repo = (await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud
+                else scan(self.repositories))
+        missing = sorted(m for m in models if m != config.name and not self._serving(m)
+                         and m not in self.loading
+                         and (m not in repo.models or m in repo.duplicates))
+        if missing:
+            raise ConfigError(f"ensemble {config.name} contains models that are not available "
+                              f"or ambiguous: {', '.join(missing)}")
         self.ensembles_waiting[config.name] = models
         try:
             for model in sorted(models):  # the graph first, as Triton checks it before loads
@@ -602,7 +612,16 @@ class _Manager:
                 if event is not None:
                     await event.wait()
                 elif not self._serving(model):  # never loaded, unloaded, or failed
-                    await self.load(model)  # Triton loads an ensemble's models with it
+                    # Triton loads an ensemble's models with it; another ensemble needing
+                    # the same model meanwhile waits for this load instead of starting its
+                    # own (two loads of one version would leave one running unowned)
+                    event = self.loading[model] = trio.Event()
+                    try:
+                        await self.load(model)
+                    finally:
+                        if self.loading.get(model) is event:
+                            del self.loading[model]
+                        event.set()
                     self.dependency_only.add(model)
         finally:
             self.ensembles_waiting.pop(config.name, None)
@@ -611,6 +630,10 @@ class _Manager:
             try:
                 steps.append(self.directory.resolve(step.model_name, step.version_str).config)
             except NurseryError as exc:
+                if step.model_version >= 0 and self._serving(step.model_name):
+                    raise ConfigError(  # Triton's words, its period too
+                        f"{where} depends on '{step.model_name}' whose required version "
+                        f"{step.model_version} is not loaded.") from None
                 entry = self.directory.entry(step.model_name)
                 failure = ""
                 if entry is not None:

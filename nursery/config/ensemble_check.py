@@ -1,6 +1,7 @@
 """An ensemble's wiring checked against the configurations of the models it is made of: each
-step's tensors exist on its model, each ensemble tensor has one datatype along the graph, and
-no step (nor the ensemble's answer) mixes tensors from different decoupled steps.
+step's tensors exist on its model, each ensemble tensor has one datatype and one shape along
+the graph, and no step (nor the ensemble's answer) mixes tensors from different decoupled
+steps.
 
 An ensemble's transaction policy is not its own to choose: Triton's ``ValidateEnsembleConfig``
 sets it, overriding ``model_transaction_policy``, to decoupled exactly when a step's model is
@@ -11,10 +12,48 @@ ensemble so."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from nursery.config.model import ModelConfig
+from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import ConfigError
 from nursery.types import DataType
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """What one model (or the ensemble itself) says an ensemble tensor is."""
+    datatype: DataType
+    dims: tuple[int, ...]
+    batching: bool
+    model: str
+
+    @property
+    def full_dims(self) -> tuple[int, ...]:
+        return (-1, *self.dims) if self.batching else self.dims
+
+    def conflict(self, other: _Node) -> str:
+        """Triton's ValidateTensorConsistency: one datatype, and shapes equal up to variable
+        (-1) dims, compared as configured or else with the batch dim prepended (a tensor
+        between a non-batching model's [-1, d...] and a batching model's [d...]). The
+        problem in Triton's words, or ''."""
+        if self.datatype is not other.datatype:
+            return (f"inconsistent data type: {self.datatype.config_name} is inferred from "
+                    f"model {self.model} while {other.datatype.config_name} is inferred from "
+                    f"model {other.model}")
+        if not (_same_dims(self.dims, other.dims)
+                or _same_dims(self.full_dims, other.full_dims)):
+            return (f"inconsistent shape: {_dims_text(self.full_dims)} is inferred from model "
+                    f"{self.model} while {_dims_text(other.full_dims)} is inferred from model "
+                    f"{other.model}")
+        return ""
+
+
+def _same_dims(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
+
+
+def _dims_text(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(map(str, dims)) + "]"
 
 
 def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> bool:
@@ -24,17 +63,19 @@ def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> boo
     plan = config.ensemble
     assert plan is not None
     name = config.name
-    # each ensemble tensor's datatype and the model it was first inferred from (Triton's
-    # ValidateEnsembleConfig and ValidateTensorMapping, their order and words)
-    types = {t.name: (t.datatype, name) for t in (*config.inputs, *config.outputs)}
+    # each ensemble tensor's datatype and shape, and the model they were first inferred from
+    # (Triton's ValidateEnsembleConfig and ValidateTensorMapping, their order and words)
+    batching = config.max_batch_size > 0
+    tensors = {t.name: _Node(t.datatype, t.reshape if t.reshape is not None else t.dims,
+                             batching, name)
+               for t in (*config.inputs, *config.outputs)}
 
-    def consistent(tensor: str, datatype: DataType, model: str) -> None:
-        seen, origin = types.setdefault(tensor, (datatype, model))
-        if seen is not datatype:
-            raise ConfigError(
-                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent data type: "
-                f"{seen.config_name} is inferred from model {origin} while "
-                f"{datatype.config_name} is inferred from model {model}")
+    def consistent(tensor: str, spec: TensorSpec, model: ModelConfig) -> None:
+        node = _Node(spec.datatype, spec.dims, model.max_batch_size > 0, model.name)
+        seen = tensors.setdefault(tensor, node)
+        problem = seen.conflict(node)
+        if problem:
+            raise ConfigError(f"in ensemble {name}, ensemble tensor {tensor}: {problem}")
 
     for step, model in zip(plan.steps, step_models, strict=True):
         if 0 < model.max_batch_size < config.max_batch_size:
@@ -51,7 +92,7 @@ def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> boo
                     f"{', '.join(sorted(model.input_map))})")
         for spec in model.inputs:  # only an optional input may be left unmapped
             if spec.name in step.input_map:
-                consistent(step.input_map[spec.name], spec.datatype, model.name)
+                consistent(step.input_map[spec.name], spec, model)
             elif not spec.optional:
                 raise ConfigError(
                     f"in ensemble {name}, input {spec.name} in model {model.name} is not "
@@ -64,7 +105,7 @@ def check_wiring(config: ModelConfig, step_models: Sequence[ModelConfig]) -> boo
                     f"non-existing output {tensor_name} in model {model.name} (model "
                     f"'{model.name}' has no output '{tensor_name}'; it has: "
                     f"{', '.join(sorted(model.output_map))})")
-            consistent(ensemble_tensor, produced.datatype, model.name)
+            consistent(ensemble_tensor, produced, model)
     return _decoupled_sources(config, step_models)
 
 

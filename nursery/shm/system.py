@@ -47,8 +47,9 @@ from nursery.errors import (
 from nursery.shm.cuda import CudaRegion  # imports CuPy only when a CUDA region is opened
 
 SHM_DIR = Path("/dev/shm")
-RESERVED_PREFIX = "triton_python_backend_shm_region"
+RESERVED_PREFIX = "triton_python_backend_shm_region_"  # Triton's, its trailing underscore too
 _MAX_SIZE = 2**63 - 1
+_SIZE_MAX = 2**64 - 1  # size_t: an offset plus a byte size beyond it overflows in Triton
 MAX_REGIONS = 1024  # registered regions (system and CUDA together) per server, by default
 
 
@@ -191,6 +192,9 @@ class SharedMemoryRegistry:
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.check_client_allowed()
+        if not key.lstrip("/"):  # Triton's ValidateSharedMemoryKey: a key of slashes only
+            raise InvalidArgument(
+                f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
         if key.lstrip("/").startswith(RESERVED_PREFIX):
             raise InvalidArgument(
                 f"cannot register shared memory region '{name}' with key '{key}' as the key "
@@ -280,6 +284,10 @@ class SharedMemoryRegistry:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
         if offset < 0 or offset >= region.byte_size:
             raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+        if byte_size > _SIZE_MAX - offset:  # Triton checks this before the bounds
+            raise InvalidArgument(
+                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) "
+                f"exceeds maximum value ({_SIZE_MAX}) for region '{name}'")
         if byte_size < 0 or offset + byte_size > region.byte_size:
             raise InvalidArgument(
                 f"Invalid offset + byte size for shared memory region: '{name}'")

@@ -86,6 +86,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
 GROUP_ENV = {
     "L0_infer": {"BACKENDS": "onnx libtorch python python_dlpack"},
     "L0_sequence_batcher": {"BACKENDS": "onnx libtorch python"},
+    # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
+    "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
 }
 
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
@@ -469,6 +471,10 @@ def main() -> None:
                         help="a folder of local checkouts by repository name (python_backend, "
                         "...): a script's `git clone .../<name>` copies <folder>/<name>")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per group")
+    parser.add_argument("--case-limit", type=float, default=300,
+                        help="seconds a pytest case may run before it is failed, so that a "
+                        "case waiting for an answer that never comes does not take the "
+                        "group's time (0: no limit)")
     parser.add_argument("--generate", action="store_true",
                         help="run Triton's ONNX/LibTorch model generators into data/")
     parser.add_argument("--no-netns", action="store_true",
@@ -484,6 +490,7 @@ def main() -> None:
     if not (args.triton_server / "qa" / "common" / "util.sh").is_file():
         parser.error(f"{args.triton_server} does not look like Triton's server repository "
                      "(no qa/common/util.sh)")
+    os.environ["NURSERY_QA_CASE_LIMIT"] = str(args.case_limit)  # read by the pytest hook
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not (args.reuse and (work / "qa").exists()):

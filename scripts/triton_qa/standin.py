@@ -83,11 +83,14 @@ def map_flags(argv: list[str], python_mode: str = "",
 
 def server_env(env: dict[str, str]) -> dict[str, str]:
     """The server's environment: the project first on PYTHONPATH, the harness's recording
-    hooks (meant for the test clients) taken off it."""
+    hooks (meant for the test clients) taken off it, NumPy 1's ``np.NINF`` alias
+    (hooks/numpy1) added for Triton's Python models."""
     root = env.get("NURSERY_QA_ROOT", "")
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _HOOKS]
     if root:
         parts.insert(0, root)
+    # NumPy 1's np.NINF for Triton's Python models (L0_nan_inf's), as Triton's container has
+    parts.append(os.path.join(_HOOKS, "numpy1"))
     new = dict(env)
     new["PYTHONPATH"] = os.pathsep.join(parts)
     new.pop("NURSERY_QA_RECORD", None)

@@ -204,6 +204,33 @@ def _ensemble(steps: list[str]) -> str:
             f"ensemble_scheduling {{ step [ {body} ] }}\n")
 
 
+async def test_ensemble_steps_missing_or_without_their_version_use_tritons_words(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """Triton's dependency graph: step models that no repository holds are named together
+    (sorted) before anything loads; a step asking for a version its model does not serve
+    names that version (L0_model_config's non_existing_model and no_required_version). The
+    two ensembles loading at start-up share one load of 'm' (two loads of it at once left one
+    version running unowned, and shutdown waited for it for ever)."""
+    write_fake_model(tmp_path, "m", FAKE_CONFIG + "version_policy: { all {} }")
+    write_fake_model(tmp_path, "missing", _ensemble(["m", "zeta", "alpha", "m"]))
+    pinned = _ensemble(["m", "m"]).replace("model_version: -1", "model_version: 2", 1)
+    write_fake_model(tmp_path, "pinned", pinned)
+    write_fake_model(tmp_path, "pinned_later", _ensemble(["m", "m"])[::-1].replace(
+        "1- :noisrev_ledom", "2 :noisrev_ledom", 1)[::-1])
+    async with _manager(tmp_path, factory, ["missing", "pinned", "pinned_later"]) as h:
+        assert h.failed == ["missing", "pinned", "pinned_later"]
+        error = await h.command(messages.LoadModel, "missing")
+        assert error is not None
+        assert ("ensemble missing contains models that are not available or ambiguous: "
+                "alpha, zeta") in error.message
+        for name in ("pinned", "pinned_later"):
+            error = await h.command(messages.LoadModel, name)
+            assert error is not None
+            assert (f"ensemble '{name}' depends on 'm' whose required version 2 is not "
+                    "loaded.") in error.message, error.message
+        assert h.state("m") == (ModelState.READY, "")  # loaded with them, version 1 serves
+
+
 async def test_nested_ensembles_load_and_only_real_cycles_are_refused(
         tmp_path: Path, factory: FakeFactory) -> None:
     """An ensemble step may be an ensemble (Triton's L0_decoupled nested_square): loaded

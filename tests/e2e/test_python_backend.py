@@ -458,7 +458,9 @@ def test_ensembles_validate_at_load(start_server: Any, tmp_path: Path) -> None:
     result = client.infer("ens_add_sub_py", [http_input("A", a, "FP32"), http_input("B", b, "FP32")])
     np.testing.assert_allclose(result.as_numpy("TWICE_A"), 2 * a, rtol=1e-5, atol=1e-6)
     for name, message in [
-        ("ens_unknown", "ensemble 'ens_unknown' depends on 'nope' which has no loaded version"),
+        # Triton's dependency graph: a step model no repository holds
+        ("ens_unknown", "ensemble ens_unknown contains models that are not available or "
+                        "ambiguous: nope"),
         # Triton's ValidateEnsembleSchedulingConfig words: its data-flow check finds the
         # ensemble input nothing reads first
         ("ens_unmapped", "ensemble input 'X' for ensemble ens_unmapped' is not used"),

@@ -184,9 +184,13 @@ def test_bad_registrations_are_refused(http: Http, grpc_client: Grpc,
     assert "invalid args" in err.message() and err.status() == "StatusCode.INVALID_ARGUMENT"
     err = _error(client.register_system_shared_memory, "nokey", "/nursery_no_such_key", 8)
     assert err.message() == "Unable to open shared memory region: '/nursery_no_such_key'"
-    for bad_key in ("/../../etc/passwd", "/dev/null", "..", "/"):
+    for bad_key in ("/../../etc/passwd", "/dev/null", ".."):
         err = _error(client.register_system_shared_memory, "evil", bad_key, 8)
         assert err.message() == f"Unable to open shared memory region: '{bad_key}'"
+    for bad_key in ("/", "///"):  # Triton's ValidateSharedMemoryKey (L0_shared_memory)
+        err = _error(client.register_system_shared_memory, "evil", bad_key, 8)
+        assert err.message() == (f"cannot register shared memory region 'evil' - invalid shm "
+                                 f"key '{bad_key}'")
     client.register_system_shared_memory(name, key, 64)
     err = _error(grpc.register_system_shared_memory, name, key, 64)
     assert err.message() == f"shared memory region '{name}' already in manager"

@@ -3,6 +3,7 @@ in reading a model folder: a configuration error is reported before a missing ve
 Triton's repository manager validates before the model is created (L0_model_config)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -271,3 +272,43 @@ def test_ensemble_wiring_uses_tritons_words(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as err:
             check_wiring(ensemble, [step])
         assert str(err.value).startswith(message), err.value
+
+
+def test_ensemble_tensor_shapes_must_agree_in_tritons_words(tmp_path: Path) -> None:
+    """ValidateTensorConsistency: an ensemble tensor's shape, as each model sees it, must match
+    up to -1 dims, as configured or with the batch dim prepended (L0_model_config's
+    inconsistent_shape); a batching model's [16] meets a non-batching one's [-1, 16]."""
+    from nursery.config.ensemble_check import check_wiring
+
+    def step(name: str, batch: int, in_dims: str, out_dims: str):
+        return _model(tmp_path, name, f"platform: 'onnxruntime_onnx'\nmax_batch_size: {batch}\n"
+                      f"input [{{name: 'IN' data_type: TYPE_FP32 dims: [{in_dims}]}}]\n"
+                      f"output [{{name: 'OUT' data_type: TYPE_FP32 dims: [{out_dims}]}}]\n")
+
+    def ensemble(folder: str, batch: int, dims: str, out_dims: str, models: list[str]):
+        tensors = ["data", *(f"t{i}" for i in range(len(models) - 1)), "prob"]
+        steps = ", ".join(f"{{model_name: '{m}' input_map {{key: 'IN' value: '{tensors[i]}'}} "
+                          f"output_map {{key: 'OUT' value: '{tensors[i + 1]}'}}}}"
+                          for i, m in enumerate(models))
+        return _model(tmp_path / folder, "e", (
+            f"platform: 'ensemble'\nmax_batch_size: {batch}\n"
+            f"input [{{name: 'data' data_type: TYPE_FP32 dims: [{dims}]}}]\n"
+            f"output [{{name: 'prob' data_type: TYPE_FP32 dims: [{out_dims}]}}]\n"
+            f"ensemble_scheduling {{ step [{steps}] }}\n"))
+
+    dim1, dim3 = step("dim1", 4, "16", "16"), step("dim3", 4, "16, 16, 16", "16, 16, 16")
+    flat, var = step("flat", 0, "-1, 16", "-1, 16"), step("var", 4, "-1", "-1")
+    with pytest.raises(ConfigError, match=re.escape(
+            "in ensemble e, ensemble tensor t0: inconsistent shape: [-1,16] is inferred from "
+            "model dim1 while [-1,16,16,16] is inferred from model dim3")):
+        check_wiring(ensemble("a", 2, "16", "16", ["dim1", "dim3"]), [dim1, dim3])
+    with pytest.raises(ConfigError, match=re.escape(
+            "in ensemble e, ensemble tensor data: inconsistent shape: [-1,8] is inferred from "
+            "model e while [-1,16] is inferred from model dim1")):
+        check_wiring(ensemble("b", 2, "8", "16", ["dim1"]), [dim1])
+    # a batching model beside a non-batching one, and variable dims, are consistent
+    assert check_wiring(ensemble("c", 2, "16", "16", ["dim1", "flat", "dim1"]),
+                        [dim1, flat, dim1]) is False
+    assert check_wiring(ensemble("d", 0, "-1, 16", "-1, 16", ["flat", "dim1"]),
+                        [flat, dim1]) is False
+    assert check_wiring(ensemble("f", 2, "16", "-1", ["dim1", "var"]), [dim1, var]) is False

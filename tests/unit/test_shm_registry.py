@@ -4,6 +4,7 @@ the bytes of its own region, whatever offsets and sizes it asks for."""
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -65,6 +66,20 @@ def test_registration_errors(registry: SharedMemoryRegistry, key: str) -> None:
         registry.register_system("big", key, SIZE - 4, 8)
     with pytest.raises(InternalError, match="Unable to open shared memory region"):
         registry.register_system("x", "/a/b", 0, 8)
+    for bad in ("/", "///"):  # Triton's ValidateSharedMemoryKey, before anything is opened
+        with pytest.raises(InvalidArgument, match=re.escape(
+                f"cannot register shared memory region 'x' - invalid shm key '{bad}'")):
+            registry.register_system("x", bad, 0, 8)
+    for reserved in ("triton_python_backend_shm_region__k", "///triton_python_backend_shm_region_k"):
+        with pytest.raises(InvalidArgument, match=re.escape(
+                f"cannot register shared memory region 'x' with key '{reserved}' as the key "
+                "contains the reserved prefix 'triton_python_backend_shm_region_'")):
+            registry.register_system("x", reserved, 0, 8)
+    # an offset plus a byte size past size_t: Triton's overflow words (L0_shared_memory)
+    with pytest.raises(InvalidArgument, match=re.escape(
+            f"Integer overflow detected: byte_size ({2**64 - 32}) + offset (32) exceeds maximum "
+            f"value ({2**64 - 1}) for region 'r'")):
+        registry.read("r", 32, 2**64 - 32)
     with pytest.raises(NotFound, match="Unable to find shared memory region: 'zzz'"):
         registry.read("zzz", 0, 1)
     with pytest.raises(NotFound, match="Unable to find system shared memory region: 'zzz'"):

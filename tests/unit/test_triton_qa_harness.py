@@ -58,7 +58,7 @@ def test_server_env_puts_the_project_first_and_drops_the_recording_hooks():
     env = standin.server_env({"PYTHONPATH": os.pathsep.join([hooks, "/x"]),
                               "NURSERY_QA_ROOT": "/proj", "NURSERY_QA_RECORD": "/r",
                               "PYTEST_PLUGINS": "nursery_qa_pytest"})
-    assert env["PYTHONPATH"] == os.pathsep.join(["/proj", "/x"])
+    assert env["PYTHONPATH"] == os.pathsep.join(["/proj", "/x", hooks + "/numpy1"])
     assert "NURSERY_QA_RECORD" not in env and "PYTEST_PLUGINS" not in env
 
 
@@ -209,3 +209,56 @@ def test_clients_see_the_version_the_server_reports(tmp_path):
     from nursery.runtime.about import VERSION
 
     assert run.environment(tmp_path, tmp_path / "r", "")["TRITON_SERVER_VERSION"] == VERSION
+
+
+def _client_python(tmp_path, code: str, **env: str) -> subprocess.CompletedProcess:
+    """A Python started as the harness starts Triton's clients (its hooks on PYTHONPATH)."""
+    return subprocess.run(
+        ["python", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(QA / "hooks"), "NURSERY_QA_RECORD": "", **env})
+
+
+def test_a_pytest_case_that_waits_for_ever_fails_at_the_case_limit(tmp_path):
+    """A client waiting on a queue for an answer that never comes fails at --case-limit, and
+    the cases after it run."""
+    # the case's clean-up waits too, on a thread that never ends (as a gRPC client's close()
+    # joins a stream reader the server never releases): interrupted as well, and the
+    # process still exits
+    (tmp_path / "test_wait.py").write_text(
+        "import queue, threading\n\n"
+        "def test_waits():\n"
+        "    reader = threading.Thread(target=queue.Queue().get)\n"
+        "    reader.start()\n"
+        "    try:\n        queue.Queue().get()\n    finally:\n        reader.join()\n\n"
+        "def test_after():\n    pass\n")
+    record = tmp_path / "cases.jsonl"
+    done = _client_python(tmp_path, "import pytest, sys; sys.exit(pytest.main(["
+                          "'-q', '-p', 'no:cacheprovider', 'test_wait.py']))",
+                          PYTEST_PLUGINS="nursery_qa_pytest", NURSERY_QA_CASE_LIMIT="1",
+                          NURSERY_QA_CASE_RETRY="0.5",
+                          NURSERY_QA_RECORD=str(record))
+    assert done.returncode == 1, done.stdout + done.stderr
+    cases = {c["test"]: c for c in map(json.loads, record.read_text().splitlines())}
+    assert cases["test_wait.py::test_after"]["outcome"] == "passed"
+    waited = cases["test_wait.py::test_waits"]
+    assert waited["outcome"] == "failed" and "--case-limit" in waited["message"]
+
+
+def test_clients_get_what_tritons_container_gives_them(tmp_path):
+    """np.NINF (NumPy 1, as Triton's container pins) and pkg_resources.resource_filename
+    (tritonclient's shared-memory module finds libcshm.so with it), for the clients only."""
+    done = _client_python(tmp_path, (
+        "import numpy as np, pkg_resources, pathlib\n"
+        "assert np.NINF == -np.inf\n"
+        "p = pathlib.Path(pkg_resources.resource_filename('json', 'decoder.py'))\n"
+        "assert p.is_file(), p\n"))
+    assert done.returncode == 0, done.stderr
+    # the server gets the NumPy alias (Triton's Python models use it too), not the rest
+    server = _client_python(tmp_path, (
+        "import numpy as np, importlib.util\n"
+        "assert np.NINF == -np.inf\n"
+        "assert importlib.util.find_spec('pkg_resources') is None or "
+        "importlib.util.find_spec('pkg_resources').origin\n"
+        "import sys; assert 'client_env' not in sys.modules\n"),
+        PYTHONPATH=standin.server_env({"PYTHONPATH": str(QA / "hooks")})["PYTHONPATH"])
+    assert server.returncode == 0, server.stderr
