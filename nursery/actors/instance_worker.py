@@ -41,6 +41,10 @@ log = logging.getLogger("nursery.instance")
 
 # Seconds a cancelled worker still waits for the batches on its thread before abandoning it.
 ABANDON_GRACE = 1.0
+# Seconds an instance's close (a Python model's ``finalize``, a stub's exit) may take at
+# unload or shutdown before it is left to finish alone: longer than a batch's grace, since a
+# model finalizing is not hung (Triton waits for it; its "Finalize complete" line is logged)
+CLOSE_GRACE = 10.0
 READY_TIMEOUT = 5.0  # seconds a backend's readiness hook may take (Triton's is_ready limit)
 
 
@@ -449,7 +453,7 @@ async def run(
                     kill()
             elif backend is not None:
                 try:
-                    with trio.move_on_after(abandon_grace) as waited:
+                    with trio.move_on_after(max(abandon_grace, CLOSE_GRACE)) as waited:
                         await thread.call(backend.close, abandon_on_cancel=True)
                     if waited.cancelled_caught:
                         log.error("model '%s': instance %s did not finish closing; abandoned",
