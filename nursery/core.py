@@ -100,6 +100,7 @@ class Core:
         # read by the frontends for the extensions they serve themselves
         self.directory = services.directory
         self.client = services.client
+        services.client.core = self  # a model's own load / unload / readiness calls
         self.shm = services.shm
         self.faults = services.faults
         self.tracer: TraceManager = services.client.tracer

@@ -23,7 +23,8 @@ import trio
 from nursery.actors import mailbox
 from nursery.actors.directory import Directory, ModelHandle
 from nursery.actors.mailbox import CallbackShot, OneShot
-from nursery.errors import InternalError, InvalidArgument, NurseryError
+from nursery.config.json_form import ConfigJsonError, config_from_json
+from nursery.errors import InternalError, InvalidArgument, NurseryError, Unavailable
 from nursery.execution.admission import make_work
 from nursery.messages import (
     CacheInsert,
@@ -84,6 +85,8 @@ class ModelClient:
         self.tracer = tracer if tracer is not None else TraceManager(TraceSettings())
         self.cache = cache  # the ResponseCache's inbox (None: no --cache-config)
         self.arrival_log = arrival_log
+        # the server's Core (set by it): model management from a model's own thread
+        self.core: Any = None
         # requests waiting for an answer, by model: a busy model is never unloaded for
         # --model-load-budget (actors/demand.py)
         self.in_flight: dict[str, int] = {}
@@ -301,11 +304,46 @@ class ModelClient:
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
         return trio.from_thread.run(self.infer_one, request, trio_token=self.token)
 
+    def manage_from_thread(self, op: str, name: str, *args: Any) -> Any:
+        """Model management from a model's own thread, as Triton's Python backend offers it
+        (``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready``), through the
+        server's Core with a client's rights (load and unload need explicit mode)."""
+        if self.core is None:
+            raise Unavailable("model management is not available here")
+        return trio.from_thread.run(_manage, self.core, op, name, *args, trio_token=self.token)
+
     def stream_from_thread(self, request: InferenceRequest) -> ThreadStream:
         """The answers of one request, yielded on the calling thread as the target model
         sends them (a decoupled model's stream arrives while it is still running); the
         request is sent at once, and ``cancel()`` cancels it."""
         return ThreadStream(self, request)
+
+
+async def _manage(core: Any, op: str, name: str, *args: Any) -> Any:
+    """One model-management call of :meth:`ModelClient.manage_from_thread`: "load" (a
+    configuration override as Triton's JSON, and ``file:<path>`` contents, as the repository
+    extension's load takes them), "unload", or "ready" (a version)."""
+    if op == "load":
+        config_json, files = args
+        config = None
+        if config_json:
+            try:
+                config = config_from_json(config_json)
+            except ConfigJsonError as exc:
+                raise InvalidArgument(f"failed to parse the 'config' override: {exc}") from None
+        contents: dict[str, bytes] = {}
+        for key, data in (files or {}).items():
+            if not isinstance(key, str) or not key.startswith("file:"):
+                raise InvalidArgument(f"unrecognized load parameter '{key}'")
+            contents[key[len("file:"):]] = bytes(data)
+        await core.load_model(name, config, contents or None)
+        return None
+    if op == "unload":
+        await core.unload_model(name)
+        return None
+    if op == "ready":
+        return await core.model_ready(name, args[0] if args else "")
+    raise InvalidArgument(f"unknown model management call '{op}'")
 
 
 class ThreadStream:

@@ -780,22 +780,33 @@ async def run(
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
             cloud_cache=cloud_cache, config_name=config_name, load_retries=load_retries,
         )
-        failed = await manager.load_many(startup_models)
-        if failed and exit_on_error:
+        startup_failed = False
+        async with trio.open_nursery() as commands:
+
+            async def intake() -> None:
+                async with inbox:
+                    async for command in inbox:
+                        if isinstance(command, IndexRepository) and manager.has_cloud:
+                            commands.start_soon(manager.serve_index, command)
+                        elif isinstance(command, IndexRepository):
+                            mailbox.answer(command.reply,
+                                           manager.answer_index(command.ready_only), close=True)
+                        else:
+                            commands.start_soon(manager.serve_command, command)
+                commands.cancel_scope.cancel()  # shutting down: loads still running stop
+
+            # commands are taken while the startup models load: a model's initialize may
+            # load another model (pb_utils.load_model), as under Triton
+            commands.start_soon(intake)
+            failed = await manager.load_many(startup_models)
+            if failed and exit_on_error:
+                startup_failed = True
+                commands.cancel_scope.cancel()
+            else:
+                task_status.started(failed)
+        if startup_failed:
             await manager.unload_all()
             raise StartupError("failed to load all models")
-        task_status.started(failed)
-        async with trio.open_nursery() as commands:
-            async with inbox:
-                async for command in inbox:
-                    if isinstance(command, IndexRepository) and manager.has_cloud:
-                        commands.start_soon(manager.serve_index, command)
-                    elif isinstance(command, IndexRepository):
-                        mailbox.answer(command.reply, manager.answer_index(command.ready_only),
-                                       close=True)
-                    else:
-                        commands.start_soon(manager.serve_command, command)
-            commands.cancel_scope.cancel()  # shutting down: loads still running stop
         await manager.unload_all()
         shutil.rmtree(manager.override_root, ignore_errors=True)
         for folder in manager.cloud_temp.values():

@@ -768,6 +768,44 @@ class _FamilyRef:
         self.metrics, self.name, self.alive = metrics, name, True
 
 
+def _manage(op: str, name: str, *args: Any) -> Any:
+    manage = getattr(current_context(), "manage_from_thread", None)
+    if manage is None:
+        raise TritonModelException(
+            "model management must be called on a thread the server runs the model on")
+    try:
+        return manage(op, name, *args)
+    except NurseryError as exc:
+        raise TritonModelException(exc.message) from None
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) ``model_name`` as the repository extension's load does: ``config``
+    a configuration override in Triton's JSON, ``files`` ``{"file:<path>": bytes}`` (then a
+    ``config`` is required). The server must run in explicit model-control mode. Raises
+    TritonModelException with the server's reason."""
+    if not isinstance(model_name, str) or not isinstance(config, str):
+        raise TypeError("load_model: model_name and config must be strings")
+    if files is not None and not isinstance(files, dict):
+        raise TypeError("load_model: files must be a dict of 'file:<path>' to bytes")
+    _manage("load", model_name, config, files)
+
+
+def unload_model(model_name: str) -> None:
+    """Unload ``model_name`` (explicit model-control mode). Raises TritonModelException."""
+    if not isinstance(model_name, str):
+        raise TypeError("unload_model: model_name must be a string")
+    _manage("unload", model_name)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (``model_version``, or the version the server would pick) is
+    ready to serve."""
+    if not isinstance(model_name, str) or not isinstance(model_version, str):
+        raise TypeError("is_model_ready: model_name and model_version must be strings")
+    return bool(_manage("ready", model_name, model_version))
+
+
 class MetricFamily:
     """A family of metrics the model defines; served on the metrics port beside Triton's."""
 

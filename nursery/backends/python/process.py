@@ -363,6 +363,8 @@ class ProcessInstance:
                 self._bls.submit(stream.cancel)  # it waits for the trio thread
         elif kind == "metric":
             self._metric(channel, *message[1:])
+        elif kind == "manage":  # pb_utils.load_model / unload_model / is_model_ready
+            self._bls.submit(self._manage, channel, *message[1:])
         elif kind == "log":
             logging.getLogger(message[2] or "nursery.python_model").log(
                 message[1], "%s", message[3])
@@ -510,6 +512,21 @@ class ProcessInstance:
             answer = error
         try:
             channel.send("metric_answer", call, answer)
+        except ChannelClosed:
+            pass
+
+    def _manage(self, channel: Channel, call: int, op: str, *args: Any) -> None:
+        """A model-management call from the model (it waits on a BLS thread: a load takes
+        its time)."""
+        answer: Any
+        try:
+            if self._client is None:
+                raise Unavailable("model management is not available here")
+            answer = self._client.manage_from_thread(op, *args)
+        except NurseryError as error:
+            answer = error
+        try:
+            channel.send("manage_answer", call, answer)
         except ChannelClosed:
             pass
 

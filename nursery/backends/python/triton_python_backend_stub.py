@@ -132,6 +132,10 @@ class StubClient:
     def update(self, name: str, labels: Any, op: str, value: float = 0.0) -> float:
         return float(self._ask("metric", "update", name, labels, op, value))
 
+    def manage_from_thread(self, op: str, name: str, *args: Any) -> Any:
+        """Model management (pb_utils.load_model, ...), done by the server."""
+        return self._ask("manage", op, name, *args)
+
     def infer_from_thread(self, request: InferenceRequest) -> InferenceResponse:
         answer = self._ask("bls", request, False)
         assert isinstance(answer, InferenceResponse)
@@ -202,7 +206,7 @@ def serve(channel: Channel) -> int:
                 elif message[0] == "is_ready":
                     threading.Thread(target=check_ready, args=(message[1],),
                                      name="stub-is-ready", daemon=True).start()
-                elif message[0] in ("bls_answer", "bls_part", "metric_answer"):
+                elif message[0] in ("bls_answer", "bls_part", "metric_answer", "manage_answer"):
                     answers = client.calls.get(message[1])
                     if answers is not None:
                         answers.put(message[2])
