@@ -414,13 +414,17 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     cases = []
     if record.exists():
         cases = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    late = 0
+    if timed_out:  # what ran while the script was being stopped (its server killed) is noise
+        kept = [c for c in cases if c.get("time", 0) <= started + timeout]
+        late, cases = len(cases) - len(kept), kept
     shell_log = folder / SHELL_CASE_LOGS.get(group, "")
     if group in SHELL_CASE_LOGS and shell_log.is_file():
         cases += shell_cases(shell_log.read_text(errors="replace"))
     summary = summarize(cases)
     out = {"group": group, "python_mode": python_mode,
            "tritonclient": clients.name if clients else "the machine's",
-           "exit": rc, "timed_out": timed_out,
+           "exit": rc, "timed_out": timed_out, "dropped_after_timeout": late,
            "seconds": round(time.time() - started), "summary": summary, "cases": cases}
     (results / f"{stem}.json").write_text(json.dumps(out, indent=1))
     return out
