@@ -182,6 +182,8 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
             text = path.read_text(errors="surrogateescape")
             new = text.replace("/opt/tritonserver", str(opt)).replace(
                 "/data/inferenceserver", str(data))
+            if new.startswith("#!/usr/bin/python\n"):  # the container's interpreter path
+                new = "#!/usr/bin/env python3\n" + new[len("#!/usr/bin/python\n"):]
             if new != text:
                 path.write_text(new, errors="surrogateescape")
     (opt / "bin").mkdir(parents=True, exist_ok=True)
@@ -248,6 +250,13 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         (qa / "clients").mkdir(exist_ok=True)
         for script in client.glob("*.py"):
             shutil.copy(script, qa / "clients" / script.name)
+        # the C++ simple_{http,grpc}_infer_client programs (L0_trace, L0_logging and others run
+        # them to send traffic), stood in for by the Python examples of the same name: the same
+        # request to the `simple` model, the same check, the same -v / -u flags
+        for name in ("simple_http_infer_client", "simple_grpc_infer_client"):
+            write_exec(qa / "clients" / name,
+                       f'#!/bin/bash\n# nursery-qa: stand-in for the C++ {name}\n'
+                       f'exec python3 "$(dirname "$0")/{name}.py" "$@"\n')
     else:
         missing.append("client/src/python/examples (--checkouts): qa/clients")
     test_models = triton / "src" / "test" / "models"
