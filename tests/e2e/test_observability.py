@@ -386,11 +386,14 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
     collector = _Collector()
+    url_no_scheme = collector.url.removeprefix("http://")
     try:
         server = start_server(
             repo, "--grpc-server", grpc_server,
             "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
-            "--trace-config", "rate=2", "--trace-config", f"opentelemetry,url={collector.url}",
+            "--trace-config", "rate=2", "--trace-config",
+            # a URL without a scheme is http, as Triton's exporter reads it (L0_trace's)
+            f"opentelemetry,url={collector.url if grpc_server == 'nursery' else url_no_scheme}",
             "--trace-config", "opentelemetry,resource=service.name=nursery-test",
             "--trace-config", "opentelemetry,bsp_schedule_delay=100")
         http = httpclient.InferenceServerClient(server.url)
