@@ -148,6 +148,12 @@ class Core:
         whose backends' readiness hooks (a Python model's ``is_ready()``) say so."""
         return await self.directory.check_ready(name, version)
 
+    async def check_trace_model(self, name: str) -> None:
+        """A model's trace settings are read or changed only while it is ready (Triton's
+        trace-setting handlers ask ModelIsReady, and refuse with these words)."""
+        if not await self.model_ready(name):
+            raise InvalidArgument(f"Request for unknown model : {name}")
+
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)
         if not self.shm.allow_client:  # --allow-client-shm is off: clients cannot use it

@@ -29,6 +29,7 @@ from nursery.config.model import ModelConfig
 from nursery.config.warmup import WarmupSample
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError, Unavailable
 from nursery.execution import batch as batching
+from nursery.execution.classification import classify_response
 from nursery.execution.sequence import SlotStates
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots, Rescheduled
 from nursery.observability.stats import BatchReport
@@ -74,6 +75,7 @@ def _run_batch(
             responses = batching.split_outputs(
                 requests, [w.batch_size for w in batch.work], results, config, version
             )
+        responses = _classified(batch, responses, config)
     except NurseryError as exc:
         responses = exc
     except Exception as exc:  # a backend bug must not take the instance down
@@ -143,18 +145,30 @@ def _run_requests(
     except Exception as exc:
         log.exception("model '%s' version %s: batch failed", config.name, version)
         responses = InternalError(f"model '{config.name}' failed to execute: {exc}")
-    return _requests_answered(batch, responses, t0)
+    return _requests_answered(batch, responses, t0, config)
 
 
 def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
-                       t0: int) -> tuple[list[Any] | NurseryError, BatchReport]:
+                       t0: int, config: ModelConfig,
+                       ) -> tuple[list[Any] | NurseryError, BatchReport]:
     """A whole-request batch's answers with its report (its compute ends now)."""
     t1 = time.monotonic_ns()
     _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_END", t1))
     failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
         isinstance(r, NurseryError) and not isinstance(r, AnsweredError)  # success to Triton
         for r in responses)
+    responses = _classified(batch, responses, config)  # after: Triton's frontend does it
     return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
+
+
+def _classified(batch: ExecuteBatch, responses: list[Any] | NurseryError,
+                config: ModelConfig) -> list[Any] | NurseryError:
+    """The answers with the classes their requests ask for (the classification extension):
+    a request whose output cannot be classified gets its own error."""
+    if isinstance(responses, NurseryError):
+        return responses
+    return [classify_response(w.request, r, config)
+            for w, r in zip(batch.work, responses, strict=True)]
 
 
 def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates) -> list[Any]:
@@ -377,7 +391,7 @@ async def run(
                       partial(inline.timed, batch, finished))
 
     def answered(batch: ExecuteBatch, t0: int, responses: list[Any]) -> None:
-        finished(batch, outcome.Value(_requests_answered(batch, responses, t0)))
+        finished(batch, outcome.Value(_requests_answered(batch, responses, t0, config)))
 
     def accept(message: ExecuteBatch | ReleaseSlots) -> None:  # in the scheduler's task
         if isinstance(message, ReleaseSlots):  # in order with the batches, on the thread

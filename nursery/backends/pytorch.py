@@ -208,6 +208,17 @@ def input_positions(names: Sequence[str], forward_args: Sequence[str], model: st
         "enforcing strict ordering from model configuration.")
 
 
+def _extra_position(name: str, forward_args: Sequence[str]) -> int:
+    """The ``forward`` position of a sequence control or state input: its argument's, else
+    its ``<name>__<index>`` (Triton's LibTorch backend requires one of the two)."""
+    if name in forward_args:
+        return list(forward_args).index(name)
+    index = _index_of(name)
+    if index is None:
+        raise ConfigError(f"input '{name}' does not follow <name>__<index> naming convention.")
+    return index
+
+
 def output_positions(names: Sequence[str], model: str) -> list[int]:
     return _indexed_positions(
         names, model,
@@ -310,6 +321,10 @@ class PyTorchInstance:
         # the instance's own stream, created here: on the instance thread, on its device
         self._stream = torch.cuda.Stream(device=device) if self._gpu else None
         names = [s.name for s in config.inputs]
+        # the sequence batcher's control and implicit-state inputs are the model's inputs too
+        seq = config.sequence
+        extra_types = seq.extra_input_types if seq is not None else {}
+        extras = [n for n in extra_types if n not in names]
         self._dict_input = loaded.arg_kinds == ["DictType"]
         if not self._dict_input:
             for name, kind in zip(loaded.arg_names, loaded.arg_kinds, strict=True):
@@ -322,23 +337,35 @@ class PyTorchInstance:
                         f"model '{config.name}': An input of type '{kind}' was detected in the "
                         f"model (argument '{name}'). Only a single input of type Dict(str, Tensor) "
                         "or input(s) of type Tensor are supported.")
-            if loaded.arg_names and len(loaded.arg_names) != len(names):
+            expected = len(names) + len(extras)
+            if loaded.arg_names and len(loaded.arg_names) != expected:
                 raise ConfigError(
-                    f"unable to load model '{config.name}', configuration expects {len(names)} "
+                    f"unable to load model '{config.name}', configuration expects {expected} "
                     f"inputs, model provides {len(loaded.arg_names)}")
             positions = input_positions(names, loaded.arg_names, config.name)
-            if sorted(positions) != list(range(len(names))):
+            positions += [_extra_position(n, loaded.arg_names) for n in extras]
+            if sorted(positions) != list(range(expected)):
                 raise ConfigError(
                     f"model '{config.name}': input indices {positions} (from the "
-                    "<name>__<index> names) must be 0.." + str(len(names) - 1) + ", each once")
-            self._in_pos = dict(zip(names, positions, strict=True))
+                    "<name>__<index> names) must be 0.." + str(expected - 1) + ", each once")
+            self._in_pos = dict(zip(names + extras, positions, strict=True))
         else:
-            self._in_pos = {n: i for i, n in enumerate(names)}
-        self._n_args = len(names)
+            self._in_pos = {n: i for i, n in enumerate(names + extras)}
+        self._n_args = len(names) + len(extras)
         out_names = [s.name for s in config.outputs]
         self._out_pos = dict(zip(out_names, output_positions(out_names, config.name),
                                  strict=True))
         self._specs: dict[str, TensorSpec] = {s.name: s for s in (*config.inputs, *config.outputs)}
+        for name in extras:
+            self._specs[name] = TensorSpec(name, extra_types[name], ())
+        for state in seq.states if seq is not None else ():
+            index = _index_of(state.output_name)  # Triton enforces <name>__<index> for these
+            if index is None:
+                raise ConfigError(f"output state '{state.output_name}' does not follow "
+                                  "<name>__<index> naming convention.")
+            self._out_pos[state.output_name] = index
+            self._specs[state.output_name] = TensorSpec(state.output_name, state.datatype,
+                                                        state.dims)
         for spec in (*config.inputs, *config.outputs):
             if spec.datatype is DataType.BYTES:
                 batch = 1 if config.max_batch_size > 0 else 0

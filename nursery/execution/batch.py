@@ -13,7 +13,6 @@ import numpy as np
 
 from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import InternalError
-from nursery.execution.classification import classify
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 
@@ -83,13 +82,8 @@ def split_outputs(
             array = arrays[item.name]
             if len(requests) > 1:
                 array = array[offset : offset + rows]
-            classes = item.classification if isinstance(item, RequestedOutput) else 0
             spec = config.output_map[item.name]
-            if classes:
-                array = classify(array, classes, batching, spec, config.path)
-                outputs.append(Tensor(item.name, DataType.BYTES, tuple(array.shape), array))
-            else:
-                outputs.append(Tensor(item.name, spec.datatype, tuple(array.shape), array))
+            outputs.append(Tensor(item.name, spec.datatype, tuple(array.shape), array))
         offset += rows
         responses.append(
             InferenceResponse(

@@ -2,7 +2,10 @@
 
 Each element reads ``"<value>:<index>"`` or ``"<value>:<index>:<label>"`` (labels from the
 output's ``label_filename``, one per line), sorted by value, highest first. Floats are
-formatted like C++ ``std::to_string`` (six decimals), integers plainly.
+formatted like C++ ``std::to_string`` (six decimals), integers plainly. As in Triton (its
+frontends' TopkClassifications) it applies to whatever the model answered, whatever the
+backend: integer, FP32 and FP64 outputs only, at most a million elements per batch entry, and
+a refused output fails only its own request (the model's execution still counts as a success).
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from nursery.config.model import TensorSpec
-from nursery.errors import InvalidArgument
-from nursery.types import DataType
+from nursery.config.model import ModelConfig, TensorSpec
+from nursery.errors import InvalidArgument, NurseryError
+from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
+
+# Triton's bound on the elements of one batch entry's output (kMaxClassificationElements)
+MAX_ELEMENTS = 1_000_000
+_UNSUPPORTED = (DataType.BYTES, DataType.BF16, DataType.FP16, DataType.BOOL)
 
 
 @lru_cache(maxsize=64)
@@ -36,22 +43,52 @@ def _format(value: np.number[Any] | np.bool_, datatype: DataType) -> str:
 
 
 def classify(
-    array: np.ndarray, k: int, batching: bool, spec: TensorSpec, model_path: Path
+    array: np.ndarray, k: int, batching: bool, spec: TensorSpec, model_path: Path,
+    datatype: DataType | None = None,
 ) -> np.ndarray:
-    if spec.datatype in (DataType.BYTES, DataType.BF16):
+    """``array`` (the output ``spec`` names, of ``datatype``: the spec's when None) as its
+    top-``k`` class strings, one row per batch entry when ``batching``."""
+    datatype = spec.datatype if datatype is None else datatype
+    if datatype in _UNSUPPORTED:
         raise InvalidArgument(
-            f"class result not available for output '{spec.name}' due to unsupported type "
-            f"'{spec.datatype.value}'"
-        )
+            f"class result not available for output due to unsupported type '{datatype.value}'")
     labels = _labels(str(model_path / spec.label_filename)) if spec.label_filename else ()
+    batching = batching and array.ndim > 0
     rows = array.reshape(array.shape[0], -1) if batching else array.reshape(1, -1)
+    if rows.shape[1] > MAX_ELEMENTS:
+        raise InvalidArgument("classification output tensor too large")
     count = min(k, rows.shape[1])
     out = np.empty((rows.shape[0], count), dtype=object)
     for r, row in enumerate(rows):
         order = np.argsort(-row.astype(np.float64), kind="stable")[:count]
         for c, idx in enumerate(order):
-            text = f"{_format(row[idx], spec.datatype)}:{idx}"
+            text = f"{_format(row[idx], datatype)}:{idx}"
             if idx < len(labels):
                 text += f":{labels[idx]}"
             out[r, c] = text.encode()
     return out if batching else out.reshape(count)
+
+
+def classify_response(request: InferenceRequest, response: Any,
+                      config: ModelConfig) -> Any:
+    """``response`` with the outputs ``request`` asks classes of replaced by them; an
+    :class:`InvalidArgument` for the request when one cannot be. Anything that is not a
+    response (an error, None for an answer already sent) passes unchanged."""
+    wanted = {o.name: o.classification for o in request.requested_outputs if o.classification}
+    if not wanted or not isinstance(response, InferenceResponse):
+        return response
+    outputs = []
+    for tensor in response.outputs:
+        k = wanted.get(tensor.name, 0)
+        if not k:
+            outputs.append(tensor)
+            continue
+        spec = config.output_map.get(tensor.name) or TensorSpec(tensor.name, tensor.datatype, ())
+        try:
+            array = classify(np.asarray(tensor.data), k, config.max_batch_size > 0, spec,
+                             config.path, tensor.datatype)
+        except NurseryError as exc:
+            return exc
+        outputs.append(Tensor(tensor.name, DataType.BYTES, tuple(array.shape), array))
+    response.outputs = outputs
+    return response

@@ -40,6 +40,12 @@ class OtelSettings:
     bsp_schedule_delay: int = 5000
     bsp_max_export_batch_size: int = 512
 
+    @property
+    def endpoint(self) -> str:
+        """Where spans go: ``url``, read as http when it names no scheme (Triton's exporter
+        takes ``localhost:4318/v1/traces`` as it is; the settings report it as given)."""
+        return self.url if "://" in self.url else f"http://{self.url}"
+
     @classmethod
     def from_entries(cls, entries: list[tuple[str, str]]) -> OtelSettings:
         values: dict[str, Any] = {}
@@ -81,7 +87,7 @@ class OtelExporter:
                              "its OTLP/HTTP exporter: pip install 'nursery[otel]'") from exc
         self.provider = TracerProvider(resource=Resource.create(dict(settings.resource)))
         self.provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=settings.url),
+            OTLPSpanExporter(endpoint=settings.endpoint),
             max_queue_size=settings.bsp_max_queue_size,
             schedule_delay_millis=settings.bsp_schedule_delay,
             max_export_batch_size=settings.bsp_max_export_batch_size))

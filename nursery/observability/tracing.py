@@ -99,8 +99,8 @@ def parse_setting(key: str, value: Any) -> Any:
                                       "TIMESTAMPS or TENSORS)")
         chosen = tuple(dict.fromkeys(v for v in levels if v != "OFF"))
         return chosen or ("OFF",)
-    if key == "trace_rate":
-        return _int(key, value, 1)
+    if key == "trace_rate":  # 0: none by rate (OpenTelemetry mode still traces a request
+        return _int(key, value, 0)  # that carries a context: Triton's way to ask only those)
     if key == "trace_count":
         return _int(key, value, -1)
     if key == "log_frequency":
@@ -353,7 +353,8 @@ class TraceManager:
             sampler = self._samplers[owner] = _Sampler(settings.trace_count)
         if not forced:
             sampler.seen += 1
-            if sampler.remaining == 0 or sampler.seen % settings.trace_rate:
+            if (sampler.remaining == 0 or not settings.trace_rate
+                    or sampler.seen % settings.trace_rate):
                 return None
             if sampler.remaining > 0:
                 sampler.remaining -= 1

@@ -184,6 +184,8 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
             text = path.read_text(errors="surrogateescape")
             new = text.replace("/opt/tritonserver", str(opt)).replace(
                 "/data/inferenceserver", str(data))
+            if new.startswith("#!/usr/bin/python\n"):  # the container's interpreter path
+                new = "#!/usr/bin/env python3\n" + new[len("#!/usr/bin/python\n"):]
             if new != text:
                 path.write_text(new, errors="surrogateescape")
     (opt / "bin").mkdir(parents=True, exist_ok=True)
@@ -250,6 +252,13 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         (qa / "clients").mkdir(exist_ok=True)
         for script in client.glob("*.py"):
             shutil.copy(script, qa / "clients" / script.name)
+        # the C++ simple_{http,grpc}_infer_client programs (L0_trace, L0_logging and others run
+        # them to send traffic), stood in for by the Python examples of the same name: the same
+        # request to the `simple` model, the same check, the same -v / -u flags
+        for name in ("simple_http_infer_client", "simple_grpc_infer_client"):
+            write_exec(qa / "clients" / name,
+                       f'#!/bin/bash\n# nursery-qa: stand-in for the C++ {name}\n'
+                       f'exec python3 "$(dirname "$0")/{name}.py" "$@"\n')
     else:
         missing.append("client/src/python/examples (--checkouts): qa/clients")
     test_models = triton / "src" / "test" / "models"
@@ -264,11 +273,7 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
         examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
         if examples and examples.is_dir():
-            # Triton's C++ `repeat` test backend, stood in for by python_backend's own Python
-            # version of it (same inputs IN, DELAY, WAIT and outputs OUT, IDX; decoupled)
-            repeat = work / "opt" / "tritonserver" / "backends" / "repeat"
-            repeat.mkdir(parents=True, exist_ok=True)
-            shutil.copy(examples / "repeat_model.py", repeat / "model.py")
+            # the python trial's models, as Triton's Dockerfile.QA makes them
             for name in ("repeat", "square"):
                 shutil.copy(examples / f"{name}_model.py",
                             python_models / f"{name}_int32" / "1" / "model.py")
@@ -319,8 +324,21 @@ def generate(work: Path, env: dict[str, str], log) -> None:
         print(f"generate: exit {rc}", file=log, flush=True)
 
 
+def client_site(work: Path, version: str) -> Path:
+    """A folder holding tritonclient ``version`` (installed there once with pip, without its
+    dependencies: the machine's grpcio, numpy, ... serve), for the clients' PYTHONPATH."""
+    target = work / "clients" / version
+    if not (target / "tritonclient").is_dir():
+        rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                             "--target", str(target), f"tritonclient=={version}"]).returncode
+        if rc != 0 or not (target / "tritonclient").is_dir():
+            sys.exit(f"--tritonclient {version}: pip could not install tritonclient=={version} "
+                     f"into {target}")
+    return target
+
+
 def environment(work: Path, record: Path, python_mode: str,
-                checkouts: Path | None = None) -> dict[str, str]:
+                checkouts: Path | None = None, clients: Path | None = None) -> dict[str, str]:
     opt = work / "opt" / "tritonserver"
     env = dict(os.environ)
     env.update({
@@ -337,7 +355,8 @@ def environment(work: Path, record: Path, python_mode: str,
         # Triton's container has its bin/ on PATH (log_format_test.py runs `tritonserver`)
         "PATH": os.pathsep.join([str(work / "shims"), str(opt / "bin"), env.get("PATH", "")]),
         "PYTHONPATH": os.pathsep.join(
-            [str(HERE / "hooks"), str(work / "qa" / "common"), env.get("PYTHONPATH", "")]),
+            [str(HERE / "hooks"), *([str(clients)] if clients else []),
+             str(work / "qa" / "common"), env.get("PYTHONPATH", "")]),
         "PYTEST_PLUGINS": "nursery_qa_pytest",
         "PYTEST_ADDOPTS": "-p no:cacheprovider",
         "NURSERY_QA_RECORD": str(record),
@@ -363,14 +382,15 @@ def server_version() -> str:
 
 
 def run_group(work: Path, group: str, python_mode: str, timeout: float,
-              netns: bool | tuple[str, ...], checkouts: Path | None = None) -> dict:
+              netns: bool | tuple[str, ...], checkouts: Path | None = None,
+              clients: Path | None = None) -> dict:
     results = work / "results"
     results.mkdir(exist_ok=True)
     stem = group_file(group)
     record = results / f"{stem}.cases.jsonl"
     record.unlink(missing_ok=True)
     folder = work / "qa" / group
-    env = environment(work, record, python_mode, checkouts)
+    env = environment(work, record, python_mode, checkouts, clients)
     if group.startswith("L0_backend_python/"):
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
     env.update(GROUP_ENV.get(group, {}))
@@ -405,11 +425,17 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     cases = []
     if record.exists():
         cases = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    late = 0
+    if timed_out:  # what ran while the script was being stopped (its server killed) is noise
+        kept = [c for c in cases if c.get("time", 0) <= started + timeout]
+        late, cases = len(cases) - len(kept), kept
     shell_log = folder / SHELL_CASE_LOGS.get(group, "")
     if group in SHELL_CASE_LOGS and shell_log.is_file():
         cases += shell_cases(shell_log.read_text(errors="replace"))
     summary = summarize(cases)
-    out = {"group": group, "python_mode": python_mode, "exit": rc, "timed_out": timed_out,
+    out = {"group": group, "python_mode": python_mode,
+           "tritonclient": clients.name if clients else "the machine's",
+           "exit": rc, "timed_out": timed_out, "dropped_after_timeout": late,
            "seconds": round(time.time() - started), "summary": summary, "cases": cases}
     (results / f"{stem}.json").write_text(json.dumps(out, indent=1))
     return out
@@ -479,6 +505,10 @@ def main() -> None:
                         help="run Triton's ONNX/LibTorch model generators into data/")
     parser.add_argument("--no-netns", action="store_true",
                         help="run on the machine's own network (ports 8000-8002 must be free)")
+    parser.add_argument("--tritonclient", metavar="VERSION",
+                        help="the tritonclient release the clients import (Triton's qa image "
+                        "has its own release's; the machine's may be older): installed once "
+                        "with pip, without dependencies, into --work/clients/VERSION")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the prepared tree (and what earlier runs left in it)")
     args = parser.parse_args()
@@ -499,6 +529,7 @@ def main() -> None:
     if args.generate:
         with open(work / "generate.log", "w") as log:
             generate(work, environment(work, work / "generate.cases.jsonl", ""), log)
+    clients = client_site(work, args.tritonclient) if args.tritonclient else None
     netns: bool | tuple[str, ...] = not args.no_netns and subprocess.run(
         ["unshare", "--net", "true"], capture_output=True).returncode == 0
     if netns and subprocess.run(["unshare", "--net", *PIDNS, "true"],
@@ -509,7 +540,7 @@ def main() -> None:
             print(f"{group}: no test.sh", file=sys.stderr)
             continue
         out = run_group(work, group, args.python_mode, args.timeout, netns,
-                        args.checkouts.resolve() if args.checkouts else None)
+                        args.checkouts.resolve() if args.checkouts else None, clients)
         s = out["summary"]
         print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
               f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "

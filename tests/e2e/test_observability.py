@@ -252,8 +252,15 @@ def test_trace_settings_and_trace_file(obs_server: ServerProcess) -> None:
                "trace_count": "-1", "log_frequency": "1", "trace_mode": "triton"}
     assert http.get_trace_settings() == initial
     assert http.get_trace_settings(model_name="add_sub") == initial
-    with pytest.raises(InferenceServerException, match="unknown model"):
+    # Triton's words and code (its trace handlers ask whether the model is ready)
+    with pytest.raises(InferenceServerException) as err:
         http.get_trace_settings(model_name="does-not-exist")
+    assert err.value.message() == "Request for unknown model : does-not-exist"
+    assert err.value.status() == "400"
+    with pytest.raises(InferenceServerException,
+                       match="Request for unknown model : does-not-exist") as err:
+        grpc.update_trace_settings(model_name="does-not-exist", settings={"trace_rate": "2"})
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     with pytest.raises(InferenceServerException, match="trace file location can not be updated"):
         http.update_trace_settings(model_name="add_sub", settings={"trace_file": "x.json"})
     with pytest.raises(InferenceServerException, match="trace level"):
@@ -379,11 +386,14 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
     repo = tmp_path / "repo"
     make_models.write_add_sub(repo)
     collector = _Collector()
+    url_no_scheme = collector.url.removeprefix("http://")
     try:
         server = start_server(
             repo, "--grpc-server", grpc_server,
             "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
-            "--trace-config", "rate=2", "--trace-config", f"opentelemetry,url={collector.url}",
+            "--trace-config", "rate=2", "--trace-config",
+            # a URL without a scheme is http, as Triton's exporter reads it (L0_trace's)
+            f"opentelemetry,url={collector.url if grpc_server == 'nursery' else url_no_scheme}",
             "--trace-config", "opentelemetry,resource=service.name=nursery-test",
             "--trace-config", "opentelemetry,bsp_schedule_delay=100")
         http = httpclient.InferenceServerClient(server.url)

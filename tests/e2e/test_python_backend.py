@@ -127,6 +127,38 @@ def test_auto_complete_config_and_strings(server: ServerProcess) -> None:
     assert result.as_numpy("OUTPUT0").tolist() == words.tolist()
 
 
+def test_classification_of_python_outputs(server: ServerProcess) -> None:
+    """The classification extension applies to a Python model's answer as to any backend's
+    (Triton classifies in its frontends): top-K strings as BYTES; a BYTES output or one of
+    more than a million elements per batch entry fails its own request with Triton's words."""
+    client = httpclient.InferenceServerClient(server.url)
+    g = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    x = np.array([[0.5, 3.0, 1.0, 2.0]], dtype=np.float32)
+    got = client.infer("py_identity_fp32", [http_input("INPUT0", x, "FP32")], outputs=[
+        httpclient.InferRequestedOutput("OUTPUT0", class_count=2)])
+    assert got.get_output("OUTPUT0")["datatype"] == "BYTES"
+    assert got.as_numpy("OUTPUT0").tolist() == [[b"3.000000:1", b"2.000000:3"]]
+    got = g.infer("py_identity_fp32", [grpc_input("INPUT0", x, "FP32")], outputs=[
+        grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)])
+    assert got.get_output("OUTPUT0").datatype == "BYTES"
+    assert got.as_numpy("OUTPUT0").tolist() == [[b"3.000000:1", b"2.000000:3"]]
+
+    words = np.array([[b"a", b"b"]], dtype=object)
+    with pytest.raises(InferenceServerException,
+                       match="class result not available for output due to unsupported type "
+                             "'BYTES'") as err:
+        client.infer("py_string_identity", [http_input("INPUT0", words, "BYTES")],
+                     outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=1)])
+    assert err.value.status() == "400"
+    big = np.ones((1, 1_000_001), dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="classification output tensor too large"):
+        g.infer("py_identity_fp32", [grpc_input("INPUT0", big, "FP32")],
+                outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=5)])
+    # the model still serves plain requests
+    np.testing.assert_array_equal(
+        client.infer("py_identity_fp32", [http_input("INPUT0", x, "FP32")]).as_numpy("OUTPUT0"), x)
+
+
 def test_errors_are_per_request_and_the_model_keeps_serving(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
 

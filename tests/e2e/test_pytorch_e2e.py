@@ -33,9 +33,46 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
         repo, "broken_torch", make_models.build_torch_add_sub(),
         make_models.torch_config("broken_torch", [("INPUT__0", "FP32", [16])],
                                  [("OUTPUT__0", "FP32", [16])], 8))
+    make_models.write_torch_model(repo, "torch_accumulate", _accumulator(), ACCUMULATE_CONFIG)
     with running_server(repo, "--exit-on-error=false", "--strict-readiness=false",
                         tmp_path_factory=tmp_path_factory) as proc:
         yield proc
+
+
+# a sequence model whose forward() takes the sequence batcher's START and CORRID controls and
+# an implicit state besides its input (L0_request_cancellation's implicit_state_model does)
+ACCUMULATE_CONFIG = """
+name: "torch_accumulate"
+backend: "pytorch"
+max_batch_size: 1
+input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 1 ] },
+         { name: "CORRID__1" data_type: TYPE_INT64 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  oldest { max_candidate_sequences: 2 }
+  control_input [
+    { name: "START__1" control { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } },
+    { name: "SEQ_ID__2" control { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 } }
+  ]
+  state { input_name: "STATE_IN__3" output_name: "STATE_OUT__2" data_type: TYPE_INT64
+          dims: [ 1 ] initial_state { name: "zero" data_type: TYPE_INT64 dims: [ 1 ]
+                                      zero_data: true } }
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def _accumulator() -> object:
+    torch = make_models._torch_quietly()
+
+    class Accumulate(torch.nn.Module):  # type: ignore[name-defined,misc]
+        def forward(self, x: torch.Tensor, start: torch.Tensor, corrid: torch.Tensor,
+                    state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            total = x + torch.where(start > 0, torch.zeros_like(state), state)
+            return total, corrid.clone(), total
+
+    return torch.jit.script(Accumulate())
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +174,21 @@ def test_bad_request_is_refused_and_the_model_keeps_serving(http: Http, grpc_cli
                                             _input(httpclient, "INPUT__1", a)])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a * 2)
 
+
+
+def test_sequence_controls_and_implicit_state_are_forward_arguments(
+        grpc_client: Grpc) -> None:
+    """The sequence batcher's control and state tensors take their ``<name>__<index>`` places
+    among forward()'s arguments, and the state output goes back to the sequence, as in
+    Triton's LibTorch backend; two interleaved sequences keep their own sums."""
+    def send(seq: int, value: int, start: bool = False) -> tuple[int, int]:
+        x = np.array([[value]], dtype=np.int64)
+        result = grpc_client.infer("torch_accumulate", [_input(grpcclient, "INPUT__0", x, "INT64")],
+                                   sequence_id=seq, sequence_start=start)
+        return int(result.as_numpy("OUTPUT__0")[0, 0]), int(result.as_numpy("CORRID__1")[0, 0])
+
+    assert send(7, 1, start=True) == (1, 7)
+    assert send(9, 100, start=True) == (100, 9)
+    assert send(7, 2) == (3, 7)
+    assert send(9, 5) == (105, 9)
+    assert send(7, 3) == (6, 7)

@@ -94,6 +94,17 @@ def test_values_are_stripped_and_names_lowered() -> None:
     assert not head.expect_continue  # an empty Expect asks for nothing
 
 
+def test_forwardable_values_keep_their_trailing_whitespace() -> None:
+    """What --http-header-forward-pattern forwards is the value as sent, trailing whitespace
+    included (Triton's parser keeps it); the protocol itself reads the trimmed value."""
+    raw = b"GET / HTTP/1.1\r\nA: x \r\nB: y\r\nC: \tz\t \r\n\r\n"
+    head, _ = http1.parse_head(raw)  # type: ignore[misc]
+    assert head.headers == [(b"a", b"x"), (b"b", b"y"), (b"c", b"z")]
+    assert head.forwardable() == [(b"a", b"x "), (b"b", b"y"), (b"c", b"z\t ")]
+    plain, _ = http1.parse_head(b"GET / HTTP/1.1\r\nB: y\r\n\r\n")  # type: ignore[misc]
+    assert plain.forwardable() is plain.headers  # nothing copied when nothing was trimmed
+
+
 def test_leading_empty_lines_are_skipped() -> None:
     raw = b"\r\n\r\nGET /x HTTP/1.1\r\n\r\nNEXT"
     head, used = http1.parse_head(raw)  # type: ignore[misc]

@@ -156,7 +156,18 @@ def test_model_settings_follow_global_until_set_and_clear_as_triton() -> None:
     with pytest.raises(InvalidArgument):
         tm.update("", {"trace_level": ["LOUD"]})
     with pytest.raises(InvalidArgument):
-        tm.update("", {"trace_rate": "0"})
+        tm.update("", {"trace_rate": "-1"})
+
+
+def test_rate_zero_samples_no_request_by_rate() -> None:
+    """Triton accepts ``rate=0`` (its way, in OpenTelemetry mode, to trace only the requests
+    that carry a trace context): no request is sampled by rate."""
+    settings = settings_from_config(("level=TIMESTAMPS", "rate=0"))
+    assert settings.to_json()["trace_rate"] == "0"
+    tm = TraceManager(settings)
+    assert all(tm.start("m") is None for _ in range(5))
+    tm.update("", {"trace_rate": "1"})
+    assert tm.start("m") is not None
 
 
 def test_sampling_rate_count_and_file(tmp_path: Path) -> None:

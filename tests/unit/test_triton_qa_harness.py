@@ -174,8 +174,42 @@ def test_stand_in_backends_are_python_based_backends():
     """Each stand-in for one of Triton's C++ test backends is <name>/model.py, the layout of a
     Python-based backend in --backend-directory."""
     backends = sorted(p.name for p in (QA / "backends").iterdir())
-    assert backends == ["dyna_sequence", "identity"]
+    assert backends == ["dyna_sequence", "identity", "repeat", "square"]
     assert all((QA / "backends" / b / "model.py").is_file() for b in backends)
+
+
+def test_the_c_plus_plus_simple_clients_are_the_python_examples_and_shebangs_are_fixed(
+        tmp_path):
+    """L0_trace runs ../clients/simple_http_infer_client (a C++ program of Triton's SDK) under
+    set -e, and ../common/trace_summary.py by its #!/usr/bin/python line."""
+    triton = _fake_triton(tmp_path)
+    (triton / "qa" / "common" / "trace_summary.py").write_text(
+        "#!/usr/bin/python\nprint('summary')\n")
+    examples = tmp_path / "checkouts" / "client" / "src" / "python" / "examples"
+    examples.mkdir(parents=True)
+    for name in ("simple_http_infer_client", "simple_grpc_infer_client"):
+        (examples / f"{name}.py").write_text(
+            f"import sys\nprint('{name}', sys.argv[1:])\n")
+    work = tmp_path / "work"
+    run.prepare(triton, work, tmp_path / "checkouts")
+    summary = work / "qa" / "common" / "trace_summary.py"
+    assert summary.read_text().startswith("#!/usr/bin/env python3\n")
+    for name in ("simple_http_infer_client", "simple_grpc_infer_client"):
+        out = subprocess.run([str(work / "qa" / "clients" / name), "-v", "-u", "h:1"],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == f"{name} ['-v', '-u', 'h:1']"
+
+
+def test_cases_recorded_after_the_groups_time_ran_out_are_dropped(tmp_path):
+    triton = _fake_triton(tmp_path)
+    (triton / "qa" / "L0_fake" / "test.sh").write_text(
+        "python3 -m unittest fake_test.T.test_ok >client.log 2>&1\n"
+        "sleep 30\n")
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    out = run.run_group(work, "L0_fake", "process", timeout=8, netns=False)
+    assert out["timed_out"] and out["dropped_after_timeout"] == 0
+    assert out["summary"]["passed"] == 1  # recorded in time: kept
 
 
 def test_tritons_default_backend_directory_is_the_trees_unless_one_is_given():

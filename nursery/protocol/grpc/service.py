@@ -597,7 +597,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
     async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         model = request.model_name
         if model:
-            self._sync(self.core.resolve, model)
+            await self._call(self.core.check_trace_model, model)
         tracer = self.core.tracer
         if request.settings:
             changes: dict[str, Any] = {}

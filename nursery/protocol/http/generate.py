@@ -204,8 +204,10 @@ def encode(response: InferenceResponse) -> bytes:
 async def generate_response(
     core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
     max_input_size: int, *, streaming: bool, forward: HeaderForward | None = None,
+    sent: list[tuple[bytes, bytes]] | None = None,
 ) -> Response | Streaming:
-    """The generate routes: the answer, or the stream to write."""
+    """The generate routes: the answer, or the stream to write. ``sent``: the headers with
+    their values as sent, for ``forward`` (``headers`` when None)."""
     try:
         handle = await core.acquire(model, version)
         for key, value in headers:
@@ -217,7 +219,7 @@ async def generate_response(
         request = build_request(core, model, version, obj, max_input_size,
                                 {spec.name: spec for spec in config.inputs},
                                 config.max_batch_size)
-        forward_headers(forward, headers, request)
+        forward_headers(forward, headers if sent is None else sent, request)
         if streaming:
             # the request's checks now, so that a refused request is plain JSON as Triton's
             # (refused before inference); the stream submits it again

@@ -97,6 +97,15 @@ class RequestHead:
     chunked: bool
     keep_alive: bool
     expect_continue: bool
+    # header index -> its value as sent, for the few values with trailing whitespace (what
+    # --http-header-forward-pattern forwards: Triton's parser keeps that whitespace)
+    untrimmed: dict[int, bytes] | None = None
+
+    def forwardable(self) -> list[tuple[bytes, bytes]]:
+        """The headers with their values as sent (trailing whitespace kept)."""
+        if not self.untrimmed:
+            return self.headers
+        return [(k, self.untrimmed.get(i, v)) for i, (k, v) in enumerate(self.headers)]
 
     @property
     def path(self) -> bytes:
@@ -118,18 +127,24 @@ class RequestHead:
 class _Fields:
     """llhttp's callbacks for one head: the request target and the header fields."""
 
-    __slots__ = ("url", "headers")
+    __slots__ = ("url", "headers", "untrimmed")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.untrimmed: dict[int, bytes] | None = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # llhttp drops the leading OWS of a value and keeps the trailing one
-        self.headers.append((name.lower(), value.rstrip(b" \t")))
+        trimmed = value.rstrip(b" \t")
+        if len(trimmed) != len(value):
+            if self.untrimmed is None:
+                self.untrimmed = {}
+            self.untrimmed[len(self.headers)] = value
+        self.headers.append((name.lower(), trimmed))
 
 
 def head_end(buf: bytes | bytearray, search_from: int = 0) -> int:
@@ -227,7 +242,7 @@ def parse_head(buf: bytes | bytearray, search_from: int = 0) -> tuple[RequestHea
         content_length = None
         keep_alive = False
     head = RequestHead(method, target, version_bytes, fields.headers, content_length, chunked,
-                       keep_alive, expect)
+                       keep_alive, expect, fields.untrimmed)
     return head, end
 
 

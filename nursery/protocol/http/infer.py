@@ -202,11 +202,13 @@ def restricted(restrictions: Restrictions, raw_path: bytes,
 async def infer_response(
     core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
     max_input_size: int, forward: HeaderForward | None = None,
+    sent: list[tuple[bytes, bytes]] | None = None,
 ) -> Response:
     """The whole inference route: request head and body in, status, headers, payload out.
 
     ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
-    ``forward``: the headers that become request parameters (--http-header-forward-pattern).
+    ``forward``: the headers that become request parameters (--http-header-forward-pattern),
+    from ``sent`` when given (the values as sent, trailing whitespace kept) else ``headers``.
     """
     header_len: bytes | None = None
     encoding: bytes | None = None
@@ -252,7 +254,7 @@ async def infer_response(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
                 core.shm,
             )
-        forward_headers(forward, headers, request)
+        forward_headers(forward, headers if sent is None else sent, request)
         request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)
         head, blocks = json_codec.encode_response(response, fmt)

@@ -187,7 +187,7 @@ async def repository_unload(core: Core, req: RouteRequest) -> Answer:
 async def trace_setting(core: Core, req: RouteRequest) -> Answer:
     model = req.param("model")
     if model:
-        core.resolve(model)  # unknown models: Triton's NOT_FOUND
+        await core.check_trace_model(model)
     if req.method != "POST":
         return _json(core.tracer.settings(model).to_json())
     changes = _json_body(req.body) if req.body else {}

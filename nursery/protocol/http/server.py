@@ -587,14 +587,16 @@ class HttpServer:
                 model = unquote(match.group(1).decode("latin-1"))
                 version = match.group(2).decode() if match.group(2) else ""
                 return await infer_response(self.core, model, version, head.headers, body,
-                                            self.max_input_size, self.forward)
+                                            self.max_input_size, self.forward,
+                                            head.forwardable())
             match = GENERATE_PATH.match(head.path)
             if match is not None:
                 model = unquote(match.group(1).decode("latin-1"))
                 version = match.group(2).decode() if match.group(2) else ""
                 return await generate_response(
                     self.core, model, version, head.headers, body, self.max_input_size,
-                    streaming=match.group(3) == b"generate_stream", forward=self.forward)
+                    streaming=match.group(3) == b"generate_stream", forward=self.forward,
+                    sent=head.forwardable())
         return await call_asgi(self.app, head, body, client, server)
 
     async def _send(self, stream: ServerStream, head: http1.RequestHead | None,
