@@ -339,7 +339,7 @@ async def _manage(core: Any, op: str, name: str, *args: Any) -> Any:
         await core.load_model(name, config, contents or None)
         return None
     if op == "unload":
-        await core.unload_model(name)
+        await core.unload_model(name, bool(args[0]) if args else False)
         return None
     if op == "ready":
         return await core.model_ready(name, args[0] if args else "")

@@ -791,11 +791,13 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
     _manage("load", model_name, config, files)
 
 
-def unload_model(model_name: str) -> None:
-    """Unload ``model_name`` (explicit model-control mode). Raises TritonModelException."""
-    if not isinstance(model_name, str):
-        raise TypeError("unload_model: model_name must be a string")
-    _manage("unload", model_name)
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload ``model_name`` (explicit model-control mode); ``unload_dependents``: an
+    ensemble's composing models too, as the repository extension's unload. Raises
+    TritonModelException."""
+    if not isinstance(model_name, str) or not isinstance(unload_dependents, bool):
+        raise TypeError("unload_model: model_name must be a string, unload_dependents a bool")
+    _manage("unload", model_name, unload_dependents)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
