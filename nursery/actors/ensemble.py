@@ -483,17 +483,11 @@ async def run(
                     del scopes[id(work)]
             if b.failure is not None:
                 answer = InternalError(f"in ensemble '{plan.name}': {b.failure}")
-        now = time.monotonic_ns()
         if scope.cancelled_caught:
             stats.record_failure("CANCELED")
             answer = Cancelled("")
         else:
-            ok = not isinstance(answer, NurseryError)
-            stats.record_batch(BatchReport(
-                batch_size=work.batch_size, requests=1, succeeded=ok, queue_ns=0,
-                request_ns=now - work.enqueued_ns, compute_input_ns=0,
-                compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
-                finished_ms=time.time_ns() // 1_000_000))
+            record(work, answer)
         if answer is not None:
             finish(arrival, work, answer)
 

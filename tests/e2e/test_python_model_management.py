@@ -57,8 +57,8 @@ class TritonPythonModel:
 '''
 
 
-@pytest.mark.parametrize("mode", ["process", "thread"])
-def test_a_python_model_manages_other_models(tmp_path: Path, start_server, mode: str) -> None:
+def _repo(tmp_path: Path, extra: str = "") -> Path:
+    """The bundled add_sub, and the "manager" model that loads it (``extra``: config lines)."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "model_repository" / "add_sub", repo / "add_sub")
     (repo / "manager" / "1").mkdir(parents=True)
@@ -66,8 +66,14 @@ def test_a_python_model_manages_other_models(tmp_path: Path, start_server, mode:
     (repo / "manager" / "config.pbtxt").write_text(
         'name: "manager"\nbackend: "python"\n'
         'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
-        f'parameters {{ key: "nursery_instance_mode" value {{ string_value: "{mode}" }} }}\n')
+        'output [ { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]\n' + extra)
+    return repo
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_a_python_model_manages_other_models(tmp_path: Path, start_server, mode: str) -> None:
+    repo = _repo(tmp_path, f'parameters {{ key: "nursery_instance_mode" value {{ '
+                           f'string_value: "{mode}" }} }}\n')
     server = start_server(repo, "--model-control-mode=explicit", "--load-model=manager")
     client = httpclient.InferenceServerClient(server.url, network_timeout=120)
     assert client.is_model_ready("manager") and not client.is_model_ready("add_sub")
@@ -85,15 +91,7 @@ def test_model_management_from_a_model_needs_explicit_mode(tmp_path: Path,
                                                            start_server) -> None:
     """As a client's load: in polling or none mode a model's load_model is refused in
     Triton's words (and the model's initialize, here, fails its load with them)."""
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "model_repository" / "add_sub", repo / "add_sub")
-    (repo / "manager" / "1").mkdir(parents=True)
-    (repo / "manager" / "1" / "model.py").write_text(MODEL)
-    (repo / "manager" / "config.pbtxt").write_text(
-        'name: "manager"\nbackend: "python"\n'
-        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
-    server = start_server(repo, "--exit-on-error=false", "--strict-readiness=false")
+    server = start_server(_repo(tmp_path), "--exit-on-error=false", "--strict-readiness=false")
     client = httpclient.InferenceServerClient(server.url, network_timeout=120)
     assert not client.is_model_ready("manager")
     index = {m["name"]: m for m in client.get_model_repository_index()}

@@ -144,6 +144,14 @@ def complete_in_stub(script: Path, model_name: str, model_dir: str, given: dict[
 _COPY_ON_THREAD = 1 << 20  # a message with more tensor bytes is copied out on a worker thread
 
 
+def _answer_call(channel: Channel, kind: str, call: int, answer: Any) -> None:
+    """A call's one answer to the model (nobody to tell when its channel has closed)."""
+    try:
+        channel.send(kind, call, answer)
+    except ChannelClosed:
+        pass
+
+
 def _close_watched(channel: Channel) -> None:
     trio.lowlevel.notify_closing(channel.sock)
     channel.close()
@@ -510,10 +518,7 @@ class ProcessInstance:
                 answer = metrics.update(args[0], tuple(map(tuple, args[1])), *args[2:])
         except NurseryError as error:
             answer = error
-        try:
-            channel.send("metric_answer", call, answer)
-        except ChannelClosed:
-            pass
+        _answer_call(channel, "metric_answer", call, answer)
 
     def _manage(self, channel: Channel, call: int, op: str, *args: Any) -> None:
         """A model-management call from the model (it waits on a BLS thread: a load takes
@@ -525,10 +530,7 @@ class ProcessInstance:
             answer = self._client.manage_from_thread(op, *args)
         except NurseryError as error:
             answer = error
-        try:
-            channel.send("manage_answer", call, answer)
-        except ChannelClosed:
-            pass
+        _answer_call(channel, "manage_answer", call, answer)
 
     def _call(self, channel: Channel, call: int, request: InferenceRequest,
               decoupled: bool) -> None:

@@ -42,7 +42,7 @@ import ssl
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import hpack
 import hpack.exceptions
@@ -273,17 +273,20 @@ class Stream:
         unary response), else the same frames as the windows open."""
         if self.reset or self.local_closed:
             raise StreamReset
-        n = len(data)
-        if self._fits(n):
-            self.send_window -= n
-            self.conn.send_window -= n
-            out = self._headers_frames(head, False) + frame(DATA, 0, self.id, data) \
-                + self._headers_frames(trailers, True)
-            await self.conn.write_data(out)
+        if self._fits(len(data)):
+            await self.conn.write_data(self._response_frames(head, data, trailers))
             return
         await self.send_headers(head)
         await self.send_data(data)
         await self.send_headers(trailers, end_stream=True)
+
+    def _response_frames(self, head: bytes, data: bytes, trailers: bytes) -> bytes:
+        """A whole unary response in one piece (the windows must allow ``data``; they are
+        spent here)."""
+        self.send_window -= len(data)
+        self.conn.send_window -= len(data)
+        return self._headers_frames(head, False) + frame(DATA, 0, self.id, data) \
+            + self._headers_frames(trailers, True)
 
     def respond_nowait(self, head: bytes, data: bytes | None, trailers: bytes) -> None:
         """:meth:`send_response` from plain code (a FastPath's answer; ``data`` None: a
@@ -302,14 +305,8 @@ class Stream:
             except RuntimeError:  # the connection is ending: nobody to answer
                 conn._forget(self)
             return
-        if data is None:
-            out = self._headers_frames(head + trailers, True)
-        else:
-            self.send_window -= n
-            conn.send_window -= n
-            out = self._headers_frames(head, False) + frame(DATA, 0, self.id, data) \
-                + self._headers_frames(trailers, True)
-        conn.write_nowait(out)
+        conn.write_nowait(self._headers_frames(head + trailers, True) if data is None
+                          else self._response_frames(head, data, trailers))
         conn._forget(self)
 
     async def _respond_later(self, head: bytes, data: bytes | None, trailers: bytes) -> None:
@@ -335,7 +332,7 @@ class Stream:
 Application = Callable[[Stream], Awaitable[None]]
 
 
-class FastPath:
+class FastPath(Protocol):
     """What an application may add to serve some streams without a task each: ``accepts``
     tells from a new stream's headers whether it may be one (its route, or None; nothing may
     be sent yet); ``deliver`` gets it with that route once its whole request has arrived and
@@ -343,11 +340,9 @@ class FastPath:
     ``stream.abandon`` for a client that leaves first) or leaves it (False), and the
     application then serves it as any other. Both are plain calls on the trio thread."""
 
-    def accepts(self, headers: list[tuple[str, str]]) -> Any:
-        raise NotImplementedError
+    def accepts(self, headers: list[tuple[str, str]]) -> Any: ...
 
-    def deliver(self, stream: Stream, route: Any) -> bool:
-        raise NotImplementedError
+    def deliver(self, stream: Stream, route: Any) -> bool: ...
 
 
 class Connection:
@@ -398,14 +393,19 @@ class Connection:
         nothing else waits, else to the writer. (Callers mind ``out_bytes`` themselves.)"""
         self.last_ping = -math.inf
         self.ping_strikes = self.pings_without_data = 0
+        try:
+            self._send_or_queue(data)
+        except GONE:
+            self.broken = True
+            self.out_ready.set()
+
+    def _send_or_queue(self, data: bytes | bytearray) -> None:
+        """With one stream nothing could share the send, so it goes now, without the
+        writer's wake; what the socket does not take (or all of it, with more streams) is
+        queued for the writer. Raises what the socket raises."""
         if (self.try_send is not None and not self.out and not self.writer_busy
                 and len(self.streams) <= 1):
-            try:
-                sent = self.try_send(data)
-            except GONE:
-                self.broken = True
-                self.out_ready.set()
-                return
+            sent = self.try_send(data)
             if sent == len(data):
                 return
             data = bytes(memoryview(data)[sent:])
@@ -422,18 +422,7 @@ class Connection:
         ``flush``; then it returns once its frames are sent."""
         if self.broken or self.writer_gone:
             raise trio.BrokenResourceError("the connection can send nothing more")
-        if (self.try_send is not None and not self.out and not self.writer_busy
-                and len(self.streams) <= 1):
-            # one stream: nothing could share the send, so it goes now, without the writer's
-            # wake (what the socket does not take now is queued for the writer)
-            sent = self.try_send(data)
-            if sent == len(data):
-                return
-            data = bytes(memoryview(data)[sent:])
-        self.out.append(data)
-        self.out_bytes += len(data)
-        if not self.writer_busy:
-            self.out_ready.set()
+        self._send_or_queue(data)
         if flush or self.out_bytes > _QUEUE_LIMIT:
             await self.flushed()
 
