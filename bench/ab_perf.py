@@ -12,6 +12,7 @@ settles on this machine while anything else runs); the rounds give the spread.
     python bench/ab_perf.py --base 3c53c53 --rounds 3
     python bench/ab_perf.py --base HEAD~5 --protocols http-bin,grpc --models mlp --concurrency 1,16
     python bench/ab_perf.py --base HEAD --batching --protocols grpc --concurrency 1,16,64
+    python bench/ab_perf.py --base HEAD --batching --peer-models --models mlp --concurrency 16
 
 The machine is noisy: only ratios from one run mean anything, and a ratio within the spread of
 the rounds is a tie.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import PERF_ANALYZER, ServerProcess, make_models  # noqa: E402
 
+PEER_BENCH = Path(os.environ.get("TMPDIR", "/tmp")) / "nursery-peer-bench"
+
 
 def server_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -41,12 +45,13 @@ def server_cpu(pid: int) -> float:
 
 
 def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
-         window_ms: int) -> tuple[float, float]:
+         window_ms: int, data: Path | None = None) -> tuple[float, float]:
     """(infer/s, server CPU µs per request) of one perf_analyzer measurement."""
     url = server.url if protocol != "grpc" else f"127.0.0.1:{server.grpc_port}"
     args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc" if protocol == "grpc" else "http",
             "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
-            "--stability-percentage", "999", "--max-trials", "3", "--input-data", "zero"]
+            "--stability-percentage", "999", "--max-trials", "3",
+            "--input-data", str(data / f"{model}.json") if data else "zero"]
     if protocol == "http":  # JSON tensors (perf_analyzer's default is the binary extension)
         args += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     before, served = server_cpu(server.proc.pid), _successes(server, model)
@@ -61,6 +66,15 @@ def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
     if rate == 0.0 or requests <= 0:
         raise RuntimeError(f"perf_analyzer failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
     return rate, spent / requests * 1e6
+
+
+def _peer_model(source: Path, repo: Path) -> Path:
+    """A model of the peer sweep's repository: its config copied, its ONNX file linked."""
+    folder = repo / source.name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text((source / "config.pbtxt").read_text())
+    (folder / "1" / "model.onnx").symlink_to(source / "1" / "model.onnx")
+    return folder
 
 
 def _successes(server: ServerProcess, model: str) -> int:
@@ -81,6 +95,12 @@ def main() -> None:
     parser.add_argument("--batching", action="store_true",
                         help="dynamic batching on, as the peer sweep's batching rows "
                              "(max_batch_size 32, 1 ms queue delay)")
+    parser.add_argument("--peer-models", nargs="?", const=str(PEER_BENCH), default=None,
+                        metavar="BENCH_DIR",
+                        help="the peer sweep's models and input data (../shared/bench's "
+                             "model_repository and perf_data under BENCH_DIR, default "
+                             f"{PEER_BENCH}; its MLP is 784-1024-1024-10 with ONNX Runtime's "
+                             "default threads) instead of scripts/make_models.py's")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nursery-ab-"))
     base = tmp / "base"
@@ -88,12 +108,20 @@ def main() -> None:
                    check=True, capture_output=True)
     repo = tmp / "repo"
     size = 32 if args.batching else 64
-    for folder in (make_models.write_add_sub(repo, max_batch_size=size),
-                   make_models.write_mlp(repo, max_batch_size=size)):
+    data = Path(args.peer_models) / "perf_data" if args.peer_models else None
+    if args.peer_models:
+        folders = [_peer_model(Path(args.peer_models) / "model_repository" / m, repo)
+                   for m in args.models.split(",")]
+    else:
+        folders = [make_models.write_add_sub(repo, max_batch_size=size),
+                   make_models.write_mlp(repo, max_batch_size=size)]
+    for folder in folders:
         if args.batching:
             config = folder / "config.pbtxt"
-            config.write_text(config.read_text()
-                              + "dynamic_batching { max_queue_delay_microseconds: 1000 }\n")
+            text = config.read_text()
+            if args.peer_models:  # as the peer sweep's make_nursery_repo.py writes it
+                text = re.sub(r"^max_batch_size:.*$", f"max_batch_size: {size}", text, flags=re.M)
+            config.write_text(text + "dynamic_batching { max_queue_delay_microseconds: 1000 }\n")
     sides = {"base": base, "new": ROOT}
     rows = [(p, m, int(c)) for p in args.protocols.split(",") for m in args.models.split(",")
             for c in args.concurrency.split(",")]
@@ -109,7 +137,7 @@ def main() -> None:
                     for row in rows:
                         for _attempt in range(3):  # a window perf_analyzer cannot settle: again
                             try:
-                                got = perf(server, *row, args.window_ms)
+                                got = perf(server, *row, args.window_ms, data)
                             except RuntimeError:
                                 continue
                             results.setdefault((name, *row), []).append(got)

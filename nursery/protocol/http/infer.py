@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from nursery.actors.directory import ModelHandle
 from nursery.config.model import ModelConfig
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError, Overloaded, Unsupported
@@ -31,6 +32,7 @@ from nursery.protocol.codecs.status import error_body, http_error, overload_answ
 from nursery.types import (
     DataType,
     InferenceRequest,
+    InferenceResponse,
     RequestedOutput,
     Tensor,
     element_count,
@@ -199,77 +201,61 @@ def restricted(restrictions: Restrictions, raw_path: bytes,
     return None
 
 
-async def infer_response(
-    core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
-    max_input_size: int, forward: HeaderForward | None = None,
-    sent: list[tuple[bytes, bytes]] | None = None,
-) -> Response:
-    """The whole inference route: request head and body in, status, headers, payload out.
+class _Asked:
+    """What the inference route reads from a request's headers."""
 
-    ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
-    ``forward``: the headers that become request parameters (--http-header-forward-pattern),
-    from ``sent`` when given (the values as sent, trailing whitespace kept) else ``headers``.
-    """
-    header_len: bytes | None = None
-    encoding: bytes | None = None
-    accept: bytes | None = None
-    traceparent = ""
-    for key, value in headers:
-        if key == binary_tensor.HEADER_LOWER:
-            header_len = value
-        elif key == b"content-encoding":
-            encoding = value
-        elif key == b"accept-encoding":
-            accept = value
-        elif key == b"traceparent":
-            traceparent = value.decode("latin-1")
-    trace = core.tracer.start(model, traceparent) if core.tracer.active else None
-    request: InferenceRequest | None = None
-    if trace is not None:  # the server has read the whole request by now
-        trace.stamp("HTTP_RECV_START")
-        trace.stamp("HTTP_RECV_END")
-    try:
-        handle = await core.acquire(model, version)
-        if handle.config.decoupled:
-            raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
-        if encoding is not None:
-            body = _decompress(body, encoding, max_input_size)
-        if header_len is None and not body:
-            header_len = b"0"  # Triton treats an empty body as a raw binary request
-        json_part, binary = binary_tensor.split_body(body, header_len)
-        # --http-max-input-size bounds what must be parsed or copied, as Triton's HTTP
-        # frontend does: the JSON header (EVBufferToJson), a raw binary body
-        # (EVBufferToRawInput) and, above, a decompressed body; binary tensor blocks after
-        # the JSON header are views on the body, bounded by the server's hard body cap
-        if binary is not None and len(json_part) == 0:
-            if len(binary) > max_input_size:
-                raise raw_too_large(len(binary), max_input_size)
-            request = _raw_request(handle.config, model, version, bytes(binary))
-            fmt = json_codec.OutputFormat({}, True)
-        else:
-            if len(json_part) > max_input_size:
-                raise too_large(len(json_part), max_input_size)
-            parsed = json_codec.parse_json(json_part)
-            request, fmt = json_codec.decode_request(
-                parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
-                core.shm,
-            )
-        forward_headers(forward, headers if sent is None else sent, request)
-        request.trace = trace or False  # False: sampled here, not traced
-        response = await core.infer(request, handle)
-        head, blocks = json_codec.encode_response(response, fmt)
-    except NurseryError as error:
-        if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
-            request_log.debug("[request id: %s] Infer failed: %s",
-                              (request.id if request is not None else "") or "<id_unknown>",
-                              error.message)
-        unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
-        extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
-        return error_response(error, extra, request)
-    finally:
-        if trace is not None:  # the response is encoded; the server sends it next
-            trace.stamp("HTTP_SEND_START")
-            trace.finish()
+    __slots__ = ("header_len", "encoding", "accept", "traceparent")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.header_len: bytes | None = None
+        self.encoding: bytes | None = None
+        self.accept: bytes | None = None
+        self.traceparent = ""
+        for key, value in headers:
+            if key == binary_tensor.HEADER_LOWER:
+                self.header_len = value
+            elif key == b"content-encoding":
+                self.encoding = value
+            elif key == b"accept-encoding":
+                self.accept = value
+            elif key == b"traceparent":
+                self.traceparent = value.decode("latin-1")
+
+
+def _decode(core: Core, handle: ModelHandle, model: str, version: str, asked: _Asked,
+            body: bytes, max_input_size: int) -> tuple[InferenceRequest, json_codec.OutputFormat]:
+    """The request the body holds, and how its answer is to be written."""
+    if handle.config.decoupled:
+        raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+    if asked.encoding is not None:
+        body = _decompress(body, asked.encoding, max_input_size)
+    header_len = asked.header_len
+    if header_len is None and not body:
+        header_len = b"0"  # Triton treats an empty body as a raw binary request
+    json_part, binary = binary_tensor.split_body(body, header_len)
+    # --http-max-input-size bounds what must be parsed or copied, as Triton's HTTP
+    # frontend does: the JSON header (EVBufferToJson), a raw binary body
+    # (EVBufferToRawInput) and, above, a decompressed body; binary tensor blocks after
+    # the JSON header are views on the body, bounded by the server's hard body cap
+    if binary is not None and len(json_part) == 0:
+        if len(binary) > max_input_size:
+            raise raw_too_large(len(binary), max_input_size)
+        request = _raw_request(handle.config, model, version, bytes(binary))
+        return request, json_codec.OutputFormat({}, True)
+    if len(json_part) > max_input_size:
+        raise too_large(len(json_part), max_input_size)
+    parsed = json_codec.parse_json(json_part)
+    return json_codec.decode_request(
+        parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
+        core.shm,
+    )
+
+
+def _answered(response: InferenceResponse, fmt: json_codec.OutputFormat,
+              accept: bytes | None) -> Response:
+    """A model's answer as the route's response (raises NurseryError when it cannot be
+    written as asked)."""
+    head, blocks = json_codec.encode_response(response, fmt)
     out_headers: list[tuple[bytes, bytes]]
     if blocks:
         payload = b"".join([head, *blocks])
@@ -283,6 +269,87 @@ async def infer_response(
         payload = _compress(payload, chosen)
         out_headers.append((b"content-encoding", chosen.encode()))
     return 200, out_headers, payload
+
+
+def _failed(error: NurseryError, request: InferenceRequest | None, asked: _Asked) -> Response:
+    if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
+        request_log.debug("[request id: %s] Infer failed: %s",
+                          (request.id if request is not None else "") or "<id_unknown>",
+                          error.message)
+    unsupported_encoding = isinstance(error, Unsupported) and asked.encoding is not None
+    extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
+    return error_response(error, extra, request)
+
+
+async def infer_response(
+    core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
+    max_input_size: int, forward: HeaderForward | None = None,
+    sent: list[tuple[bytes, bytes]] | None = None,
+) -> Response:
+    """The whole inference route: request head and body in, status, headers, payload out.
+
+    ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
+    ``forward``: the headers that become request parameters (--http-header-forward-pattern),
+    from ``sent`` when given (the values as sent, trailing whitespace kept) else ``headers``.
+    """
+    asked = _Asked(headers)
+    trace = core.tracer.start(model, asked.traceparent) if core.tracer.active else None
+    request: InferenceRequest | None = None
+    if trace is not None:  # the server has read the whole request by now
+        trace.stamp("HTTP_RECV_START")
+        trace.stamp("HTTP_RECV_END")
+    try:
+        handle = await core.acquire(model, version)
+        request, fmt = _decode(core, handle, model, version, asked, body, max_input_size)
+        forward_headers(forward, headers if sent is None else sent, request)
+        request.trace = trace or False  # False: sampled here, not traced
+        response = await core.infer(request, handle)
+        return _answered(response, fmt, asked.accept)
+    except NurseryError as error:
+        return _failed(error, request, asked)
+    finally:
+        if trace is not None:  # the response is encoded; the server sends it next
+            trace.stamp("HTTP_SEND_START")
+            trace.finish()
+
+
+def infer_now(
+    core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
+    max_input_size: int, forward: HeaderForward | None, sent: list[tuple[bytes, bytes]],
+    reply: Callable[[Response], None],
+) -> Callable[[], None] | None:
+    """The inference route without a task waiting (the HTTP server's fast path): the request
+    is checked and queued now, and ``reply`` gets the response on the trio thread when the
+    model answers. Returns the function that abandons the request (its client left); None
+    when the request is not taken here (tracing, on-demand loading, the response cache, a
+    decoupled model, or any refusal): then :func:`infer_response` serves it, as before.
+    ``reply`` must not raise (the answering actor runs it); it is never called after the
+    request was abandoned."""
+    if core.demand is not None or core.tracer.active:
+        return None
+    asked = _Asked(headers)
+    try:
+        handle = core.resolve(model, version)
+        request, fmt = _decode(core, handle, model, version, asked, body, max_input_size)
+        forward_headers(forward, sent, request)
+    except NurseryError:
+        return None
+    request.trace = False  # sampled here, not traced
+
+    def answered(answer: Any) -> None:
+        if isinstance(answer, NurseryError):
+            reply(_failed(answer, request, asked))
+            return
+        try:
+            response = _answered(answer, fmt, asked.accept)
+        except NurseryError as error:
+            response = _failed(error, request, asked)
+        reply(response)
+
+    try:
+        return core.client.dispatch(request, handle, answered)
+    except NurseryError:
+        return None
 
 
 def forward_headers(forward: HeaderForward | None, headers: list[tuple[bytes, bytes]],

@@ -1,0 +1,40 @@
+"""nursery's one ONNX Runtime default of its own: no intra-op spinning for a model whose
+dynamic batcher waits between batches (``nursery/backends/onnxruntime.py``'s docstring has the
+measurements), and ONNX Runtime's default everywhere else or where the config says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nursery.backends.base import get_factory
+from nursery.backends.onnxruntime import SPINNING, _session_options, spinning_default
+from nursery.config.model import read_model_config
+from tests.conftest import make_models
+
+_BASE = ('name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+         'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [16] }]\n'
+         'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [16] }]\n')
+_SPIN_ON = f'parameters {{ key: "{SPINNING}" value: {{ string_value: "1" }} }}\n'
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("dynamic_batching { max_queue_delay_microseconds: 1000 }\n", {SPINNING: "0"}),
+    ("dynamic_batching { }\n", {}),  # no delay: calls come back to back
+    ("", {}),
+    ("dynamic_batching { max_queue_delay_microseconds: 1000 }\n" + _SPIN_ON, {}),
+])
+def test_spinning_is_off_only_where_the_batcher_waits(tmp_path: Path, extra: str,
+                                                       expected: dict[str, str]) -> None:
+    make_models.write_model(tmp_path, "m", make_models.build_identity("FP32", ["batch", 16]),
+                            _BASE + extra)
+    config, _ = read_model_config(tmp_path / "m", "m", backends=get_factory)
+    assert spinning_default(config) == expected
+    options = _session_options({**spinning_default(config), **config.parameters}, 0, "m")
+    want = expected.get(SPINNING, config.parameters.get(SPINNING))
+    try:
+        entry: str | None = options.get_session_config_entry(SPINNING)
+    except RuntimeError:  # onnxruntime's answer for a key never set
+        entry = None
+    assert entry == want
