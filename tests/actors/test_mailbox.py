@@ -111,3 +111,20 @@ def test_inline_policy() -> None:
     for _ in range(20):
         policy.ran(1_000_000, 1)  # the model got slow
     assert not any(policy.take(batch) for _ in range(8))
+
+
+def test_inline_policy_when_the_batch_is_all_its_model_has_in_flight() -> None:
+    """A batch holding every request of its model in flight (``quiet``) runs inline up to
+    ``quiet_below_ns``; with anything else in flight, only up to ``below_ns``."""
+    batch = _batch(1)
+    policy = InlinePolicy(enabled=True, below_ns=100_000, probe=1000, quiet_below_ns=300_000)
+    assert not policy.take(batch, quiet=True)  # nothing measured yet: threaded
+    for _ in range(30):
+        policy.ran(150_000, 1)  # too slow for a busy loop, fine for a quiet one
+    assert not policy.take(batch)
+    assert policy.take(batch, quiet=True)
+    assert not policy.take(_batch(2), quiet=True)  # bigger than any measured
+    for _ in range(30):
+        policy.ran(400_000, 1)  # the model got slow: threaded either way
+    assert not policy.take(batch, quiet=True)
+    assert not InlinePolicy(enabled=True).take(_batch(1, ordered=True), quiet=True)
