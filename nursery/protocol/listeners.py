@@ -72,6 +72,20 @@ class PlainStream(trio.abc.HalfCloseableStream):
             except OSError as exc:
                 raise _translated(exc) from exc
 
+    async def receive_when_ready(self, max_bytes: int | None = None) -> bytes:
+        """:meth:`receive_some` for a caller that knows nothing is there yet (the client
+        waits for an answer still on its way): it waits for readiness first, sparing the
+        ``recv`` that would only say ``EAGAIN``."""
+        raw, size = self._raw, max_bytes or 65536
+        while True:
+            await trio.lowlevel.wait_readable(self._fd)
+            try:
+                return raw.recv(size)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise _translated(exc) from exc
+
     async def send_eof(self) -> None:
         await self.stream.send_eof()
 

@@ -530,12 +530,13 @@ class HttpServer:
         request sent before the answer is written (pipelining) waits for it; False when the
         client closed (the request is dropped on the way out) or the connection ends."""
         stream = conn.stream
+        assert isinstance(stream, PlainStream)
         while conn.pending is not None:
             if buf:
                 conn.written = trio.Event()
                 await conn.written.wait()
                 break
-            data = await stream.receive_some(_BIG)
+            data = await stream.receive_when_ready(_BIG)
             if not data:
                 return False
             buf += data
