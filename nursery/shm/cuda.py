@@ -47,6 +47,8 @@ class CudaRegion:
     kind = "cuda"
 
     def __init__(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.users = 0  # requests holding the region (nursery.shm.system.ShmHold)
+        self.awaiting_unregister = False  # unregistered while held
         cp = _cupy()
         if cp is None:
             raise Unsupported("CUDA shared memory is not available on this server (it needs "

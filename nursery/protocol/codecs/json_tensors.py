@@ -17,7 +17,7 @@ import numpy as np
 
 from nursery.errors import InternalError, InvalidArgument
 from nursery.protocol.codecs.binary_tensor import BlockReader
-from nursery.shm.system import SharedMemoryRegistry, ShmBinding
+from nursery.shm.system import ShmAccess, ShmBinding
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -68,7 +68,7 @@ class OutputFormat:
     listed: dict[str, bool]  # output name -> binary, for outputs the request listed
     default_binary: bool  # for every output when none were listed
     shm: dict[str, ShmBinding] = field(default_factory=dict)  # outputs written to regions
-    registry: SharedMemoryRegistry | None = None
+    registry: ShmAccess | None = None
 
 
 def parse_json(data: bytes | memoryview) -> Any:
@@ -229,7 +229,7 @@ def decode_request(
     model_version: str,
     blocks: BlockReader,
     max_bytes: int,
-    shm: SharedMemoryRegistry | None = None,
+    shm: ShmAccess | None = None,
 ) -> tuple[InferenceRequest, OutputFormat]:
     """Turn a parsed request JSON (and its binary blocks) into an :class:`InferenceRequest`."""
     if not isinstance(body, dict):
@@ -421,7 +421,7 @@ def _shm_binding(params: dict[str, Any]) -> ShmBinding:
 
 def _shm_input(params: dict[str, Any], name: str, datatype: DataType, shape: tuple[int, ...],
                count: int, model: str, request_id: str,
-               shm: SharedMemoryRegistry | None) -> np.ndarray:
+               shm: ShmAccess | None) -> np.ndarray:
     """An input read from a registered region: a copy of exactly its bytes, taken now (the
     region's owner may shrink it while the request waits), after the sizes agree."""
     if shm is None:

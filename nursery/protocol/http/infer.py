@@ -228,6 +228,9 @@ async def infer_response(
     if trace is not None:  # the server has read the whole request by now
         trace.stamp("HTTP_RECV_START")
         trace.stamp("HTTP_RECV_END")
+    # the regions the request reads and writes, held until its outputs are written (a region
+    # unregistered meanwhile goes then, as in Triton)
+    hold = core.shm.hold()
     try:
         handle = await core.acquire(model, version)
         if handle.config.decoupled:
@@ -252,7 +255,7 @@ async def infer_response(
             parsed = json_codec.parse_json(json_part)
             request, fmt = json_codec.decode_request(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
-                core.shm,
+                hold,
             )
         forward_headers(forward, headers if sent is None else sent, request)
         request.trace = trace or False  # False: sampled here, not traced
@@ -267,6 +270,7 @@ async def infer_response(
         extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
         return error_response(error, extra, request)
     finally:
+        hold.release()
         if trace is not None:  # the response is encoded; the server sends it next
             trace.stamp("HTTP_SEND_START")
             trace.finish()
