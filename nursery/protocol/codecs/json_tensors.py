@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from nursery.errors import InternalError, InvalidArgument
+from nursery.protocol.codecs import deep_json
 from nursery.protocol.codecs.binary_tensor import BlockReader
 from nursery.shm.system import ShmAccess, ShmBinding
 from nursery.types import (
@@ -32,18 +33,11 @@ from nursery.types import (
 try:  # orjson is several times faster on tensor-sized JSON; the stdlib is the fallback
     import orjson
 
-    def loads(data: bytes | memoryview) -> Any:
-        return orjson.loads(data)
-
     def dumps(obj: Any) -> bytes:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    _JSONError: type[Exception] = orjson.JSONDecodeError
 except ImportError:  # pragma: no cover - exercised only without orjson
     import json
-
-    def loads(data: bytes | memoryview) -> Any:
-        return json.loads(bytes(data))
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
@@ -72,9 +66,12 @@ class OutputFormat:
 
 
 def parse_json(data: bytes | memoryview) -> Any:
+    """The request JSON, however deeply nested (``deep_json``: never a recursion that a hostile
+    body could overflow; a body deeper than ``deep_json.FAST_DEPTH`` is parsed in Python, so
+    callers on the event loop check ``deep_json.shallow`` and run such a parse in a thread)."""
     try:
-        return loads(data)
-    except _JSONError as exc:
+        return deep_json.loads(data)
+    except ValueError as exc:  # orjson's JSONDecodeError and deep_json's are ValueErrors
         raise InternalError(f"failed to parse the request JSON buffer: {exc}") from None
     except (RecursionError, MemoryError):
         raise InvalidArgument("failed to parse the request JSON buffer: nested too deeply") from None

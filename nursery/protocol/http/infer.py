@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
+import trio
 
 from nursery.config.model import ModelConfig
 from nursery.core import Core
@@ -25,7 +26,7 @@ from nursery.protocol.access import (
     http_group,
     http_refusal_message,
 )
-from nursery.protocol.codecs import binary_tensor
+from nursery.protocol.codecs import binary_tensor, deep_json
 from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.protocol.codecs.status import error_body, http_error, overload_answer
 from nursery.types import (
@@ -252,7 +253,10 @@ async def infer_response(
         else:
             if len(json_part) > max_input_size:
                 raise too_large(len(json_part), max_input_size)
-            parsed = json_codec.parse_json(json_part)
+            if deep_json.shallow(json_part):
+                parsed = json_codec.parse_json(json_part)
+            else:  # parsed in Python, however deep: off the event loop
+                parsed = await trio.to_thread.run_sync(json_codec.parse_json, json_part)
             request, fmt = json_codec.decode_request(
                 parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
                 hold,
