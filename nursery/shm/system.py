@@ -147,8 +147,13 @@ class SystemRegion:
             done += n
 
     def close(self) -> None:
+        """Close the descriptor; a late access then fails cleanly (EBADF) instead of reaching
+        whatever file reuses the number."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         try:
-            os.close(self.fd)
+            os.close(fd)
         except OSError:
             pass
 
@@ -392,16 +397,21 @@ class ShmHold:
     """The regions one request reads or writes, held from its parsing until its response is
     written (Triton's requests keep a reference to each region they use, released with the
     request): a region unregistered meanwhile stays registered until every request holding
-    it has let go. ``release`` is idempotent; each region is held once per request."""
+    it has let go. ``release`` is idempotent; each region is held once per request. Once
+    released, the hold holds nothing more: a late access (a request abandoned, then answered)
+    is the registry's own, looked up and done under its lock."""
 
-    __slots__ = ("_registry", "_held")
+    __slots__ = ("_registry", "_held", "_released")
 
     def __init__(self, registry: SharedMemoryRegistry) -> None:
         self._registry = registry
         self._held: dict[str, SystemRegion | CudaRegion] = {}
+        self._released = False
 
     def lookup(self, name: str, offset: int, byte_size: int) -> SystemRegion | CudaRegion:
         """The region ``name`` after Triton's bounds checks, held from now on."""
+        if self._released:
+            return self._registry.lookup(name, offset, byte_size)
         region = self._held.get(name)
         if region is None:
             region = self._registry._acquire(name, offset, byte_size)
@@ -411,18 +421,24 @@ class ShmHold:
         return region
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
+        if self._released:
+            return self._registry.read(name, offset, byte_size)
         region = self.lookup(name, offset, byte_size)
         with self._registry._lock:  # a shutdown's close must not close the fd mid-read
             return _read(region, offset, byte_size)
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
               output: str) -> None:
+        if self._released:
+            self._registry.write(name, offset, byte_size, data, output)
+            return
         region = self.lookup(name, offset, byte_size)
         with self._registry._lock:
             _write(region, offset, byte_size, data, output)
 
     def release(self) -> None:
         """Let go of every region held (the request's response is written, or it failed)."""
+        self._released = True
         if self._held:
             regions = list(self._held.values())
             self._held.clear()

@@ -231,3 +231,20 @@ def test_a_failed_lookup_holds_nothing_and_shutdown_closes_held_regions(key: str
     assert _open_fds() == before
     hold.release()  # a request let go after the shutdown: nothing left to close
     assert _names(reg) == []
+
+
+def test_a_released_hold_takes_no_new_hold(key: str) -> None:
+    """A request abandoned (its hold released) and answered afterwards writes its outputs as
+    the registry would, without holding the region again: an unregister still removes it."""
+    reg = SharedMemoryRegistry()
+    reg.register_system("out", key, 0, 64)
+    hold = reg.hold()
+    hold.lookup("out", 0, 64)
+    hold.release()
+    hold.write("out", 0, 64, b"late", "OUTPUT0")
+    assert bytes(hold.read("out", 0, 4)) == b"late"
+    reg.unregister("out")
+    assert _names(reg) == []
+    with pytest.raises(NotFound):
+        hold.write("out", 0, 64, b"late", "OUTPUT0")
+    reg.close()
