@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from nursery.errors import InvalidArgument, Unsupported
+from nursery.errors import InvalidArgument
 
 log = logging.getLogger("nursery.shm")
 
@@ -47,10 +47,16 @@ class CudaRegion:
     kind = "cuda"
 
     def __init__(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.users = 0  # requests holding the region (nursery.shm.system.ShmHold)
+        self.awaiting_unregister = False  # unregistered while held
         cp = _cupy()
         if cp is None:
-            raise Unsupported("CUDA shared memory is not available on this server (it needs "
-                              "CuPy, the 'gpu' extra, and a CUDA device)")
+            # Triton's GPU build on a machine without a usable device fails to open the
+            # handle and answers this (INVALID_ARG); the reason follows Triton's words
+            raise InvalidArgument(
+                "failed to register shared memory region: invalid args (CUDA shared memory is "
+                "not available on this server: it needs CuPy, the 'gpu' extra, and a CUDA "
+                "device)")
         if device_id < 0 or device_id >= cp.cuda.runtime.getDeviceCount() or byte_size < 0:
             raise InvalidArgument(f"failed to register shared memory region '{name}': invalid args")
         self.name = name

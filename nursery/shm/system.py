@@ -22,17 +22,24 @@ blocks): a sparse object, truncated large and never written, is refused rather t
 
 Registrations are capped (:data:`MAX_REGIONS` by default), each holding one descriptor, so a
 client cannot exhaust the server's file descriptors by registering regions.
+
+A request holds the regions it reads and writes (a :class:`ShmHold`, which the frontends take
+for each request and let go once its response is written), as Triton's requests hold a
+reference to each region they use: unregistering a held region succeeds at once, but the
+region stays registered (listed in the status, usable by new requests, its name taken) until
+the last request holding it lets go, and is removed then.
 CUDA regions (``nursery/shm/cuda.py``) live in the same table, as in Triton: one namespace of
 region names.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,6 +59,8 @@ _MAX_SIZE = 2**63 - 1
 _SIZE_MAX = 2**64 - 1  # size_t: an offset plus a byte size beyond it overflows in Triton
 MAX_REGIONS = 1024  # registered regions (system and CUDA together) per server, by default
 
+log = logging.getLogger("nursery.shm")
+
 
 @dataclass(eq=False)
 class SystemRegion:
@@ -63,6 +72,8 @@ class SystemRegion:
     byte_size: int
     fd: int
     kind: str = "system"
+    users: int = 0  # requests holding the region (ShmHold)
+    awaiting_unregister: bool = False  # unregistered while held: removed when the last lets go
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
@@ -136,8 +147,13 @@ class SystemRegion:
             done += n
 
     def close(self) -> None:
+        """Close the descriptor; a late access then fails cleanly (EBADF) instead of reaching
+        whatever file reuses the number."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         try:
-            os.close(self.fd)
+            os.close(fd)
         except OSError:
             pass
 
@@ -234,23 +250,58 @@ class SharedMemoryRegistry:
 
     def unregister(self, name: str, kind: str = "system") -> None:
         """Unregistering a name that is not registered (as this kind) succeeds, as in Triton;
-        no name unregisters every region of this kind (as ``status`` lists them all)."""
+        no name unregisters every region of this kind (as ``status`` lists them all). A region
+        that requests hold is only marked: it goes when the last of them lets go."""
         self.check_client_allowed()
         if not name:
             self.unregister_all(kind)
             return
         with self._lock:
             region = self._regions.get(name)
-            if region is None or region.kind != kind:
+            if region is None or region.kind != kind or not self._drop(region):
                 return
-            del self._regions[name]
         region.close()
 
     def unregister_all(self, kind: str = "system") -> None:
         with self._lock:
-            names = [n for n, r in self._regions.items() if r.kind == kind]
-            regions = [self._regions.pop(n) for n in names]
+            regions = [r for r in self._regions.values() if r.kind == kind]
+            regions = [r for r in regions if self._drop(r)]
         for region in regions:
+            region.close()
+
+    def _drop(self, region: SystemRegion | CudaRegion) -> bool:
+        """Called under the lock: remove ``region`` now if no request holds it (True: the
+        caller closes it), else mark it to go when the last holder lets go."""
+        if region.users > 0:
+            region.awaiting_unregister = True
+            log.debug("Shared memory region '%s' will be unregistered after in-flight "
+                      "requests complete.", region.name)
+            return False
+        del self._regions[region.name]
+        return True
+
+    def hold(self) -> ShmHold:
+        """A new request's hold on the regions it will use (empty until it uses one)."""
+        return ShmHold(self)
+
+    def _acquire(self, name: str, offset: int, byte_size: int) -> SystemRegion | CudaRegion:
+        """``lookup``, and the region counts one more holder."""
+        with self._lock:
+            region = self.lookup(name, offset, byte_size)
+            region.users += 1
+            return region
+
+    def _release(self, regions: list[SystemRegion | CudaRegion]) -> None:
+        """Holders let go of ``regions``; those unregistered meanwhile and now free go."""
+        gone = []
+        with self._lock:
+            for region in regions:
+                region.users -= 1
+                if (region.users == 0 and region.awaiting_unregister
+                        and self._regions.get(region.name) is region):
+                    del self._regions[region.name]
+                    gone.append(region)
+        for region in gone:
             region.close()
 
     def status(self, name: str = "", kind: str = "system") -> list[dict[str, Any]]:
@@ -282,43 +333,116 @@ class SharedMemoryRegistry:
         region = self._regions.get(name)  # one dict read: atomic, with or without the lock
         if region is None:
             raise NotFound(f"Unable to find shared memory region: '{name}'")
-        if offset < 0 or offset >= region.byte_size:
-            raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
-        if byte_size > _SIZE_MAX - offset:  # Triton checks this before the bounds
-            raise InvalidArgument(
-                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) "
-                f"exceeds maximum value ({_SIZE_MAX}) for region '{name}'")
-        if byte_size < 0 or offset + byte_size > region.byte_size:
-            raise InvalidArgument(
-                f"Invalid offset + byte size for shared memory region: '{name}'")
+        _check_bounds(region, name, offset, byte_size)
         return region
 
     def read(self, name: str, offset: int, byte_size: int) -> memoryview:
         """A copy of ``byte_size`` bytes at ``offset`` in a region, taken now: what a queued
         request carries is its own, whatever the region's owner does next."""
         with self._lock:  # an unregister elsewhere must not close (and reuse) the fd mid-read
-            region = self.lookup(name, offset, byte_size)
-            if isinstance(region, CudaRegion):
-                return region.read_to_host(offset, byte_size)
-            return region.read(offset, byte_size)
+            return _read(self.lookup(name, offset, byte_size), offset, byte_size)
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
               output: str) -> None:
         """Put an output's bytes at ``offset``; it must fit the ``byte_size`` the request gave."""
         with self._lock:
-            self._write(name, offset, byte_size, data, output)
+            _write(self.lookup(name, offset, byte_size), offset, byte_size, data, output)
 
-    def _write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
-               output: str) -> None:
+
+def _check_bounds(region: SystemRegion | CudaRegion, name: str, offset: int,
+                  byte_size: int) -> None:
+    """Triton's bounds checks for ``[offset, offset+byte_size)`` in a region, in its order."""
+    if offset < 0 or offset >= region.byte_size:
+        raise InvalidArgument(f"Invalid offset for shared memory region: '{name}'")
+    if byte_size > _SIZE_MAX - offset:  # Triton checks this before the bounds
+        raise InvalidArgument(
+            f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) "
+            f"exceeds maximum value ({_SIZE_MAX}) for region '{name}'")
+    if byte_size < 0 or offset + byte_size > region.byte_size:
+        raise InvalidArgument(
+            f"Invalid offset + byte size for shared memory region: '{name}'")
+
+
+def _read(region: SystemRegion | CudaRegion, offset: int, byte_size: int) -> memoryview:
+    if isinstance(region, CudaRegion):
+        return region.read_to_host(offset, byte_size)
+    return region.read(offset, byte_size)
+
+
+def _write(region: SystemRegion | CudaRegion, offset: int, byte_size: int,
+           data: bytes | memoryview, output: str) -> None:
+    if len(data) > byte_size:
+        raise InternalError(
+            f"shared memory size specified with the request for output '{output}' "
+            f"({byte_size} bytes) should be at least {len(data)} bytes to hold the results")
+    if isinstance(region, CudaRegion):
+        region.write_from_host(offset, data)
+        return
+    region.write(offset, data)
+
+
+class ShmAccess(Protocol):
+    """What the codecs use to take inputs from and put outputs into regions: the registry
+    itself (no hold) or one request's :class:`ShmHold`."""
+
+    def lookup(self, name: str, offset: int, byte_size: int) -> SystemRegion | CudaRegion: ...
+
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview: ...
+
+    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
+              output: str) -> None: ...
+
+
+class ShmHold:
+    """The regions one request reads or writes, held from its parsing until its response is
+    written (Triton's requests keep a reference to each region they use, released with the
+    request): a region unregistered meanwhile stays registered until every request holding
+    it has let go. ``release`` is idempotent; each region is held once per request. Once
+    released, the hold holds nothing more: a late access (a request abandoned, then answered)
+    is the registry's own, looked up and done under its lock."""
+
+    __slots__ = ("_registry", "_held", "_released")
+
+    def __init__(self, registry: SharedMemoryRegistry) -> None:
+        self._registry = registry
+        self._held: dict[str, SystemRegion | CudaRegion] = {}
+        self._released = False
+
+    def lookup(self, name: str, offset: int, byte_size: int) -> SystemRegion | CudaRegion:
+        """The region ``name`` after Triton's bounds checks, held from now on."""
+        if self._released:
+            return self._registry.lookup(name, offset, byte_size)
+        region = self._held.get(name)
+        if region is None:
+            region = self._registry._acquire(name, offset, byte_size)
+            self._held[name] = region
+        else:
+            _check_bounds(region, name, offset, byte_size)
+        return region
+
+    def read(self, name: str, offset: int, byte_size: int) -> memoryview:
+        if self._released:
+            return self._registry.read(name, offset, byte_size)
         region = self.lookup(name, offset, byte_size)
-        if len(data) > byte_size:
-            raise InternalError(
-                f"shared memory size specified with the request for output '{output}' "
-                f"({byte_size} bytes) should be at least {len(data)} bytes to hold the results")
-        if isinstance(region, CudaRegion):
-            region.write_from_host(offset, data)
+        with self._registry._lock:  # a shutdown's close must not close the fd mid-read
+            return _read(region, offset, byte_size)
+
+    def write(self, name: str, offset: int, byte_size: int, data: bytes | memoryview,
+              output: str) -> None:
+        if self._released:
+            self._registry.write(name, offset, byte_size, data, output)
             return
-        region.write(offset, data)
+        region = self.lookup(name, offset, byte_size)
+        with self._registry._lock:
+            _write(region, offset, byte_size, data, output)
+
+    def release(self) -> None:
+        """Let go of every region held (the request's response is written, or it failed)."""
+        self._released = True
+        if self._held:
+            regions = list(self._held.values())
+            self._held.clear()
+            self._registry._release(regions)
 
 
 @dataclass(frozen=True, slots=True)

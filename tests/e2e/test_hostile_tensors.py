@@ -103,6 +103,39 @@ def _reset_peak_rss(pid: int) -> None:
 # -- HTTP -------------------------------------------------------------------------------------
 
 
+DEEP = 250_000  # L0_http's test_repository_index_deeply_nested_json
+
+
+def _deep(value: str) -> str:
+    return "[" * DEEP + value + "]" * DEEP
+
+
+def test_deeply_nested_json_bodies_get_tritons_answers(server: ServerProcess) -> None:
+    """A body nested 250,000 deep parses (Triton's RapidJSON does, and orjson 3.8 killed the
+    server somewhere past 100,000 levels) and is answered as Triton answers it."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=120)
+    try:
+        conn.request("POST", "/v2/repository/index", body='{"ready":' + _deep("true") + "}",
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 400
+    assert answer == {"error": "Invalid value for 'ready': expected a boolean"}
+    # the same depth as tensor data: Triton's limit on a tensor's nesting
+    body = ('{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":'
+            + _deep("1.0") + '},{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[0]}]}')
+    status, answer = _post(server, "add_sub", body.encode())
+    assert status == 400, answer
+    assert answer["error"] == "JSON nesting depth exceeds maximum allowed limit (100)"
+    # deep and broken: a parse error (500: Triton's JSON parse errors are INTERNAL)
+    status, answer = _post(server, "add_sub", ('{"inputs":' + "[" * DEEP).encode())
+    assert status == 500, answer
+    assert str(answer["error"]).startswith("failed to parse the request JSON buffer: Expecting value")
+    _assert_alive_and_serving(server)
+
+
 def test_json_shape_with_a_zero_and_a_huge_dimension(server: ServerProcess) -> None:
     body = json.dumps({"inputs": [
         {"name": "INPUT0", "shape": [0, 2**62, 4], "datatype": "FP32", "data": []},

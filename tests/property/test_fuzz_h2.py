@@ -62,6 +62,7 @@ from nursery.protocol.grpc.h2 import (
 from nursery.protocol.grpc.lean import Call, GrpcApp
 from nursery.protocol.grpc.service import Draining, InferenceService
 from nursery.schema import inference as pb
+from nursery.shm.system import SharedMemoryRegistry
 
 FRAMING_LIMIT = 64 * 1024
 _ENCODINGS = ("identity", "gzip", "deflate")
@@ -174,7 +175,7 @@ class StubCore:
     """Just enough of a Core for the RPCs to reach it: model "boom" fails unexpectedly (a
     planted bug, to show the boundaries), any other model is unknown (an ordinary error)."""
 
-    shm = None
+    shm = SharedMemoryRegistry()  # the frontends take each request's hold from it
 
     class tracer:  # noqa: N801 - an attribute namespace
         active = False

@@ -11,7 +11,7 @@ import pytest
 from nursery.backends import tensorrt
 from nursery.backends.base import get_factory
 from nursery.config.model import read_model_config
-from nursery.errors import ConfigError, Unsupported
+from nursery.errors import ConfigError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
 from nursery.shm import cuda as cuda_shm
 from tests.conftest import make_models
@@ -43,12 +43,15 @@ def test_tensorrt_without_the_package_says_so(tmp_path: Path,
         tensorrt.FACTORY.load(config, folder / "1", InstancePlacement("g", 0, "gpu", 0))
 
 
-def test_cuda_region_without_cupy_is_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_region_without_cupy_is_tritons_invalid_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Triton's GPU build answers where no device can open the handle (L0_grpc's
+    test_register_cuda_shared_memory), the reason after Triton's words."""
     monkeypatch.setitem(sys.modules, "cupy", None)
     cuda_shm._cupy.cache_clear()
     try:
         assert not cuda_shm.available()
-        with pytest.raises(Unsupported, match="CUDA shared memory is not available"):
+        with pytest.raises(InvalidArgument, match=r"^failed to register shared memory region: "
+                           r"invalid args \(CUDA shared memory is not available"):
             cuda_shm.CudaRegion("r", b"\0" * 64, 0, 64)
     finally:
         cuda_shm._cupy.cache_clear()

@@ -156,3 +156,95 @@ def test_a_sparse_region_is_not_read_into_server_memory() -> None:
         reg.close()
         os.close(fd)
         os.unlink(path)
+
+
+def _names(reg: SharedMemoryRegistry) -> list[str]:
+    return sorted(r["name"] for r in reg.status())
+
+
+def test_a_held_region_outlives_its_unregistering_until_the_last_request_lets_go(
+        key: str) -> None:
+    """Triton's requests hold the regions they use: unregistering one in use succeeds at once
+    but the region stays (listed, usable, its name taken) until every holder lets go."""
+    reg = SharedMemoryRegistry()
+    before = _open_fds()
+    reg.register_system("in", key, 0, 64)
+    reg.register_system("out", key, 64, 64)
+    first = reg.hold()
+    assert bytes(first.read("in", 0, 4)) == bytes([0, 1, 2, 3])
+    first.lookup("out", 0, 64)  # an output named at parsing, written at the answer
+    first.lookup("in", 4, 8)  # a second tensor in a held region: held once per request
+    reg.unregister_all()  # answers at once...
+    assert _names(reg) == ["in", "out"]  # ...and the regions stay while a request holds them
+    with pytest.raises(AlreadyExists, match="'in' already in manager"):
+        reg.register_system("in", key, 0, 64)
+    second = reg.hold()  # a new request may still use them
+    second.read("in", 0, 4)
+    first.write("out", 0, 64, b"abcd", "OUTPUT0")  # the first answer's output lands
+    assert bytes(reg.read("out", 0, 4)) == b"abcd"
+    first.release()
+    first.release()  # idempotent
+    assert _names(reg) == ["in"]  # 'out' had no other holder; 'in' has the second request
+    second.release()
+    assert _names(reg) == []
+    assert _open_fds() == before  # both descriptors closed once the regions went
+    with pytest.raises(NotFound, match="Unable to find shared memory region: 'in'"):
+        reg.hold().read("in", 0, 4)
+    with pytest.raises(NotFound, match="Unable to find system shared memory region: 'in'"):
+        reg.status("in")
+
+
+def test_unregistering_by_name_marks_only_that_region_and_free_ones_go_at_once(
+        key: str) -> None:
+    reg = SharedMemoryRegistry()
+    reg.register_system("held", key, 0, 64)
+    reg.register_system("free", key, 0, 64)
+    hold = reg.hold()
+    hold.lookup("held", 0, 64)
+    reg.unregister("free")
+    reg.unregister("held")
+    assert _names(reg) == ["held"]
+    hold.release()
+    assert _names(reg) == []
+    # once gone, the name is free again; a new region of that name is not the old one's
+    reg.register_system("held", key, 0, 64)
+    stale = reg.hold()
+    stale.lookup("held", 0, 64)
+    stale.release()
+    assert _names(reg) == ["held"]  # released without an unregister: it stays
+    reg.close()
+
+
+def test_a_failed_lookup_holds_nothing_and_shutdown_closes_held_regions(key: str) -> None:
+    reg = SharedMemoryRegistry()
+    before = _open_fds()
+    reg.register_system("r", key, 0, 64)
+    hold = reg.hold()
+    with pytest.raises(InvalidArgument, match="Invalid offset"):
+        hold.lookup("r", 64, 1)
+    reg.unregister("r")
+    assert _names(reg) == []  # the refused lookup took no hold
+    reg.register_system("r", key, 0, 64)
+    hold.lookup("r", 0, 8)
+    reg.unregister("r")
+    reg.close()  # the server stops: every region goes, held or not
+    assert _open_fds() == before
+    hold.release()  # a request let go after the shutdown: nothing left to close
+    assert _names(reg) == []
+
+
+def test_a_released_hold_takes_no_new_hold(key: str) -> None:
+    """A request abandoned (its hold released) and answered afterwards writes its outputs as
+    the registry would, without holding the region again: an unregister still removes it."""
+    reg = SharedMemoryRegistry()
+    reg.register_system("out", key, 0, 64)
+    hold = reg.hold()
+    hold.lookup("out", 0, 64)
+    hold.release()
+    hold.write("out", 0, 64, b"late", "OUTPUT0")
+    assert bytes(hold.read("out", 0, 4)) == b"late"
+    reg.unregister("out")
+    assert _names(reg) == []
+    with pytest.raises(NotFound):
+        hold.write("out", 0, 64, b"late", "OUTPUT0")
+    reg.close()

@@ -16,7 +16,7 @@ import numpy as np
 from nursery.errors import InvalidArgument
 from nursery.protocol.codecs.grpc_wire import InferRequest, InputTensor, encode_infer_response
 from nursery.schema import inference as pb
-from nursery.shm.system import SharedMemoryRegistry, ShmBinding
+from nursery.shm.system import ShmAccess, ShmBinding
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -126,7 +126,7 @@ def shm_binding(params: dict[str, tuple[str, Any]], tensor: str) -> ShmBinding |
 
 
 def decode_shm_outputs(message: pb.ModelInferRequest | InferRequest,
-                       shm: SharedMemoryRegistry | None) -> dict[str, ShmBinding]:
+                       shm: ShmAccess | None) -> dict[str, ShmBinding]:
     """The requested outputs to be written into shared-memory regions (checked now, before
     the model runs, as Triton does)."""
     out = {}
@@ -142,7 +142,7 @@ def decode_shm_outputs(message: pb.ModelInferRequest | InferRequest,
 
 
 def decode_request(message: pb.ModelInferRequest | InferRequest,
-                   shm: SharedMemoryRegistry | None = None) -> InferenceRequest:
+                   shm: ShmAccess | None = None) -> InferenceRequest:
     """A ModelInferRequest (betterproto's, or the hot path's :class:`InferRequest`) as the
     core's request; ``shm`` resolves inputs given as shared-memory regions."""
     model = message.model_name
@@ -299,7 +299,7 @@ def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, 
 def encode_response(response: InferenceResponse,
                     extra: dict[str, pb.InferParameter] | None = None,
                     shm_outputs: dict[str, ShmBinding] | None = None,
-                    shm: SharedMemoryRegistry | None = None) -> bytes:
+                    shm: ShmAccess | None = None) -> bytes:
     """A ModelInferResponse in wire form: one raw_output_contents entry per output (empty for
     an output written into a shared-memory region, as Triton keeps them aligned)."""
     outputs: list[tuple[Any, ...]] = []

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from nursery.errors import InternalError, InvalidArgument
+from nursery.protocol.codecs import deep_json
 from nursery.protocol.codecs.binary_tensor import BlockReader
-from nursery.shm.system import SharedMemoryRegistry, ShmBinding
+from nursery.shm.system import ShmAccess, ShmBinding
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -32,18 +33,11 @@ from nursery.types import (
 try:  # orjson is several times faster on tensor-sized JSON; the stdlib is the fallback
     import orjson
 
-    def loads(data: bytes | memoryview) -> Any:
-        return orjson.loads(data)
-
     def dumps(obj: Any) -> bytes:
         return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    _JSONError: type[Exception] = orjson.JSONDecodeError
 except ImportError:  # pragma: no cover - exercised only without orjson
     import json
-
-    def loads(data: bytes | memoryview) -> Any:
-        return json.loads(bytes(data))
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
@@ -68,13 +62,16 @@ class OutputFormat:
     listed: dict[str, bool]  # output name -> binary, for outputs the request listed
     default_binary: bool  # for every output when none were listed
     shm: dict[str, ShmBinding] = field(default_factory=dict)  # outputs written to regions
-    registry: SharedMemoryRegistry | None = None
+    registry: ShmAccess | None = None
 
 
 def parse_json(data: bytes | memoryview) -> Any:
+    """The request JSON, however deeply nested (``deep_json``: never a recursion that a hostile
+    body could overflow; a body deeper than ``deep_json.FAST_DEPTH`` is parsed in Python, so
+    callers on the event loop check ``deep_json.shallow`` and run such a parse in a thread)."""
     try:
-        return loads(data)
-    except _JSONError as exc:
+        return deep_json.loads(data)
+    except ValueError as exc:  # orjson's JSONDecodeError and deep_json's are ValueErrors
         raise InternalError(f"failed to parse the request JSON buffer: {exc}") from None
     except (RecursionError, MemoryError):
         raise InvalidArgument("failed to parse the request JSON buffer: nested too deeply") from None
@@ -229,7 +226,7 @@ def decode_request(
     model_version: str,
     blocks: BlockReader,
     max_bytes: int,
-    shm: SharedMemoryRegistry | None = None,
+    shm: ShmAccess | None = None,
 ) -> tuple[InferenceRequest, OutputFormat]:
     """Turn a parsed request JSON (and its binary blocks) into an :class:`InferenceRequest`."""
     if not isinstance(body, dict):
@@ -421,7 +418,7 @@ def _shm_binding(params: dict[str, Any]) -> ShmBinding:
 
 def _shm_input(params: dict[str, Any], name: str, datatype: DataType, shape: tuple[int, ...],
                count: int, model: str, request_id: str,
-               shm: SharedMemoryRegistry | None) -> np.ndarray:
+               shm: ShmAccess | None) -> np.ndarray:
     """An input read from a registered region: a copy of exactly its bytes, taken now (the
     region's owner may shrink it while the request waits), after the sizes agree."""
     if shm is None:

@@ -36,6 +36,7 @@ from nursery.schema import inference as pb
 from nursery.schema.grpc.health import v1 as health_pb
 from nursery.schema.grpc.health.v1 import services as health_services
 from nursery.schema.inference import services
+from nursery.shm.system import ShmHold
 from nursery.types import InferenceResponse
 
 NOT_FINAL_RESPONSE = {"triton_final_response": pb.InferParameter(bool_param=False)}
@@ -199,12 +200,14 @@ class InferenceService(services.GrpcInferenceServiceBase):
         if trace is not None:  # grpclib has read and parsed the message by now
             trace.stamp("GRPC_WAITREAD_START")
             trace.stamp("GRPC_WAITREAD_END")
+        # the regions the request reads and writes, held until its outputs are written (a
+        # region unregistered meanwhile goes then, as in Triton)
+        shm = self.core.shm.hold()
         try:
             handle = await self.core.acquire(message.model_name, message.model_version)
             if handle.config.decoupled:
                 raise Unsupported(
                     "ModelInfer RPC doesn't support models with decoupled transaction policy")
-            shm = self.core.shm
             request = grpc_codec.decode_request(message, shm)
             if forwarded:
                 _add_forwarded(request, forwarded)
@@ -213,6 +216,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
             response = await self.core.infer(request, handle)
             return grpc_codec.encode_response(response, None, shm_outputs, shm)
         finally:
+            shm.release()
             self.draining.leave()
             if trace is not None:
                 trace.stamp("GRPC_SEND_START")
@@ -229,7 +233,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
         core = self.core
         if core.demand is not None or self.forward.pattern is not None or core.tracer.active:
             return None
-        shm = core.shm
+        shm = core.shm.hold()  # the request's regions, held until its outputs are written
         try:
             handle = core.resolve(message.model_name, message.model_version)
             if handle.config.decoupled:
@@ -239,6 +243,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
             request.trace = False  # sampled here, not traced
             self.draining.enter()
         except NurseryError:
+            shm.release()  # _infer_rpc decodes it again, with a hold of its own
             return None
         draining = self.draining
 
@@ -246,6 +251,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
             draining.leave()
             try:
                 if isinstance(answer, NurseryError):
+                    shm.release()
                     reply(_status(answer))
                     return
                 try:
@@ -253,6 +259,8 @@ class InferenceService(services.GrpcInferenceServiceBase):
                 except NurseryError as error:
                     reply(_status(error))
                     return
+                finally:
+                    shm.release()
                 reply(data)
             except Exception as exc:  # noqa: BLE001 - this request's boundary
                 self.on_internal_error("gRPC method ModelInfer", exc)
@@ -265,14 +273,17 @@ class InferenceService(services.GrpcInferenceServiceBase):
         except NurseryError:
             abandon = None
         except BaseException:
+            shm.release()
             draining.leave()  # a shutdown must not wait for a request never queued
             raise
         if abandon is None:
+            shm.release()
             draining.leave()
             return None
 
         def abandoned() -> None:
             abandon()
+            shm.release()
             draining.leave()
 
         return abandoned
@@ -333,14 +344,13 @@ class InferenceService(services.GrpcInferenceServiceBase):
                     if head.message is not None:
                         await send(head.message)
 
-        shm = self.core.shm
-
         def unexpected(exc: Exception) -> bytes:
             """One request's boundary: an unexpected exception fails that request only."""
             self.on_internal_error("a ModelStreamInfer request", exc)
             return encode_stream_response(None, INTERNAL_MESSAGE)
 
-        async def finish(work: Any, answer_slot: Any, handle: Any, outputs: Any) -> None:
+        async def finish(work: Any, answer_slot: Any, handle: Any, outputs: Any,
+                         shm: ShmHold) -> None:
             message: bytes | None
             try:
                 response = await self.core.client.wait(work, answer_slot, handle)
@@ -351,6 +361,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
             except Exception as exc:  # noqa: BLE001 - the request's boundary
                 message = unexpected(exc)
             finally:
+                shm.release()
                 self.draining.leave()
             await answer(answer_slot, message)
 
@@ -358,8 +369,8 @@ class InferenceService(services.GrpcInferenceServiceBase):
         tracer = self.core.tracer
         traceparent = _traceparent(stream) if tracer.active else ""
 
-        async def infer(handle: Any, outputs: Any, trace: Any, answer_slot: OneShot,
-                        pending: Awaitable[Any]) -> None:
+        async def infer(handle: Any, outputs: Any, shm: ShmHold, trace: Any,
+                        answer_slot: OneShot, pending: Awaitable[Any]) -> None:
             """The full path (cache, tracing): ``pending``, the request's answer, which the
             loop checked and queued (a refusal is raised there, a failure here, as
             ``triton_grpc_error`` mode tells them apart)."""
@@ -373,12 +384,13 @@ class InferenceService(services.GrpcInferenceServiceBase):
             except Exception as exc:  # noqa: BLE001 - the request's boundary
                 message = unexpected(exc)
             finally:
+                shm.release()
                 self.draining.leave()
                 if trace is not None:
                     trace.finish()
             await answer(answer_slot, message)
 
-        async def decoupled(request: Any, handle: Any) -> None:
+        async def decoupled(request: Any, handle: Any, shm: ShmHold) -> None:
             try:
                 await self._stream_decoupled(request, handle, lock, send, failed)
             except NurseryError as error:
@@ -390,6 +402,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
                     raise
                 await reply(unexpected(exc))
             finally:
+                shm.release()
                 self.draining.leave()
 
         with closing:
@@ -403,8 +416,9 @@ class InferenceService(services.GrpcInferenceServiceBase):
                             new_slot: Callable[[], OneShot],
                             forwarded: dict[str, str] | NurseryError | None = None) -> None:
         """Read the stream's requests, check and queue each in order, answer in the order
-        the answers come (``new_slot``: each request's reply slot)."""
-        shm = self.core.shm
+        the answers come (``new_slot``: each request's reply slot). Each request holds the
+        shared-memory regions it uses until its answer is encoded (``infer``, ``finish``,
+        ``decoupled`` let go of them)."""
         tracer = self.core.tracer
         in_flight = trio.Semaphore(MAX_STREAM_IN_FLIGHT)
 
@@ -432,13 +446,14 @@ class InferenceService(services.GrpcInferenceServiceBase):
                 except NurseryError as error:
                     nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
+                shm = self.core.shm.hold()
                 try:
                     handle = await self.core.acquire(message.model_name, message.model_version)
                     request = grpc_codec.decode_request(message, shm)
                     if forwarded:
                         _add_forwarded(request, forwarded)
                     if handle.config.decoupled:  # responses as they come
-                        nursery.start_soon(bounded, decoupled, request, handle)
+                        nursery.start_soon(bounded, decoupled, request, handle, shm)
                         continue
                     outputs = grpc_codec.decode_shm_outputs(message, shm)
                     if handle.config.sequence is None:  # the full path (cache, tracing),
@@ -456,19 +471,24 @@ class InferenceService(services.GrpcInferenceServiceBase):
                             if trace is not None:
                                 trace.finish()
                             raise
-                        nursery.start_soon(bounded, infer, handle, outputs, trace, slot,
+                        nursery.start_soon(bounded, infer, handle, outputs, shm, trace, slot,
                                            pending)
                         continue
                     work, answer = self.core.client.submit(request, handle, slot=new_slot())
                 except NurseryError as error:
+                    shm.release()
                     self.draining.leave()
                     nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
                     continue
                 except Exception as exc:  # noqa: BLE001 - the request's boundary
+                    shm.release()
                     self.draining.leave()
                     nursery.start_soon(bounded, reply, unexpected(exc))
                     continue
-                nursery.start_soon(bounded, finish, work, answer, handle, outputs)
+                except BaseException:  # cancelled before a task took the request over
+                    shm.release()
+                    raise
+                nursery.start_soon(bounded, finish, work, answer, handle, outputs, shm)
 
     async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
                                 send: Any,

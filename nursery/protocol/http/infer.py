@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import numpy as np
+import trio
 
 from nursery.actors.directory import ModelHandle
 from nursery.config.model import ModelConfig
@@ -26,9 +27,10 @@ from nursery.protocol.access import (
     http_group,
     http_refusal_message,
 )
-from nursery.protocol.codecs import binary_tensor
+from nursery.protocol.codecs import binary_tensor, deep_json
 from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.protocol.codecs.status import error_body, http_error, overload_answer
+from nursery.shm.system import ShmHold
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -222,9 +224,19 @@ class _Asked:
                 self.traceparent = value.decode("latin-1")
 
 
-def _decode(core: Core, handle: ModelHandle, model: str, version: str, asked: _Asked,
-            body: bytes, max_input_size: int) -> tuple[InferenceRequest, json_codec.OutputFormat]:
-    """The request the body holds, and how its answer is to be written."""
+class _Deep(Exception):
+    """A JSON header that may nest past orjson's depth: parsed off the event loop."""
+
+    def __init__(self, json_part: Any) -> None:
+        super().__init__()
+        self.json_part = json_part
+
+
+def _decode(handle: ModelHandle, model: str, version: str, asked: _Asked, body: bytes,
+            max_input_size: int, hold: ShmHold, parsed: Any = None,
+            ) -> tuple[InferenceRequest, json_codec.OutputFormat]:
+    """The request the body holds, and how its answer is to be written. A JSON header that
+    may nest deeply raises :class:`_Deep` unless ``parsed`` (its parse) is given."""
     if handle.config.decoupled:
         raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
     if asked.encoding is not None:
@@ -244,10 +256,12 @@ def _decode(core: Core, handle: ModelHandle, model: str, version: str, asked: _A
         return request, json_codec.OutputFormat({}, True)
     if len(json_part) > max_input_size:
         raise too_large(len(json_part), max_input_size)
-    parsed = json_codec.parse_json(json_part)
+    if parsed is None:
+        if not deep_json.shallow(json_part):
+            raise _Deep(json_part)
+        parsed = json_codec.parse_json(json_part)
     return json_codec.decode_request(
-        parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size,
-        core.shm,
+        parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size, hold,
     )
 
 
@@ -298,9 +312,17 @@ async def infer_response(
     if trace is not None:  # the server has read the whole request by now
         trace.stamp("HTTP_RECV_START")
         trace.stamp("HTTP_RECV_END")
+    # the regions the request reads and writes, held until its outputs are written (a region
+    # unregistered meanwhile goes then, as in Triton)
+    hold = core.shm.hold()
     try:
         handle = await core.acquire(model, version)
-        request, fmt = _decode(core, handle, model, version, asked, body, max_input_size)
+        try:
+            request, fmt = _decode(handle, model, version, asked, body, max_input_size, hold)
+        except _Deep as deep:  # parsed in Python, however deep: off the event loop
+            parsed = await trio.to_thread.run_sync(json_codec.parse_json, deep.json_part)
+            request, fmt = _decode(handle, model, version, asked, body, max_input_size, hold,
+                                   parsed)
         forward_headers(forward, headers if sent is None else sent, request)
         request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)
@@ -308,6 +330,7 @@ async def infer_response(
     except NurseryError as error:
         return _failed(error, request, asked)
     finally:
+        hold.release()
         if trace is not None:  # the response is encoded; the server sends it next
             trace.stamp("HTTP_SEND_START")
             trace.finish()
@@ -328,28 +351,46 @@ def infer_now(
     if core.demand is not None or core.tracer.active:
         return None
     asked = _Asked(headers)
+    hold = core.shm.hold()  # the request's regions, held until its outputs are written
     try:
         handle = core.resolve(model, version)
-        request, fmt = _decode(core, handle, model, version, asked, body, max_input_size)
+        request, fmt = _decode(handle, model, version, asked, body, max_input_size, hold)
         forward_headers(forward, sent, request)
-    except NurseryError:
+    except (NurseryError, _Deep):
+        hold.release()  # infer_response decodes it again, with a hold of its own
         return None
     request.trace = False  # sampled here, not traced
 
     def answered(answer: Any) -> None:
         if isinstance(answer, NurseryError):
+            hold.release()
             reply(_failed(answer, request, asked))
             return
         try:
             response = _answered(answer, fmt, asked.accept)
         except NurseryError as error:
             response = _failed(error, request, asked)
+        finally:
+            hold.release()
         reply(response)
 
     try:
-        return core.client.dispatch(request, handle, answered)
+        abandon = core.client.dispatch(request, handle, answered)
     except NurseryError:
+        abandon = None
+    except BaseException:
+        hold.release()
+        raise
+    if abandon is None:
+        hold.release()
         return None
+    queued = abandon
+
+    def abandoned() -> None:
+        queued()
+        hold.release()
+
+    return abandoned
 
 
 def forward_headers(forward: HeaderForward | None, headers: list[tuple[bytes, bytes]],

@@ -13,15 +13,17 @@ both servers answer the same. Errors are ``{"error": "..."}`` with the status fr
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError, Unavailable, Unsupported
+from nursery.protocol.codecs import deep_json
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.codecs.json_tensors import dumps
 from nursery.protocol.codecs.status import error_body, http_error
@@ -74,23 +76,34 @@ def _json(obj: Any, status: int = 200) -> Answer:
     return status, dumps(obj)
 
 
-def _json_body(body: bytes) -> dict[str, Any]:
+def _parse_object(body: bytes) -> dict[str, Any]:
+    """A request's JSON object, however deeply nested, as Triton's parser takes it (its
+    deepest containers read as ``deep_json.TOO_DEEP``, which no handler takes for a value it
+    wants). A body nested past ``deep_json.FAST_DEPTH`` is parsed in Python: see
+    ``_json_body``."""
     try:
-        data = json.loads(body)
+        data = deep_json.loads(body, stdlib=True)
     except ValueError as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
-    except RecursionError:
-        raise InvalidArgument("failed to parse the request JSON buffer: nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return data
 
 
-def _load_parameters(body: bytes) -> tuple[Any, dict[str, bytes] | None]:
-    """A load request's ``config`` override and ``file:`` contents (base64 over HTTP)."""
+async def _json_body(body: bytes) -> dict[str, Any]:
+    """``_parse_object``, off the event loop when the body is deep (a parse in Python)."""
+    if deep_json.shallow(body):
+        return _parse_object(body)
+    return await trio.to_thread.run_sync(_parse_object, body)
+
+
+def _load_parameters(body: bytes | dict[str, Any]) -> tuple[Any, dict[str, bytes] | None]:
+    """A load request's ``config`` override and ``file:`` contents (base64 over HTTP), from
+    its body or its parsed JSON object."""
     if not body:
         return None, None
-    params = _json_body(body).get("parameters") or {}
+    request = _parse_object(body) if isinstance(body, bytes) else body
+    params = request.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidArgument("'parameters' must be a JSON object")
     config = None
@@ -155,7 +168,7 @@ async def model_stats(core: Core, req: RouteRequest) -> Answer:
 async def repository_index(core: Core, req: RouteRequest) -> Answer:
     ready = False
     if req.body:
-        ready = _json_body(req.body).get("ready", False)
+        ready = (await _json_body(req.body)).get("ready", False)
         if not isinstance(ready, bool):  # Triton's words (HandleRepositoryIndex)
             raise InvalidArgument("Invalid value for 'ready': expected a boolean")
     entries = await core.repository_index(ready)
@@ -165,7 +178,7 @@ async def repository_index(core: Core, req: RouteRequest) -> Answer:
 async def repository_load(core: Core, req: RouteRequest) -> Answer:
     if req.param("repo"):
         raise Unsupported("'repository_name' specification is not supported")
-    config, files = _load_parameters(req.body)
+    config, files = _load_parameters(await _json_body(req.body) if req.body else b"")
     await core.load_model(req.param("model"), config, files)
     return 200, b""
 
@@ -175,7 +188,7 @@ async def repository_unload(core: Core, req: RouteRequest) -> Answer:
         raise Unsupported("'repository_name' specification is not supported")
     dependents = False
     if req.body:
-        params = _json_body(req.body).get("parameters") or {}
+        params = (await _json_body(req.body)).get("parameters") or {}
         dependents = params.get("unload_dependents", False)
         if not isinstance(dependents, bool):  # Triton's words (TritonJson's AsBool)
             raise InvalidArgument("Unable to parse 'unload_dependents': attempt to access "
@@ -190,7 +203,7 @@ async def trace_setting(core: Core, req: RouteRequest) -> Answer:
         await core.check_trace_model(model)
     if req.method != "POST":
         return _json(core.tracer.settings(model).to_json())
-    changes = _json_body(req.body) if req.body else {}
+    changes = (await _json_body(req.body)) if req.body else {}
     return _json(core.tracer.update(model, changes).to_json())
 
 
@@ -199,7 +212,7 @@ async def log_settings(core: Core, req: RouteRequest) -> Answer:
         raise Unavailable("the server does not support dynamic logging")
     if req.method != "POST":
         return _json(core.log_manager.settings.to_json())
-    changes = _json_body(req.body) if req.body else {}
+    changes = (await _json_body(req.body)) if req.body else {}
     return _json(core.log_manager.update(changes).to_json())
 
 
@@ -209,7 +222,7 @@ async def system_shm_status(core: Core, req: RouteRequest) -> Answer:
 
 async def system_shm_register(core: Core, req: RouteRequest) -> Answer:
     core.shm.check_client_allowed()  # before the body is read, as Triton
-    data = _json_body(req.body)
+    data = await _json_body(req.body)
     key = data.get("key")
     if not isinstance(key, str):
         raise InvalidArgument("Unable to parse 'key': attempt to access JSON non-string as "
@@ -242,7 +255,7 @@ async def cuda_shm_status(core: Core, req: RouteRequest) -> Answer:
 
 async def cuda_shm_register(core: Core, req: RouteRequest) -> Answer:
     core.shm.check_client_allowed()  # before the body is read, as Triton
-    data = _json_body(req.body)
+    data = await _json_body(req.body)
     raw = data.get("raw_handle")
     b64 = raw.get("b64") if isinstance(raw, dict) else None
     if not isinstance(b64, str):
