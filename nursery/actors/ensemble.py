@@ -41,6 +41,7 @@ from nursery.actors import mailbox
 from nursery.errors import Cancelled, InternalError, InvalidArgument, NurseryError, Unavailable
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
 from nursery.observability.stats import BatchReport, StatsAccumulator
+from nursery.observability.tracing import child_of
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.ensemble_plan import EnsemblePlan, IterFlow
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
@@ -122,14 +123,16 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
     """The request to a step's model: ``inputs`` by the model's input names (an absent
     tensor, None, is left out, as Triton does; a batch dim of 1 added or taken away where a
     batching and a non-batching model meet), the step's outputs requested, and the ensemble
-    request's id, parameters, priority and timeout."""
+    request's id, parameters, priority and timeout. A traced ensemble request's steps are
+    traced as its children, as Triton's; the steps of an untraced one are never sampled."""
     step = plan.steps[index]
     return InferenceRequest(
         step.model_name, step.version_str,
         {n: _shaped(n, t, plan.step_input_shape(index, n, t.shape))
          for n, t in inputs.items() if t is not None},
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
-        request.parameters, request.priority, request.timeout_us)
+        request.parameters, request.priority, request.timeout_us,
+        trace=child_of(request.trace))
 
 
 def _answer_output(plan: EnsemblePlan, name: str, t: Tensor) -> Tensor:

@@ -15,15 +15,27 @@ core and the instance worker stamp it at the stages of the house plan (``HTTP_RE
 Triton's JSON shape: for each trace one object with ``id``, ``model_name``, ``model_version``
 (and ``request_id``), then one with its ``timestamps``, then one per traced tensor.
 
+A traced request's work may spawn child traces, as Triton's do: each step request of an
+ensemble, and each BLS request a Python model makes with ``trace=request.trace()``. A child
+has its own ``id`` and names its parent's (``parent_id`` in the file; in OpenTelemetry mode its
+model span is a child of the parent's model span, in the same trace). Such requests are never
+sampled on their own: a request that does not come from a frontend is traced only as a child.
+What a request carries for that (``InferenceRequest.trace``) is a :class:`ChildOf` until the
+model client spawns the child; a stub process sees its requests' traces as :class:`TraceLink`
+(the id and the OpenTelemetry context), and its BLS requests name their parent by that id.
+
 Untraced requests pay one attribute check; nothing here runs unless a level is on.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import random
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -155,12 +167,46 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
     return replace(TraceSettings(), **values)
 
 
+@dataclass(frozen=True, slots=True)
+class TraceLink:
+    """A trace as a stub process sees it: the id its BLS requests name as their parent, and
+    the OpenTelemetry context (``pb_utils.InferenceTrace.get_context()``; None in triton
+    mode)."""
+
+    id: int
+    context: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOf:
+    """A request to be traced as a child of ``parent`` (a :class:`Trace`, or the
+    :class:`TraceLink` a stub named): the model client spawns the child when it queues the
+    request, naming the model it reached."""
+
+    parent: Any
+
+
+def child_of(trace: Any) -> ChildOf | bool:
+    """What a request made for a traced request's work carries: its parent's trace (a
+    :class:`Trace` or :class:`TraceLink`), else False (not traced, never sampled on its own,
+    as Triton samples only at its frontends)."""
+    return ChildOf(trace) if isinstance(trace, Trace | TraceLink) else False
+
+
+def link(trace: Any) -> TraceLink | None:
+    """What crosses to a stub process for a request's trace."""
+    if isinstance(trace, Trace):
+        return TraceLink(trace.id, trace.context())
+    return trace if isinstance(trace, TraceLink) else None
+
+
 class Trace:
     """The record of one sampled request (written by the trio thread and one instance
     thread, never at the same time: the request moves from one to the other)."""
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "tensors",
-                 "traceparent", "_sink", "_tensor_level")
+                 "traceparent", "parent_id", "otel_trace_id", "span_id", "parent_span_id",
+                 "_sink", "_tensor_level", "__weakref__")
 
     def __init__(self, trace_id: int, model_name: str, sink: Any, tensors: bool) -> None:
         self.id = trace_id
@@ -170,8 +216,23 @@ class Trace:
         self.stamps: list[tuple[str, int]] = []
         self.tensors: list[dict[str, Any]] = []
         self.traceparent = ""  # W3C trace context from the client (OpenTelemetry mode)
+        self.parent_id = 0  # a child trace's parent (0: a request from a frontend)
+        # OpenTelemetry mode: the trace's id and its model span's id, chosen up front so that
+        # the model can see its context and children can name their parent span before the
+        # spans are exported (0: triton mode)
+        self.otel_trace_id = 0
+        self.span_id = 0
+        self.parent_span_id = 0
         self._sink = sink
         self._tensor_level = tensors
+
+    def context(self) -> str | None:
+        """The OpenTelemetry context of the request's span, as JSON (Triton's
+        TRITONSERVER_InferenceTraceContext); None in triton mode."""
+        if not self.span_id:
+            return None
+        return json.dumps({"traceparent":
+                           f"00-{self.otel_trace_id:032x}-{self.span_id:016x}-01"})
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -197,6 +258,8 @@ class Trace:
                                 "model_version": self.model_version}
         if self.request_id:
             head["request_id"] = self.request_id
+        if self.parent_id:
+            head["parent_id"] = self.parent_id
         out = [head, {"id": self.id, "timestamps": [{"name": n, "ns": ns}
                                                       for n, ns in self.stamps]}]
         return out + self.tensors
@@ -275,7 +338,9 @@ class TraceManager:
         self.model_overrides: dict[str, dict[str, Any]] = {}
         self._samplers: dict[str, _Sampler] = {}
         self._sinks: dict[tuple[str, int], _Sink] = {}
-        self._next_id = 1
+        self._ids = itertools.count(1)  # trace ids, children's included
+        # the traces of requests in flight, by id: a stub's BLS request names its parent so
+        self._live: weakref.WeakValueDictionary[int, Trace] = weakref.WeakValueDictionary()
         self.active = False
         self._otel: _OtelSink | None = None
         if startup.trace_mode == "opentelemetry":
@@ -364,9 +429,29 @@ class TraceManager:
             sink = self._sinks.get(key)
             if sink is None:
                 sink = self._sinks[key] = _Sink(*key)
-        trace = Trace(self._next_id, model, sink, settings.tensors)
+        trace = Trace(next(self._ids), model, sink, settings.tensors)
         trace.traceparent = traceparent if forced else ""
-        self._next_id += 1
+        if self._otel is not None:
+            trace.otel_trace_id = _traceparent_id(trace.traceparent) or _random_id(128)
+            trace.span_id = _random_id(64)
+        self._live[trace.id] = trace
+        return trace
+
+    def spawn(self, request: ChildOf, model: str) -> Trace | bool:
+        """The child trace of a request made for a traced request's work (an ensemble step,
+        a BLS call), reaching ``model``; False when its parent is no longer in flight."""
+        parent = request.parent
+        if isinstance(parent, TraceLink):
+            parent = self._live.get(parent.id)
+        if not isinstance(parent, Trace):
+            return False
+        trace = Trace(next(self._ids), model, parent._sink, parent._tensor_level)
+        trace.parent_id = parent.id
+        if parent.span_id:
+            trace.otel_trace_id = parent.otel_trace_id
+            trace.span_id = _random_id(64)
+            trace.parent_span_id = parent.span_id
+        self._live[trace.id] = trace
         return trace
 
     def close(self) -> None:
@@ -377,4 +462,20 @@ class TraceManager:
             self._otel.flush()
 
 
-__all__ = ["TraceManager", "TraceSettings", "Trace", "settings_from_config", "KEYS"]
+def _random_id(bits: int) -> int:
+    return random.getrandbits(bits) or 1  # 0 is not a valid OpenTelemetry id
+
+
+def _traceparent_id(traceparent: str) -> int:
+    """The trace id of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``), 0 if none."""
+    parts = traceparent.split("-")
+    if len(parts) >= 3 and len(parts[1]) == 32:
+        try:
+            return int(parts[1], 16)
+        except ValueError:
+            return 0
+    return 0
+
+
+__all__ = ["TraceManager", "TraceSettings", "Trace", "TraceLink", "ChildOf", "child_of", "link",
+           "settings_from_config", "KEYS"]

@@ -16,7 +16,15 @@ from nursery.observability import metrics, stats
 from nursery.observability.logs import LogManager, LogSettings
 from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.observability.system import GpuSample, SystemSample, cpu_utilization, read_cpu_times, read_memory
-from nursery.observability.tracing import TraceManager, TraceSettings, settings_from_config
+from nursery.observability.tracing import (
+    ChildOf,
+    Trace,
+    TraceLink,
+    TraceManager,
+    TraceSettings,
+    child_of,
+    settings_from_config,
+)
 
 
 def _families(text: str) -> dict[str, object]:
@@ -203,6 +211,45 @@ def test_tensor_level_records_tensors(tmp_path: Path) -> None:
     records = json.loads((tmp_path / "t.json").read_text())
     assert records[-1]["tensor"] == {"name": "INPUT0", "data": "1,2", "shape": "1,2",
                                      "dtype": "INT32"}
+
+
+def test_child_traces_share_the_file_and_the_opentelemetry_trace(tmp_path: Path) -> None:
+    """A child trace has an id of its own and names its parent's (``parent_id``), goes to
+    the parent's file, and is not counted by the sampler; in OpenTelemetry mode it is in the
+    parent's trace, under the parent's span, whose context the parent's request shows."""
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=2", "count=1",
+                                            f"triton,file={tmp_path / 't.json'}")))
+    assert tm.start("m") is None
+    parent = tm.start("m")
+    assert parent is not None and parent.context() is None  # triton mode: no context
+    child = tm.spawn(ChildOf(parent), "step")
+    grandchild = tm.spawn(ChildOf(TraceLink(child.id)), "leaf")  # type: ignore[union-attr]
+    assert isinstance(child, Trace) and isinstance(grandchild, Trace)
+    assert (child.parent_id, grandchild.parent_id) == (parent.id, child.id)
+    assert tm.settings().trace_count == 0  # the children took nothing from the count
+    for t in (grandchild, child, parent):
+        t.stamp("REQUEST_START")
+        t.finish()
+    tm.close()
+    heads = [r for r in json.loads((tmp_path / "t.json").read_text()) if "model_name" in r]
+    assert [(h["model_name"], h.get("parent_id")) for h in heads] == [
+        ("leaf", child.id), ("step", parent.id), ("m", None)]
+    assert child_of(None) is False and child_of(False) is False
+
+    otel = TraceSettings(trace_level=("TIMESTAMPS",), trace_rate=1, trace_mode="opentelemetry")
+    tm = TraceManager(otel)
+    try:
+        caller = "0af7651916cd43dd8448eb211c12666c"
+        root = tm.start("m", f"00-{caller}-b7ad6b7169242424-01")
+        assert root is not None and f"{root.otel_trace_id:032x}" == caller
+        assert json.loads(root.context() or "") == {
+            "traceparent": f"00-{caller}-{root.span_id:016x}-01"}
+        kid = tm.spawn(ChildOf(root), "step")
+        assert isinstance(kid, Trace)
+        assert (kid.otel_trace_id, kid.parent_span_id) == (root.otel_trace_id, root.span_id)
+        assert kid.span_id not in (0, root.span_id)
+    finally:
+        tm.close()
 
 
 def test_tracing_off_costs_nothing() -> None:

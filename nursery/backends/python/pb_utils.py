@@ -31,6 +31,9 @@ import numpy as np
 from nursery.backends.python.outbox import coalesce_responses as coalesce_responses  # nursery's
 from nursery.errors import ErrorKind, NurseryError
 from nursery.observability.custom_metrics import labels_of
+from nursery.observability.tracing import Trace as _Trace
+from nursery.observability.tracing import TraceLink as _TraceLink
+from nursery.observability.tracing import child_of as _child_of
 from nursery.runtime.thread_context import current_context
 from nursery.types import DataType, RequestedOutput, datatype_of_array
 from nursery.types import InferenceRequest as _Request
@@ -446,6 +449,29 @@ class InferenceResponse:
 _REQUIRED: Any = object()  # an argument Triton's InferenceRequest has no default for
 
 
+class InferenceTrace:
+    """The trace of a request the model serves (``request.trace()``). Passed as
+    ``InferenceRequest(..., trace=request.trace())``, it makes that BLS request part of the
+    served request's trace (a child trace, as Triton's); an untraced request's trace, or one
+    made here, traces nothing."""
+
+    def __init__(self) -> None:
+        self._of: _Trace | _TraceLink | None = None
+
+    @classmethod
+    def _wrap(cls, trace: Any) -> InferenceTrace:
+        obj = cls()
+        obj._of = trace if isinstance(trace, _Trace | _TraceLink) else None
+        return obj
+
+    def get_context(self) -> str | None:
+        """The request's OpenTelemetry context as JSON (``{"traceparent": ...}``); None when
+        the request is not traced or the server traces in triton mode."""
+        if isinstance(self._of, _Trace):
+            return self._of.context()
+        return self._of.context if self._of is not None else None
+
+
 class InferenceRequest:
     """A request the model serves (built by the backend), or a BLS request the model builds
     to call another model (``exec`` / ``async_exec``)."""
@@ -461,7 +487,8 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         parameters: dict[str, Any] | str | None = None,
-        **_ignored: Any,  # preferred_memory, trace: no meaning on the CPU-only path
+        trace: InferenceTrace = _REQUIRED,  # type: ignore[assignment]
+        **_ignored: Any,  # preferred_memory: no meaning on the CPU-only path
     ) -> None:
         # the arguments as the bindings of Triton's stub check them (None where a value is
         # required, or a wrong type: TypeError; what they pass on and the stub refuses:
@@ -494,6 +521,9 @@ class InferenceRequest:
         self._flags = _typed(where, "flags", flags, int, "int")
         self._timeout = _typed(where, "timeout", timeout, int, "int")
         self._parameters = _checked_parameters(parameters)
+        if trace is _REQUIRED:
+            trace = InferenceTrace()
+        self._trace = _typed(where, "trace", trace, InferenceTrace, "an InferenceTrace")
         self._sender: ResponseSender | None = None
         # the model client of the instance whose thread builds this request (its BLS route)
         self._client = current_context()
@@ -519,6 +549,7 @@ class InferenceRequest:
                            if k not in ("sequence_id", "sequence_start", "sequence_end",
                                         "priority", "timeout", "binary_data_output")}
         obj._sender = sender
+        obj._trace = InferenceTrace._wrap(request.trace)
         return obj
 
     def inputs(self) -> list[Tensor]:
@@ -544,6 +575,9 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         return json.dumps(self._parameters, default=str)
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def get_response_sender(self) -> ResponseSender:
         if self._sender is None:
@@ -584,6 +618,7 @@ class InferenceRequest:
             sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
             timeout_us=self._timeout,
+            trace=_child_of(self._trace._of),
         )
 
     def exec(self, decoupled: bool = False) -> Any:
