@@ -356,6 +356,13 @@ def test_arguments_are_checked_as_tritons_bindings_check_them() -> None:
     assert pb_utils.InferenceRequest(**request, correlation_id="s-1").correlation_id() == "s-1"
     assert pb_utils.InferenceRequest(**request).correlation_id() == 0
     pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    # bytes convert to a std::string as a str does (Triton's qa bls_simple passes the
+    # as_numpy() element of a BYTES input as the model name)
+    from_bytes = pb_utils.InferenceRequest(model_name=b"m", inputs=one, request_id=b"r",
+                                           requested_output_names=[b"OUT"])
+    assert (from_bytes.model_name(), from_bytes.request_id(),
+            from_bytes.requested_output_names()) == ("m", "r", ["OUT"])
+    assert pb_utils.Tensor(b"IN", np.array([1])).name() == "IN"
 
     with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
         pb_utils.InferenceResponse(output_tensors=[None])

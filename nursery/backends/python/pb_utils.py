@@ -174,6 +174,17 @@ def _typed(where: str, name: str, value: Any, kind: type | tuple[type, ...],
     return value
 
 
+def _text(where: str, name: str, value: Any, expected: str = "str") -> str:
+    """A string argument: a str, or bytes, which pybind11 converts to the same std::string
+    (a model may pass ``tensor.as_numpy()[0]`` of a BYTES input, as Triton's qa bls_simple
+    does)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if not isinstance(value, str):
+        raise _argument(where, name, expected, value)
+    return value
+
+
 def _sequence(where: str, name: str, value: Any, expected: str) -> list[Any]:
     """A list argument (any sequence but a string, as pybind11 converts one)."""
     if value is None or isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
@@ -278,8 +289,7 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_wire")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
-        if not isinstance(name, str):
-            raise _argument("Tensor()", "name", "str", name)
+        name = _text("Tensor()", "name", name)
         if numpy_array is None:
             raise _argument("Tensor()", "numpy_array", "a numpy array", numpy_array)
         if not name:
@@ -341,8 +351,7 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
-        if not isinstance(name, str):
-            raise _argument("from_dlpack()", "name", "str", name)
+        name = _text("from_dlpack()", "name", name)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         if type(capsule).__name__ != "PyCapsule" and not (
@@ -498,16 +507,15 @@ class InferenceRequest:
                             ("requested_output_names", requested_output_names)):
             if value is _REQUIRED:
                 raise TypeError(f"{where}: missing required argument '{name}'")
-        self._model_name = _typed(where, "model_name", model_name, str, "str")
-        self._request_id = _typed(where, "request_id", request_id, str, "str")
+        self._model_name = model_name = _text(where, "model_name", model_name)
+        self._request_id = request_id = _text(where, "request_id", request_id)
         self._inputs = _tensors(where, "inputs", inputs,
                                 f"Input tensor for request with id '{request_id}' and model "
                                 f"name '{model_name}' should not be empty.")
-        self._requested = _sequence(where, "requested_output_names", requested_output_names,
-                                    "a list of str")
+        self._requested = [
+            _text(where, "requested_output_names", output, "a list of str") for output in _sequence(
+                where, "requested_output_names", requested_output_names, "a list of str")]
         for output in self._requested:
-            if not isinstance(output, str):
-                raise _argument(where, "requested_output_names", "a list of str", output)
             if not output:
                 raise TritonModelException(
                     f"Requested output name for request with id '{request_id}' and model "

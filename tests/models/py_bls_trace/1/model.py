@@ -10,9 +10,8 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            # bytes, passed on as they are (Triton's bindings take them for a str)
             name = pb_utils.get_input_tensor_by_name(request, "MODEL_NAME").as_numpy()[0]
-            if isinstance(name, bytes):
-                name = name.decode("utf-8")
             child = pb_utils.InferenceRequest(
                 model_name=name,
                 requested_output_names=["OUTPUT0", "OUTPUT1"],
