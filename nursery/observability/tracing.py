@@ -280,6 +280,8 @@ class _Sink:
     def add(self, trace: Trace) -> None:
         with self.lock:
             self.buffer.extend(trace.records())
+            if trace.parent_id:
+                return  # a child is written with its request's trace, not counted apart
             self.traces += 1
             if self.log_frequency and self.traces >= self.log_frequency:
                 self._write(f"{self.path}.{self.index}")

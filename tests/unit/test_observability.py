@@ -235,6 +235,19 @@ def test_child_traces_share_the_file_and_the_opentelemetry_trace(tmp_path: Path)
     assert [(h["model_name"], h.get("parent_id")) for h in heads] == [
         ("leaf", child.id), ("step", parent.id), ("m", None)]
     assert child_of(None) is False and child_of(False) is False
+    # with log_frequency, a request's trace and its children count as one (Triton writes a
+    # request's trace with its children's)
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=1", "log_frequency=1",
+                                            f"triton,file={tmp_path / 'f.json'}")))
+    parent = tm.start("m")
+    assert parent is not None
+    child = tm.spawn(ChildOf(parent), "step")
+    assert isinstance(child, Trace)
+    child.finish()
+    assert not (tmp_path / "f.json.0").exists()
+    parent.finish()
+    heads = [r for r in json.loads((tmp_path / "f.json.0").read_text()) if "model_name" in r]
+    assert [h["model_name"] for h in heads] == ["step", "m"]
 
     otel = TraceSettings(trace_level=("TIMESTAMPS",), trace_rate=1, trace_mode="opentelemetry")
     tm = TraceManager(otel)
