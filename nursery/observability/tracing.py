@@ -13,7 +13,10 @@ core and the instance worker stamp it at the stages of the house plan (``HTTP_RE
 ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, ``REQUEST_END`` ... ``HTTP_SEND_START``), each
 ``time.monotonic_ns()``, as Triton's steady-clock stamps. Finished traces go to their file in
 Triton's JSON shape: for each trace one object with ``id``, ``model_name``, ``model_version``
-(and ``request_id``), then one with its ``timestamps``, then one per traced tensor.
+(and ``request_id``), then one with its ``timestamps``, then one per traced tensor. As in
+Triton, each settings holder buffers its own traces and writes them to ``file.N`` every
+``log_frequency`` traces and once its ``trace_count`` is used up (and its traces are in);
+what is left goes to ``file`` at shutdown.
 
 A traced request's work may spawn child traces, as Triton's do: each step request of an
 ensemble, and each BLS request a Python model makes with ``trace=request.trace()``. A child
@@ -265,16 +268,54 @@ class Trace:
         return out + self.tensors
 
 
-class _Sink:
-    """Where finished traces of one file go: buffered, written every ``log_frequency``
-    traces to ``file.N`` (or at :meth:`flush` to ``file``)."""
+class _File:
+    """One trace file: its indexed parts (``file.N``, numbered across every settings holder
+    writing to it, as Triton's) and what goes to ``file`` itself at shutdown."""
 
-    def __init__(self, path: str, log_frequency: int) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
+        self.index = itertools.count()
+        self.final: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def write_indexed(self, records: list[dict[str, Any]]) -> None:
+        with self.lock:
+            name = f"{self.path}.{next(self.index)}"
+        self._write(name, records)
+
+    def keep(self, records: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.final.extend(records)
+
+    def close(self) -> None:
+        with self.lock:
+            records, self.final = self.final, []
+        if records:
+            self._write(self.path, records)
+
+    def _write(self, name: str, records: list[dict[str, Any]]) -> None:
+        if not self.path:
+            return  # tracing with no file: nothing to keep
+        try:
+            with open(name, "w") as f:
+                json.dump(records, f)
+        except OSError as exc:
+            log.error("failed to write trace file '%s': %s", name, exc)
+
+
+class _Sink:
+    """Where the finished traces of one settings holder go (global, or a model's; a holder
+    starts anew at each update of its settings, as Triton's): buffered, then written to an
+    indexed part of the file every ``log_frequency`` traces, and as soon as its
+    ``trace_count`` is used up and every trace it sampled has finished; what is left at
+    shutdown goes to the file itself (to an indexed part with ``log_frequency``)."""
+
+    def __init__(self, file: _File, log_frequency: int, sampler: _Sampler) -> None:
+        self.file = file
         self.log_frequency = log_frequency
-        self.index = 0
+        self.sampler = sampler
         self.buffer: list[dict[str, Any]] = []
-        self.traces = 0
+        self.traces = 0  # in the buffer
         self.lock = threading.Lock()  # traces finish on the trio thread; flush at shutdown
 
     def add(self, trace: Trace) -> None:
@@ -283,26 +324,23 @@ class _Sink:
             if trace.parent_id:
                 return  # a child is written with its request's trace, not counted apart
             self.traces += 1
-            if self.log_frequency and self.traces >= self.log_frequency:
-                self._write(f"{self.path}.{self.index}")
-                self.index += 1
+            sampler = self.sampler
+            sampler.collected += 1
+            if ((sampler.remaining == 0 and sampler.collected == sampler.seen)
+                    or (self.log_frequency and self.traces >= self.log_frequency)):
+                records, self.buffer, self.traces = self.buffer, [], 0
+            else:
+                return
+        self.file.write_indexed(records)
 
     def flush(self) -> None:
         with self.lock:
-            if self.buffer or not self.log_frequency:
-                name = self.path if not self.log_frequency else f"{self.path}.{self.index}"
-                if self.buffer:
-                    self._write(name)
-
-    def _write(self, name: str) -> None:
-        records, self.buffer, self.traces = self.buffer, [], 0
-        if not self.path:
-            return  # tracing with no file: nothing to keep
-        try:
-            with open(name, "w") as f:
-                json.dump(records, f)
-        except OSError as exc:
-            log.error("failed to write trace file '%s': %s", name, exc)
+            records, self.buffer, self.traces = self.buffer, [], 0
+        if records:
+            if self.log_frequency:
+                self.file.write_indexed(records)
+            else:
+                self.file.keep(records)
 
 
 class _OtelSink:
@@ -322,13 +360,17 @@ class _OtelSink:
 
 
 class _Sampler:
-    """The counters of one settings holder (global, or a model with its own settings)."""
+    """The counters of one settings holder (global, or a model with its own settings):
+    requests seen while it had traces left to take, how many are left (-1: no limit), how
+    many of its traces finished, and the buffer its traces go to."""
 
-    __slots__ = ("seen", "remaining")
+    __slots__ = ("seen", "remaining", "collected", "sink")
 
     def __init__(self, count: int) -> None:
         self.seen = 0
         self.remaining = count
+        self.collected = 0  # its traces finished
+        self.sink: _Sink | None = None
 
 
 class TraceManager:
@@ -339,7 +381,8 @@ class TraceManager:
         self.global_overrides: dict[str, Any] = {}
         self.model_overrides: dict[str, dict[str, Any]] = {}
         self._samplers: dict[str, _Sampler] = {}
-        self._sinks: dict[tuple[str, int], _Sink] = {}
+        self._files: dict[str, _File] = {}
+        self._sinks: list[_Sink] = []  # every holder's, retired ones too (flushed at close)
         self._ids = itertools.count(1)  # trace ids, children's included
         # the traces of requests in flight, by id: a stub's BLS request names its parent so
         self._live: weakref.WeakValueDictionary[int, Trace] = weakref.WeakValueDictionary()
@@ -393,9 +436,12 @@ class TraceManager:
                 target[key] = value
         if model and model in self.model_overrides and not self.model_overrides[model]:
             del self.model_overrides[model]
-        # counts restart from the new settings
+        # counts restart from the new settings; any update starts a new buffer, as Triton
+        # replaces its setting object (traces in flight finish into the old one's)
         if "trace_count" in parsed or "trace_rate" in parsed or "trace_level" in parsed:
             self._samplers.pop(model, None)
+        elif model in self._samplers:
+            self._samplers[model].sink = None
         self._refresh()
         return self.settings(model)
 
@@ -419,18 +465,22 @@ class TraceManager:
         if sampler is None:
             sampler = self._samplers[owner] = _Sampler(settings.trace_count)
         if not forced:
+            if sampler.remaining == 0 or not settings.trace_rate:
+                return None
             sampler.seen += 1
-            if (sampler.remaining == 0 or not settings.trace_rate
-                    or sampler.seen % settings.trace_rate):
+            if sampler.seen % settings.trace_rate:
                 return None
             if sampler.remaining > 0:
                 sampler.remaining -= 1
         sink: Any = self._otel
         if sink is None:
-            key = (settings.trace_file, settings.log_frequency)
-            sink = self._sinks.get(key)
+            sink = sampler.sink
             if sink is None:
-                sink = self._sinks[key] = _Sink(*key)
+                file = self._files.get(settings.trace_file)
+                if file is None:
+                    file = self._files[settings.trace_file] = _File(settings.trace_file)
+                sink = sampler.sink = _Sink(file, settings.log_frequency, sampler)
+                self._sinks.append(sink)
         trace = Trace(next(self._ids), model, sink, settings.tensors)
         trace.traceparent = traceparent if forced else ""
         if self._otel is not None:
@@ -458,8 +508,10 @@ class TraceManager:
 
     def close(self) -> None:
         """Write what is buffered (at shutdown)."""
-        for sink in self._sinks.values():
+        for sink in self._sinks:
             sink.flush()
+        for file in self._files.values():
+            file.close()
         if self._otel is not None:
             self._otel.flush()
 

@@ -343,3 +343,29 @@ def test_response_stats_in_both_shapes() -> None:
     assert fam.type == "histogram"
     buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
     assert buckets == {"1": 1, "10": 2, "+Inf": 2}  # as prometheus-cpp writes bounds
+
+
+def test_a_used_up_trace_count_writes_its_traces_at_once(tmp_path: Path) -> None:
+    """Triton's L0_trace global_count check: a settings holder whose trace_count is used up
+    writes its traces to the next indexed part of the file as soon as the last one finishes
+    (before shutdown); the other holders' traces go to the file itself at shutdown."""
+    def heads(name: str) -> list[str]:
+        return [r["model_name"] for r in json.loads((tmp_path / name).read_text())
+                if "model_name" in r]
+
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=1",
+                                            f"triton,file={tmp_path / 'c.json'}")))
+    for _ in range(3):
+        trace = tm.start("other")
+        assert trace is not None
+        trace.finish()
+    tm.update("simple", {"trace_count": "2"})
+    first, second = tm.start("simple"), tm.start("simple")
+    assert first is not None and second is not None and tm.start("simple") is None
+    first.finish()
+    assert not (tmp_path / "c.json.0").exists()
+    second.finish()
+    assert heads("c.json.0") == ["simple", "simple"]
+    assert not (tmp_path / "c.json").exists()
+    tm.close()
+    assert heads("c.json") == ["other"] * 3
