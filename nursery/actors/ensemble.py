@@ -33,14 +33,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from itertools import count
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from nursery.actors import mailbox
+from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import Cancelled, InternalError, InvalidArgument, NurseryError, Unavailable
+from nursery.execution.classification import classify_response
 from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
 from nursery.observability.stats import BatchReport, StatsAccumulator
+from nursery.observability.tracing import child_of
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.scheduling.ensemble_plan import EnsemblePlan, IterFlow
 from nursery.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
@@ -122,14 +126,16 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
     """The request to a step's model: ``inputs`` by the model's input names (an absent
     tensor, None, is left out, as Triton does; a batch dim of 1 added or taken away where a
     batching and a non-batching model meet), the step's outputs requested, and the ensemble
-    request's id, parameters, priority and timeout."""
+    request's id, parameters, priority and timeout. A traced ensemble request's steps are
+    traced as its children, as Triton's; the steps of an untraced one are never sampled."""
     step = plan.steps[index]
     return InferenceRequest(
         step.model_name, step.version_str,
         {n: _shaped(n, t, plan.step_input_shape(index, n, t.shape))
          for n, t in inputs.items() if t is not None},
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
-        request.parameters, request.priority, request.timeout_us)
+        request.parameters, request.priority, request.timeout_us,
+        trace=child_of(request.trace))
 
 
 def _answer_output(plan: EnsemblePlan, name: str, t: Tensor) -> Tensor:
@@ -421,14 +427,24 @@ async def run(
     faults: FaultCounter | None = None,
     summaries: bool = False,
     client: Any = None,
+    config: ModelConfig | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve requests until every sender of the inbox is gone, then let the requests in
     flight finish. With ``stream`` the ensemble is decoupled: it answers in parts. With
     ``client`` (the server's ModelClient) a request's steps are dispatched with no task
     waiting on them where nothing needs one (:class:`CallbackFlow`); else ``infer`` runs
-    each step in the request's task."""
+    each step in the request's task. With ``config`` (the ensemble's) the answers carry the
+    classes their requests ask for (labels as :func:`label_source` finds them)."""
     faults = faults or FaultCounter()
+    labels = label_source(config, client.resolve if client is not None else None) \
+        if config is not None else None
+
+    def deliver(work: InferWork, answer: Any) -> None:
+        if labels is not None:
+            answer = _classified(work, answer, config, labels)
+        _answer(work, answer)
+
     stats = StatsAccumulator(summaries)
     limits = step_limits(plan)
     if limits is not None:  # Triton's line, which scripts look for
@@ -451,7 +467,7 @@ async def run(
         async for _ in woken:
             finished.sort(key=itemgetter(0))
             for _arrival, work, answer in finished:
-                _answer(work, answer)
+                deliver(work, answer)
             finished.clear()
 
     async def serve(work: InferWork,
@@ -473,7 +489,7 @@ async def run(
                 try:
                     if stream is not None:
                         await run_decoupled_flow(plan, version, work.request, stream,
-                                                 partial(_answer, work), limits)
+                                                 partial(deliver, work), limits)
                         answer = None  # every part is sent
                     else:
                         answer = await run_flow(plan, version, work.request, infer, limits)
@@ -508,7 +524,7 @@ async def run(
 
         def done(answer: Any) -> None:
             record(work, answer)  # counted before the client can ask for the statistics
-            _answer(work, answer)
+            deliver(work, answer)
             ended.set()
 
         with trio.CancelScope() as scope:
@@ -566,3 +582,46 @@ async def _intake(inbox: trio.MemoryReceiveChannel[Any], serve: Callable[..., An
 
 def _answer(work: Any, answer: Any) -> None:
     mailbox.answer(work.reply, answer)
+
+
+def label_source(config: ModelConfig, resolve: Callable[[str, str], Any] | None,
+                 ) -> Callable[[str], tuple[Path, TensorSpec] | None]:
+    """Where the labels of an ensemble's output are, as Triton finds them for the
+    classification extension: the ensemble's own ``label_filename`` for that output, else
+    the labels of the output of the step model that produces it (through nested ensembles,
+    each of which may name its own)."""
+
+    def find(cfg: ModelConfig, name: str, depth: int) -> tuple[Path, TensorSpec] | None:
+        spec = cfg.output_map.get(name)
+        if spec is not None and spec.label_filename:
+            return cfg.path, spec
+        plan = cfg.ensemble
+        if plan is None or resolve is None or depth > 16:
+            return None
+        for step in plan.steps:
+            for model_output, tensor in step.output_map.items():
+                if tensor == name:
+                    try:
+                        step_config = resolve(step.model_name, step.version_str).config
+                    except NurseryError:
+                        return None
+                    return find(step_config, model_output, depth + 1)
+        return None
+
+    return lambda name: find(config, name, 0)
+
+
+def _classified(work: Any, answer: Any, config: ModelConfig | None,
+                labels: Callable[[str], tuple[Path, TensorSpec] | None]) -> Any:
+    """An ensemble's answer (or one part of a decoupled one) with the classes its request
+    asks for, as Triton's frontends classify any model's answer."""
+    if config is None or not any(o.classification for o in work.request.requested_outputs):
+        return answer
+    if isinstance(answer, Part):
+        if answer.response is None:
+            return answer
+        classified = classify_response(work.request, answer.response, config, labels)
+        if isinstance(classified, NurseryError):
+            return Part(None, classified, answer.final)
+        return Part(classified, answer.error, answer.final)
+    return classify_response(work.request, answer, config, labels)

@@ -153,7 +153,10 @@ def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
                        ) -> tuple[list[Any] | NurseryError, BatchReport]:
     """A whole-request batch's answers with its report (its compute ends now)."""
     t1 = time.monotonic_ns()
-    _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_END", t1))
+    # the model gets its inputs at once and its outputs are its answers (Triton's Python
+    # backend reports its compute the same way): the input and output stages take no time
+    _stamp(batch, ("COMPUTE_START", t0), ("COMPUTE_INPUT_END", t0),
+           ("COMPUTE_OUTPUT_START", t1), ("COMPUTE_END", t1))
     failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
         isinstance(r, NurseryError) and not isinstance(r, AnsweredError)  # success to Triton
         for r in responses)

@@ -36,7 +36,7 @@ from nursery.messages import (
 )
 from nursery.observability.arrival_log import ArrivalLog
 from nursery.observability.custom_metrics import CustomMetrics
-from nursery.observability.tracing import TraceManager, TraceSettings
+from nursery.observability.tracing import ChildOf, TraceManager, TraceSettings
 from nursery.scheduling.cache_store import frozen_copy, request_key
 from nursery.types import InferenceRequest, InferenceResponse
 
@@ -215,6 +215,10 @@ class ModelClient:
             trace = request.trace = self.tracer.start(handle.name)
             if trace:
                 return self._traced(work, receive, handle, trace)
+        elif isinstance(trace, ChildOf):  # an ensemble step's or a BLS call's: a child trace
+            trace = request.trace = self.tracer.spawn(trace, handle.name)
+            if trace:
+                return self._traced(work, receive, handle, trace)
         elif trace:
             return self._traced(work, receive, handle, trace, own=False)
         self._queue(work, handle)
@@ -383,6 +387,7 @@ class ThreadStream:
             handle = self._client.resolve(request.model_name, request.model_version)
             if not handle.config.decoupled:
                 return None
+            _untraced(request)
             work = make_work(request, handle.config, reply)  # type: ignore[arg-type]
             reply.meter = ResponseMeter(handle, work.enqueued_ns)
             self._handle = handle
@@ -447,6 +452,7 @@ async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
     """Run one request on a decoupled model: its reply channel is unbounded and carries
     :class:`Part` messages (or a bare error, which is final) until the final one."""
     send, receive = trio.open_memory_channel[Any](math.inf)
+    _untraced(request)
     work = make_work(request, handle.config, send)
     handle.submit(work)
     meter = ResponseMeter(handle, work.enqueued_ns)
@@ -464,3 +470,10 @@ async def stream_decoupled(request: InferenceRequest, handle: ModelHandle,
     except trio.Cancelled:
         handle.cancel(work)
         raise
+
+
+def _untraced(request: InferenceRequest) -> None:
+    """A request to a decoupled model made for a traced request's work (a BLS stream, a
+    decoupled ensemble step) is not traced: streams of responses are not traced here yet."""
+    if isinstance(request.trace, ChildOf):
+        request.trace = False

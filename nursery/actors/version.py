@@ -205,7 +205,7 @@ async def serve_ensemble(
                     ensemble.run, plan=config.ensemble, version=str(version),
                     infer=client.infer_one, inbox=inbox,
                     stream=client.stream if config.decoupled else None, faults=faults,
-                    summaries=summaries, client=client))
+                    summaries=summaries, client=client, config=config))
                 task_status.started((ModelHandle(config.name, version, config, intake),
                                      intake.clone(), None))
     finally:

@@ -10,6 +10,7 @@ a refused output fails only its own request (the model's execution still counts 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,16 @@ def classify(
     return out if batching else out.reshape(count)
 
 
+LabelSource = Callable[[str], "tuple[Path, TensorSpec] | None"]
+
+
 def classify_response(request: InferenceRequest, response: Any,
-                      config: ModelConfig) -> Any:
+                      config: ModelConfig, labels: LabelSource | None = None) -> Any:
     """``response`` with the outputs ``request`` asks classes of replaced by them; an
     :class:`InvalidArgument` for the request when one cannot be. Anything that is not a
-    response (an error, None for an answer already sent) passes unchanged."""
+    response (an error, None for an answer already sent) passes unchanged. ``labels``: where
+    an output's labels are (the folder and the spec naming the file), when not in
+    ``config`` (an ensemble's output labelled by the model that produced it)."""
     wanted = {o.name: o.classification for o in request.requested_outputs if o.classification}
     if not wanted or not isinstance(response, InferenceResponse):
         return response
@@ -84,9 +90,13 @@ def classify_response(request: InferenceRequest, response: Any,
             outputs.append(tensor)
             continue
         spec = config.output_map.get(tensor.name) or TensorSpec(tensor.name, tensor.datatype, ())
+        folder = config.path
+        found = labels(tensor.name) if labels is not None else None
+        if found is not None:
+            folder, spec = found
         try:
             array = classify(np.asarray(tensor.data), k, config.max_batch_size > 0, spec,
-                             config.path, tensor.datatype)
+                             folder, tensor.datatype)
         except NurseryError as exc:
             return exc
         outputs.append(Tensor(tensor.name, DataType.BYTES, tuple(array.shape), array))

@@ -7,7 +7,11 @@ span named after the model (``REQUEST_START`` to ``REQUEST_END``, with ``QUEUE_S
 stamps). Each carries ``triton.model_name``, ``triton.model_version`` and
 ``triton.request_id`` attributes. Stamps are taken on the monotonic clock and moved to the
 wall clock once, when the exporter starts. A ``traceparent`` header on the request makes the
-top span a child of the caller's span (context propagation).
+top span a child of the caller's span (context propagation). A child trace (an ensemble
+step, a BLS request made with ``trace=request.trace()``) has no top span: its model span is a
+child of its parent's model span, in the parent's trace. The ids of a trace and of its model
+span are chosen when the trace starts (the model may ask for its context, a child names its
+parent span), and given to the SDK as the spans are made.
 
 Settings (``--trace-config opentelemetry,<key>=<value>``): ``url`` (default
 ``http://localhost:4318/v1/traces``), ``resource`` (``key=value``, repeatable; default
@@ -85,7 +89,9 @@ class OtelExporter:
         except ImportError as exc:
             raise ValueError("--trace-config mode=opentelemetry needs the OpenTelemetry SDK and "
                              "its OTLP/HTTP exporter: pip install 'nursery[otel]'") from exc
-        self.provider = TracerProvider(resource=Resource.create(dict(settings.resource)))
+        self.ids = _chosen_ids()
+        self.provider = TracerProvider(resource=Resource.create(dict(settings.resource)),
+                                       id_generator=self.ids)
         self.provider.add_span_processor(BatchSpanProcessor(
             OTLPSpanExporter(endpoint=settings.endpoint),
             max_queue_size=settings.bsp_max_queue_size,
@@ -97,6 +103,10 @@ class OtelExporter:
         log.info("OpenTelemetry tracing: exporting to %s", settings.url)
 
     def export(self, trace: Any) -> None:
+        with self.ids.lock:
+            self._export(trace)
+
+    def _export(self, trace: Any) -> None:
         from opentelemetry import trace as otel
 
         if not trace.stamps:
@@ -107,18 +117,27 @@ class OtelExporter:
         attrs = {"triton.model_name": trace.model_name,
                  "triton.model_version": int(trace.model_version),
                  "triton.request_id": trace.request_id}
-        parent = None
-        if trace.traceparent:
-            parent = self.propagator.extract({"traceparent": trace.traceparent})
-        top = self.tracer.start_span("InferRequest", context=parent, start_time=first,
-                                     attributes=attrs)
-        for name in _FRONTEND:
-            if name in at:
-                top.add_event(name, timestamp=at[name])
-        top_ctx = otel.set_span_in_context(top)
-        model = self.tracer.start_span(trace.model_name, context=top_ctx,
+        top = None
+        if trace.parent_span_id:  # a child: under its parent's model span
+            model_parent = otel.set_span_in_context(otel.NonRecordingSpan(otel.SpanContext(
+                trace.otel_trace_id, trace.parent_span_id, is_remote=False,
+                trace_flags=otel.TraceFlags(otel.TraceFlags.SAMPLED))))
+        else:
+            parent = None
+            if trace.traceparent:
+                parent = self.propagator.extract({"traceparent": trace.traceparent})
+            self.ids.trace_id = trace.otel_trace_id
+            top = self.tracer.start_span("InferRequest", context=parent, start_time=first,
+                                         attributes=attrs)
+            for name in _FRONTEND:
+                if name in at:
+                    top.add_event(name, timestamp=at[name])
+            model_parent = otel.set_span_in_context(top)
+        self.ids.span_id = trace.span_id
+        model = self.tracer.start_span(trace.model_name, context=model_parent,
                                        start_time=at.get("REQUEST_START", first),
                                        attributes=attrs)
+        self.ids.trace_id = self.ids.span_id = 0
         for name in ("REQUEST_START", "QUEUE_START", "REQUEST_END"):
             if name in at:
                 model.add_event(name, timestamp=at[name])
@@ -131,7 +150,32 @@ class OtelExporter:
                     compute.add_event(name, timestamp=at[name])
             compute.end(end_time=at.get("COMPUTE_END", last))
         model.end(end_time=at.get("REQUEST_END", last))
-        top.end(end_time=last)
+        if top is not None:
+            top.end(end_time=last)
 
     def close(self) -> None:
         self.provider.shutdown()  # flushes what is queued
+
+
+def _chosen_ids() -> Any:
+    """The SDK's id generator: the next id set on it (a trace's chosen ids, set under its
+    ``lock``), else a random one, as the SDK's own generator makes them."""
+    import threading
+
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class ChosenIds(RandomIdGenerator):
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.trace_id = 0
+            self.span_id = 0
+
+        def generate_span_id(self) -> int:
+            chosen, self.span_id = self.span_id, 0
+            return chosen or super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            chosen, self.trace_id = self.trace_id, 0
+            return chosen or super().generate_trace_id()
+
+    return ChosenIds()

@@ -13,17 +13,32 @@ core and the instance worker stamp it at the stages of the house plan (``HTTP_RE
 ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, ``REQUEST_END`` ... ``HTTP_SEND_START``), each
 ``time.monotonic_ns()``, as Triton's steady-clock stamps. Finished traces go to their file in
 Triton's JSON shape: for each trace one object with ``id``, ``model_name``, ``model_version``
-(and ``request_id``), then one with its ``timestamps``, then one per traced tensor.
+(and ``request_id``), then one with its ``timestamps``, then one per traced tensor. As in
+Triton, each settings holder buffers its own traces and writes them to ``file.N`` every
+``log_frequency`` traces and once its ``trace_count`` is used up (and its traces are in);
+what is left goes to ``file`` at shutdown.
+
+A traced request's work may spawn child traces, as Triton's do: each step request of an
+ensemble, and each BLS request a Python model makes with ``trace=request.trace()``. A child
+has its own ``id`` and names its parent's (``parent_id`` in the file; in OpenTelemetry mode its
+model span is a child of the parent's model span, in the same trace). Such requests are never
+sampled on their own: a request that does not come from a frontend is traced only as a child.
+What a request carries for that (``InferenceRequest.trace``) is a :class:`ChildOf` until the
+model client spawns the child; a stub process sees its requests' traces as :class:`TraceLink`
+(the id and the OpenTelemetry context), and its BLS requests name their parent by that id.
 
 Untraced requests pay one attribute check; nothing here runs unless a level is on.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import random
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -155,12 +170,46 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
     return replace(TraceSettings(), **values)
 
 
+@dataclass(frozen=True, slots=True)
+class TraceLink:
+    """A trace as a stub process sees it: the id its BLS requests name as their parent, and
+    the OpenTelemetry context (``pb_utils.InferenceTrace.get_context()``; None in triton
+    mode)."""
+
+    id: int
+    context: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOf:
+    """A request to be traced as a child of ``parent`` (a :class:`Trace`, or the
+    :class:`TraceLink` a stub named): the model client spawns the child when it queues the
+    request, naming the model it reached."""
+
+    parent: Any
+
+
+def child_of(trace: Any) -> ChildOf | bool:
+    """What a request made for a traced request's work carries: its parent's trace (a
+    :class:`Trace` or :class:`TraceLink`), else False (not traced, never sampled on its own,
+    as Triton samples only at its frontends)."""
+    return ChildOf(trace) if isinstance(trace, Trace | TraceLink) else False
+
+
+def link(trace: Any) -> TraceLink | None:
+    """What crosses to a stub process for a request's trace."""
+    if isinstance(trace, Trace):
+        return TraceLink(trace.id, trace.context())
+    return trace if isinstance(trace, TraceLink) else None
+
+
 class Trace:
     """The record of one sampled request (written by the trio thread and one instance
     thread, never at the same time: the request moves from one to the other)."""
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "tensors",
-                 "traceparent", "_sink", "_tensor_level")
+                 "traceparent", "parent_id", "otel_trace_id", "span_id", "parent_span_id",
+                 "_sink", "_tensor_level", "__weakref__")
 
     def __init__(self, trace_id: int, model_name: str, sink: Any, tensors: bool) -> None:
         self.id = trace_id
@@ -170,8 +219,23 @@ class Trace:
         self.stamps: list[tuple[str, int]] = []
         self.tensors: list[dict[str, Any]] = []
         self.traceparent = ""  # W3C trace context from the client (OpenTelemetry mode)
+        self.parent_id = 0  # a child trace's parent (0: a request from a frontend)
+        # OpenTelemetry mode: the trace's id and its model span's id, chosen up front so that
+        # the model can see its context and children can name their parent span before the
+        # spans are exported (0: triton mode)
+        self.otel_trace_id = 0
+        self.span_id = 0
+        self.parent_span_id = 0
         self._sink = sink
         self._tensor_level = tensors
+
+    def context(self) -> str | None:
+        """The OpenTelemetry context of the request's span, as JSON (Triton's
+        TRITONSERVER_InferenceTraceContext); None in triton mode."""
+        if not self.span_id:
+            return None
+        return json.dumps({"traceparent":
+                           f"00-{self.otel_trace_id:032x}-{self.span_id:016x}-01"})
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -197,40 +261,39 @@ class Trace:
                                 "model_version": self.model_version}
         if self.request_id:
             head["request_id"] = self.request_id
+        if self.parent_id:
+            head["parent_id"] = self.parent_id
         out = [head, {"id": self.id, "timestamps": [{"name": n, "ns": ns}
                                                       for n, ns in self.stamps]}]
         return out + self.tensors
 
 
-class _Sink:
-    """Where finished traces of one file go: buffered, written every ``log_frequency``
-    traces to ``file.N`` (or at :meth:`flush` to ``file``)."""
+class _File:
+    """One trace file: its indexed parts (``file.N``, numbered across every settings holder
+    writing to it, as Triton's) and what goes to ``file`` itself at shutdown."""
 
-    def __init__(self, path: str, log_frequency: int) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.log_frequency = log_frequency
-        self.index = 0
-        self.buffer: list[dict[str, Any]] = []
-        self.traces = 0
-        self.lock = threading.Lock()  # traces finish on the trio thread; flush at shutdown
+        self.index = itertools.count()
+        self.final: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
 
-    def add(self, trace: Trace) -> None:
+    def write_indexed(self, records: list[dict[str, Any]]) -> None:
         with self.lock:
-            self.buffer.extend(trace.records())
-            self.traces += 1
-            if self.log_frequency and self.traces >= self.log_frequency:
-                self._write(f"{self.path}.{self.index}")
-                self.index += 1
+            name = f"{self.path}.{next(self.index)}"
+        self._write(name, records)
 
-    def flush(self) -> None:
+    def keep(self, records: list[dict[str, Any]]) -> None:
         with self.lock:
-            if self.buffer or not self.log_frequency:
-                name = self.path if not self.log_frequency else f"{self.path}.{self.index}"
-                if self.buffer:
-                    self._write(name)
+            self.final.extend(records)
 
-    def _write(self, name: str) -> None:
-        records, self.buffer, self.traces = self.buffer, [], 0
+    def close(self) -> None:
+        with self.lock:
+            records, self.final = self.final, []
+        if records:
+            self._write(self.path, records)
+
+    def _write(self, name: str, records: list[dict[str, Any]]) -> None:
         if not self.path:
             return  # tracing with no file: nothing to keep
         try:
@@ -238,6 +301,46 @@ class _Sink:
                 json.dump(records, f)
         except OSError as exc:
             log.error("failed to write trace file '%s': %s", name, exc)
+
+
+class _Sink:
+    """Where the finished traces of one settings holder go (global, or a model's; a holder
+    starts anew at each update of its settings, as Triton's): buffered, then written to an
+    indexed part of the file every ``log_frequency`` traces, and as soon as its
+    ``trace_count`` is used up and every trace it sampled has finished; what is left at
+    shutdown goes to the file itself (to an indexed part with ``log_frequency``)."""
+
+    def __init__(self, file: _File, log_frequency: int, sampler: _Sampler) -> None:
+        self.file = file
+        self.log_frequency = log_frequency
+        self.sampler = sampler
+        self.buffer: list[dict[str, Any]] = []
+        self.traces = 0  # in the buffer
+        self.lock = threading.Lock()  # traces finish on the trio thread; flush at shutdown
+
+    def add(self, trace: Trace) -> None:
+        with self.lock:
+            self.buffer.extend(trace.records())
+            if trace.parent_id:
+                return  # a child is written with its request's trace, not counted apart
+            self.traces += 1
+            sampler = self.sampler
+            sampler.collected += 1
+            if ((sampler.remaining == 0 and sampler.collected == sampler.seen)
+                    or (self.log_frequency and self.traces >= self.log_frequency)):
+                records, self.buffer, self.traces = self.buffer, [], 0
+            else:
+                return
+        self.file.write_indexed(records)
+
+    def flush(self) -> None:
+        with self.lock:
+            records, self.buffer, self.traces = self.buffer, [], 0
+        if records:
+            if self.log_frequency:
+                self.file.write_indexed(records)
+            else:
+                self.file.keep(records)
 
 
 class _OtelSink:
@@ -257,13 +360,17 @@ class _OtelSink:
 
 
 class _Sampler:
-    """The counters of one settings holder (global, or a model with its own settings)."""
+    """The counters of one settings holder (global, or a model with its own settings):
+    requests seen while it had traces left to take, how many are left (-1: no limit), how
+    many of its traces finished, and the buffer its traces go to."""
 
-    __slots__ = ("seen", "remaining")
+    __slots__ = ("seen", "remaining", "collected", "sink")
 
     def __init__(self, count: int) -> None:
         self.seen = 0
         self.remaining = count
+        self.collected = 0  # its traces finished
+        self.sink: _Sink | None = None
 
 
 class TraceManager:
@@ -274,8 +381,11 @@ class TraceManager:
         self.global_overrides: dict[str, Any] = {}
         self.model_overrides: dict[str, dict[str, Any]] = {}
         self._samplers: dict[str, _Sampler] = {}
-        self._sinks: dict[tuple[str, int], _Sink] = {}
-        self._next_id = 1
+        self._files: dict[str, _File] = {}
+        self._sinks: list[_Sink] = []  # every holder's, retired ones too (flushed at close)
+        self._ids = itertools.count(1)  # trace ids, children's included
+        # the traces of requests in flight, by id: a stub's BLS request names its parent so
+        self._live: weakref.WeakValueDictionary[int, Trace] = weakref.WeakValueDictionary()
         self.active = False
         self._otel: _OtelSink | None = None
         if startup.trace_mode == "opentelemetry":
@@ -326,9 +436,12 @@ class TraceManager:
                 target[key] = value
         if model and model in self.model_overrides and not self.model_overrides[model]:
             del self.model_overrides[model]
-        # counts restart from the new settings
+        # counts restart from the new settings; any update starts a new buffer, as Triton
+        # replaces its setting object (traces in flight finish into the old one's)
         if "trace_count" in parsed or "trace_rate" in parsed or "trace_level" in parsed:
             self._samplers.pop(model, None)
+        elif model in self._samplers:
+            self._samplers[model].sink = None
         self._refresh()
         return self.settings(model)
 
@@ -352,29 +465,71 @@ class TraceManager:
         if sampler is None:
             sampler = self._samplers[owner] = _Sampler(settings.trace_count)
         if not forced:
+            if sampler.remaining == 0 or not settings.trace_rate:
+                return None
             sampler.seen += 1
-            if (sampler.remaining == 0 or not settings.trace_rate
-                    or sampler.seen % settings.trace_rate):
+            if sampler.seen % settings.trace_rate:
                 return None
             if sampler.remaining > 0:
                 sampler.remaining -= 1
         sink: Any = self._otel
         if sink is None:
-            key = (settings.trace_file, settings.log_frequency)
-            sink = self._sinks.get(key)
+            sink = sampler.sink
             if sink is None:
-                sink = self._sinks[key] = _Sink(*key)
-        trace = Trace(self._next_id, model, sink, settings.tensors)
+                file = self._files.get(settings.trace_file)
+                if file is None:
+                    file = self._files[settings.trace_file] = _File(settings.trace_file)
+                sink = sampler.sink = _Sink(file, settings.log_frequency, sampler)
+                self._sinks.append(sink)
+        trace = Trace(next(self._ids), model, sink, settings.tensors)
         trace.traceparent = traceparent if forced else ""
-        self._next_id += 1
+        if self._otel is not None:
+            trace.otel_trace_id = _traceparent_id(trace.traceparent) or _random_id(128)
+            trace.span_id = _random_id(64)
+        self._live[trace.id] = trace
+        return trace
+
+    def spawn(self, request: ChildOf, model: str) -> Trace | bool:
+        """The child trace of a request made for a traced request's work (an ensemble step,
+        a BLS call), reaching ``model``; False when its parent is no longer in flight."""
+        parent = request.parent
+        if isinstance(parent, TraceLink):
+            parent = self._live.get(parent.id)
+        if not isinstance(parent, Trace):
+            return False
+        trace = Trace(next(self._ids), model, parent._sink, parent._tensor_level)
+        trace.parent_id = parent.id
+        if parent.span_id:
+            trace.otel_trace_id = parent.otel_trace_id
+            trace.span_id = _random_id(64)
+            trace.parent_span_id = parent.span_id
+        self._live[trace.id] = trace
         return trace
 
     def close(self) -> None:
         """Write what is buffered (at shutdown)."""
-        for sink in self._sinks.values():
+        for sink in self._sinks:
             sink.flush()
+        for file in self._files.values():
+            file.close()
         if self._otel is not None:
             self._otel.flush()
 
 
-__all__ = ["TraceManager", "TraceSettings", "Trace", "settings_from_config", "KEYS"]
+def _random_id(bits: int) -> int:
+    return random.getrandbits(bits) or 1  # 0 is not a valid OpenTelemetry id
+
+
+def _traceparent_id(traceparent: str) -> int:
+    """The trace id of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``), 0 if none."""
+    parts = traceparent.split("-")
+    if len(parts) >= 3 and len(parts[1]) == 32:
+        try:
+            return int(parts[1], 16)
+        except ValueError:
+            return 0
+    return 0
+
+
+__all__ = ["TraceManager", "TraceSettings", "Trace", "TraceLink", "ChildOf", "child_of", "link",
+           "settings_from_config", "KEYS"]

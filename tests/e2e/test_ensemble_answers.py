@@ -189,3 +189,53 @@ def test_a_streams_ensemble_answers_keep_its_order_through_batched_steps(tmp_pat
                 assert result.as_numpy("Y")[0, 0] == 10 * trial + int(got[-1][-1])
             assert got == [f"{trial}-{n}" for n in range(4)], got
         client.stop_stream()
+
+
+def test_ensemble_outputs_classify_with_the_labels_triton_finds(tmp_path, start_server):
+    """Triton's L0_infer class and label tests: an ensemble's output asked for as classes
+    (class_count) comes back as the top classes, labelled by the ensemble's own
+    label_filename when it names one, else by the step model that produced it, through
+    nested ensembles too."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    repo = _repo(tmp_path)
+    (repo / "half" / "labels.txt").write_text("".join(f"step{i}\n" for i in range(4)))
+    config = (repo / "half" / "config.pbtxt").read_text()
+    (repo / "half" / "config.pbtxt").write_text(config.replace(
+        'name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] }',
+        'name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] label_filename: "labels.txt" }'))
+
+    def ensemble(name: str, step: str, labels: bool) -> None:
+        (repo / name / "1").mkdir(parents=True)
+        out = 'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ]'
+        if labels:
+            (repo / name / "own.txt").write_text("".join(f"own{i}\n" for i in range(4)))
+            out += ' label_filename: "own.txt"'
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "ensemble"\n'
+            'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]\n' + out + " } ]\n"
+            f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+            'input_map { key: "INPUT0" value: "INPUT0" } '
+            'output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }\n')
+
+    ensemble("outer", "ens", labels=False)  # nested: the labels come from half
+    ensemble("relabel", "ens", labels=True)  # its own labels win
+    server = start_server(repo)
+    x = np.array([5, 9, 1, 7], dtype=np.int32)
+    expected = {"ens": [b"9:1:step1", b"7:3:step3"], "outer": [b"9:1:step1", b"7:3:step3"],
+                "relabel": [b"9:1:own1", b"7:3:own3"]}
+    inp = grpcclient.InferInput("INPUT0", [4], "INT32")
+    inp.set_data_from_numpy(x)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        for model, classes in expected.items():
+            result = client.infer(model, [inp], outputs=[
+                grpcclient.InferRequestedOutput("OUTPUT0", class_count=2)])
+            assert result.as_numpy("OUTPUT0").tolist() == classes, model
+    hinp = httpclient.InferInput("INPUT0", [4], "INT32")
+    hinp.set_data_from_numpy(x)
+    with httpclient.InferenceServerClient(server.url) as client:
+        result = client.infer("outer", [hinp], outputs=[
+            httpclient.InferRequestedOutput("OUTPUT0", class_count=3)])
+        assert result.as_numpy("OUTPUT0").tolist() == [b"9:1:step1", b"7:3:step3",
+                                                        b"5:0:step0"]

@@ -6,6 +6,7 @@ logging extension and the trace extension (with a trace file) as Triton serves t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -23,7 +24,7 @@ from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import PERF_ANALYZER, ServerProcess, make_models, running_server
+from tests.conftest import PERF_ANALYZER, ROOT, ServerProcess, make_models, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -451,6 +452,132 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
         assert tops["sampled"].parent_span_id == b""
         assert [e.name for e in tops["sampled"].events] == ["HTTP_RECV_START", "HTTP_RECV_END",
                                                              "HTTP_SEND_START"]
+    finally:
+        collector.close()
+
+
+def _bls_trace_repo(repo: Path) -> Path:
+    """add_sub (ONNX), py_add_sub, the ensemble of both (ens_add_sub_py), py_bls (BLS without
+    a trace) and py_bls_trace (BLS with ``trace=request.trace()``, Triton's bls_simple)."""
+    make_models.write_add_sub(repo, max_batch_size=64)
+    for name in ("py_add_sub", "ens_add_sub_py", "py_bls", "py_bls_trace"):
+        shutil.copytree(ROOT / "tests" / "models" / name, repo / name)
+        (repo / name / "1").mkdir(exist_ok=True)
+    # ens_add_sub_py with add_sub's tensor names, as the BLS model calls it
+    config = (repo / "ens_add_sub_py" / "config.pbtxt").read_text()
+    for old, new in (('"A"', '"INPUT0"'), ('"B"', '"INPUT1"'), ('"TWICE_A"', '"OUTPUT0"'),
+                     ('"TWICE_B"', '"OUTPUT1"')):
+        config = config.replace(old, new)
+    (repo / "ens_add_sub_py" / "config.pbtxt").write_text(config)
+    return repo
+
+
+def _bls_inputs(target: str, rows: int = 1) -> list[Any]:
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    shape = [1, 16] if rows == 1 else [rows, 16]
+    inputs = [httpclient.InferInput("MODEL_NAME", [1] if rows == 1 else [rows, 1], "BYTES"),
+              httpclient.InferInput("INPUT0", shape, "FP32"),
+              httpclient.InferInput("INPUT1", shape, "FP32")]
+    names = np.array([target.encode()] * rows, dtype=np.object_)
+    inputs[0].set_data_from_numpy(names if rows == 1 else names.reshape(rows, 1))
+    inputs[1].set_data_from_numpy(np.repeat(a, rows, axis=0))
+    inputs[2].set_data_from_numpy(np.repeat(a, rows, axis=0))
+    return inputs
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_bls_and_ensemble_steps_trace_as_children(tmp_path: Path, start_server: Any,
+                                                  mode: str) -> None:
+    """Triton's L0_trace BLS check: a BLS request made with ``trace=request.trace()`` and the
+    steps of an ensemble are traced as children of the request that made them (their own
+    ids, ``parent_id`` naming the parent's), whatever the sampling rate; a BLS request made
+    without it, and the steps of an untraced ensemble request, are never traced."""
+    repo = _bls_trace_repo(tmp_path / "repo")
+    trace_file = tmp_path / "bls_trace.json"
+    server = start_server(repo, f"--backend-config=python,nursery-instance-mode={mode}",
+                          "--trace-config", f"triton,file={trace_file}",
+                          "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=2")
+    http = httpclient.InferenceServerClient(server.url)
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    for _ in range(2):  # rate 2: the second is traced
+        result = http.infer("py_bls_trace", _bls_inputs("ens_add_sub_py"))
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), 2 * a)
+        assert result.as_numpy("CONTEXT")[0] == b""  # triton mode: no OpenTelemetry context
+    # the third request (untraced): an ensemble, whose steps are not sampled on their own
+    http.infer("ens_add_sub_py", _add_sub_inputs(httpclient))
+    # the fourth (traced): a BLS request made without trace=, which is not traced
+    name = httpclient.InferInput("MODEL_NAME", [1, 1], "BYTES")
+    name.set_data_from_numpy(np.array([[b"add_sub"]], dtype=np.object_))
+    http.infer("py_bls", [name, *_add_sub_inputs(httpclient)])
+    http.close()
+    assert server.stop() == 0
+    records = json.loads(trace_file.read_text())
+    heads = {r["id"]: r for r in records if "model_name" in r}
+    stamps = {r["id"]: [t["name"] for t in r["timestamps"]] for r in records if "timestamps" in r}
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for head in heads.values():
+        by_model.setdefault(head["model_name"], []).append(head)
+    assert sorted((m, len(h)) for m, h in by_model.items()) == [
+        ("add_sub", 1), ("ens_add_sub_py", 1), ("py_add_sub", 1), ("py_bls", 1),
+        ("py_bls_trace", 1)]
+    bls = by_model["py_bls_trace"][0]
+    assert "parent_id" not in bls and "parent_id" not in by_model["py_bls"][0]
+    assert len(records) == 2 * len(heads)  # each trace: its head, its timestamps
+    bls_child = by_model["ens_add_sub_py"][0]
+    assert bls_child["parent_id"] == bls["id"]
+    steps = sorted(h["model_name"] for h in heads.values() if h.get("parent_id") == bls_child["id"])
+    assert steps == ["add_sub", "py_add_sub"]
+    assert sum("parent_id" in h for h in heads.values()) == 3
+    # a Python model's trace has the four compute stamps, as Triton's backend reports them
+    for model in ("py_bls_trace", "py_add_sub", "py_bls"):
+        assert {"COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+                "COMPUTE_END"} <= set(stamps[by_model[model][0]["id"]])
+    assert stamps[bls["id"]][0] == "HTTP_RECV_START"
+    assert stamps[bls_child["id"]][:2] == ["REQUEST_START", "QUEUE_START"]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_bls_child_spans_and_context_in_opentelemetry_mode(tmp_path: Path, start_server: Any,
+                                                           mode: str) -> None:
+    """Triton's L0_trace BLS trace in OpenTelemetry mode: one trace of six spans
+    (InferRequest > py_bls_trace > compute, and py_bls_trace > ens_add_sub_py > add_sub and
+    py_add_sub, each > compute), under the caller's span when it sent one; the model sees
+    its own span's context (``request.trace().get_context()``)."""
+    repo = _bls_trace_repo(tmp_path / "repo")
+    collector = _Collector()
+    try:
+        server = start_server(
+            repo, f"--backend-config=python,nursery-instance-mode={mode}",
+            "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--trace-config", f"opentelemetry,url={collector.url}",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=100")
+        http = httpclient.InferenceServerClient(server.url)
+        caller_trace, caller_span = "0af7651916cd43dd8448eb211c12666c", "b7ad6b7169242424"
+        result = http.infer("py_bls_trace", _bls_inputs("ens_add_sub_py"),
+                            headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"})
+        http.close()
+        context = json.loads(result.as_numpy("CONTEXT")[0])
+        deadline = time.monotonic() + 20
+        while len(collector.spans) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spans = [s for _, s in collector.spans]
+        assert sorted(s.name for s in spans) == sorted(
+            ["InferRequest", "py_bls_trace", "ens_add_sub_py", "add_sub", "py_add_sub"]
+            + ["compute"] * 3)
+        assert {s.trace_id.hex() for s in spans} == {caller_trace}
+        by_id = {s.span_id: s for s in spans}
+        children: dict[str, list[str]] = {}
+        for s in spans:
+            if s.parent_span_id in by_id:
+                children.setdefault(by_id[s.parent_span_id].name, []).append(s.name)
+            else:
+                assert s.name == "InferRequest" and s.parent_span_id.hex() == caller_span
+        assert {k: sorted(v) for k, v in children.items()} == {
+            "InferRequest": ["py_bls_trace"], "py_bls_trace": ["compute", "ens_add_sub_py"],
+            "ens_add_sub_py": ["add_sub", "py_add_sub"], "add_sub": ["compute"],
+            "py_add_sub": ["compute"]}
+        bls_span = next(s for s in spans if s.name == "py_bls_trace")
+        assert context == {"traceparent": f"00-{caller_trace}-{bls_span.span_id.hex()}-01"}
     finally:
         collector.close()
 

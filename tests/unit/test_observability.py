@@ -16,7 +16,15 @@ from nursery.observability import metrics, stats
 from nursery.observability.logs import LogManager, LogSettings
 from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.observability.system import GpuSample, SystemSample, cpu_utilization, read_cpu_times, read_memory
-from nursery.observability.tracing import TraceManager, TraceSettings, settings_from_config
+from nursery.observability.tracing import (
+    ChildOf,
+    Trace,
+    TraceLink,
+    TraceManager,
+    TraceSettings,
+    child_of,
+    settings_from_config,
+)
 
 
 def _families(text: str) -> dict[str, object]:
@@ -205,6 +213,58 @@ def test_tensor_level_records_tensors(tmp_path: Path) -> None:
                                      "dtype": "INT32"}
 
 
+def test_child_traces_share_the_file_and_the_opentelemetry_trace(tmp_path: Path) -> None:
+    """A child trace has an id of its own and names its parent's (``parent_id``), goes to
+    the parent's file, and is not counted by the sampler; in OpenTelemetry mode it is in the
+    parent's trace, under the parent's span, whose context the parent's request shows."""
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=2", "count=1",
+                                            f"triton,file={tmp_path / 't.json'}")))
+    assert tm.start("m") is None
+    parent = tm.start("m")
+    assert parent is not None and parent.context() is None  # triton mode: no context
+    child = tm.spawn(ChildOf(parent), "step")
+    grandchild = tm.spawn(ChildOf(TraceLink(child.id)), "leaf")  # type: ignore[union-attr]
+    assert isinstance(child, Trace) and isinstance(grandchild, Trace)
+    assert (child.parent_id, grandchild.parent_id) == (parent.id, child.id)
+    assert tm.settings().trace_count == 0  # the children took nothing from the count
+    for t in (grandchild, child, parent):
+        t.stamp("REQUEST_START")
+        t.finish()
+    tm.close()
+    heads = [r for r in json.loads((tmp_path / "t.json").read_text()) if "model_name" in r]
+    assert [(h["model_name"], h.get("parent_id")) for h in heads] == [
+        ("leaf", child.id), ("step", parent.id), ("m", None)]
+    assert child_of(None) is False and child_of(False) is False
+    # with log_frequency, a request's trace and its children count as one (Triton writes a
+    # request's trace with its children's)
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=1", "log_frequency=1",
+                                            f"triton,file={tmp_path / 'f.json'}")))
+    parent = tm.start("m")
+    assert parent is not None
+    child = tm.spawn(ChildOf(parent), "step")
+    assert isinstance(child, Trace)
+    child.finish()
+    assert not (tmp_path / "f.json.0").exists()
+    parent.finish()
+    heads = [r for r in json.loads((tmp_path / "f.json.0").read_text()) if "model_name" in r]
+    assert [h["model_name"] for h in heads] == ["step", "m"]
+
+    otel = TraceSettings(trace_level=("TIMESTAMPS",), trace_rate=1, trace_mode="opentelemetry")
+    tm = TraceManager(otel)
+    try:
+        caller = "0af7651916cd43dd8448eb211c12666c"
+        root = tm.start("m", f"00-{caller}-b7ad6b7169242424-01")
+        assert root is not None and f"{root.otel_trace_id:032x}" == caller
+        assert json.loads(root.context() or "") == {
+            "traceparent": f"00-{caller}-{root.span_id:016x}-01"}
+        kid = tm.spawn(ChildOf(root), "step")
+        assert isinstance(kid, Trace)
+        assert (kid.otel_trace_id, kid.parent_span_id) == (root.otel_trace_id, root.span_id)
+        assert kid.span_id not in (0, root.span_id)
+    finally:
+        tm.close()
+
+
 def test_tracing_off_costs_nothing() -> None:
     tm = TraceManager(TraceSettings())
     assert not tm.active and tm.start("m") is None
@@ -283,3 +343,29 @@ def test_response_stats_in_both_shapes() -> None:
     assert fam.type == "histogram"
     buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
     assert buckets == {"1": 1, "10": 2, "+Inf": 2}  # as prometheus-cpp writes bounds
+
+
+def test_a_used_up_trace_count_writes_its_traces_at_once(tmp_path: Path) -> None:
+    """Triton's L0_trace global_count check: a settings holder whose trace_count is used up
+    writes its traces to the next indexed part of the file as soon as the last one finishes
+    (before shutdown); the other holders' traces go to the file itself at shutdown."""
+    def heads(name: str) -> list[str]:
+        return [r["model_name"] for r in json.loads((tmp_path / name).read_text())
+                if "model_name" in r]
+
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=1",
+                                            f"triton,file={tmp_path / 'c.json'}")))
+    for _ in range(3):
+        trace = tm.start("other")
+        assert trace is not None
+        trace.finish()
+    tm.update("simple", {"trace_count": "2"})
+    first, second = tm.start("simple"), tm.start("simple")
+    assert first is not None and second is not None and tm.start("simple") is None
+    first.finish()
+    assert not (tmp_path / "c.json.0").exists()
+    second.finish()
+    assert heads("c.json.0") == ["simple", "simple"]
+    assert not (tmp_path / "c.json").exists()
+    tm.close()
+    assert heads("c.json") == ["other"] * 3

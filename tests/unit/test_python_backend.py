@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from nursery.backends.python import pb_utils
 from nursery.config.model import read_model_config
 from nursery.errors import ErrorKind, InternalError, NurseryError
 from nursery.messages import InferWork, Part
+from nursery.observability.tracing import ChildOf, Trace, TraceLink, TraceManager, TraceSettings
 from nursery.runtime.devices import InstancePlacement
 from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
@@ -354,6 +356,13 @@ def test_arguments_are_checked_as_tritons_bindings_check_them() -> None:
     assert pb_utils.InferenceRequest(**request, correlation_id="s-1").correlation_id() == "s-1"
     assert pb_utils.InferenceRequest(**request).correlation_id() == 0
     pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    # bytes convert to a std::string as a str does (Triton's qa bls_simple passes the
+    # as_numpy() element of a BYTES input as the model name)
+    from_bytes = pb_utils.InferenceRequest(model_name=b"m", inputs=one, request_id=b"r",
+                                           requested_output_names=[b"OUT"])
+    assert (from_bytes.model_name(), from_bytes.request_id(),
+            from_bytes.requested_output_names()) == ("m", "r", ["OUT"])
+    assert pb_utils.Tensor(b"IN", np.array([1])).name() == "IN"
 
     with pytest.raises(pb_utils.TritonModelException, match="should not be empty"):
         pb_utils.InferenceResponse(output_tensors=[None])
@@ -454,6 +463,41 @@ def test_bls_request_carries_the_sequence() -> None:
         flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)._to_nursery()
     assert (end.sequence_id, end.sequence_start, end.sequence_end) == ("s-1", False, True)
     assert "sequence_id" not in end.parameters
+
+
+def test_request_trace_and_bls_requests_in_its_trace() -> None:
+    """``request.trace()`` and ``InferenceRequest(..., trace=...)`` as Triton's stub has them:
+    a served request's trace (the live one on a server thread, its link in a stub) makes a
+    BLS request its child; without it, or with an untraced request's, the BLS request is
+    never traced; ``trace`` must be an InferenceTrace (None too is refused, as the bindings
+    refuse it)."""
+    manager = TraceManager(replace(TraceSettings(), trace_level=("TIMESTAMPS",), trace_rate=1))
+    live = manager.start("bls")
+    assert live is not None
+    one = [pb_utils.Tensor("IN", np.array([1], np.int32))]
+    for trace, context in ((live, None), (TraceLink(live.id, '{"traceparent": "x"}'),
+                                          '{"traceparent": "x"}')):
+        served = pb_utils.InferenceRequest._served(
+            InferenceRequest("bls", "1", {}, trace=trace), [], None)  # type: ignore[arg-type]
+        assert served.trace().get_context() == context
+        child = pb_utils.InferenceRequest(model_name="m", inputs=one, requested_output_names=[],
+                                          trace=served.trace())._to_nursery()
+        assert child.trace == ChildOf(trace)
+        spawned = manager.spawn(child.trace, "m")
+        assert isinstance(spawned, Trace) and spawned.parent_id == live.id
+        assert spawned.id != live.id and spawned.records()[0]["parent_id"] == live.id
+    untraced = pb_utils.InferenceRequest._served(
+        InferenceRequest("bls", "1", {}, trace=False), [], None)  # type: ignore[arg-type]
+    assert untraced.trace().get_context() is None
+    for trace_arg in ({"trace": untraced.trace()}, {}):
+        assert pb_utils.InferenceRequest(model_name="m", inputs=one, requested_output_names=[],
+                                         **trace_arg)._to_nursery().trace is False
+    for wrong in (None, "trace"):
+        with pytest.raises(TypeError, match="'trace' must be an InferenceTrace"):
+            pb_utils.InferenceRequest(model_name="m", inputs=one, requested_output_names=[],
+                                      trace=wrong)
+    # a parent no longer in flight: its child is not traced
+    assert manager.spawn(ChildOf(TraceLink(10_000)), "m") is False
 
 
 @pytest.mark.parametrize(("source", "may"), [

@@ -3,6 +3,8 @@ answers are made of crosses whole, tensors through shared memory and never the s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from nursery.backends.python.ipc import Channel, ChannelClosed
 from nursery.errors import ErrorKind, NurseryError
 from nursery.messages import Part
+from nursery.observability.tracing import ChildOf, TraceLink, TraceManager, TraceSettings
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 NUMERIC = [DataType.FP32, DataType.FP16, DataType.INT64, DataType.UINT8, DataType.BOOL]
@@ -119,3 +122,21 @@ def test_ordinary_rings_stop_growing_at_the_cap() -> None:
             assert a._ring is not None and a._ring.size <= ipc._RING_CAP
         for _ in range(4):
             b.receive()
+
+
+def test_traces_cross_as_links() -> None:
+    """A served request's trace reaches the stub as its id and OpenTelemetry context; a BLS
+    request's names the trace it is a child of; an untraced one arrives untraced."""
+    manager = TraceManager(replace(TraceSettings(), trace_level=("TIMESTAMPS",), trace_rate=1))
+    live = manager.start("m")
+    assert live is not None
+    served = InferenceRequest("m", "1", {}, trace=live)
+    bls = InferenceRequest("n", "", {}, trace=ChildOf(TraceLink(live.id, None)))
+    plain = InferenceRequest("n", "", {})
+    a, b = _pair()
+    with a.sock, b.sock:
+        a.send("execute", 1, [served, bls, plain])
+        _, _, (got_served, got_bls, got_plain) = b.receive()
+    assert got_served.trace == TraceLink(live.id, None)
+    assert got_bls.trace == ChildOf(TraceLink(live.id))
+    assert got_plain.trace is False

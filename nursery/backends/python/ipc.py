@@ -24,6 +24,7 @@ import numpy as np
 
 from nursery.errors import AnsweredError, ErrorKind, NurseryError
 from nursery.messages import Part
+from nursery.observability.tracing import ChildOf, TraceLink, link
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -170,21 +171,41 @@ class _Reader:
 # -- the values that cross: requests, responses, errors, parts -----------------------------
 
 
+def _put_trace(trace: Any) -> Any:
+    """A request's trace as it crosses: a served request's as its link (id, OpenTelemetry
+    context), a BLS request's as the id of the trace it is a child of; None: not traced."""
+    if isinstance(trace, ChildOf):
+        parent = link(trace.parent)
+        return ("child", parent.id) if parent is not None else None
+    found = link(trace)
+    return ("link", found.id, found.context) if found is not None else None
+
+
+def _get_trace(value: Any) -> Any:
+    if value is None:
+        return False  # not traced (a BLS request without a trace is never sampled)
+    if value[0] == "child":
+        return ChildOf(TraceLink(value[1]))
+    return TraceLink(value[1], value[2])
+
+
 def _put_request(w: _Writer, request: InferenceRequest) -> tuple[Any, ...]:
     return (request.model_name, request.model_version,
             [w.add(t) for t in request.inputs.values()],
             [o.name for o in request.requested_outputs], request.id, dict(request.parameters),
             request.sequence_id, request.sequence_start, request.sequence_end,
-            request.priority, request.timeout_us)
+            request.priority, request.timeout_us, _put_trace(request.trace))
 
 
 def _get_request(r: _Reader, value: tuple[Any, ...]) -> InferenceRequest:
-    (model, version, inputs, outputs, rid, params, seq, start, end, priority, timeout) = value
+    (model, version, inputs, outputs, rid, params, seq, start, end, priority, timeout,
+     trace) = value
     tensors = {t.name: t for t in (r.tensor(d) for d in inputs)}
     return InferenceRequest(model, version, tensors,
                             requested_outputs=tuple(RequestedOutput(n) for n in outputs),
                             id=rid, parameters=params, sequence_id=seq, sequence_start=start,
-                            sequence_end=end, priority=priority, timeout_us=timeout)
+                            sequence_end=end, priority=priority, timeout_us=timeout,
+                            trace=_get_trace(trace))
 
 
 def _put(w: _Writer, value: Any) -> Any:

@@ -31,6 +31,9 @@ import numpy as np
 from nursery.backends.python.outbox import coalesce_responses as coalesce_responses  # nursery's
 from nursery.errors import ErrorKind, NurseryError
 from nursery.observability.custom_metrics import labels_of
+from nursery.observability.tracing import Trace as _Trace
+from nursery.observability.tracing import TraceLink as _TraceLink
+from nursery.observability.tracing import child_of as _child_of
 from nursery.runtime.thread_context import current_context
 from nursery.types import DataType, RequestedOutput, datatype_of_array
 from nursery.types import InferenceRequest as _Request
@@ -171,6 +174,17 @@ def _typed(where: str, name: str, value: Any, kind: type | tuple[type, ...],
     return value
 
 
+def _text(where: str, name: str, value: Any, expected: str = "str") -> str:
+    """A string argument: a str, or bytes, which pybind11 converts to the same std::string
+    (a model may pass ``tensor.as_numpy()[0]`` of a BYTES input, as Triton's qa bls_simple
+    does)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if not isinstance(value, str):
+        raise _argument(where, name, expected, value)
+    return value
+
+
 def _sequence(where: str, name: str, value: Any, expected: str) -> list[Any]:
     """A list argument (any sequence but a string, as pybind11 converts one)."""
     if value is None or isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
@@ -275,8 +289,7 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_wire")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
-        if not isinstance(name, str):
-            raise _argument("Tensor()", "name", "str", name)
+        name = _text("Tensor()", "name", name)
         if numpy_array is None:
             raise _argument("Tensor()", "numpy_array", "a numpy array", numpy_array)
         if not name:
@@ -338,8 +351,7 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
-        if not isinstance(name, str):
-            raise _argument("from_dlpack()", "name", "str", name)
+        name = _text("from_dlpack()", "name", name)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
         if type(capsule).__name__ != "PyCapsule" and not (
@@ -446,6 +458,29 @@ class InferenceResponse:
 _REQUIRED: Any = object()  # an argument Triton's InferenceRequest has no default for
 
 
+class InferenceTrace:
+    """The trace of a request the model serves (``request.trace()``). Passed as
+    ``InferenceRequest(..., trace=request.trace())``, it makes that BLS request part of the
+    served request's trace (a child trace, as Triton's); an untraced request's trace, or one
+    made here, traces nothing."""
+
+    def __init__(self) -> None:
+        self._of: _Trace | _TraceLink | None = None
+
+    @classmethod
+    def _wrap(cls, trace: Any) -> InferenceTrace:
+        obj = cls()
+        obj._of = trace if isinstance(trace, _Trace | _TraceLink) else None
+        return obj
+
+    def get_context(self) -> str | None:
+        """The request's OpenTelemetry context as JSON (``{"traceparent": ...}``); None when
+        the request is not traced or the server traces in triton mode."""
+        if isinstance(self._of, _Trace):
+            return self._of.context()
+        return self._of.context if self._of is not None else None
+
+
 class InferenceRequest:
     """A request the model serves (built by the backend), or a BLS request the model builds
     to call another model (``exec`` / ``async_exec``)."""
@@ -461,7 +496,8 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         parameters: dict[str, Any] | str | None = None,
-        **_ignored: Any,  # preferred_memory, trace: no meaning on the CPU-only path
+        trace: InferenceTrace = _REQUIRED,  # type: ignore[assignment]
+        **_ignored: Any,  # preferred_memory: no meaning on the CPU-only path
     ) -> None:
         # the arguments as the bindings of Triton's stub check them (None where a value is
         # required, or a wrong type: TypeError; what they pass on and the stub refuses:
@@ -471,16 +507,15 @@ class InferenceRequest:
                             ("requested_output_names", requested_output_names)):
             if value is _REQUIRED:
                 raise TypeError(f"{where}: missing required argument '{name}'")
-        self._model_name = _typed(where, "model_name", model_name, str, "str")
-        self._request_id = _typed(where, "request_id", request_id, str, "str")
+        self._model_name = model_name = _text(where, "model_name", model_name)
+        self._request_id = request_id = _text(where, "request_id", request_id)
         self._inputs = _tensors(where, "inputs", inputs,
                                 f"Input tensor for request with id '{request_id}' and model "
                                 f"name '{model_name}' should not be empty.")
-        self._requested = _sequence(where, "requested_output_names", requested_output_names,
-                                    "a list of str")
+        self._requested = [
+            _text(where, "requested_output_names", output, "a list of str") for output in _sequence(
+                where, "requested_output_names", requested_output_names, "a list of str")]
         for output in self._requested:
-            if not isinstance(output, str):
-                raise _argument(where, "requested_output_names", "a list of str", output)
             if not output:
                 raise TritonModelException(
                     f"Requested output name for request with id '{request_id}' and model "
@@ -494,6 +529,9 @@ class InferenceRequest:
         self._flags = _typed(where, "flags", flags, int, "int")
         self._timeout = _typed(where, "timeout", timeout, int, "int")
         self._parameters = _checked_parameters(parameters)
+        if trace is _REQUIRED:
+            trace = InferenceTrace()
+        self._trace = _typed(where, "trace", trace, InferenceTrace, "an InferenceTrace")
         self._sender: ResponseSender | None = None
         # the model client of the instance whose thread builds this request (its BLS route)
         self._client = current_context()
@@ -519,6 +557,7 @@ class InferenceRequest:
                            if k not in ("sequence_id", "sequence_start", "sequence_end",
                                         "priority", "timeout", "binary_data_output")}
         obj._sender = sender
+        obj._trace = InferenceTrace._wrap(request.trace)
         return obj
 
     def inputs(self) -> list[Tensor]:
@@ -544,6 +583,9 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         return json.dumps(self._parameters, default=str)
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
 
     def get_response_sender(self) -> ResponseSender:
         if self._sender is None:
@@ -584,6 +626,7 @@ class InferenceRequest:
             sequence_start=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
             timeout_us=self._timeout,
+            trace=_child_of(self._trace._of),
         )
 
     def exec(self, decoupled: bool = False) -> Any:
