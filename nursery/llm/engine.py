@@ -24,13 +24,14 @@ public so tests drive the loop synchronously, without the thread.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TextIO
 
 import numpy as np
 
@@ -121,6 +122,14 @@ class DecodeLoop:
         self.prefill_overhead = prefill_overhead
         self.cost = StepCost()
         self.clock = clock
+        # NURSERY_LLM_TRACE=PATH: a line per step appended to PATH.<pid> (a debugging aid,
+        # bench/README.md): its start, wall and CPU seconds, the forward pass's wall and
+        # clock seconds, decode rows, prompt tokens, cache positions read, the prefill cap
+        self.trace: TextIO | None = None
+        self._pass = (0.0, 0.0)
+        if os.environ.get("NURSERY_LLM_TRACE"):
+            self.trace = open(f"{os.environ['NURSERY_LLM_TRACE']}.{os.getpid()}", "a",  # noqa: SIM115
+                              buffering=1)
         self.coalesce = coalesce
         self.eos_ids = frozenset(eos_ids)
         self.name = name
@@ -153,6 +162,9 @@ class DecodeLoop:
             self._take(block=False)
             for job in [*self.scheduler.waiting, *self.scheduler.active]:
                 self._end(job, "error", "the model is unloading")
+            if self.trace is not None:
+                self.trace.close()
+                self.trace = None
 
     def _run(self) -> None:
         while not self._closed:
@@ -183,6 +195,9 @@ class DecodeLoop:
         self._take(block=False)
 
     def step(self) -> None:
+        trace = self.trace
+        if trace is not None:
+            began, cpu = time.perf_counter(), time.thread_time()
         self.steps += 1
         with self.coalesce():
             for job in [*self.scheduler.waiting, *self.scheduler.active]:
@@ -208,6 +223,12 @@ class DecodeLoop:
                 self._forward(decoding, chunks)
         if self.observe is not None:
             self.observe(self)
+        if trace is not None:
+            trace.write(f"{began:.6f} {time.perf_counter() - began:.6f} "
+                        f"{time.thread_time() - cpu:.6f} {self._pass[0]:.6f} {self._pass[1]:.6f} "
+                        f"{len(decoding)} {sum(n for _, n in chunks)} {reads} "
+                        f"{-1 if cap is None else cap}\n")
+            self._pass = (0.0, 0.0)
 
     @staticmethod
     def _piece(seq: _Sequence, n: int) -> tuple[int, Sequence[int], int, int]:
@@ -216,10 +237,11 @@ class DecodeLoop:
     def _forward(self, decoding: list[_Sequence], chunks: list[tuple[_Sequence, int]]) -> None:
         pieces = [self._piece(s, n) for s, n in chunks]
         try:
-            began = self.clock()
+            began, wall = self.clock(), time.perf_counter()
             decoded, prefilled = self.model.step(
                 [s.slot for s in decoding], [s.last for s in decoding],
                 [s.job.adapter for s in decoding], pieces)
+            self._pass = (time.perf_counter() - wall, self.clock() - began)
             # what the pass cost, for the prefill cap: its rows and the cache positions its
             # decode rows read (a chunk's own attention is left in the per-row part)
             self.cost.observe(len(decoding) + sum(n for s, n in chunks),
