@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import shutil
 import statistics
@@ -102,7 +103,9 @@ def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInpu
 
 
 def client_run(url: str, worker: int, count: int, lengths: list[int], seed: int,
-               traces: list[Trace], start: threading.Barrier) -> None:
+               traces: list[Trace], start: threading.Barrier, cpus: set[int]) -> None:
+    if cpus:  # this thread, and the client library's threads it starts, on these cores only
+        os.sched_setaffinity(0, cpus)
     client = grpcclient.InferenceServerClient(url)
     answers: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put(
@@ -150,7 +153,8 @@ def measure(server: ServerProcess, concurrency: int, args: argparse.Namespace
     traces: list[Trace] = []
     start = threading.Barrier(concurrency + 1)
     threads = [threading.Thread(target=client_run, args=(
-        url, w, args.requests_per_client, args.lengths, args.seed, traces, start))
+        url, w, args.requests_per_client, args.lengths, args.seed, traces, start,
+        args.client_cpus))
         for w in range(concurrency)]
     for t in threads:
         t.start()
@@ -210,7 +214,11 @@ def main() -> None:
                         "(continuous mode's prefill cap; 'off': the token budget only): "
                         "continuous batching runs once per value, labelled continuous@VALUE "
                         "(empty: the model's default)")
+    parser.add_argument("--client-cpus", default="",
+                        help="comma-separated CPU numbers the client threads run on (Linux; "
+                        "empty: any): keeps the measuring clients off the server's cores")
     args = parser.parse_args()
+    args.client_cpus = {int(c) for c in args.client_cpus.split(",") if c}
     args.lengths = [int(x) for x in args.max_tokens.split(",")]
     modes = args.modes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
