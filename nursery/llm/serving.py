@@ -19,7 +19,7 @@ Model configuration ``parameters``: ``batching_mode`` (continuous | static | seq
 step runs at most: every decoding sequence's next one, then prompt tokens, so a long prompt
 is spread over several steps; default ``max_slots``), ``max_prefill_overhead`` (continuous
 mode: a step that runs prompt tokens beside decoding sequences costs at most this fraction
-more than their decoding alone, by the loop's measured step cost; default 0.1, ``off``: the
+more than their decoding alone, by the loop's measured step cost; default ``off``: the
 token budget only), ``default_max_tokens``,
 ``exclude_input_in_output`` (the default of the input of that name), ``tokenizer`` (a
 folder beside config.pbtxt), ``weights`` (the decoder's folder in the version folder),
@@ -281,7 +281,7 @@ def _integer(params: dict[str, str], name: str, default: int) -> int:
 
 def _overhead(text: str) -> float | None:
     """``max_prefill_overhead``: a fraction >= 0, ``off`` (no cap but the token budget), or
-    empty (the default)."""
+    empty (the default, ``off``)."""
     if not text.strip():
         return PREFILL_OVERHEAD
     if text.strip().lower() == "off":
