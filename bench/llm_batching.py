@@ -6,6 +6,7 @@ tiny_llm, with NVIDIA's tritonclient (gRPC streams: one response per token).
                                  [--concurrency 1,8,16,32] [--requests-per-client 12]
                                  [--max-tokens 8,16,32,64,128,256] [--slots 32] [--json OUT]
                                  [--max-num-batched-tokens N] [--width W --layers L]
+                                 [--max-prefill-overhead 0.1,off]
 
 For each batching mode (the model's ``batching_mode`` parameter) it copies tiny_llm into a
 temporary repository, starts ``python -m nursery serve`` on free loopback ports and, at each
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import shutil
 import statistics
@@ -67,7 +69,7 @@ class Trace:
 
 
 def with_mode(repo: Path, mode: str, slots: int, process: bool = False,
-              width: int = 0, layers: int = 0, budget: int = 0) -> None:
+              width: int = 0, layers: int = 0, budget: int = 0, overhead: str = "") -> None:
     source = ROOT / "model_repository" / MODEL
     shutil.copytree(source, repo / MODEL)
     if width:  # a wider decoder: its step, not the serving path, sets the pace
@@ -88,6 +90,9 @@ def with_mode(repo: Path, mode: str, slots: int, process: bool = False,
     if budget:  # the decode step's token budget (chunked prefill; default: max_slots)
         lines.append(f'parameters {{ key: "max_num_batched_tokens" value: {{ string_value: '
                      f'"{budget}" }} }}')
+    if overhead:  # continuous mode's prefill cap (default: the model's, 0.1)
+        lines.append(f'parameters {{ key: "max_prefill_overhead" value: {{ string_value: '
+                     f'"{overhead}" }} }}')
     (repo / MODEL / "config.pbtxt").write_text("\n".join(lines) + "\n")
 
 
@@ -98,7 +103,9 @@ def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInpu
 
 
 def client_run(url: str, worker: int, count: int, lengths: list[int], seed: int,
-               traces: list[Trace], start: threading.Barrier) -> None:
+               traces: list[Trace], start: threading.Barrier, cpus: set[int]) -> None:
+    if cpus:  # this thread, and the client library's threads it starts, on these cores only
+        os.sched_setaffinity(0, cpus)
     client = grpcclient.InferenceServerClient(url)
     answers: queue.Queue[tuple[float, Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put(
@@ -146,7 +153,8 @@ def measure(server: ServerProcess, concurrency: int, args: argparse.Namespace
     traces: list[Trace] = []
     start = threading.Barrier(concurrency + 1)
     threads = [threading.Thread(target=client_run, args=(
-        url, w, args.requests_per_client, args.lengths, args.seed, traces, start))
+        url, w, args.requests_per_client, args.lengths, args.seed, traces, start,
+        args.client_cpus))
         for w in range(concurrency)]
     for t in threads:
         t.start()
@@ -201,27 +209,40 @@ def main() -> None:
                         help="the model's max_num_batched_tokens: tokens a decode step runs "
                         "at most, decodes first, then prompt chunks (0: the model's default, "
                         "max_slots)")
+    parser.add_argument("--max-prefill-overhead", default="",
+                        help="comma-separated values of the model's max_prefill_overhead "
+                        "(continuous mode's prefill cap; 'off': the token budget only): "
+                        "continuous batching runs once per value, labelled continuous@VALUE "
+                        "(empty: the model's default)")
+    parser.add_argument("--client-cpus", default="",
+                        help="comma-separated CPU numbers the client threads run on (Linux; "
+                        "empty: any): keeps the measuring clients off the server's cores")
     args = parser.parse_args()
+    args.client_cpus = {int(c) for c in args.client_cpus.split(",") if c}
     args.lengths = [int(x) for x in args.max_tokens.split(",")]
     modes = args.modes.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
     rows: list[dict[str, Any]] = []
     print("| mode | C | requests | output tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
     print("|---|---|---|---|---|---|")
-    for mode in modes:
+    overheads = args.max_prefill_overhead.split(",") if args.max_prefill_overhead else [""]
+    runs = [(f"{mode}@{o}" if o and mode == "continuous" and len(overheads) > 1 else mode,
+             mode, o if mode == "continuous" else "")
+            for mode in modes for o in (overheads if mode == "continuous" else [""])]
+    for label, mode, overhead in runs:
         with tempfile.TemporaryDirectory() as tmp:
             repo = Path(tmp) / "repo"
             repo.mkdir()
             with_mode(repo, mode, args.slots, args.process, args.width, args.layers,
-                      args.max_num_batched_tokens)
+                      args.max_num_batched_tokens, overhead)
             server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
             try:
                 server.wait_ready()
                 warm_up(server)
                 for c in levels:
-                    row = {"mode": mode, **measure(server, c, args)}
+                    row = {"mode": label, **measure(server, c, args)}
                     rows.append(row)
-                    print(f"| {mode} | {c} | {row['requests']} | {row['tokens_per_s']:.0f} | "
+                    print(f"| {label} | {c} | {row['requests']} | {row['tokens_per_s']:.0f} | "
                           f"{row['ttft_p50_ms']:.1f} / {row['ttft_p99_ms']:.1f} | "
                           f"{row['itl_p50_ms']:.2f} / {row['itl_p99_ms']:.2f} |", flush=True)
             finally:
@@ -229,8 +250,16 @@ def main() -> None:
                 if code != 0:
                     print(server.log()[-3000:], file=sys.stderr)
     by = {(r["mode"], r["concurrency"]): r for r in rows}
+    for label, _, _ in runs:
+        if label.startswith("continuous"):
+            ratios(by, label, levels)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def ratios(by: dict[tuple[str, int], dict[str, Any]], label: str, levels: list[int]) -> None:
     for c in levels:
-        cont = by.get(("continuous", c))
+        cont = by.get((label, c))
         if cont is None:
             continue
         notes = []
@@ -242,9 +271,7 @@ def main() -> None:
         if static:
             notes.append(f"p99 ITL {cont['itl_p99_ms']:.2f} vs static {static['itl_p99_ms']:.2f} ms")
         if notes:
-            print(f"C={c}: continuous = " + ", ".join(notes))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+            print(f"C={c}: {label} = " + ", ".join(notes))
 
 
 if __name__ == "__main__":

@@ -106,7 +106,9 @@ def config_pbtxt(name: str = "tiny_llm", mode: str = "continuous", slots: int = 
              "input [", ",\n".join(inputs), "]", "output [", ",\n".join(outputs), "]",
              "instance_group [ { count: 1 kind: KIND_CPU } ]",
              "# batching_mode: continuous | static | sequential (docs/llm.md);",
-             "# max_num_batched_tokens (tokens a decode step runs, chunked prefill): max_slots"]
+             "# max_num_batched_tokens (tokens a decode step runs, chunked prefill): max_slots;",
+             "# max_prefill_overhead (continuous: a step with prompt tokens costs at most",
+             "# this much more than its decode rows alone): off"]
     lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
               for k, v in params.items()]
     return "\n".join(lines) + "\n"

@@ -10,9 +10,13 @@ layer together: one product per weight over all of them, one scatter of their ke
 into their slots' caches, then each row attends to its own slot's cache up to its own
 position; the masks, positions and LoRA row groups are laid out once per step, not per layer.
 It returns one row of logits per decoding slot and one per chunk (its last position). The
-decoding rows' attention reads the cache through a view of the slot range it needs (no copy):
-rows of that range that are not in the batch cost a few wasted multiplications, never a
-gather of the cache; a chunk's reads its own slot's cache (a view), with its causal mask.
+decoding rows' attention reads the cache through views (no copy, no gather), one of two ways
+chosen per step: over the slot range in one batched product, every row padded to the longest
+row's width (slots of the range not in the batch cost a few wasted multiplications), or row
+by row, each over its own slot up to its own position, when the padding would read much
+more of the cache than the rows need (mixed lengths: the reads, which come from memory, are
+what the step pays for); a chunk's reads its own slot's cache (a view), with its causal
+mask.
 Attention stays per kind because it is per slot: padding every slot's queries to the longest
 chunk, to run decode rows and chunks in one batched product, costs more than it saves.
 ``prefill`` and ``decode`` are the two halves alone.
@@ -93,8 +97,25 @@ def _softmax(scores: np.ndarray) -> None:
     scores /= scores.sum(-1, keepdims=True)
 
 
-# the decode rows' attention, built once per step (Decoder._span)
-_Span = tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray]
+# padding (cache positions per decode row) past which a step's decode rows attend row by row
+RAGGED_ROWS = 16
+
+
+@dataclass(frozen=True)
+class _Span:
+    """The decode rows' attention, built once per step (``Decoder._span``): the slot range
+    ``lo .. hi`` and the widest row's ``width``; ``rows``: ``(slot, positions)`` of each row
+    when they attend row by row (None: over the span together); ``where``: each row's place
+    in the span; ``mask``: per span slot (or per row), the positions it may not see;
+    ``buffer``: the span's queries, or the rows' scores."""
+
+    lo: int
+    hi: int
+    width: int
+    where: np.ndarray
+    mask: np.ndarray
+    buffer: np.ndarray
+    rows: list[tuple[int, int]] | None
 
 
 @dataclass(frozen=True)
@@ -171,6 +192,7 @@ class Decoder:
         self.v = [np.zeros(shape, np.float32) for _ in self.layers]
         self.lengths = np.zeros(slots, np.int64)
         self._scale = np.float32(1.0 / np.sqrt(self.head_dim))
+        self.ragged_rows = RAGGED_ROWS
 
     # -- the entry points -------------------------------------------------------------------
 
@@ -188,7 +210,8 @@ class Decoder:
         together: one product per weight over all of them, one scatter of their keys and
         values into their slots' caches at their positions; then each row attends to its own
         slot's cache up to its own position (the decode rows in one batched product over the
-        span of their slots, each chunk over its slot's cache with its causal mask)."""
+        span of their slots or row by row, each chunk over its slot's cache with its causal
+        mask)."""
         rows = self._rows(slots, tokens, adapters, prefills)
         count, eps = len(rows.tokens), self.config.layer_norm_epsilon
         x = self.embed[rows.tokens] + self.pos[rows.positions]
@@ -266,33 +289,58 @@ class Decoder:
     # -- attention --------------------------------------------------------------------------
 
     def _span(self, slot_ix: np.ndarray, positions: np.ndarray) -> _Span:
-        """What the decode rows' attention reads, built once per step: the slot range, the
-        width, each row's place in the range, the mask, a query buffer for the range."""
+        """What the decode rows' attention reads, built once per step. Two ways, whichever
+        reads less of the cache: the *span* (one batched product over the slot range, each
+        row padded to the longest row's width: few calls, but every row reads the longest
+        row's keys) or *rows* (a product per row over its own slot up to its own position:
+        a call per row and layer, no padding). With mixed lengths the cache reads, not the
+        calls, are the cost of a decode step's attention (they come from memory, not from
+        the processor's caches), so ``rows`` is taken when the padding would read more than
+        ``ragged_rows`` (``RAGGED_ROWS``) positions per row beyond what the rows need."""
         lo, hi = int(slot_ix.min()), int(slot_ix.max()) + 1
         width = int(positions.max()) + 1
-        where = slot_ix - lo
-        # per slot of the span: how far it may look (slots of the span not in the batch: 0)
-        limit = np.zeros(hi - lo, np.int64)
-        limit[where] = positions
+        ragged = (hi - lo) * width - (int(positions.sum()) + len(slot_ix)) \
+            > self.ragged_rows * len(slot_ix)
+        if ragged:
+            limit, where = positions, np.arange(len(slot_ix))
+            buffer = np.zeros((len(slot_ix), self.heads, 1, width), np.float32)  # scores
+        else:
+            where = slot_ix - lo
+            # per slot of the span: how far it may look (slots not in the batch: 0)
+            limit = np.zeros(hi - lo, np.int64)
+            limit[where] = positions
+            buffer = np.zeros((hi - lo, self.heads, 1, self.head_dim), np.float32)  # queries
         mask = np.where(np.arange(width)[None, :] > limit[:, None], -np.inf, 0.0
                         ).astype(np.float32)[:, None, None, :]
-        q_span = np.zeros((hi - lo, self.heads, 1, self.head_dim), np.float32)
-        return lo, hi, width, where, mask, q_span
+        return _Span(lo, hi, width, where, mask, buffer,
+                     [(int(s), int(n) + 1) for s, n in zip(slot_ix, positions, strict=True)]
+                     if ragged else None)
 
     def _attend(self, i: int, q: np.ndarray, rows: _Rows, out: np.ndarray) -> None:
         """Layer ``i``'s attention for every row (``q``: ``[rows, H, hd]``; the rows' keys and
         values are in the cache already) into ``out``: each row over its own slot's cache up
         to its own position."""
-        if rows.span is not None:
-            lo, hi, width, where, mask, q_span = rows.span
-            q_span[where, :, 0] = q[:rows.batch]
-            keys = self.k[i][lo:hi, :, :width]  # views: [span, H, width, hd]
-            values = self.v[i][lo:hi, :, :width]
+        span = rows.span
+        if span is not None and span.rows is not None:  # a product per row, its own width
+            scores, k, v = span.buffer, self.k[i], self.v[i]
+            for r, (slot, n) in enumerate(span.rows):
+                np.matmul(q[r, :, None, :], k[slot, :, :n].transpose(0, 2, 1),
+                          out=scores[r, :, :, :n])
+            scores *= self._scale
+            scores += span.mask  # what a row did not compute is masked out
+            _softmax(scores)
+            for r, (slot, n) in enumerate(span.rows):
+                np.matmul(scores[r, :, :, :n], v[slot, :, :n], out=out[r, :, None, :])
+        elif span is not None:
+            q_span = span.buffer
+            q_span[span.where, :, 0] = q[:rows.batch]
+            keys = self.k[i][span.lo:span.hi, :, :span.width]  # views: [span, H, width, hd]
+            values = self.v[i][span.lo:span.hi, :, :span.width]
             scores = np.matmul(q_span, keys.transpose(0, 1, 3, 2))
             scores *= self._scale
-            scores += mask
+            scores += span.mask
             _softmax(scores)
-            out[:rows.batch] = np.matmul(scores, values)[where, :, 0]
+            out[:rows.batch] = np.matmul(scores, values)[span.where, :, 0]
         for first, n, slot, start, causal in rows.chunks:
             # a chunk at positions start .. start + n: each position attends to every one
             # before it, of earlier chunks and its own (causally)

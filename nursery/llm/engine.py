@@ -5,8 +5,11 @@ slots freed; (2) the slot scheduler admits waiting requests into free slots (eve
 ``continuous`` mode); (3) one forward pass gives every decoding sequence its next token and
 runs prompt tokens of the admitted ones, as many as the step's token budget leaves (chunked
 prefill: a long prompt is spread over several steps, so it never stalls the sequences
-already decoding for more than a budget's worth of rows); a sequence whose last prompt chunk
-ran gets its first token; a sequence that ends (end-of-sequence token, stop string,
+already decoding for more than a budget's worth of rows) and, in ``continuous`` mode with
+``prefill_overhead`` set, no more than keeps the step within ``1 + prefill_overhead`` times
+what its decode rows cost alone (``slots.prefill_cap``, from the cost of the steps measured so far: the decode
+thread's CPU time per pass, so a busy machine's preemptions do not count); a sequence whose
+last prompt chunk ran gets its first token; a sequence that ends (end-of-sequence token, stop string,
 ``max_tokens``) leaves at once and its slot is free for the next step. A pass that fails is
 run again in parts, so that only the sequences whose part fails again end with the error.
 
@@ -21,19 +24,26 @@ public so tests drive the loop synchronously, without the thread.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TextIO
 
 import numpy as np
 
 from nursery.llm.sampling import Sampler, SamplingParams, TextStream
-from nursery.llm.slots import SlotScheduler, plan_prefill
+from nursery.llm.slots import SlotScheduler, StepCost, plan_prefill, prefill_cap
 
 log = logging.getLogger("nursery.llm")
+
+# what a continuous step that carries prompt tokens may cost beyond its decode rows alone
+# (None: no cap but the token budget; measured in bench/README.md, where a cap cost more
+# throughput and time to first token than it gave in inter-token latency)
+PREFILL_OVERHEAD: float | None = None
 
 
 class BatchModel(Protocol):
@@ -96,7 +106,9 @@ class DecodeLoop:
                  seed: int | None = None, name: str = "llm",
                  observe: Callable[[DecodeLoop], None] | None = None,
                  token_budget: int | None = None,
-                 coalesce: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
+                 coalesce: Callable[[], AbstractContextManager[object]] = nullcontext,
+                 prefill_overhead: float | None = PREFILL_OVERHEAD,
+                 clock: Callable[[], float] = time.thread_time) -> None:
         self.model = model
         self.token_bytes = token_bytes
         self.scheduler: SlotScheduler[Job] = SlotScheduler(slots, mode)
@@ -105,6 +117,21 @@ class DecodeLoop:
         self.token_budget = slots if token_budget is None else token_budget
         if self.token_budget < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {token_budget}")
+        # continuous mode: a step with prompt tokens beside decode rows costs at most
+        # 1 + prefill_overhead times what its decode rows cost alone (None: the budget only)
+        if prefill_overhead is not None and not prefill_overhead >= 0:
+            raise ValueError(f"max_prefill_overhead must be >= 0, got {prefill_overhead}")
+        self.prefill_overhead = prefill_overhead
+        self.cost = StepCost()
+        self.clock = clock
+        # NURSERY_LLM_TRACE=PATH: a line per step appended to PATH.<pid> (a debugging aid,
+        # bench/README.md): its start, wall and CPU seconds, the forward pass's wall and
+        # clock seconds, decode rows, prompt tokens, cache positions read, the prefill cap
+        self.trace: TextIO | None = None
+        self._pass = (0.0, 0.0)
+        if os.environ.get("NURSERY_LLM_TRACE"):
+            self.trace = open(f"{os.environ['NURSERY_LLM_TRACE']}.{os.getpid()}", "a",  # noqa: SIM115
+                              buffering=1)
         self.coalesce = coalesce
         self.eos_ids = frozenset(eos_ids)
         self.name = name
@@ -137,6 +164,9 @@ class DecodeLoop:
             self._take(block=False)
             for job in [*self.scheduler.waiting, *self.scheduler.active]:
                 self._end(job, "error", "the model is unloading")
+            if self.trace is not None:
+                self.trace.close()
+                self.trace = None
 
     def _run(self) -> None:
         while not self._closed:
@@ -167,6 +197,9 @@ class DecodeLoop:
         self._take(block=False)
 
     def step(self) -> None:
+        trace = self.trace
+        if trace is not None:
+            began, cpu = time.perf_counter(), time.thread_time()
         self.steps += 1
         with self.coalesce():
             for job in [*self.scheduler.waiting, *self.scheduler.active]:
@@ -180,24 +213,42 @@ class DecodeLoop:
                 else:  # nothing to attend to: it cannot start
                     self._end(job, "error", "a prompt must have at least one token")
         prefilling = [s for s in self._running.values() if not s.decoding]  # admission order
+        reads = sum(len(s.job.prompt) + len(s.generated) for s in decoding)
+        cap = None
+        if self.prefill_overhead is not None and self.scheduler.mode == "continuous":
+            cap = prefill_cap(self.cost, len(decoding), reads, self.prefill_overhead)
         plan = plan_prefill(self.token_budget, len(decoding),
-                            [len(s.job.prompt) - s.fed for s in prefilling])
+                            [len(s.job.prompt) - s.fed for s in prefilling], cap)
         chunks = [(s, n) for s, n in zip(prefilling, plan, strict=True) if n]
         if decoding or chunks:
             with self.coalesce():  # what this step sends, sent together
                 self._forward(decoding, chunks)
         if self.observe is not None:
             self.observe(self)
+        if trace is not None:
+            trace.write(f"{began:.6f} {time.perf_counter() - began:.6f} "
+                        f"{time.thread_time() - cpu:.6f} {self._pass[0]:.6f} {self._pass[1]:.6f} "
+                        f"{len(decoding)} {sum(n for _, n in chunks)} {reads} "
+                        f"{-1 if cap is None else cap}\n")
+            self._pass = (0.0, 0.0)
 
     @staticmethod
     def _piece(seq: _Sequence, n: int) -> tuple[int, Sequence[int], int, int]:
         return seq.slot, seq.job.prompt[seq.fed:seq.fed + n], seq.job.adapter, seq.fed
 
     def _forward(self, decoding: list[_Sequence], chunks: list[tuple[_Sequence, int]]) -> None:
+        pieces = [self._piece(s, n) for s, n in chunks]
         try:
+            began, wall = self.clock(), time.perf_counter()
             decoded, prefilled = self.model.step(
                 [s.slot for s in decoding], [s.last for s in decoding],
-                [s.job.adapter for s in decoding], [self._piece(s, n) for s, n in chunks])
+                [s.job.adapter for s in decoding], pieces)
+            self._pass = (time.perf_counter() - wall, self.clock() - began)
+            # what the pass cost, for the prefill cap: its rows and the cache positions its
+            # decode rows read (a chunk's own attention is left in the per-row part)
+            self.cost.observe(len(decoding) + sum(n for s, n in chunks),
+                              sum(len(s.job.prompt) + len(s.generated) for s in decoding),
+                              self.clock() - began)
             rows: list[np.ndarray | None] = [*decoded, *prefilled]
         except Exception:  # noqa: BLE001 - find whose rows failed: they alone pay for it
             log.exception("%s: decode step failed; running its parts apart", self.name)

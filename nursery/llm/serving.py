@@ -17,7 +17,10 @@ stop string), the last with the final flag. Otherwise one final response with ev
 Model configuration ``parameters``: ``batching_mode`` (continuous | static | sequential),
 ``max_slots`` (sequences decoded together), ``max_num_batched_tokens`` (tokens one decode
 step runs at most: every decoding sequence's next one, then prompt tokens, so a long prompt
-is spread over several steps; default ``max_slots``), ``default_max_tokens``,
+is spread over several steps; default ``max_slots``), ``max_prefill_overhead`` (continuous
+mode: a step that runs prompt tokens beside decoding sequences costs at most this fraction
+more than their decoding alone, by the loop's measured step cost; default ``off``: the
+token budget only), ``default_max_tokens``,
 ``exclude_input_in_output`` (the default of the input of that name), ``tokenizer`` (a
 folder beside config.pbtxt), ``weights`` (the decoder's folder in the version folder),
 ``seed`` (for requests without one), ``blas_threads`` (OpenBLAS's thread count for the
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from nursery.llm.decoder import Decoder, load_decoder, set_blas_threads
-from nursery.llm.engine import Chunk, DecodeLoop, Job
+from nursery.llm.engine import PREFILL_OVERHEAD, Chunk, DecodeLoop, Job
 from nursery.llm.sampling import SamplingParams
 from nursery.llm.tokenizer import ByteBPETokenizer
 from nursery.llm.weights import load_adapter, read_multi_lora
@@ -81,6 +84,7 @@ class DecoderServer:
                     for name, folder in read_multi_lora(version_dir).items()]
         slots = _integer(params, "max_slots", 32)
         budget = _integer(params, "max_num_batched_tokens", slots)
+        overhead = _overhead(params.get("max_prefill_overhead") or "")
         if params.get("blas_threads"):
             set_blas_threads(int(params["blas_threads"]))
         self.decoder: Decoder = load_decoder(version_dir / (params.get("weights") or "."), slots,
@@ -96,6 +100,7 @@ class DecoderServer:
                                params.get("batching_mode") or "continuous", eos,
                                seed=int(seed) if seed else None, name=self.model_name,
                                observe=self._metrics.update, token_budget=budget,
+                               prefill_overhead=overhead,
                                # a step's responses travel together where the server can
                                coalesce=getattr(pb_utils, "coalesce_responses", nullcontext))
         self.loop.start()
@@ -272,6 +277,23 @@ def _integer(params: dict[str, str], name: str, default: int) -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"parameter {name!r} must be an integer, got {text!r}") from None
+
+
+def _overhead(text: str) -> float | None:
+    """``max_prefill_overhead``: a fraction >= 0, ``off`` (no cap but the token budget), or
+    empty (the default, ``off``)."""
+    if not text.strip():
+        return PREFILL_OVERHEAD
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"parameter 'max_prefill_overhead' must be a number >= 0 or 'off', "
+                         f"got {text!r}")
+    return value
 
 
 def _text(value: Any, name: str) -> str:

@@ -13,34 +13,121 @@ A slot is the lowest free number, so the active slots stay packed at the low end
 decoder's attention reads the span of active slots).
 
 ``plan_prefill`` is the other half of a step's policy (chunked prefill): how many prompt
-tokens each admitted sequence runs in a step, under the per-step token budget.
+tokens each admitted sequence runs in a step, under the per-step token budget and, in
+``continuous`` mode, under a cap that keeps the running sequences' inter-token latency:
+``StepCost`` learns what a step costs from the steps the loop measured (a fixed part, a
+part per row, a part per cache position the attention reads) and ``prefill_cap`` gives the
+prompt tokens a step may carry beside its decode rows so that it costs at most
+``1 + overhead`` times what those decode rows cost alone (stall-free batching, as
+Sarathi-Serve's token budget, but derived from the measured cost).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
+import numpy as np
+
 MODES = ("continuous", "static", "sequential")
 
 
-def plan_prefill(budget: int, decoding: int, remaining: Sequence[int]) -> list[int]:
+def plan_prefill(budget: int, decoding: int, remaining: Sequence[int],
+                 cap: int | None = None) -> list[int]:
     """Chunked prefill: a step runs every decoding sequence's next token (``decoding`` of
-    them) and at most ``budget - decoding`` prompt tokens, given to the prompts in
-    ``remaining`` (each one's tokens not yet run, in admission order) first come, first
-    served. While a prompt waits, at least one of its tokens runs in every step, so no budget
-    starves it. Returns how many tokens of each prompt run now (a 0 runs nothing)."""
+    them) and at most ``budget - decoding`` prompt tokens (and at most ``cap``, when given),
+    given to the prompts in ``remaining`` (each one's tokens not yet run, in admission order)
+    first come, first served. While a prompt waits, at least one of its tokens runs in every
+    step, so no budget or cap starves it. Returns how many tokens of each prompt run now (a
+    0 runs nothing)."""
     if budget < 1:
         raise ValueError(f"the token budget must be at least 1, got {budget}")
-    left = max(budget - decoding, 1 if any(remaining) else 0)
+    room = budget - decoding if cap is None else min(budget - decoding, cap)
+    left = max(room, 1 if any(remaining) else 0)
     plan = []
     for want in remaining:
         take = min(want, left)
         plan.append(take)
         left -= take
     return plan
+
+class StepCost:
+    """What a decode step costs, learned from the steps measured: ``seconds = fixed +
+    per_row * rows + per_read * reads`` (``rows``: tokens the step runs, decode rows and
+    prompt tokens; ``reads``: cache positions its decode rows' attention reads; a prompt
+    chunk's attention, over its own short past, is left in the per-row part), fitted by
+    weighted least squares, older steps weighing less (``memory``: the weight a step keeps
+    per step after it), so the fit follows the machine. A part the steps cannot tell apart
+    from the fixed one (the row counts, or the reads, hardly varied) is not guessed: without
+    varied row counts there is no fit (``coef`` None), without varied reads the fit has no
+    part per read. Pure: the caller measures and says what it measured."""
+
+    def __init__(self, memory: float = 0.98, warmup: int = 8) -> None:
+        if not 0 < memory <= 1:
+            raise ValueError(f"memory must be in (0, 1], got {memory}")
+        self.memory = memory
+        self.warmup = warmup
+        self.seen = 0
+        self._xx = np.zeros((3, 3))  # the weighted normal equations
+        self._xy = np.zeros(3)
+        self.coef: tuple[float, float, float] | None = None
+
+    def observe(self, rows: int, reads: int, seconds: float) -> None:
+        if rows < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        x = np.array([1.0, rows, reads])
+        self._xx = self._xx * self.memory + np.outer(x, x)
+        self._xy = self._xy * self.memory + x * seconds
+        self.seen += 1
+        self.coef = self._solve() if self.seen >= self.warmup else None
+
+    def _solve(self) -> tuple[float, float, float] | None:
+        n = self._xx[0, 0]
+        mean = self._xx[0, 1:] / n
+        cov = self._xx[1:, 1:] / n - np.outer(mean, mean)  # of rows and reads
+        if cov[0, 0] < 0.25:  # rows varied by less than half a row: per row unknown
+            return None
+        # reads that hardly varied, or varied with the rows alone, cannot be told apart
+        partial = cov[1, 1] - cov[0, 1] ** 2 / cov[0, 0]
+        use = [0, 1, 2] if partial > 1e-6 * (1.0 + mean[1] ** 2) else [0, 1]
+        try:
+            solved = np.linalg.solve(self._xx[np.ix_(use, use)], self._xy[use])
+        except np.linalg.LinAlgError:
+            return None
+        coef = [0.0, 0.0, 0.0]
+        for i, value in zip(use, solved, strict=True):
+            coef[i] = float(value)
+        if not all(math.isfinite(c) for c in coef) or coef[1] <= 0:
+            return None
+        return coef[0], coef[1], coef[2]
+
+    def predict(self, rows: int, reads: int) -> float | None:
+        if self.coef is None:
+            return None
+        fixed, per_row, per_read = self.coef
+        return fixed + per_row * rows + per_read * reads
+
+
+def prefill_cap(cost: StepCost, decoding: int, reads: int, overhead: float) -> int | None:
+    """Prompt tokens a step may run beside ``decoding`` decode rows (their attention reading
+    ``reads`` cache positions) so that it costs at most ``1 + overhead`` times what the
+    decode rows cost alone: by ``cost``'s fit, ``overhead * alone / per_row``; without a fit
+    (the first steps, or steps that did not vary enough to tell a row's cost), the cap that
+    holds for any cost with nothing but non-negative parts, ``overhead * decoding`` (as if
+    all the cost were per row). None (no cap) when nothing decodes: no one waits on the
+    step. ``plan_prefill`` still runs one token at least, so a cap of 0 slows a prompt
+    down, never stops it."""
+    if decoding < 1 or overhead < 0:
+        return None
+    safe = int(overhead * decoding)
+    alone = cost.predict(decoding, reads)
+    if alone is None or cost.coef is None:
+        return safe
+    return max(safe, int(overhead * alone / cost.coef[1]))
+
 
 K = TypeVar("K", bound=Hashable)
 

@@ -294,7 +294,11 @@ def test_in_a_stub_process_streams_and_cancels_the_same(
      "batching_mode must be one of continuous, static, sequential; got 'eager'"),
     ("max_num_batched_tokens", "0", "max_num_batched_tokens must be at least 1, got 0"),
     ("max_num_batched_tokens", "lots",
-     "parameter 'max_num_batched_tokens' must be an integer, got 'lots'")])
+     "parameter 'max_num_batched_tokens' must be an integer, got 'lots'"),
+    ("max_prefill_overhead", "-0.5",
+     "parameter 'max_prefill_overhead' must be a number >= 0 or 'off', got '-0.5'"),
+    ("max_prefill_overhead", "some",
+     "parameter 'max_prefill_overhead' must be a number >= 0 or 'off', got 'some'")])
 def test_a_bad_batching_parameter_fails_the_load_with_its_reason(
         parameter: str, value: str, reason: str,
         tmp_path_factory: pytest.TempPathFactory) -> None:

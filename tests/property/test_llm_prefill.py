@@ -153,3 +153,26 @@ def test_a_fused_step_equals_its_decode_rows_and_chunks_run_apart(
     if live:
         np.testing.assert_allclose(fused.decode(live, [3] * len(live)),
                                    apart.decode(live, [3] * len(live)), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), slots=st.integers(1, 6))
+def test_decode_rows_attend_alike_over_the_span_and_row_by_row(
+        data: st.DataObject, slots: int) -> None:
+    """The decode rows' two ways of attending (one product over the slot span, each row
+    padded to the widest; or a product per row over its own length) give the same logits
+    and leave the same caches, for any slots, lengths and subset of decoding rows."""
+    ids = st.lists(st.integers(2, CONFIG.vocab_size - 1), min_size=1, max_size=30)
+    prompts = data.draw(st.lists(ids, min_size=slots, max_size=slots), "prompts")
+    rows = sorted(data.draw(st.sets(st.integers(0, slots - 1), min_size=1), "decoding"))
+    tokens = data.draw(st.lists(st.integers(2, CONFIG.vocab_size - 1), min_size=len(rows),
+                                max_size=len(rows)), "tokens")
+    got = []
+    for ragged in (10**9, -10**9):  # never row by row; always
+        model = Decoder(CONFIG, weights(), slots, ADAPTERS)
+        for slot, prompt in enumerate(prompts):
+            model.prefill(slot, prompt)
+        model.ragged_rows = ragged
+        got.append((model.decode(rows, tokens), model.decode(rows, tokens[::-1])))
+    for a, b in zip(*got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

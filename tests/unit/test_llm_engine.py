@@ -80,7 +80,9 @@ def letters(token: int) -> bytes:
 def loop_with(slots: int, mode: str = "continuous", eos: tuple[int, ...] = (),
               budget: int | None = None) -> tuple[DecodeLoop, ScriptedModel]:
     model = ScriptedModel()
-    return DecodeLoop(model, letters, slots, mode, eos_ids=eos, token_budget=budget), model
+    # the token budget alone: the prefill cap follows measured costs (test_llm_prefill_cap)
+    return DecodeLoop(model, letters, slots, mode, eos_ids=eos, token_budget=budget,
+                      prefill_overhead=None), model
 
 
 def step(loop: DecodeLoop) -> None:
