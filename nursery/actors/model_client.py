@@ -171,6 +171,31 @@ class ModelClient:
 
         return abandon
 
+    def dispatch_holding(self, request: InferenceRequest, handle: ModelHandle,
+                         on_answer: Callable[[Any], None],
+                         release: Callable[[], None]) -> Callable[[], None] | None:
+        """:meth:`dispatch` for a frontend that holds something for the request (its
+        shared-memory regions, a drain count): ``release`` runs when the request is not
+        queued (refused, or not taken here: None) or is abandoned. Once answered,
+        ``on_answer`` releases it itself."""
+        try:
+            abandon = self.dispatch(request, handle, on_answer)
+        except NurseryError:
+            abandon = None
+        except BaseException:
+            release()
+            raise
+        if abandon is None:
+            release()
+            return None
+        queued = abandon
+
+        def abandoned() -> None:
+            queued()
+            release()
+
+        return abandoned
+
     def _left(self, name: str) -> None:
         left = self.in_flight[name] - 1
         if left:

@@ -56,6 +56,19 @@ requests = st.lists(st.tuples(st.lists(st.integers(2, CONFIG.vocab_size - 1), mi
                     min_size=1, max_size=6)
 
 
+def run_arrivals(loop: DecodeLoop, jobs: list[Job], waits: list[int]) -> None:
+    """Submit each job once the loop has taken ``waits[i]`` steps (arrival order: by wait),
+    then step until every job is done."""
+    for i in sorted(range(len(jobs)), key=lambda i: waits[i]):
+        while loop.steps < waits[i]:
+            loop.pending()
+            loop.step()
+        loop.submit(jobs[i])
+    loop.pending()
+    while not loop.scheduler.idle:
+        loop.step()
+
+
 @settings(max_examples=150, deadline=None)
 @given(requests=requests, budget=st.integers(1, 48), slots=st.integers(1, 4),
        mode=st.sampled_from(["continuous", "continuous", "static"]))
@@ -75,15 +88,7 @@ def test_chunked_prefill_gives_every_request_its_tokens_alone(
 
     jobs = [Job(prompt, n, emit(i), SamplingParams(temperature=0.0), lora)
             for i, (prompt, n, lora, _) in enumerate(requests)]
-    waits = [wait for *_, wait in requests]
-    for i in sorted(range(len(jobs)), key=lambda i: waits[i]):  # arrival order: by wait
-        while loop.steps < waits[i]:
-            loop.pending()
-            loop.step()
-        loop.submit(jobs[i])
-    loop.pending()
-    while not loop.scheduler.idle:
-        loop.step()
+    run_arrivals(loop, jobs, [wait for *_, wait in requests])
     for i, (prompt, n, lora, _) in enumerate(requests):
         text = "".join(c.text for c in got[i])
         assert [int(t) for t in text.split()] == list(alone(tuple(prompt), n, lora)), i

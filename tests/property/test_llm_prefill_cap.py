@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from nursery.llm.engine import Chunk, DecodeLoop, Job
 from nursery.llm.sampling import SamplingParams
 from nursery.llm.slots import StepCost, plan_prefill, prefill_cap
+from tests.property.test_llm_prefill import run_arrivals
 from tests.unit.test_llm_engine import ScriptedModel, letters
 
 costs = st.tuples(st.floats(1e-4, 2e-2), st.floats(1e-5, 2e-3), st.floats(0.0, 1e-5))
@@ -148,14 +149,7 @@ def test_on_a_virtual_clock_prompts_never_stall_decoding_beyond_the_overhead(
     got: list[list[Chunk]] = [[] for _ in requests]
     jobs = [Job([(7 * i + j) % 40 for j in range(n)], m, got[i].append,
                 SamplingParams(temperature=0.0)) for i, (n, m, _) in enumerate(requests)]
-    for i in sorted(range(len(jobs)), key=lambda i: requests[i][2]):
-        while loop.steps < requests[i][2]:
-            loop.pending()
-            loop.step()
-        loop.submit(jobs[i])
-    loop.pending()
-    while not loop.scheduler.idle:
-        loop.step()
+    run_arrivals(loop, jobs, [wait for *_, wait in requests])
     for n, (decoding, prompt, reads, seconds) in enumerate(model.passes):
         if decoding and prompt > 1:  # from the first step: before a fit, the safe cap
             alone = linear(cost, decoding, reads)

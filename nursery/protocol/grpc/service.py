@@ -268,25 +268,11 @@ class InferenceService(services.GrpcInferenceServiceBase):
                     reply(grpclib.GRPCError(grpclib.const.Status.INTERNAL,
                                             "Internal Server Error"))
 
-        try:
-            abandon = core.client.dispatch(request, handle, answered)
-        except NurseryError:
-            abandon = None
-        except BaseException:
+        def release() -> None:
             shm.release()
             draining.leave()  # a shutdown must not wait for a request never queued
-            raise
-        if abandon is None:
-            shm.release()
-            draining.leave()
-            return None
 
-        def abandoned() -> None:
-            abandon()
-            shm.release()
-            draining.leave()
-
-        return abandoned
+        return core.client.dispatch_holding(request, handle, answered, release)
 
     async def _stream_rpc(
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]

@@ -374,23 +374,7 @@ def infer_now(
             hold.release()
         reply(response)
 
-    try:
-        abandon = core.client.dispatch(request, handle, answered)
-    except NurseryError:
-        abandon = None
-    except BaseException:
-        hold.release()
-        raise
-    if abandon is None:
-        hold.release()
-        return None
-    queued = abandon
-
-    def abandoned() -> None:
-        queued()
-        hold.release()
-
-    return abandoned
+    return core.client.dispatch_holding(request, handle, answered, hold.release)
 
 
 def forward_headers(forward: HeaderForward | None, headers: list[tuple[bytes, bytes]],
