@@ -194,7 +194,10 @@ class LatencyMachine(RuleBasedStateMachine):
                         and self.config.level_of(other.priority)
                         == self.config.level_of(item.priority)):
                     assert other_deadline < self.now + model.predict(rows), (
-                        f"request {other.id} skipped although it would have made its deadline")
+                        f"request {other.id} skipped although it would have made its deadline "
+                        f"(went: {item} in a batch of {rows} rows, deadline "
+                        f"{before[item.id][2]}; skipped: {other}, deadline {other_deadline}; "
+                        f"now {self.now})")
         # the doomed (predicted to miss even alone) go only when no timely request waits
         doomed_went = any(self.now + model.predict(self._rows(item)) > before[item.id][2]
                           for item, _ in dispatched)
