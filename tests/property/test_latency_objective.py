@@ -193,7 +193,9 @@ class LatencyMachine(RuleBasedStateMachine):
                 if (other_arrival < arrival and other.signature == item.signature
                         and self.config.level_of(other.priority)
                         == self.config.level_of(item.priority)):
-                    assert other_deadline < self.now + model.predict(rows), (
+                    # (a batch that held it has at least its own rows)
+                    held = max(rows, self._rows(other))
+                    assert other_deadline < self.now + model.predict(held), (
                         f"request {other.id} skipped although it would have made its deadline "
                         f"(went: {item} in a batch of {rows} rows, deadline "
                         f"{before[item.id][2]}; skipped: {other}, deadline {other_deadline}; "
@@ -202,9 +204,12 @@ class LatencyMachine(RuleBasedStateMachine):
         doomed_went = any(self.now + model.predict(self._rows(item)) > before[item.id][2]
                           for item, _ in dispatched)
         if doomed_went:
-            assert not any(self.now + model.predict(self._rows(q)) <= d
-                           for q, _, d in self.queued.values()), (
-                "a request predicted late was dispatched while a timely one waits")
+            waiting = [(q, d) for q, _, d in self.queued.values()
+                       if self.now + model.predict(self._rows(q)) <= d]
+            assert not waiting, (
+                "a request predicted late was dispatched while a timely one waits "
+                f"(went: {[(i, before[i.id][2]) for i, _ in dispatched]}; waiting: {waiting}; "
+                f"now {self.now}, free {sorted(self.free)})")
         # no starvation: nobody is held past its deadline
         assert all(d > self.now for _, _, d in self.queued.values()), "held past its deadline"
         self.wake_at = result.wake_at
