@@ -278,14 +278,8 @@ class InlinePolicy:
 
     def ran(self, ns: int, rows: int) -> None:
         self.avg_ns += (ns - self.avg_ns) / 8
-        if ns < self.below_ns:
-            self.rows_ok = max(self.rows_ok, rows)
-        elif rows <= self.rows_ok:
-            self.rows_ok = rows - 1
-        if ns < self.quiet_below_ns:
-            self.quiet_rows_ok = max(self.quiet_rows_ok, rows)
-        elif rows <= self.quiet_rows_ok:
-            self.quiet_rows_ok = rows - 1
+        self.rows_ok = _rows_below(self.rows_ok, ns, rows, self.below_ns)
+        self.quiet_rows_ok = _rows_below(self.quiet_rows_ok, ns, rows, self.quiet_below_ns)
 
     def timed(self, batch: ExecuteBatch, finished: Callable[[ExecuteBatch, Any], None],
               result: outcome.Outcome[Any]) -> None:
@@ -295,6 +289,14 @@ class InlinePolicy:
             if report is not None:
                 self.ran(report.ended_ns - report.started_ns, report.batch_size)
         finished(batch, result)
+
+
+def _rows_below(ok: int, ns: int, rows: int, bound_ns: int) -> int:
+    """The largest batch (rows) known to run below ``bound_ns``, after a batch of ``rows``
+    took ``ns``: a fast one widens it, a slow one narrows it below its own size."""
+    if ns < bound_ns:
+        return max(ok, rows)
+    return rows - 1 if rows <= ok else ok
 
 
 def _quiet(client: ModelClient, name: str, batch: ExecuteBatch) -> bool:

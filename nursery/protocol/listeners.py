@@ -63,14 +63,7 @@ class PlainStream(trio.abc.HalfCloseableStream):
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()  # found without waiting: yield
             return data
-        while True:
-            await trio.lowlevel.wait_readable(self._fd)
-            try:
-                return raw.recv(size)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise _translated(exc) from exc
+        return await self.receive_when_ready(size)
 
     async def receive_when_ready(self, max_bytes: int | None = None) -> bytes:
         """:meth:`receive_some` for a caller that knows nothing is there yet (the client

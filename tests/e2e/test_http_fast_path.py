@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import ServerProcess, make_models
+from tests.e2e.test_hostile_http import HANG
+from tests.e2e.test_hostile_http import _read_response as read_response
 
 pytestmark = pytest.mark.e2e
 
-HANG = 30
 N = 1 << 20  # elements of the big identity tensor: a 4 MiB answer
 
 
@@ -34,23 +35,12 @@ def _infer(model: str, values: np.ndarray, binary_output: bool = True) -> bytes:
             f"Inference-Header-Content-Length: {len(head)}\r\n\r\n").encode() + body
 
 
-def _read_response(s: socket.socket, buf: bytearray, pause: float = 0.0) -> tuple[bytes, bytes]:
-    """(head, body) of one response; ``pause`` seconds between reads (a slow reader)."""
-    while b"\r\n\r\n" not in buf:
-        chunk = s.recv(65536)
-        assert chunk, "the server closed the connection"
-        buf += chunk
-    end = buf.find(b"\r\n\r\n")
-    head = bytes(buf[:end]).lower()
-    length = int(_header(head, b"content-length"))
-    while len(buf) < end + 4 + length:
-        if pause:
-            time.sleep(pause)
-        chunk = s.recv(65536)
-        assert chunk, "the server closed the connection"
-        buf += chunk
-    body = bytes(buf[end + 4: end + 4 + length])
-    del buf[: end + 4 + length]
+def _response(s: socket.socket, buf: bytearray) -> tuple[bytes, bytes]:
+    """(head, body) of one whole response; the server must not close first."""
+    head, sep, body = read_response(s, buf).partition(b"\r\n\r\n")
+    assert sep, "the server closed the connection"
+    head = head.lower()
+    assert len(body) == int(_header(head, b"content-length")), "the server closed the connection"
     return head, body
 
 
@@ -99,14 +89,14 @@ def test_an_answer_larger_than_the_window_reaches_a_slow_reader(server: ServerPr
         s.sendall(_infer("big", values) + _infer("big", small))
         time.sleep(0.5)  # the server has queued as much as the socket takes by now
         buf = bytearray()
-        head, body = _read_response(s, buf)
+        head, body = _response(s, buf)
         assert head.startswith(b"http/1.1 200 ok")
         assert np.array_equal(_output(head, body), values)
-        head, body = _read_response(s, buf)
+        head, body = _response(s, buf)
         assert head.startswith(b"http/1.1 200 ok")
         assert np.array_equal(_output(head, body), small)
         s.sendall(_infer("big", small))  # the connection goes on
-        head, body = _read_response(s, buf)
+        head, body = _response(s, buf)
         assert np.array_equal(_output(head, body), small)
 
 
@@ -126,5 +116,5 @@ def test_a_request_whose_client_left_is_dropped_unrun(server: ServerProcess, res
     # the server carries on, on a fresh connection
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=HANG) as s:
         s.sendall(_infer("big", np.ones(4, dtype=np.float32)))
-        head, body = _read_response(s, bytearray())
+        head, body = _response(s, bytearray())
         assert head.startswith(b"http/1.1 200 ok")

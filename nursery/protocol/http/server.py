@@ -146,14 +146,27 @@ _IDLE, _HEAD, _BODY, _HANDLING, _SENDING = range(5)
 _MAX_REFUSING = 64  # refusals (503 then close) in flight at once; past this: close at once
 _REFUSE_GRACE = 1.0  # seconds a refused connection or a final error answer may take
 _INTERNAL_ERROR = error_body("Internal Server Error")
-
-
-def _NOT_YET() -> None:
-    """``_Connection.pending`` while a fast request is being queued."""
 _JSON = [(b"content-type", b"application/json")]
 # what a connection accepted during the shutdown's drain may ask (Kubernetes' probes)
 _PROBES = (b"/v2/health/live", b"/v2/health/ready")
 _SHUTTING_DOWN: Response = (503, _JSON, error_body("Server is shutting down"))
+
+
+def _NOT_YET() -> None:
+    """``_Connection.pending`` while a fast request is being queued."""
+
+
+def _model_version(match: re.Match[bytes]) -> tuple[str, str]:
+    """The model name (percent-decoded) and version ("" for the server's choice) of a
+    matched ``/v2/models/{m}[/versions/{v}]/...`` path."""
+    return (unquote(match.group(1).decode("latin-1")),
+            match.group(2).decode() if match.group(2) else "")
+
+
+def _log_request(head: http1.RequestHead) -> None:
+    if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
+        request_log.debug("HTTP request: %d %s", _EVHTP_METHODS.get(head.method, 16),
+                          head.path.split(b"?", 1)[0].decode("latin-1"))
 
 
 @dataclass(eq=False)
@@ -452,11 +465,8 @@ class HttpServer:
         match = _INFER.match(head.path)
         if match is None:
             return False
-        if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
-            request_log.debug("HTTP request: %d %s", _EVHTP_METHODS[b"POST"],
-                              head.path.split(b"?", 1)[0].decode("latin-1"))
-        model = unquote(match.group(1).decode("latin-1"))
-        version = match.group(2).decode() if match.group(2) else ""
+        _log_request(head)
+        model, version = _model_version(match)
         stream = conn.stream
         assert isinstance(stream, PlainStream)
         taken = False
@@ -700,9 +710,7 @@ class HttpServer:
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
                       server: Any) -> Response | Streaming:
-        if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
-            request_log.debug("HTTP request: %d %s", _EVHTP_METHODS.get(head.method, 16),
-                      head.path.split(b"?", 1)[0].decode("latin-1"))
+        _log_request(head)
         if self.restrictions:
             refused = restricted(self.restrictions, head.path, head.headers)
             if refused is not None:
@@ -714,15 +722,13 @@ class HttpServer:
         if head.method == b"POST" and self.serve_infer:
             match = _INFER.match(head.path)
             if match is not None:
-                model = unquote(match.group(1).decode("latin-1"))
-                version = match.group(2).decode() if match.group(2) else ""
+                model, version = _model_version(match)
                 return await infer_response(self.core, model, version, head.headers, body,
                                             self.max_input_size, self.forward,
                                             head.forwardable())
             match = GENERATE_PATH.match(head.path)
             if match is not None:
-                model = unquote(match.group(1).decode("latin-1"))
-                version = match.group(2).decode() if match.group(2) else ""
+                model, version = _model_version(match)
                 return await generate_response(
                     self.core, model, version, head.headers, body, self.max_input_size,
                     streaming=match.group(3) == b"generate_stream", forward=self.forward,
