@@ -24,10 +24,12 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -39,14 +41,66 @@ from tests.conftest import PERF_ANALYZER, ServerProcess, make_models  # noqa: E4
 PEER_BENCH = Path(os.environ.get("TMPDIR", "/tmp")) / "nursery-peer-bench"
 
 
-def server_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def server_cpu(pid: int, thread: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid``, or of its thread ``thread`` only."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) CPU ticks of the whole machine since boot (/proc/stat's first line)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def wait_quiet(limit: float, timeout: float = 600.0) -> None:
+    """Wait until the machine's CPU use over one second is below ``limit`` (a fraction of all
+    cores): others' work (a test suite, another session's run) ends or pauses first."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        busy, total = machine_ticks()
+        time.sleep(1.0)
+        busy2, total2 = machine_ticks()
+        if (busy2 - busy) <= limit * max(1, total2 - total):
+            return
+
+
+class Quiet:
+    """``--quiet``: a measurement counts only if processes other than the server and
+    perf_analyzer used less than ``limit`` of the machine's CPU during it; otherwise it is
+    taken again (after waiting for a quiet second), up to ``tries`` times."""
+
+    def __init__(self, limit: float, tries: int = 6) -> None:
+        self.limit, self.tries = limit, tries
+        self.others: list[float] = []  # the share others used in each counted measurement
+
+    def measure(self, server: ServerProcess, *row: object) -> tuple[float, float, float]:
+        for _ in range(self.tries):
+            wait_quiet(self.limit)
+            busy, total = machine_ticks()
+            server_before = server_cpu(server.proc.pid)
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            got = perf(server, *row)  # type: ignore[arg-type]
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            busy2, total2 = machine_ticks()
+            tick = os.sysconf("SC_CLK_TCK")
+            mine = (server_cpu(server.proc.pid) - server_before
+                    + after.ru_utime - children.ru_utime + after.ru_stime - children.ru_stime)
+            others = max(0.0, (busy2 - busy) / tick - mine) / max(1e-9, (total2 - total) / tick)
+            if others < self.limit:
+                self.others.append(others)
+                return got
+            print(f"  others used {others:.0%} of the machine: measured again", flush=True)
+        raise RuntimeError("the machine never stayed quiet")
+
+
 def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
-         window_ms: int, data: Path | None = None) -> tuple[float, float]:
-    """(infer/s, server CPU µs per request) of one perf_analyzer measurement."""
+         window_ms: int, data: Path | None = None) -> tuple[float, float, float]:
+    """(infer/s, server CPU µs per request, the trio thread's share of it) of one
+    perf_analyzer measurement. The trio thread (the server's main thread) is what saturates
+    first: CPU moved off it is throughput where it is the bottleneck."""
     url = server.url if protocol != "grpc" else f"127.0.0.1:{server.grpc_port}"
     args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc" if protocol == "grpc" else "http",
             "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
@@ -54,10 +108,13 @@ def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
             "--input-data", str(data / f"{model}.json") if data else "zero"]
     if protocol == "http":  # JSON tensors (perf_analyzer's default is the binary extension)
         args += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
-    before, served = server_cpu(server.proc.pid), _successes(server, model)
+    pid = server.proc.pid
+    before, served = server_cpu(pid), _successes(server, model)
+    main_before = server_cpu(pid, pid)
     out = subprocess.run(args, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER.parent / "lib")})
-    spent = server_cpu(server.proc.pid) - before
+    spent = server_cpu(pid) - before
+    main_spent = server_cpu(pid, pid) - main_before
     requests = _successes(server, model) - served
     rate = 0.0
     for line in out.stdout.splitlines():
@@ -65,7 +122,7 @@ def perf(server: ServerProcess, protocol: str, model: str, concurrency: int,
             rate = float(line.split("throughput:")[1].split("infer/sec")[0])
     if rate == 0.0 or requests <= 0:
         raise RuntimeError(f"perf_analyzer failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return rate, spent / requests * 1e6
+    return rate, spent / requests * 1e6, main_spent / requests * 1e6
 
 
 def _peer_model(source: Path, repo: Path) -> Path:
@@ -101,6 +158,10 @@ def main() -> None:
                              "model_repository and perf_data under BENCH_DIR, default "
                              f"{PEER_BENCH}; its MLP is 784-1024-1024-10 with ONNX Runtime's "
                              "default threads) instead of scripts/make_models.py's")
+    parser.add_argument("--quiet", type=float, default=None, metavar="SHARE",
+                        help="count a measurement only when other processes used less than "
+                             "SHARE (0-1) of the machine's CPU during it; wait and retry "
+                             "otherwise (for a machine shared with other work)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nursery-ab-"))
     base = tmp / "base"
@@ -125,7 +186,8 @@ def main() -> None:
     sides = {"base": base, "new": ROOT}
     rows = [(p, m, int(c)) for p in args.protocols.split(",") for m in args.models.split(",")
             for c in args.concurrency.split(",")]
-    results: dict[tuple[str, str, str, int], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str, str, int], list[tuple[float, float, float]]] = {}
+    quiet = Quiet(args.quiet) if args.quiet is not None else None
     try:
         for r in range(args.rounds):
             order = list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))
@@ -137,7 +199,8 @@ def main() -> None:
                     for row in rows:
                         for _attempt in range(3):  # a window perf_analyzer cannot settle: again
                             try:
-                                got = perf(server, *row, args.window_ms, data)
+                                got = (quiet.measure(server, *row, args.window_ms, data)
+                                       if quiet else perf(server, *row, args.window_ms, data))
                             except RuntimeError:
                                 continue
                             results.setdefault((name, *row), []).append(got)
@@ -149,17 +212,26 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                        capture_output=True)
     print(f"\nbase {args.base} vs the working tree, {args.rounds} interleaved rounds, "
-          f"{args.window_ms} ms windows; infer/s median (min-max), server CPU µs/request median\n")
+          f"{args.window_ms} ms windows; infer/s median (min-max), server CPU µs/request "
+          "median (of it, the trio thread's)"
+          + (f"; others' CPU during the counted windows at most {max(quiet.others):.0%}"
+             if quiet and quiet.others else "") + "\n")
     print("| protocol | model | c | base infer/s | new infer/s | new/base | base CPU µs | new CPU µs |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         b = results[("base", *row)]
         n = results[("new", *row)]
-        br, nr = [x for x, _ in b], [x for x, _ in n]
+        br, nr = [x for x, _, _ in b], [x for x, _, _ in n]
         print(f"| {row[0]} | {row[1]} | {row[2]} | {statistics.median(br):.0f} ({min(br):.0f}-"
               f"{max(br):.0f}) | {statistics.median(nr):.0f} ({min(nr):.0f}-{max(nr):.0f}) | "
               f"{statistics.median(nr) / statistics.median(br):.2f} | "
-              f"{statistics.median(c for _, c in b):.0f} | {statistics.median(c for _, c in n):.0f} |")
+              f"{_cpu(b)} | {_cpu(n)} |")
+
+
+def _cpu(side: list[tuple[float, float, float]]) -> str:
+    """The median CPU µs per request, and (in brackets) the trio thread's median."""
+    return (f"{statistics.median(c for _, c, _ in side):.0f} "
+            f"({statistics.median(m for _, _, m in side):.0f})")
 
 
 if __name__ == "__main__":

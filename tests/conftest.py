@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import signal
 import socket
 import ssl
@@ -34,8 +35,39 @@ def _load_make_models() -> ModuleType:
 make_models = _load_make_models()
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_EPHEMERAL = _ephemeral_range()
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, for a server a test starts. Taken below the kernel's
+    ephemeral range: a port the kernel handed out for ``bind(0)`` is one it may give the next
+    outgoing connection too (a client of another test, a stub's socket), which then holds it
+    by the time the server binds ("address already in use"). Ports handed out in this process
+    are not handed out again."""
+    low = 20000 if _EPHEMERAL[0] > 21000 else 1024
+    high = _EPHEMERAL[0] - 1 if _EPHEMERAL[0] > low + 1000 else 65535
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(low, high)
+        if port in _handed_out or _EPHEMERAL[0] <= port <= _EPHEMERAL[1]:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # every try was taken: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
