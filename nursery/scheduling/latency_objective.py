@@ -318,26 +318,50 @@ class LatencyObjectivePolicy(FreeInstances, Generic[W]):
         return batch
 
     def _fill(self, entries: list[_Entry[W]], now: float) -> list[_Entry[W]]:
-        """The largest batch (up to ``max_batch_size`` rows) of timely entries, in arrival
-        order, each of which makes its deadline when the batch starts now; an entry that would
-        miss it in that batch steps aside (a full batch may cost the oldest its deadline but
-        saves the rest: the throughput the shedding at arrival counts on)."""
+        """The largest batch (up to ``max_batch_size`` rows) that every request in it makes
+        in time, taken in arrival order from ``entries`` (each timely alone, the oldest first).
+
+        For a size ``target`` the batch ends at ``now + predict(target)``: a request that
+        would miss that steps aside (a full batch may cost the oldest its deadline but saves
+        the rest: the throughput the shedding at arrival counts on); a request that would
+        make it but no longer fits ends the batch, so nobody who makes it is passed over for
+        a later one. When the batch comes out smaller than ``target``, the next size tried is
+        the largest below it at which something changes: the rows taken, or a request that
+        stepped aside making its deadline again. At ``entries[0]``'s own rows it is taken
+        (it is timely alone), so a batch is always found; every request older than a member
+        and left out would miss its deadline in a batch of that size."""
         target = min(self._max_rows, sum(e.rows for e in entries))
         while True:
             finish = now + self.model.predict(target)
             batch: list[_Entry[W]] = []
             rows = 0
+            next_target = 0
             for entry in entries:
-                if entry.deadline + 1e-9 >= finish and rows + entry.rows <= target:
-                    batch.append(entry)
-                    rows += entry.rows
-                    if rows == target:
-                        break
-            if not batch:
-                return [entries[0]]  # timely alone, so this batch makes its deadline
-            if rows == target:
-                return batch
-            target = rows  # fewer fit: a smaller batch ends sooner, so more may fit
+                if entry.deadline + 1e-9 < finish:  # late in this batch: steps aside
+                    next_target = max(next_target, self._rows_within(entry.deadline, now,
+                                                                     target))
+                    continue
+                if rows + entry.rows > target:
+                    break  # makes it, does not fit: nobody later goes before it
+                batch.append(entry)
+                rows += entry.rows
+                if rows == target:
+                    return batch
+            target = min(target - 1, max(rows, next_target))
+            if target < entries[0].rows:  # cannot happen (see above); never loop on it
+                return [entries[0]]
+
+    def _rows_within(self, deadline: float, now: float, below: int) -> int:
+        """The most rows (fewer than ``below``, at least 1) of a batch started now that ends by
+        ``deadline``; 1 when even one row would not."""
+        low, high = 1, below - 1
+        while low < high:
+            mid = (low + high + 1) // 2
+            if now + self.model.predict(mid) <= deadline + 1e-9:
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
     def _wait_until(self, batch: list[_Entry[W]], rows: int, tightest: float,
                     now: float) -> float | None:

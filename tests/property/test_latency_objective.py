@@ -308,6 +308,41 @@ def test_shedding_message_says_what_to_do() -> None:
     assert reject.retry_after is not None and reject.retry_after > 0
 
 
+def _learned_policy(max_batch: int) -> LatencyObjectivePolicy[Item]:
+    """A policy whose model knows a batch of ``r`` rows takes 10 ms + 1 ms * r exactly, with
+    one free instance at t = 1 s and an objective of 1 s."""
+    policy: LatencyObjectivePolicy[Item] = LatencyObjectivePolicy(
+        BatchConfig(max_batch), Objective(1.0))
+    for rows in (1, 2, 4, 8):
+        policy.model.observe(rows, 0.010 + 0.001 * rows)
+    policy.instance_ready(0, 1.0)
+    return policy
+
+
+def _dispatched(poll: Any) -> list[int]:
+    return [item.id for d in poll.decisions if isinstance(d, Dispatch) for item in d.items]
+
+
+def test_a_timely_request_that_does_not_fit_is_not_passed_over() -> None:
+    # 2 + 3 rows pass the 4-row batch; the 2 rows after the 3 would fill it, but the 3-row
+    # request makes its deadline and came first: the batch ends before it
+    policy = _learned_policy(4)
+    for item in (Item(0, 2, "a", 0, 0), Item(1, 3, "a", 0, 0), Item(2, 2, "a", 0, 0)):
+        policy.arrive(item, 1.0)
+    assert _dispatched(policy.poll(1.0)) == [0]
+
+
+def test_a_request_too_late_for_the_full_batch_goes_in_one_it_makes() -> None:
+    # 8 rows due in 18.5 ms: a 12-row batch (22 ms) is too late for it, an 8-row one (18 ms)
+    # is not. Before, the batch shrank to the 4 rows of the two later requests, which then
+    # went ahead of it.
+    policy = _learned_policy(12)
+    policy.arrive(Item(0, 8, "a", 0, 18_500), 1.0)
+    policy.arrive(Item(1, 2, "a", 0, 0), 1.0)
+    policy.arrive(Item(2, 2, "a", 0, 0), 1.0)
+    assert _dispatched(policy.poll(1.0)) == [0]
+
+
 def test_a_request_timeout_tightens_its_objective() -> None:
     policy: LatencyObjectivePolicy[Item] = LatencyObjectivePolicy(BatchConfig(1), Objective(1.0))
     policy.instance_ready(0, 0.0)
