@@ -9,7 +9,13 @@
 #                                 # tensors and gRPC (MLServer: its JSON HTTP and gRPC)
 #
 # Knobs pass through: CONCURRENCY (default "1 16"), MODELS ("add_sub mlp"), REPEATS (2),
-# MEASURE_MS (3000), BATCHING ("off"). Set up the peers first (once per machine):
+# MEASURE_MS (3000), BATCHING ("off"). ROUNDS=N (default 1) runs the servers' sweeps N times,
+# one pass each, alternating which server goes first, into one results.csv: the summary's
+# medians then compare passes taken side by side in time rather than one server's passes all
+# before the other's (on a noisy machine, the load drifts over a sweep's minutes); with QUIET=SHARE
+# each round first waits (up to 10 minutes) for a second in which the machine's CPU use is below
+# SHARE (0-1), so that other work on a shared machine has paused. Set up the peers first (once
+# per machine):
 #   bash ../shared/bench/setup_envs.sh tools pa mlserver pytriton
 # Never run two benchmarks at once on the 2-core machine. Beside the shared summary, cpu.md
 # gives each row's server CPU per request (bench/peer_cpu.py).
@@ -36,8 +42,29 @@ mkdir -p "$OUT"
 python3 "$ROOT/bench/peer_cpu.py" sample "$OUT/cpu.jsonl" &
 sampler=$!
 trap 'kill "$sampler" 2>/dev/null || true' EXIT
-# shellcheck disable=SC2086
-bash "$SHARED/run_anchors.sh" $steps
+rounds="${ROUNDS:-1}"
+if [ "$rounds" -le 1 ]; then
+  # shellcheck disable=SC2086
+  bash "$SHARED/run_anchors.sh" $steps
+else
+  export REPEATS=1
+  servers=""; rest=""
+  for s in $steps; do
+    case "$s" in nursery|triton|mlserver|kserve) servers="$servers $s" ;; *) rest="$rest $s" ;; esac
+  done
+  case " $rest " in *" models "*) bash "$SHARED/run_anchors.sh" models ;; esac
+  for r in $(seq "$rounds"); do
+    order="$servers"
+    [ $((r % 2)) = 0 ] && order="$(echo $servers | tr ' ' '\n' | tac | tr '\n' ' ')"
+    if [ -n "${QUIET:-}" ]; then
+      (cd "$ROOT" && python3 -c "from bench.ab_perf import wait_quiet; wait_quiet(float('$QUIET'))")
+    fi
+    echo "== round $r/$rounds:$order"
+    # shellcheck disable=SC2086
+    bash "$SHARED/run_anchors.sh" $order
+  done
+  case " $rest " in *" summary "*) bash "$SHARED/run_anchors.sh" summary ;; esac
+fi
 kill "$sampler" 2>/dev/null || true
 python3 "$ROOT/bench/peer_cpu.py" attach "$OUT" || true
 echo "summary: $OUT/summary.md; CPU per request: $OUT/cpu.md"
