@@ -516,8 +516,14 @@ class TraceManager:
             self._otel.flush()
 
 
+# span and trace ids from a generator of the tracer's own: the process's global one is the
+# user's (an embedding program that seeds it for its own ends must not make the server's ids
+# repeat, nor see its sequence move under it while the server traces)
+_IDS = random.Random()
+
+
 def _random_id(bits: int) -> int:
-    return random.getrandbits(bits) or 1  # 0 is not a valid OpenTelemetry id
+    return _IDS.getrandbits(bits) or 1  # 0 is not a valid OpenTelemetry id
 
 
 def _traceparent_id(traceparent: str) -> int:

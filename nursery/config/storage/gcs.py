@@ -69,6 +69,12 @@ class GcsStore:
                     self.client = storage.Client.create_anonymous_client()
         except (*self._errors, OSError, ValueError) as exc:
             raise StorageError(describe(exc)) from None
+        # google-cloud-storage 3.x fetches each bucket's metadata on a thread of its own, for
+        # its OpenTelemetry span attributes only: one more request per bucket, and a thread
+        # that retries on the SDK's defaults (minutes, not our timeout) against a server that
+        # stopped answering, after our call has failed. Left out (the SDK checks for None).
+        if getattr(self.client, "_bucket_metadata_cache", None) is not None:
+            self.client._bucket_metadata_cache = None
         self.bucket = self.client.bucket(root.bucket)
 
     def list(self) -> list[ObjectInfo]:
