@@ -74,6 +74,7 @@ class StepCost:
         self._xx = np.zeros((3, 3))  # the weighted normal equations
         self._xy = np.zeros(3)
         self.coef: tuple[float, float, float] | None = None
+        self.split = False  # the fit told all three parts apart (the reads varied on their own)
 
     def observe(self, rows: int, reads: int, seconds: float) -> None:
         if rows < 1 or not math.isfinite(seconds) or seconds < 0:
@@ -83,6 +84,8 @@ class StepCost:
         self._xy = self._xy * self.memory + x * seconds
         self.seen += 1
         self.coef = self._solve() if self.seen >= self.warmup else None
+        if self.coef is None:
+            self.split = False
 
     def _solve(self) -> tuple[float, float, float] | None:
         n = self._xx[0, 0]
@@ -93,6 +96,7 @@ class StepCost:
         # reads that hardly varied, or varied with the rows alone, cannot be told apart
         partial = cov[1, 1] - cov[0, 1] ** 2 / cov[0, 0]
         use = [0, 1, 2] if partial > 1e-6 * (1.0 + mean[1] ** 2) else [0, 1]
+        self.split = len(use) == 3
         try:
             solved = np.linalg.solve(self._xx[np.ix_(use, use)], self._xy[use])
         except np.linalg.LinAlgError:
@@ -117,14 +121,17 @@ def prefill_cap(cost: StepCost, decoding: int, reads: int, overhead: float) -> i
     decode rows cost alone: by ``cost``'s fit, ``overhead * alone / per_row``; without a fit
     (the first steps, or steps that did not vary enough to tell a row's cost), the cap that
     holds for any cost with nothing but non-negative parts, ``overhead * decoding`` (as if
-    all the cost were per row). None (no cap) when nothing decodes: no one waits on the
+    all the cost were per row). The same safe cap while the fit has not told the reads' part
+    apart (``cost.split``): its part per row then carries some of the reads' cost, and a cap
+    from it could let through more prompt tokens than the bound allows (a few percent too
+    many: hypothesis found one). None (no cap) when nothing decodes: no one waits on the
     step. ``plan_prefill`` still runs one token at least, so a cap of 0 slows a prompt
     down, never stops it."""
     if decoding < 1 or overhead < 0:
         return None
     safe = int(overhead * decoding)
     alone = cost.predict(decoding, reads)
-    if alone is None or cost.coef is None:
+    if alone is None or cost.coef is None or not cost.split:
         return safe
     return max(safe, int(overhead * alone / cost.coef[1]))
 
