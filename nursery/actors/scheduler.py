@@ -12,6 +12,15 @@ rejections) and, with ``preserve_ordering``, releases answers in arrival order.
 
 On ``CloseIntake`` it finishes the queue, then closes the instances' inboxes, which ends them;
 when every sender of its own inbox is gone, it returns.
+
+A request arrives, for the policy, when the core queued it (``InferWork.enqueued_ns``), as in
+Triton, whose frontend threads put a request into the scheduler's queue themselves: not when
+this task got round to reading it. The task shares the trio thread with the frontends, and a
+burst of requests (a batch's answers bring its clients back together) is read and decoded
+before the scheduler runs again; timed from that moment, the batching delay would start only
+once the whole burst was in, and add the burst's reading time to every batch's wait. On a
+test's virtual clock, where the core's stamp is not in the clock's time, the task's time is
+used.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -76,6 +86,13 @@ class _Ordering:
             _answer(w, a)
 
 
+def _arrival(work: InferWork, now: float) -> float:
+    """When ``work`` was queued, in trio's time (``now`` less how long ago the core queued it,
+    by the monotonic clock its stamp is on)."""
+    age = (time.monotonic_ns() - work.enqueued_ns) / 1e9
+    return now - age if age > 0 else now
+
+
 class WorkerInbox(Protocol):
     """Where the scheduler puts an instance's batches: the worker's
     :class:`~nursery.actors.instance_worker.WorkerIntake` (or, in tests, a memory channel)."""
@@ -109,6 +126,9 @@ async def run(
     ordering = _Ordering() if preserve_ordering else None
     cancel = getattr(policy, "cancel", None)
     waker = precise_timer.create()  # the policy's sub-millisecond deadlines, on time
+    # requests arrive when the core queued them (see the module's docstring); not on a
+    # test's virtual clock
+    stamped = type(trio.lowlevel.current_clock()).__name__ == "SystemClock"
     failure: BaseException | None = None
     message: Any = None
     task_status.started()
@@ -193,7 +213,7 @@ async def run(
                             if iterative is not None and not message.request.sequence_id:
                                 message.request.sequence_id = next(sequence_ids)
                                 message.request.sequence_start = True
-                            policy.arrive(message, now)
+                            policy.arrive(message, _arrival(message, now) if stamped else now)
                     elif isinstance(message, InstanceReady) and message.instance not in outstanding:
                         # an added instance announced itself before its update came
                         early[message.instance] = early.get(message.instance, 0) + message.slots
