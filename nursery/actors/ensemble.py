@@ -126,8 +126,10 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
     """The request to a step's model: ``inputs`` by the model's input names (an absent
     tensor, None, is left out, as Triton does; a batch dim of 1 added or taken away where a
     batching and a non-batching model meet), the step's outputs requested, and the ensemble
-    request's id, parameters, priority and timeout. A traced ensemble request's steps are
-    traced as its children, as Triton's; the steps of an untraced one are never sampled."""
+    request's id, parameters, priority, timeout, correlation ID and sequence flags (Triton's
+    EnsembleContext gives every step request the ensemble request's). A traced ensemble
+    request's steps are traced as its children, as Triton's; the steps of an untraced one are
+    never sampled."""
     step = plan.steps[index]
     return InferenceRequest(
         step.model_name, step.version_str,
@@ -135,7 +137,8 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
          for n, t in inputs.items() if t is not None},
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
         request.parameters, request.priority, request.timeout_us,
-        trace=child_of(request.trace))
+        trace=child_of(request.trace), sequence_id=request.sequence_id,
+        sequence_start=request.sequence_start, sequence_end=request.sequence_end)
 
 
 def _answer_output(plan: EnsemblePlan, name: str, t: Tensor) -> Tensor:
@@ -509,9 +512,14 @@ async def run(
 
     def record(work: InferWork, answer: Any) -> None:
         now = time.monotonic_ns()
+        if isinstance(answer, NurseryError):
+            # a failed ensemble request is a failure (reason OTHER), not an execution:
+            # Triton's ensemble counts executions and batch statistics on success only
+            stats.record_failure("OTHER", 1, now - work.enqueued_ns)
+            return
         stats.record_batch(BatchReport(
             batch_size=work.batch_size, requests=1,
-            succeeded=not isinstance(answer, NurseryError), queue_ns=0,
+            succeeded=True, queue_ns=0,
             request_ns=now - work.enqueued_ns, compute_input_ns=0,
             compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
             finished_ms=time.time_ns() // 1_000_000))
