@@ -42,6 +42,7 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     make_models.write_sequence_controls(repo, "controls_str", corrid="BYTES")
     make_models.write_sequence_controls(repo, "controls_i32", corrid="INT32")
     _write_ensemble(repo, "ens_controls", "controls_u64")
+    make_models.write_sequence_accumulator(repo, "acc_pad", max_batch_size=4)
     with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
         yield proc
 
@@ -235,6 +236,29 @@ def test_ensemble_step_carries_the_sequence(seq_server: ServerProcess) -> None:
     assert after["inference_stats"]["success"]["count"] == 3
     client.close()
     gclient.close()
+
+
+def test_padding_rows_count_in_batch_statistics(seq_server: ServerProcess) -> None:
+    """A direct batch runs one row per slot up to the highest slot with a request; the empty
+    slots below it are padding rows (Triton's null requests). Triton's batch statistics
+    count them (the executed batch size), its inference count does not."""
+    client = httpclient.InferenceServerClient(seq_server.url)
+
+    def step(sid: int, value: int, **flags: bool) -> int:
+        r = client.infer("acc_pad", [_http_input(value)], sequence_id=sid, **flags)
+        return int(r.as_numpy("OUTPUT")[0, 0])
+
+    assert step(51, 1, sequence_start=True) == 1  # slot 0, alone: one row
+    assert step(52, 10, sequence_start=True) == 10  # slot 1: rows [padding, 52]
+    assert step(52, 10) == 20  # again
+    assert step(51, 1, sequence_end=True) == 2  # slot 0: one row
+    assert step(52, 10, sequence_end=True) == 30  # rows [padding, 52]
+    stats = client.get_inference_statistics("acc_pad")["model_stats"][0]
+    assert stats["execution_count"] == 5
+    assert stats["inference_count"] == 5
+    assert sorted((b["batch_size"], b["compute_infer"]["count"])
+                  for b in stats["batch_stats"]) == [(1, 2), (2, 3)]
+    client.close()
 
 
 def test_idle_sequence_is_released(seq_server: ServerProcess) -> None:
