@@ -127,7 +127,7 @@ class ModelClient:
                queue: bool = True, slot: OneShot | None = None) -> tuple[InferWork, OneShot]:
         """Check a request and queue it without waiting (a stream queues its requests in the
         order they came, which a sequence needs); :meth:`wait` gets the answer. ``slot``: the
-        reply slot to use (a stream's, which notes the order answers come in)."""
+        reply slot to use (default: a new OneShot)."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
         if slot is None:
