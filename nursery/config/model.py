@@ -47,6 +47,7 @@ from nursery.config.sequence import SequenceConfig, sequence_config
 from nursery.config.validate import validate_model_config, validate_model_io
 from nursery.config.versions import available_versions, select_versions
 from nursery.errors import ConfigError, InvalidArgument, NurseryError
+from nursery.observability.logs import LIBPROTOBUF
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
@@ -235,6 +236,10 @@ def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAM
         try:
             return pbtext.parse(text, pb.ModelConfig())
         except pbtext.TextFormatError as exc:
+            # under Triton libprotobuf logs the parse error itself, unescaped, before
+            # Triton's own message (L0_simple_ensemble greps the log for that line)
+            log.error("Error parsing text-format inference.ModelConfig: %s", exc,
+                      extra={LIBPROTOBUF: True})
             raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
 
 
