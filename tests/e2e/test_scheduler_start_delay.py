@@ -67,3 +67,41 @@ def test_batchers_wait_for_the_queued_count(tmp_path: Path,
     finally:
         proc.stop()
     assert "Delaying scheduler for ident until 3 queued requests" in proc.log()
+
+
+def test_ragged_requests_share_a_batch(tmp_path: Path) -> None:
+    """Triton's L0_batcher ragged case: an identity ONNX model whose input is declared [-1]
+    without a batch dim, served with max_batch_size 8, allow_ragged_batch on its input and a
+    BATCH_SCATTER_WITH_INPUT_SHAPE output: requests of different lengths run in one batch
+    (the model sees their elements one after another) and each gets its own part back."""
+    repo = tmp_path / "repo"
+    make_models.write_model(
+        repo, "ragged", make_models.build_identity("FP32", ["n"]),
+        'name: "ragged"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] '
+        "allow_ragged_batch: true } ]\n"
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
+        'source_input: "INPUT0" } ]\n'
+        "dynamic_batching { preferred_batch_size: [ 2 ] "
+        "max_queue_delay_microseconds: 5000000 }\n")
+    proc = ServerProcess(repo, log_path=tmp_path / "server.log")
+    try:
+        proc.wait_ready()
+        client = httpclient.InferenceServerClient(proc.url, concurrency=2)
+        sent = [np.arange(16, dtype=np.float32).reshape(1, 16),
+                np.arange(100, 108, dtype=np.float32).reshape(1, 8)]
+        handles = []
+        for x in sent:
+            i = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            handles.append(client.async_infer("ragged", [i]))
+        for x, handle in zip(sent, handles, strict=True):
+            np.testing.assert_array_equal(handle.get_result().as_numpy("OUTPUT0"), x)
+        stats = client.get_inference_statistics("ragged")["model_stats"][0]
+        assert stats["execution_count"] == 1
+        assert [(b["batch_size"], b["compute_infer"]["count"])
+                for b in stats["batch_stats"]] == [(2, 1)]
+        client.close()
+    finally:
+        proc.stop()
