@@ -126,8 +126,10 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
     """The request to a step's model: ``inputs`` by the model's input names (an absent
     tensor, None, is left out, as Triton does; a batch dim of 1 added or taken away where a
     batching and a non-batching model meet), the step's outputs requested, and the ensemble
-    request's id, parameters, priority and timeout. A traced ensemble request's steps are
-    traced as its children, as Triton's; the steps of an untraced one are never sampled."""
+    request's id, parameters, priority, timeout, correlation ID and sequence flags (Triton's
+    EnsembleContext gives every step request the ensemble request's). A traced ensemble
+    request's steps are traced as its children, as Triton's; the steps of an untraced one are
+    never sampled."""
     step = plan.steps[index]
     return InferenceRequest(
         step.model_name, step.version_str,
@@ -135,7 +137,8 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
          for n, t in inputs.items() if t is not None},
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
         request.parameters, request.priority, request.timeout_us,
-        trace=child_of(request.trace))
+        trace=child_of(request.trace), sequence_id=request.sequence_id,
+        sequence_start=request.sequence_start, sequence_end=request.sequence_end)
 
 
 def _answer_output(plan: EnsemblePlan, name: str, t: Tensor) -> Tensor:
@@ -368,51 +371,73 @@ async def run_decoupled_flow(plan: EnsemblePlan, version: str, request: Inferenc
 
     running = 0
     failure: NurseryError | None = None  # raised after the nursery (not wrapped in a group)
+    # with max_inflight_requests a step's runs wait for a place in a starter task of their
+    # own, in the order they became ready, while this loop goes on taking the parts that
+    # come: Triton holds back the upstream response that would issue the step, never the
+    # answers of the other steps (waiting here held every later part, the ensemble's
+    # finished answers too, behind a full step)
+    starters: dict[int, trio.MemorySendChannel[int]] = {}
+
+    async def starter(index: int, pending: trio.MemoryReceiveChannel[int],
+                      steps: trio.Nursery) -> None:
+        assert limits is not None
+        async for run in pending:
+            await limits[index].acquire()
+            steps.start_soon(run_step, run, index, runs[run][1])
+
     async with trio.open_nursery() as steps:
         # an optional input the request left out is absent (None), as Triton's placeholder
         updates = flow.add_inputs({n: request.inputs.get(n) for n in plan.inputs})
-        while True:
-            for index, iteration in flow.ready(updates):
-                if limits is not None:  # waits while the step has its limit in flight
-                    await limits[index].acquire()
-                runs.append([index, iteration, 0])
-                steps.start_soon(run_step, len(runs) - 1, index, iteration)
-                running += 1
-            answers = flow.answers(updates)
-            for k, iteration in enumerate(answers):
-                outputs = []
-                for name in wanted:
-                    value = flow.output(name, iteration)
-                    if value is not None:
-                        outputs.append(_answer_output(plan, name, value))  # type: ignore[arg-type]
-                    else:  # absent: the answer leaves it out (Triton's verbose line)
-                        log.debug("Composing models did not output tensor %s", name)
-                final = running == 0 and k == len(answers) - 1
-                emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id,
-                                            parameters=_sequence_parameters(request)), None,
-                          final))
-            if running == 0:
-                if not answers:
-                    emit(Part(None, None, True))  # no step left: the bare final flag
-                break
-            run, part = await receive.receive()
-            index, iteration, seen = runs[run]
-            if part.error is not None:
-                failure = _step_error(plan, index, part.error)
-                steps.cancel_scope.cancel()  # the request failed: its other steps stop
-                break
-            if part.final:
-                running -= 1
-            updates = []
-            if part.response is not None:
-                step = plan.steps[index]
-                produced: dict[str, Tensor | None] = dict.fromkeys(step.output_map)
-                produced.update((o.name, o) for o in part.response.outputs
-                                if o.name in step.output_map)
-                runs[run][2] += 1
-                # a run's one and only answer stays at its iteration; a stream gets new ones
-                updates = flow.add_outputs(index, produced,
-                                           iteration if part.final and seen == 0 else None)
+        try:
+            while True:
+                for index, iteration in flow.ready(updates):
+                    runs.append([index, iteration, 0])
+                    running += 1
+                    if limits is None:
+                        steps.start_soon(run_step, len(runs) - 1, index, iteration)
+                        continue
+                    if index not in starters:
+                        starters[index], pending = trio.open_memory_channel[int](math.inf)
+                        steps.start_soon(starter, index, pending, steps)
+                    starters[index].send_nowait(len(runs) - 1)
+                answers = flow.answers(updates)
+                for k, iteration in enumerate(answers):
+                    outputs = []
+                    for name in wanted:
+                        value = flow.output(name, iteration)
+                        if value is not None:
+                            outputs.append(_answer_output(plan, name, value))  # type: ignore[arg-type]
+                        else:  # absent: the answer leaves it out (Triton's verbose line)
+                            log.debug("Composing models did not output tensor %s", name)
+                    final = running == 0 and k == len(answers) - 1
+                    emit(Part(InferenceResponse(plan.name, version, outputs, id=request.id,
+                                                parameters=_sequence_parameters(request)), None,
+                              final))
+                if running == 0:
+                    if not answers:
+                        emit(Part(None, None, True))  # no step left: the bare final flag
+                    break
+                run, part = await receive.receive()
+                index, iteration, seen = runs[run]
+                if part.error is not None:
+                    failure = _step_error(plan, index, part.error)
+                    steps.cancel_scope.cancel()  # the request failed: its other steps stop
+                    break
+                if part.final:
+                    running -= 1
+                updates = []
+                if part.response is not None:
+                    step = plan.steps[index]
+                    produced: dict[str, Tensor | None] = dict.fromkeys(step.output_map)
+                    produced.update((o.name, o) for o in part.response.outputs
+                                    if o.name in step.output_map)
+                    runs[run][2] += 1
+                    # a run's one and only answer stays at its iteration; a stream gets new ones
+                    updates = flow.add_outputs(index, produced,
+                                               iteration if part.final and seen == 0 else None)
+        finally:  # the starters end with the flow
+            for waiting in starters.values():
+                waiting.close()
     if failure is not None:
         raise failure
 
@@ -509,9 +534,14 @@ async def run(
 
     def record(work: InferWork, answer: Any) -> None:
         now = time.monotonic_ns()
+        if isinstance(answer, NurseryError):
+            # a failed ensemble request is a failure (reason OTHER), not an execution:
+            # Triton's ensemble counts executions and batch statistics on success only
+            stats.record_failure("OTHER", 1, now - work.enqueued_ns)
+            return
         stats.record_batch(BatchReport(
             batch_size=work.batch_size, requests=1,
-            succeeded=not isinstance(answer, NurseryError), queue_ns=0,
+            succeeded=True, queue_ns=0,
             request_ns=now - work.enqueued_ns, compute_input_ns=0,
             compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
             finished_ms=time.time_ns() // 1_000_000))

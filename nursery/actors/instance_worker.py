@@ -113,6 +113,7 @@ def _report(batch: ExecuteBatch, succeeded: bool, t0: int, t1: int, t2: int,
         enqueued_ns=tuple(w.enqueued_ns for w in batch.work),
         started_ns=t0,
         ended_ns=t3,
+        rows=len(batch.rows) if batch.rows else 0,  # padding rows included
     )
 
 

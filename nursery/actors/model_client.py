@@ -127,7 +127,7 @@ class ModelClient:
                queue: bool = True, slot: OneShot | None = None) -> tuple[InferWork, OneShot]:
         """Check a request and queue it without waiting (a stream queues its requests in the
         order they came, which a sequence needs); :meth:`wait` gets the answer. ``slot``: the
-        reply slot to use (a stream's, which notes the order answers come in)."""
+        reply slot to use (default: a new OneShot)."""
         if handle is None:
             handle = self.directory.resolve(request.model_name, request.model_version)
         if slot is None:
@@ -243,14 +243,14 @@ class ModelClient:
         elif isinstance(trace, ChildOf):  # an ensemble step's or a BLS call's: a child trace
             trace = request.trace = self.tracer.spawn(trace, handle.name)
             if trace:
-                return self._traced(work, receive, handle, trace)
+                return self._traced(work, receive, handle, trace, top=False)
         elif trace:
             return self._traced(work, receive, handle, trace, own=False)
         self._queue(work, handle)
         return self.wait(work, receive, handle)
 
-    def _traced(self, work: InferWork, receive: OneShot,
-                handle: ModelHandle, trace: Any, own: bool = True) -> Awaitable[InferenceResponse]:
+    def _traced(self, work: InferWork, receive: OneShot, handle: ModelHandle, trace: Any,
+                own: bool = True, top: bool = True) -> Awaitable[InferenceResponse]:
         request = work.request
         trace.model_version = handle.version
         trace.request_id = request.id
@@ -264,12 +264,19 @@ class ModelClient:
             if own:
                 trace.finish()
             raise
-        return self._traced_wait(work, receive, handle, trace, own)
+        return self._traced_wait(work, receive, handle, trace, own, top)
 
     async def _traced_wait(self, work: InferWork, receive: OneShot, handle: ModelHandle,
-                           trace: Any, own: bool) -> InferenceResponse:
+                           trace: Any, own: bool, top: bool) -> InferenceResponse:
         try:
-            response = await self.wait(work, receive, handle)
+            try:
+                response = await self.wait(work, receive, handle)
+            finally:
+                # the answer reached the frontend (Triton's frontends stamp it in their
+                # response-complete callback, error or not; a step's or a BLS call's answer
+                # goes back to its parent, which is not a frontend)
+                if top:
+                    trace.stamp("INFER_RESPONSE_COMPLETE")
             for out in response.outputs:
                 trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype.value, out.data)
             return response

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +25,7 @@ from nursery.config.warmup import WarmupSample
 from nursery.messages import InferWork, UpdateInstances
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.supervision import FaultCounter
+from nursery.scheduling import start_delay
 from nursery.scheduling.selection import PolicyChoice, policy_for
 
 log = logging.getLogger("nursery.manager")
@@ -74,9 +76,12 @@ async def serve_version(
     # Unbounded: internal notices (InstanceReady, CloseIntake) must always get in. The
     # scheduler takes every message at once; its policy bounds the queue it keeps.
     intake, inbox = trio.open_memory_channel[Any](math.inf)
+    delay = (start_delay.from_environment(os.environ, config.name)
+             if config.sequence is not None or config.batching is not None else None)
     choice: PolicyChoice[InferWork] = policy_for(config, len(placements),
                                                  describe=lambda work: work.request,
-                                                 signature=lambda work: work.signature)
+                                                 signature=lambda work: work.signature,
+                                                 start_delay=delay)
     live: dict[int, _Instance] = {}  # the instances of the current configuration, by index
     next_index = len(placements)
     try:

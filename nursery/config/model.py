@@ -47,6 +47,7 @@ from nursery.config.sequence import SequenceConfig, sequence_config
 from nursery.config.validate import validate_model_config, validate_model_io
 from nursery.config.versions import available_versions, select_versions
 from nursery.errors import ConfigError, InvalidArgument, NurseryError
+from nursery.observability.logs import LIBPROTOBUF
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
 from nursery.scheduling.ensemble_plan import EnsemblePlan, EnsembleStep
@@ -71,6 +72,7 @@ class TensorSpec:
     is_shape_tensor: bool = False
     reshape: tuple[int, ...] | None = None
     label_filename: str = ""
+    ragged: bool = False  # an input with allow_ragged_batch
 
     def full_shape(self, max_batch_size: int) -> list[int]:
         """The shape as metadata reports it: ``-1`` prepended when the model batches."""
@@ -110,12 +112,19 @@ class ModelConfig:
     json: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     shape_checked_inputs: tuple[str, ...] = field(init=False, repr=False, compare=False)
     has_optional_inputs: bool = field(init=False, repr=False, compare=False)
+    # batch_output BATCH_SCATTER_WITH_INPUT_SHAPE: output name -> its source input
+    batch_scatter: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # inputs whose shapes must agree for requests to share a batch (Triton's
         # enforce_equal_shape_tensors: variable dims, no ragged batching; shape tensors)
         object.__setattr__(self, "shape_checked_inputs", tuple(
-            t.name for t in self.inputs if t.is_shape_tensor or (-1 in t.dims)))
+            t.name for t in self.inputs
+            if t.is_shape_tensor or (-1 in t.dims and not t.ragged)))
+        object.__setattr__(self, "batch_scatter", MappingProxyType({
+            target: out.source_input[0] for out in self.proto.batch_output
+            if out.kind == pb.BatchOutputKind.BATCH_SCATTER_WITH_INPUT_SHAPE
+            and out.source_input for target in out.target_name}))
         object.__setattr__(self, "has_optional_inputs", any(t.optional for t in self.inputs))
         object.__setattr__(self, "input_map", MappingProxyType({t.name: t for t in self.inputs}))
         object.__setattr__(self, "output_map", MappingProxyType({t.name: t for t in self.outputs}))
@@ -235,6 +244,10 @@ def parse_config_text(text: str, model_name: str, filename: str = CONFIG_FILENAM
         try:
             return pbtext.parse(text, pb.ModelConfig())
         except pbtext.TextFormatError as exc:
+            # under Triton libprotobuf logs the parse error itself, unescaped, before
+            # Triton's own message (L0_simple_ensemble greps the log for that line)
+            log.error("Error parsing text-format inference.ModelConfig: %s", exc,
+                      extra={LIBPROTOBUF: True})
             raise ConfigError(f"model '{model_name}': {filename}:{exc}") from None
 
 
@@ -564,6 +577,7 @@ def _tensor_specs(
                 is_shape_tensor=t.is_shape_tensor,
                 reshape=reshape,
                 label_filename=getattr(t, "label_filename", ""),
+                ragged=bool(getattr(t, "allow_ragged_batch", False)),
             )
         )
     return tuple(specs)

@@ -3,6 +3,13 @@
 Runs on the instance worker's thread. One request passes its arrays straight through (no
 copy); several are concatenated along the batch dimension, which the scheduler only does for
 requests whose other dimensions and datatypes agree.
+
+Ragged batching, as Triton's ONNX Runtime and LibTorch backends do it: an input with
+``allow_ragged_batch`` reaches the model flattened, the elements of every request of the batch
+one after another (shape ``[total elements]``, one request's too), so requests whose shapes
+differ share a batch; an output named by a ``batch_output`` of kind
+``BATCH_SCATTER_WITH_INPUT_SHAPE`` is cut back into each request's part in the same order,
+each part taking the shape of that request's source input.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ def gather_inputs(
     batching = config.max_batch_size > 0
     if len(requests) == 1:
         arrays = {name: t.data for name, t in requests[0].inputs.items()}
+        for spec in config.inputs:
+            if spec.ragged and spec.name in arrays:  # flattened, as a batch's
+                arrays[spec.name] = arrays[spec.name].reshape(-1)
     else:
         arrays = {}
         for spec in config.inputs:
@@ -45,10 +55,12 @@ def gather_inputs(
                 raise InternalError(
                     f"optional input '{spec.name}' is given by only some requests of a batch"
                 )
+            if spec.ragged:
+                parts = [p.reshape(-1) for p in parts]
             arrays[spec.name] = np.concatenate(parts, axis=0)
     for name, array in arrays.items():
         spec = config.input_map[name]
-        if spec.reshape is not None:
+        if spec.reshape is not None and not spec.ragged:
             arrays[name] = _reshape(array, spec.reshape, batching)
     return arrays
 
@@ -68,20 +80,28 @@ def split_outputs(
     batching = config.max_batch_size > 0
     total = sum(batch_sizes)
     arrays: dict[str, np.ndarray] = {}
+    scattered: dict[str, list[np.ndarray]] = {}  # batch outputs: each request's part
     for name, array in results.items():
         spec = config.output_map.get(name)
         if spec is None:
             raise InternalError(f"model '{config.name}' produced an unexpected output '{name}'")
-        arrays[name] = _conform_output(np.asarray(array), spec, config, batching, total)
+        source = config.batch_scatter.get(name)
+        if source is not None:
+            scattered[name] = _scatter(np.asarray(array), spec, source, requests, config)
+        else:
+            arrays[name] = _conform_output(np.asarray(array), spec, config, batching, total)
     responses = []
     offset = 0
-    for request, rows in zip(requests, batch_sizes, strict=True):
+    for index, (request, rows) in enumerate(zip(requests, batch_sizes, strict=True)):
         wanted: Sequence[RequestedOutput | TensorSpec] = request.requested_outputs or config.outputs
         outputs = []
         for item in wanted:
-            array = arrays[item.name]
-            if len(requests) > 1:
-                array = array[offset : offset + rows]
+            if item.name in scattered:
+                array = scattered[item.name][index]
+            else:
+                array = arrays[item.name]
+                if len(requests) > 1:
+                    array = array[offset : offset + rows]
             spec = config.output_map[item.name]
             outputs.append(Tensor(item.name, spec.datatype, tuple(array.shape), array))
         offset += rows
@@ -96,10 +116,31 @@ def split_outputs(
     return responses
 
 
-def _conform_output(
-    array: np.ndarray, spec: TensorSpec, config: ModelConfig, batching: bool, total: int
-) -> np.ndarray:
-    """Check an output against its config datatype and shape; apply the config reshape."""
+def _scatter(array: np.ndarray, spec: TensorSpec, source: str,
+             requests: Sequence[InferenceRequest], config: ModelConfig) -> list[np.ndarray]:
+    """A BATCH_SCATTER_WITH_INPUT_SHAPE output cut into each request's part: as many elements
+    as the request's ``source`` input has, in the shape of that input (Triton's
+    BackendOutputResponder::ProcessBatchOutput)."""
+    array = _conform_datatype(array, spec, config).reshape(-1)
+    shapes = [tuple(r.inputs[source].shape) if source in r.inputs else None for r in requests]
+    if any(shape is None for shape in shapes):
+        raise InternalError(f"model '{config.name}': batch output '{spec.name}' needs input "
+                            f"'{source}' from every request")
+    counts = [int(np.prod(shape)) for shape in shapes if shape is not None]
+    if sum(counts) != array.size:
+        raise InternalError(
+            f"model '{config.name}' output '{spec.name}' has {array.size} elements, the batch "
+            f"output needs {sum(counts)} (the elements of input '{source}')")
+    parts = []
+    offset = 0
+    for shape, count in zip(shapes, counts, strict=True):
+        assert shape is not None
+        parts.append(array[offset : offset + count].reshape(shape))
+        offset += count
+    return parts
+
+
+def _conform_datatype(array: np.ndarray, spec: TensorSpec, config: ModelConfig) -> np.ndarray:
     dt = spec.datatype
     if dt is DataType.BYTES:
         if array.dtype != object:
@@ -117,6 +158,14 @@ def _conform_output(
                 f"model '{config.name}' output '{spec.name}' has numpy type {array.dtype} but "
                 f"config.pbtxt says {dt.config_name}"
             )
+    return array
+
+
+def _conform_output(
+    array: np.ndarray, spec: TensorSpec, config: ModelConfig, batching: bool, total: int
+) -> np.ndarray:
+    """Check an output against its config datatype and shape; apply the config reshape."""
+    array = _conform_datatype(array, spec, config)
     if spec.reshape is not None:
         dims = [d if d != -1 else -1 for d in spec.dims]
         target = (total, *dims) if batching else tuple(dims)

@@ -11,6 +11,9 @@ docs/protocol/extension_logging.md), the time in UTC:
 - "default": ``<level><month><day> <hour>:<min>:<sec>.<usec> <pid> <file>:<line>] <message>``,
   e.g. ``I1122 12:51:00.713675 5330 server.py:201] "Started HTTP on 0.0.0.0:8000"``
 - "ISO8601": ``<year>-<month>-<day>T<hour>:<min>:<sec>Z <level> <pid> <file>:<line>] <message>``
+- a text-format error in a model configuration also gets the line libprotobuf's own logger
+  writes under Triton, in libprotobuf's layout and never escaped:
+  ``[libprotobuf ERROR <file>:<line>] Error parsing text-format inference.ModelConfig: ...``
 
 ``<level>`` is E, W or I (verbose lines are I); ``<file>`` is the source file's base name.
 Messages are escaped by JSON string rules (rapidjson's: quotes around, ``\"``, ``\\`` and
@@ -34,6 +37,9 @@ _LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.
            logging.CRITICAL: "E"}
 _LIBRARIES = ("hypercorn", "quart", "grpclib", "h2", "hpack", "trio_asyncio", "asyncio")
 ESCAPE_ENVIRONMENT_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+# a record with this attribute set (``extra={LIBPROTOBUF: True}``) is written as libprotobuf
+# writes its log lines: ``[libprotobuf ERROR <file>:<line>] <message>``, unescaped
+LIBPROTOBUF = "libprotobuf"
 
 # rapidjson's string escapes: the short forms it has, \u00XX (upper-case hex) for the other
 # control characters; '/' and characters past 0x7f are written as they are
@@ -77,6 +83,11 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         letter = _LETTER.get(record.levelno, "I")
         message = record.getMessage()
+        if getattr(record, LIBPROTOBUF, False):
+            # libprotobuf's own logger writes its lines so under Triton: its layout, never
+            # escaped (scripts grep Triton's log for them as they are)
+            return f"[libprotobuf {logging.getLevelName(record.levelno)} " \
+                   f"{record.filename}:{record.lineno}] {message}"
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
         if self.escape:

@@ -31,8 +31,9 @@ from typing import Any
 
 log = logging.getLogger("nursery.trace")
 
-_FRONTEND = ("HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END",
-             "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END")
+_FRONTEND = ("HTTP_RECV_START", "HTTP_RECV_END", "GRPC_WAITREAD_START", "GRPC_WAITREAD_END",
+             "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END", "GRPC_SEND_START",
+             "GRPC_SEND_END")
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class _Tally:
 class BatchReport:
     """One model execution, as its instance worker saw it."""
 
-    batch_size: int  # rows executed
+    batch_size: int  # rows of the batch's requests (the inference count)
     requests: int
     succeeded: bool
     queue_ns: int  # summed over the batch's requests: accepted -> compute start
@@ -117,6 +117,10 @@ class BatchReport:
     enqueued_ns: tuple[int, ...] = ()
     started_ns: int = 0
     ended_ns: int = 0
+    # rows executed, the key of the batch statistics: a direct sequence batch's padding rows
+    # (Triton's null requests) count here as in Triton, not in the inference count; 0: as
+    # batch_size
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -201,9 +205,10 @@ class StatsAccumulator:
         self.compute_input.add(report.compute_input_ns * n, n)
         self.compute_infer.add(report.compute_infer_ns * n, n)
         self.compute_output.add(report.compute_output_ns * n, n)
-        per_size = self.batch.get(report.batch_size)
+        rows = report.rows or report.batch_size
+        per_size = self.batch.get(rows)
         if per_size is None:
-            per_size = self.batch[report.batch_size] = (_Tally(), _Tally(), _Tally())
+            per_size = self.batch[rows] = (_Tally(), _Tally(), _Tally())
         per_size[0].add(report.compute_input_ns)
         per_size[1].add(report.compute_infer_ns)
         per_size[2].add(report.compute_output_ns)

@@ -131,6 +131,22 @@ def parse_setting(key: str, value: Any) -> Any:
     raise InvalidArgument(f"unknown trace setting '{key}'")
 
 
+# Triton's command line reads a trace level case-insensitively, with older spellings
+# (TritonParser::ParseTraceLevelOption); the trace extension takes OFF, TIMESTAMPS and TENSORS
+_COMMAND_LINE_LEVELS = {"false": "OFF", "off": "OFF", "true": "TIMESTAMPS", "on": "TIMESTAMPS",
+                        "min": "TIMESTAMPS", "max": "TIMESTAMPS", "timestamps": "TIMESTAMPS",
+                        "tensors": "TENSORS"}
+
+
+def command_line_level(value: str) -> str:
+    """A ``--trace-level`` / ``--trace-config level=`` value as a trace level (``MIN`` and
+    ``MAX``, the deprecated spellings Triton's own qa scripts still pass, are TIMESTAMPS)."""
+    level = _COMMAND_LINE_LEVELS.get(value.lower())
+    if level is None:
+        raise ValueError(f"invalid value for trace level option: {value.lower()}")
+    return level
+
+
 def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
     """``--trace-config`` entries (``[mode,]setting=value``) and the deprecated flags, as
     Triton reads them."""
@@ -153,7 +169,7 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
         if key not in mapped:
             raise ValueError(f"unknown trace setting '{key}' in --trace-config {entry}")
         if mapped[key] == "trace_level":
-            levels.append(value.upper())
+            levels.append(command_line_level(value))
         else:
             try:
                 values[mapped[key]] = parse_setting(mapped[key], value)

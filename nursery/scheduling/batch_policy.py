@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, cast
 
 from nursery.scheduling.decisions import Decision, Dispatch, FreeInstances, Poll, W, rejections
+from nursery.scheduling.start_delay import StartDelay
 
 TIMEOUT_EXPIRED = "Request timeout expired"
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -108,8 +109,11 @@ class DynamicBatchPolicy(FreeInstances, Generic[W]):
     """Dispatches batches to free instances; one batch at a time per instance."""
 
     def __init__(self, config: BatchConfig, *,
-                 describe: Callable[[W], BatchItem] | None = None) -> None:
+                 describe: Callable[[W], BatchItem] | None = None,
+                 start_delay: StartDelay | None = None) -> None:
         self.config = config
+        # Triton's TRITONSERVER_DELAY_SCHEDULER hook: no batch until enough requests queued
+        self._start_delay = start_delay
         max_batch = max(1, config.max_batch_size)
         self._max_batch = max_batch
         preferred = config.preferred_batch_sizes or (max_batch,)
@@ -177,7 +181,9 @@ class DynamicBatchPolicy(FreeInstances, Generic[W]):
             decisions.extend(rejections(self._rejected))
             self._rejected = []
         wake_at: float | None = None
-        while self._count and self._free:
+        if self._start_delay is not None and not self._start_delay.waiting(self._count):
+            self._start_delay = None
+        while self._count and self._free and self._start_delay is None:
             batch, wait_until = self._form(now)
             if batch is None:
                 wake_at = wait_until

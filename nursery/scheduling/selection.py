@@ -14,6 +14,7 @@ from nursery.scheduling.decisions import SchedulingPolicy, W
 from nursery.scheduling.fifo import FifoPolicy
 from nursery.scheduling.latency_objective import LatencyObjectivePolicy
 from nursery.scheduling.sequence_policy import SequencePolicy
+from nursery.scheduling.start_delay import StartDelay
 
 MAX_QUEUE = 65536  # requests the default scheduler holds before rejecting (UNAVAILABLE)
 # Places per instance under the default scheduler: the thread holds its next request while it
@@ -29,14 +30,18 @@ class PolicyChoice(Generic[W]):
 
 def policy_for(config: ModelConfig, instances: int,
                describe: Callable[[W], Any] = lambda work: work,
-               signature: Callable[[W], Hashable] | None = None) -> PolicyChoice[W]:
+               signature: Callable[[W], Hashable] | None = None,
+               start_delay: StartDelay | None = None) -> PolicyChoice[W]:
     """The policy of one version of ``config`` served by ``instances`` instances
-    (``describe`` and ``signature``: what the sequence batcher reads of a request)."""
+    (``describe`` and ``signature``: what the sequence batcher reads of a request;
+    ``start_delay``: Triton's TRITONSERVER_DELAY_SCHEDULER hook, for the dynamic and
+    sequence batchers)."""
     if config.sequence is not None:
         # the SequenceBatcher: one batch at a time per instance
         return PolicyChoice(SequencePolicy[W](config.sequence.schedule, instances,
                                               model=config.name, describe=describe,
-                                              signature=signature), 1)
+                                              signature=signature,
+                                              start_delay=start_delay), 1)
     if config.objective is not None:
         # nursery's latency-objective batcher (parameters nursery.batcher ...), with the
         # dynamic_batching block's priority levels and queue bounds when there is one
@@ -46,5 +51,5 @@ def policy_for(config: ModelConfig, instances: int,
     if config.batching is not None:
         # the DynamicBatcher: batches form while instances are busy, so an instance takes
         # one batch at a time
-        return PolicyChoice(DynamicBatchPolicy[W](config.batching), 1)
+        return PolicyChoice(DynamicBatchPolicy[W](config.batching, start_delay=start_delay), 1)
     return PolicyChoice(FifoPolicy[W](DEFAULT_SCHEDULER_SLOTS, MAX_QUEUE), DEFAULT_SCHEDULER_SLOTS)

@@ -65,6 +65,7 @@ from nursery.scheduling.decisions import (
     rejections,
 )
 from nursery.scheduling.sequence_schedule import SequenceSchedule
+from nursery.scheduling.start_delay import StartDelay
 
 
 class SequenceItem(Protocol):
@@ -136,8 +137,11 @@ class SequencePolicy(Generic[W]):
 
     def __init__(self, schedule: SequenceSchedule, instances: int, *, model: str = "",
                  describe: Callable[[W], SequenceItem] | None = None,
-                 signature: Callable[[W], Hashable] | None = None) -> None:
+                 signature: Callable[[W], Hashable] | None = None,
+                 start_delay: StartDelay | None = None) -> None:
         self.schedule = schedule
+        # Triton's TRITONSERVER_DELAY_SCHEDULER hook: no batch until enough requests queued
+        self._start_delay = start_delay
         # requests share a batch only when these are equal (the shapes of the inputs Triton
         # requires equal: variable dims, shape tensors); None: always
         self._signature: Callable[[W], Hashable] = signature or (lambda item: None)
@@ -276,7 +280,14 @@ class SequencePolicy(Generic[W]):
         if reaped is not None:
             wake_at = reaped if wake_at is None else min(wake_at, reaped)
         batches: list[Dispatch[W]] = []
-        for instance in list(self._free):
+        if self._start_delay is not None and self._start_delay.waiting(
+                sum(len(seq.queue) for seq in self._slots.values()),
+                sum(len(seq.queue) for seq in self._backlog)):
+            free: list[int] = []  # batches wait; the next arrival polls again
+        else:
+            self._start_delay = None
+            free = list(self._free)
+        for instance in free:
             batch, wait_until = self._form(instance, now)
             if batch is not None:
                 del self._free[instance]

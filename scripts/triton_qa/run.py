@@ -62,12 +62,18 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
     ("gen_qa_models.py", ["--libtorch"], "qa_model_repository"),
     ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
+    ("gen_qa_models.py", ["--libtorch", "--variable"], "qa_variable_model_repository"),
     ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
     ("gen_qa_identity_models.py", ["--libtorch"], "qa_identity_model_repository"),
     ("gen_qa_sequence_models.py", ["--onnx"], "qa_sequence_model_repository"),
     ("gen_qa_sequence_models.py", ["--libtorch"], "qa_sequence_model_repository"),
+    ("gen_qa_sequence_models.py", ["--onnx", "--variable"],
+     "qa_variable_sequence_model_repository"),
+    ("gen_qa_sequence_models.py", ["--libtorch", "--variable"],
+     "qa_variable_sequence_model_repository"),
     ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
+    ("gen_qa_dyna_sequence_models.py", ["--libtorch"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
     # the ensembles over those models (configurations only; the generator writes them for
     # every platform, TensorRT's included, whose steps' models are then absent)
@@ -78,6 +84,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
      "qa_ensemble_model_repository/qa_identity_model_repository"),
     ("gen_qa_sequence_models.py", ["--ensemble"],
      "qa_ensemble_model_repository/qa_sequence_model_repository"),
+    ("gen_qa_sequence_models.py", ["--ensemble", "--variable"],
+     "qa_ensemble_model_repository/qa_variable_sequence_model_repository"),
 ]
 
 # Variables a group's test.sh reads to pick the backends it loops over (each defaults to all
@@ -86,6 +94,9 @@ GENERATORS: list[tuple[str, list[str], str]] = [
 GROUP_ENV = {
     "L0_infer": {"BACKENDS": "onnx libtorch python python_dlpack"},
     "L0_sequence_batcher": {"BACKENDS": "onnx libtorch python"},
+    "L0_batcher": {"BACKENDS": "onnx libtorch python"},
+    # `custom` and `custom_string` are the harness's dyna_sequence stand-in
+    "L0_dyna_sequence_batcher": {"BACKENDS": "libtorch onnx custom custom_string"},
     # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
     "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
 }

@@ -239,3 +239,98 @@ def test_ensemble_outputs_classify_with_the_labels_triton_finds(tmp_path, start_
             httpclient.InferRequestedOutput("OUTPUT0", class_count=3)])
         assert result.as_numpy("OUTPUT0").tolist() == [b"9:1:step1", b"7:3:step3",
                                                         b"5:0:step0"]
+
+
+PRODUCER = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().item())
+            sender = request.get_response_sender()
+            for i in range(n):
+                time.sleep(0.02)
+                out = pb_utils.Tensor("OUT", np.array([[float(i)]], np.float32))
+                sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+SLOW = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            time.sleep(DELAY)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+'''
+
+
+def test_a_full_step_holds_back_only_its_own_requests(tmp_path, start_server):
+    """L0_simple_ensemble's backpressure pipeline: a decoupled producer sends its parts fast,
+    a slow step behind it may have max_inflight_requests (2) in flight, a quick step follows.
+    While the slow step is full, the producer's further parts wait for it, but the parts the
+    slow step answered go on through the quick step at once: the first answer reaches the
+    client after about one slow step, not after the producer's backlog (Triton blocks the
+    response that would issue the full step, not the ensemble's other answers)."""
+    import queue
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    io = ('input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+          'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+          'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    (repo / "producer" / "1").mkdir(parents=True)
+    (repo / "producer" / "1" / "model.py").write_text(PRODUCER)
+    (repo / "producer" / "config.pbtxt").write_text(
+        'name: "producer"\nbackend: "python"\nmax_batch_size: 2\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'model_transaction_policy { decoupled: true }\n')
+    for name, delay in (("slow", 0.4), ("quick", 0.01)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(SLOW.replace("DELAY", str(delay)))
+        (repo / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 2\n' + io)
+    steps = ", ".join(
+        f'{{ model_name: "{m}" model_version: -1 input_map {{ key: "{i}" value: "{a}" }} '
+        f'output_map {{ key: "{o}" value: "{b}" }} }}'
+        for m, i, o, a, b in (("producer", "IN", "OUT", "IN", "P"),
+                              ("slow", "INPUT0", "OUTPUT0", "P", "S"),
+                              ("quick", "INPUT0", "OUTPUT0", "S", "OUT")))
+    (repo / "pipe" / "1").mkdir(parents=True)
+    (repo / "pipe" / "config.pbtxt").write_text(
+        'name: "pipe"\nplatform: "ensemble"\nmax_batch_size: 2\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        f'ensemble_scheduling {{ max_inflight_requests: 2 step [ {steps} ] }}\n')
+    server = start_server(repo)
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(lambda result, error: answers.put((time.monotonic(), result, error)))
+        inp = grpcclient.InferInput("IN", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[10]], np.int32))
+        sent = time.monotonic()
+        client.async_stream_infer("pipe", [inp])
+        got = [answers.get(timeout=60) for _ in range(10)]
+        client.stop_stream()
+    assert all(error is None for _, _, error in got), got
+    assert sorted(float(r.as_numpy("OUT").item()) for _, r, _ in got) == [
+        float(i) for i in range(10)]
+    first, last = got[0][0] - sent, got[-1][0] - sent
+    assert last > 3.0  # ten slow steps, one at a time
+    assert first < 2.0, (first, last)  # before: after about eight of them (3.2 s)

@@ -287,7 +287,7 @@ def test_trace_settings_and_trace_file(obs_server: ServerProcess) -> None:
     assert [(h["model_name"], h["model_version"]) for h in heads] == [("add_sub", 1)] * 2
     stamps = [[t["name"] for t in r["timestamps"]] for r in records if "timestamps" in r]
     core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-            "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+            "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
     assert stamps[0] == ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START"]
     assert stamps[1] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core, "GRPC_SEND_START"]
     for r in records:
@@ -450,8 +450,8 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
             assert tops[request_id].trace_id.hex() == parent_trace, request_id
             assert tops[request_id].parent_span_id.hex() == span, request_id
         assert tops["sampled"].parent_span_id == b""
-        assert [e.name for e in tops["sampled"].events] == ["HTTP_RECV_START", "HTTP_RECV_END",
-                                                             "HTTP_SEND_START"]
+        assert [e.name for e in tops["sampled"].events] == [
+            "HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START"]
     finally:
         collector.close()
 

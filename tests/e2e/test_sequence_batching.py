@@ -41,8 +41,27 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     make_models.write_sequence_controls(repo, "controls_u64")
     make_models.write_sequence_controls(repo, "controls_str", corrid="BYTES")
     make_models.write_sequence_controls(repo, "controls_i32", corrid="INT32")
+    _write_ensemble(repo, "ens_controls", "controls_u64")
+    make_models.write_sequence_accumulator(repo, "acc_pad", max_batch_size=4)
     with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
         yield proc
+
+
+def _write_ensemble(repo: Path, name: str, step: str) -> None:
+    """A one-step ensemble over the control-echo model ``step``."""
+    names = ("OUTPUT", "START_OUT", "END_OUT", "READY_OUT", "CORRID_OUT")
+    types = ("TYPE_INT32",) * 4 + ("TYPE_UINT64",)
+    maps = "".join(f'  output_map {{ key: "{o}" value: "{o}" }}\n' for o in names)
+    decl = ",\n".join(f'  {{ name: "{o}" data_type: {t} dims: [ 1 ] }}'
+                       for o, t in zip(names, types, strict=True))
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        f"output [\n{decl}\n]\n"
+        f'ensemble_scheduling {{ step [ {{\n  model_name: "{step}" model_version: -1\n'
+        f'  input_map {{ key: "INPUT" value: "INPUT" }}\n{maps}}} ] }}\n')
 
 
 def _http_input(value: int) -> httpclient.InferInput:
@@ -187,6 +206,58 @@ def test_control_tensors(seq_server: ServerProcess) -> None:
     low = _controls(client.infer("controls_i32", [_http_input(1)], sequence_id=2**32 + 9,
                                  sequence_start=True, sequence_end=True))
     assert low == (1, 1, 1, 9)
+    client.close()
+
+
+def test_ensemble_step_carries_the_sequence(seq_server: ServerProcess) -> None:
+    """An ensemble request's correlation ID and START/END flags reach its sequence step (as
+    Triton's ensemble scheduler gives them to every step request), over HTTP and gRPC."""
+    client = httpclient.InferenceServerClient(seq_server.url)
+    sid = 2**40 + 3
+    assert _controls(client.infer("ens_controls", [_http_input(1)], sequence_id=sid,
+                                  sequence_start=True)) == (1, 0, 1, sid)
+    assert _controls(client.infer("ens_controls", [_http_input(1)],
+                                  sequence_id=sid)) == (0, 0, 1, sid)
+    gclient = grpcclient.InferenceServerClient(f"127.0.0.1:{seq_server.grpc_port}")
+    r = gclient.infer("ens_controls", [_grpc_input(1)], sequence_id=sid, sequence_end=True)
+    assert tuple(r.as_numpy(n)[0, 0] for n in ("START_OUT", "END_OUT", "READY_OUT",
+                                               "CORRID_OUT")) == (0, 1, 1, sid)
+    # without a correlation ID the step refuses it, in the ensemble's words; the ensemble
+    # counts a failure, not an execution (Triton counts executions on success only)
+    before = client.get_inference_statistics("ens_controls")["model_stats"][0]
+    assert before["execution_count"] == 3
+    with pytest.raises(InferenceServerException, match="non-zero or non-empty correlation ID"):
+        client.infer("ens_controls", [_http_input(1)])
+    after = client.get_inference_statistics("ens_controls")["model_stats"][0]
+    assert after["execution_count"] == 3
+    assert after["inference_count"] == 3
+    assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"][
+        "count"] + 1
+    assert after["inference_stats"]["success"]["count"] == 3
+    client.close()
+    gclient.close()
+
+
+def test_padding_rows_count_in_batch_statistics(seq_server: ServerProcess) -> None:
+    """A direct batch runs one row per slot up to the highest slot with a request; the empty
+    slots below it are padding rows (Triton's null requests). Triton's batch statistics
+    count them (the executed batch size), its inference count does not."""
+    client = httpclient.InferenceServerClient(seq_server.url)
+
+    def step(sid: int, value: int, **flags: bool) -> int:
+        r = client.infer("acc_pad", [_http_input(value)], sequence_id=sid, **flags)
+        return int(r.as_numpy("OUTPUT")[0, 0])
+
+    assert step(51, 1, sequence_start=True) == 1  # slot 0, alone: one row
+    assert step(52, 10, sequence_start=True) == 10  # slot 1: rows [padding, 52]
+    assert step(52, 10) == 20  # again
+    assert step(51, 1, sequence_end=True) == 2  # slot 0: one row
+    assert step(52, 10, sequence_end=True) == 30  # rows [padding, 52]
+    stats = client.get_inference_statistics("acc_pad")["model_stats"][0]
+    assert stats["execution_count"] == 5
+    assert stats["inference_count"] == 5
+    assert sorted((b["batch_size"], b["compute_infer"]["count"])
+                  for b in stats["batch_stats"]) == [(1, 2), (2, 3)]
     client.close()
 
 

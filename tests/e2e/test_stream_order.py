@@ -66,3 +66,60 @@ def test_answers_of_one_batch_keep_its_order(tmp_path: Path,
             assert not isinstance(got[1], InferenceServerException), got
             np.testing.assert_array_equal(got[1].as_numpy("OUT"), sent[1])  # type: ignore[union-attr]
         client.stop_stream()
+
+
+SLEEPER = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            ms = pb_utils.get_input_tensor_by_name(request, "MS").as_numpy()
+            time.sleep(float(ms[0]) / 1000)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", ms)]))
+        return out
+'''
+
+SLEEPER_CONFIG = '''name: "sleeper"
+backend: "python"
+max_batch_size: 0
+input [ { name: "MS" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+'''
+
+
+def test_answers_are_written_in_the_order_of_the_requests(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """Triton's stream writes a non-decoupled request's answer only after the answers of
+    every request the stream carried before it (refusals too), however the requests finish:
+    a slow request holds back a quick one sent after it."""
+    repo = tmp_path / "repo"
+    (repo / "sleeper" / "1").mkdir(parents=True)
+    (repo / "sleeper" / "1" / "model.py").write_text(SLEEPER)
+    (repo / "sleeper" / "config.pbtxt").write_text(SLEEPER_CONFIG)
+    server = start_server(repo)
+    answers: queue.Queue[object] = queue.Queue()
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+
+        def send(model: str, ms: float, rid: str) -> None:
+            inp = grpcclient.InferInput("MS", [1], "FP32")
+            inp.set_data_from_numpy(np.array([ms], np.float32))
+            client.async_stream_infer(model, [inp], request_id=rid)
+
+        send("sleeper", 800, "slow")  # runs on one instance
+        send("sleeper", 0, "quick")  # on the other, done long before "slow"
+        send("nowhere", 0, "refused")  # refused at once (no such model)
+        send("sleeper", 0, "last")
+        got = [answers.get(timeout=30) for _ in range(4)]
+        client.stop_stream()
+    assert not isinstance(got[0], InferenceServerException), got
+    assert [g.get_response().id for g in (got[0], got[1], got[3])] == [  # type: ignore[union-attr]
+        "slow", "quick", "last"]
+    assert isinstance(got[2], InferenceServerException), got
+    assert "nowhere" in got[2].message()

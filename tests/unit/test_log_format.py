@@ -111,3 +111,25 @@ def test_the_logging_extension_keeps_the_escape_mode() -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_a_config_parse_error_gets_libprotobufs_unescaped_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Under Triton libprotobuf logs a text-format error itself, unescaped, in its own
+    layout (L0_simple_ensemble greps for `Expected integer, got: "invalid_value"`); the
+    configuration error that follows is Triton's, escaped as every line."""
+    from nursery.config.model import parse_config_text
+    from nursery.errors import ConfigError
+    from nursery.observability.logs import LIBPROTOBUF
+
+    with caplog.at_level(logging.ERROR, logger="nursery.config"), \
+            pytest.raises(ConfigError, match="Expected integer"):
+        parse_config_text('name: "e"\nensemble_scheduling {\n  max_inflight_requests: '
+                          '"invalid_value"\n}\n', "e")
+    [record] = [r for r in caplog.records if getattr(r, LIBPROTOBUF, False)]
+    for escape in (True, False):
+        line = _Formatter("default", escape).format(record)
+        assert line.startswith("[libprotobuf ERROR model.py:")
+        assert line.endswith('] Error parsing text-format inference.ModelConfig: 3:26: '
+                             'Expected integer, got: "invalid_value" (an integer for field '
+                             "'max_inflight_requests')")

@@ -137,8 +137,18 @@ def test_trace_config_flags() -> None:
                            "trace_mode": "triton"}
     with pytest.raises(ValueError, match="unknown trace setting"):
         settings_from_config(("bogus=1",))
-    with pytest.raises(ValueError, match="Unsupported trace level"):
+    with pytest.raises(ValueError, match="invalid value for trace level option: loud"):
         settings_from_config(("level=LOUD",))
+
+
+@pytest.mark.parametrize(("given", "level"), [
+    ("MIN", ("TIMESTAMPS",)), ("max", ("TIMESTAMPS",)), ("on", ("TIMESTAMPS",)),
+    ("true", ("TIMESTAMPS",)), ("Tensors", ("TENSORS",)), ("off", ("OFF",)),
+    ("false", ("OFF",))])
+def test_command_line_trace_levels_read_as_triton(given: str, level: tuple[str, ...]) -> None:
+    """Triton's command line reads a level case-insensitively, with its older spellings
+    (L0_batcher starts the server with --trace-level=MIN)."""
+    assert settings_from_config((f"level={given}",)).trace_level == level
 
 
 def test_model_settings_follow_global_until_set_and_clear_as_triton() -> None:

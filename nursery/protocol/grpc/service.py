@@ -20,7 +20,6 @@ import grpclib.const
 import grpclib.server
 import trio
 
-from nursery.actors.mailbox import OneShot
 from nursery.actors.model_client import stream_decoupled
 from nursery.config.json_form import ConfigJsonError, config_from_json
 from nursery.core import Core
@@ -59,24 +58,17 @@ def _status(error: NurseryError) -> grpclib.GRPCError:
     return grpclib.GRPCError(grpclib.const.Status(GRPC_STATUS[error.kind]), error.message)
 
 
-class _StreamSlot(OneShot):
-    """The reply slot of one request of a stream: it notes when its answer came, so the
-    stream writes answers in the order they came (the answers of one batch in the batch's
-    order, as Triton's stream does), whichever request's task wakes first."""
+class _Ticket:
+    """A non-decoupled request's place on its stream. Triton's stream writes the answers of
+    non-decoupled requests in the order the stream carried the requests, refusals included
+    (stream_infer_handler.cc queues each such request as it reads it and writes only the
+    head of that queue); a decoupled model's responses are written as they come."""
 
-    __slots__ = ("_arrivals", "delivered", "finished", "message")
+    __slots__ = ("done", "message")
 
-    def __init__(self, arrivals: deque[_StreamSlot]) -> None:
-        super().__init__()
-        self._arrivals = arrivals
-        self.delivered = False  # its answer came through the slot (not a cache hit, ...)
-        self.finished = False  # its task has its message ready (or nothing to write)
+    def __init__(self) -> None:
+        self.done = False  # its answer is encoded (or there is nothing to write)
         self.message: bytes | None = None
-
-    def send_nowait(self, value: Any) -> None:
-        super().send_nowait(value)  # raises when nobody takes it: then nothing to order
-        self.delivered = True
-        self._arrivals.append(self)
 
 
 def _grpc_error_mode(stream: Any) -> bool:
@@ -277,9 +269,11 @@ class InferenceService(services.GrpcInferenceServiceBase):
     async def _stream_rpc(
         self, stream: grpclib.server.Stream[pb.ModelInferRequest, pb.ModelStreamInferResponse]
     ) -> None:
-        """ModelStreamInfer: requests are served as they arrive, concurrently; each answer
-        (or its error, as ``error_message``) is written when it is ready. The stream stays
-        open after a failed request; the client ending or cancelling it is honoured."""
+        """ModelStreamInfer: requests are served as they arrive, concurrently; the answers
+        (or errors, as ``error_message``) of non-decoupled requests are written in the order
+        the stream carried the requests, as Triton's, a decoupled model's responses as they
+        come. The stream stays open after a failed request; the client ending or cancelling
+        it is honoured."""
         await self._stream_trio(stream)
 
     def _endpoints(self, stream: Any) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
@@ -310,23 +304,21 @@ class InferenceService(services.GrpcInferenceServiceBase):
             async with lock:
                 await send(message)
 
-        # answers that came through their requests' slots, in the order they came: each is
-        # written once its own task has encoded it and every answer before it is written
-        arrivals: deque[_StreamSlot] = deque()
+        # the non-decoupled requests in the order the stream carried them: an answer is
+        # written once it is encoded and every answer before it is written (Triton's order)
+        order: deque[_Ticket] = deque()
 
-        def new_slot() -> _StreamSlot:
-            return _StreamSlot(arrivals)
+        def new_ticket() -> _Ticket:
+            ticket = _Ticket()
+            order.append(ticket)
+            return ticket
 
-        async def answer(slot: OneShot, message: bytes | None) -> None:
-            if not isinstance(slot, _StreamSlot) or not slot.delivered:
-                if message is not None:  # no answer came through it (a cache hit, ...)
-                    await reply(message)
-                return
-            slot.message = message
-            slot.finished = True
+        async def answer(ticket: _Ticket, message: bytes | None) -> None:
+            ticket.message = message
+            ticket.done = True
             async with lock:
-                while arrivals and arrivals[0].finished:
-                    head = arrivals.popleft()
+                while order and order[0].done:
+                    head = order.popleft()
                     if head.message is not None:
                         await send(head.message)
 
@@ -335,8 +327,8 @@ class InferenceService(services.GrpcInferenceServiceBase):
             self.on_internal_error("a ModelStreamInfer request", exc)
             return encode_stream_response(None, INTERNAL_MESSAGE)
 
-        async def finish(work: Any, answer_slot: Any, handle: Any, outputs: Any,
-                         shm: ShmHold) -> None:
+        async def finish(ticket: _Ticket, work: Any, answer_slot: Any, handle: Any,
+                         outputs: Any, shm: ShmHold) -> None:
             message: bytes | None
             try:
                 response = await self.core.client.wait(work, answer_slot, handle)
@@ -349,14 +341,14 @@ class InferenceService(services.GrpcInferenceServiceBase):
             finally:
                 shm.release()
                 self.draining.leave()
-            await answer(answer_slot, message)
+            await answer(ticket, message)
 
         # a traceparent in the stream's metadata parents every request the stream carries
         tracer = self.core.tracer
         traceparent = _traceparent(stream) if tracer.active else ""
 
-        async def infer(handle: Any, outputs: Any, shm: ShmHold, trace: Any,
-                        answer_slot: OneShot, pending: Awaitable[Any]) -> None:
+        async def infer(ticket: _Ticket, handle: Any, outputs: Any, shm: ShmHold, trace: Any,
+                        pending: Awaitable[Any]) -> None:
             """The full path (cache, tracing): ``pending``, the request's answer, which the
             loop checked and queued (a refusal is raised there, a failure here, as
             ``triton_grpc_error`` mode tells them apart)."""
@@ -374,7 +366,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
                 self.draining.leave()
                 if trace is not None:
                     trace.finish()
-            await answer(answer_slot, message)
+            await answer(ticket, message)
 
         async def decoupled(request: Any, handle: Any, shm: ShmHold) -> None:
             try:
@@ -392,17 +384,18 @@ class InferenceService(services.GrpcInferenceServiceBase):
                 self.draining.leave()
 
         with closing:
-            await self._serve_stream(receive, reply, unexpected, infer, decoupled, finish,
-                                     traceparent, new_slot, _forwarded(self.forward, stream))
+            await self._serve_stream(receive, answer, unexpected, infer, decoupled, finish,
+                                     traceparent, new_ticket, _forwarded(self.forward, stream))
         if failure:  # ends the stream: grpc-status and message, as Triton's Finish(status)
             raise _status(failure[0])
 
-    async def _serve_stream(self, receive: Any, reply: Any, unexpected: Any, infer: Any,
+    async def _serve_stream(self, receive: Any, answer: Any, unexpected: Any, infer: Any,
                             decoupled: Any, finish: Any, traceparent: str,
-                            new_slot: Callable[[], OneShot],
+                            new_ticket: Callable[[], _Ticket],
                             forwarded: dict[str, str] | NurseryError | None = None) -> None:
-        """Read the stream's requests, check and queue each in order, answer in the order
-        the answers come (``new_slot``: each request's reply slot). Each request holds the
+        """Read the stream's requests, check and queue each in order; a non-decoupled
+        request's answer (or refusal) is written in the order the stream carried it
+        (``new_ticket``: its place, ``answer``: writes what is due). Each request holds the
         shared-memory regions it uses until its answer is encoded (``infer``, ``finish``,
         ``decoupled`` let go of them)."""
         tracer = self.core.tracer
@@ -430,8 +423,10 @@ class InferenceService(services.GrpcInferenceServiceBase):
                 try:
                     self.draining.enter()
                 except NurseryError as error:
-                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
+                    nursery.start_soon(bounded, answer, new_ticket(),
+                                       encode_stream_response(None, error.message))
                     continue
+                ticket: _Ticket | None = None  # not for a decoupled model's request
                 shm = self.core.shm.hold()
                 try:
                     handle = await self.core.acquire(message.model_name, message.model_version)
@@ -441,6 +436,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
                     if handle.config.decoupled:  # responses as they come
                         nursery.start_soon(bounded, decoupled, request, handle, shm)
                         continue
+                    ticket = new_ticket()
                     outputs = grpc_codec.decode_shm_outputs(message, shm)
                     if handle.config.sequence is None:  # the full path (cache, tracing),
                         # queued here after the checks, in order
@@ -449,32 +445,32 @@ class InferenceService(services.GrpcInferenceServiceBase):
                             trace = tracer.start(handle.name, traceparent)
                             request.trace = trace or False
                         try:
-                            work, slot = self.core.client.submit(request, handle, queue=False,
-                                                                 slot=new_slot())
+                            work, slot = self.core.client.submit(request, handle, queue=False)
                             # queued here, in the order the stream carries them (Triton's)
                             pending = self.core.client.start(work, slot, handle)
                         except BaseException:
                             if trace is not None:
                                 trace.finish()
                             raise
-                        nursery.start_soon(bounded, infer, handle, outputs, shm, trace, slot,
+                        nursery.start_soon(bounded, infer, ticket, handle, outputs, shm, trace,
                                            pending)
                         continue
-                    work, answer = self.core.client.submit(request, handle, slot=new_slot())
+                    work, slot = self.core.client.submit(request, handle)
                 except NurseryError as error:
                     shm.release()
                     self.draining.leave()
-                    nursery.start_soon(bounded, reply, encode_stream_response(None, error.message))
+                    nursery.start_soon(bounded, answer, ticket or new_ticket(),
+                                       encode_stream_response(None, error.message))
                     continue
                 except Exception as exc:  # noqa: BLE001 - the request's boundary
                     shm.release()
                     self.draining.leave()
-                    nursery.start_soon(bounded, reply, unexpected(exc))
+                    nursery.start_soon(bounded, answer, ticket or new_ticket(), unexpected(exc))
                     continue
                 except BaseException:  # cancelled before a task took the request over
                     shm.release()
                     raise
-                nursery.start_soon(bounded, finish, work, answer, handle, outputs, shm)
+                nursery.start_soon(bounded, finish, ticket, work, slot, handle, outputs, shm)
 
     async def _stream_decoupled(self, request: Any, handle: Any, lock: trio.Lock,
                                 send: Any,
