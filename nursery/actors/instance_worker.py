@@ -250,23 +250,34 @@ class InlinePolicy:
     Then the thread's parallelism buys nothing, and running inline saves the two hand-offs
     (about 120 µs) on the request's own latency, so batches up to 300 µs qualify: the peer
     sweep's MLP at concurrency 1 computes a request in about 100 µs. The loop is blocked that
-    long only while the model has no other request in flight."""
+    long only while the model has no other request in flight.
 
-    __slots__ = ("enabled", "below_ns", "quiet_below_ns", "avg_ns", "count", "probe",
-                 "rows_ok", "quiet_rows_ok")
+    ``idle_below_ns`` (1 ms) is the bound for a batch that holds every request the whole
+    server has in flight (``take(batch, quiet=True, idle=True)``). Nothing then waits on the
+    loop but what arrives while the batch runs, and that is read at most this long later.
+    What it saves is more than the hand-offs: while the instance's thread runs a batch's
+    Python (gathering the inputs, splitting the outputs), the trio thread and it take the
+    interpreter lock from each other. Clients that all wait on one batch (a closed loop whose
+    requests the batcher gathered into one batch, the peer sweep's MLP at concurrency 4 and
+    16) come back to a loop that has nothing else to do."""
+
+    __slots__ = ("enabled", "below_ns", "quiet_below_ns", "idle_below_ns", "avg_ns", "count",
+                 "probe", "rows_ok", "quiet_rows_ok", "idle_rows_ok")
 
     def __init__(self, enabled: bool, below_ns: int = 100_000, probe: int = 64,
-                 quiet_below_ns: int = 300_000) -> None:
+                 quiet_below_ns: int = 300_000, idle_below_ns: int = 1_000_000) -> None:
         self.enabled = enabled
         self.below_ns = below_ns
         self.quiet_below_ns = max(quiet_below_ns, below_ns)
-        self.avg_ns = float(self.quiet_below_ns)  # unknown: start threaded
+        self.idle_below_ns = max(idle_below_ns, self.quiet_below_ns)
+        self.avg_ns = float(self.idle_below_ns)  # unknown: start threaded
         self.count = 0
         self.probe = probe
         self.rows_ok = 0  # the largest batch (rows) measured below ``below_ns``
         self.quiet_rows_ok = 0  # ... below ``quiet_below_ns``
+        self.idle_rows_ok = 0  # ... below ``idle_below_ns``
 
-    def take(self, batch: ExecuteBatch, quiet: bool = False) -> bool:
+    def take(self, batch: ExecuteBatch, quiet: bool = False, idle: bool = False) -> bool:
         if not self.enabled or batch.ordered:
             return False
         self.count += 1
@@ -275,12 +286,15 @@ class InlinePolicy:
         rows = sum(w.batch_size for w in batch.work)
         if self.avg_ns < self.below_ns and rows <= self.rows_ok:
             return True
-        return quiet and self.avg_ns < self.quiet_below_ns and rows <= self.quiet_rows_ok
+        if quiet and self.avg_ns < self.quiet_below_ns and rows <= self.quiet_rows_ok:
+            return True
+        return idle and self.avg_ns < self.idle_below_ns and rows <= self.idle_rows_ok
 
     def ran(self, ns: int, rows: int) -> None:
         self.avg_ns += (ns - self.avg_ns) / 8
         self.rows_ok = _rows_below(self.rows_ok, ns, rows, self.below_ns)
         self.quiet_rows_ok = _rows_below(self.quiet_rows_ok, ns, rows, self.quiet_below_ns)
+        self.idle_rows_ok = _rows_below(self.idle_rows_ok, ns, rows, self.idle_below_ns)
 
     def timed(self, batch: ExecuteBatch, finished: Callable[[ExecuteBatch, Any], None],
               result: outcome.Outcome[Any]) -> None:
@@ -300,9 +314,15 @@ def _rows_below(ok: int, ns: int, rows: int, bound_ns: int) -> int:
     return rows - 1 if rows <= ok else ok
 
 
-def _quiet(client: ModelClient, name: str, batch: ExecuteBatch) -> bool:
-    """True when ``batch`` holds every request of model ``name`` in flight (InlinePolicy)."""
-    return client.in_flight.get(name, 0) <= len(batch.work)
+def _quiet(client: ModelClient | None, name: str, batch: ExecuteBatch) -> tuple[bool, bool]:
+    """Whether ``batch`` holds every request of model ``name`` in flight, and every request of
+    the whole server (InlinePolicy's ``quiet`` and ``idle``)."""
+    if client is None:
+        return False, False
+    held = len(batch.work)
+    if client.in_flight.get(name, 0) > held:
+        return False, False
+    return True, sum(client.in_flight.values()) <= held
 
 
 def _ignore(result: outcome.Outcome[Any]) -> None:
@@ -406,8 +426,7 @@ async def run(
         if alone:            # still on the thread (one instance answers in FIFO order)
             all_done = trio.Event()
         running[id(batch)] = batch
-        if alone and inline.take(batch, quiet=client is not None
-                                             and _quiet(client, config.name, batch)):
+        if alone and inline.take(batch, *_quiet(client, config.name, batch)):
             t0 = time.monotonic_ns()
             result = outcome.capture(runner, backend, config, version, batch,  # type: ignore[call-overload]
                                      states)

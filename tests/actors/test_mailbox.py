@@ -128,3 +128,22 @@ def test_inline_policy_when_the_batch_is_all_its_model_has_in_flight() -> None:
         policy.ran(400_000, 1)  # the model got slow: threaded either way
     assert not policy.take(batch, quiet=True)
     assert not InlinePolicy(enabled=True).take(_batch(1, ordered=True), quiet=True)
+
+
+def test_inline_policy_when_the_batch_is_all_the_server_has_in_flight() -> None:
+    """A batch holding every request the whole server has in flight (``idle``) runs inline up
+    to ``idle_below_ns``; a batch that is only its model's whole load, up to
+    ``quiet_below_ns``."""
+    batch = _batch(16)
+    policy = InlinePolicy(enabled=True, below_ns=100_000, probe=1000, quiet_below_ns=300_000,
+                          idle_below_ns=1_000_000)
+    assert not policy.take(batch, quiet=True, idle=True)  # nothing measured yet: threaded
+    for _ in range(30):
+        policy.ran(600_000, 16)  # too slow for a quiet model, fine for an idle server
+    assert not policy.take(batch)
+    assert not policy.take(batch, quiet=True)
+    assert policy.take(batch, quiet=True, idle=True)
+    assert not policy.take(_batch(32), quiet=True, idle=True)  # bigger than any measured
+    for _ in range(30):
+        policy.ran(1_500_000, 16)  # the model got slow: threaded whatever else is in flight
+    assert not policy.take(batch, quiet=True, idle=True)
