@@ -236,10 +236,15 @@ class InlinePolicy:
     class of machine (a VM, 2 cores) about 60 µs each, more than a small model computes. A
     backend that says it is safe to call from the trio thread (``inline_safe``: it cannot hang
     and holds no thread-affine state, as ONNX Runtime on the CPU) has its batches run inline
-    while the time they take stays below ``below_ns`` (a moving average of what batches
+    while the time they take stays below the hand-offs' cost (a moving average of what batches
     measured, inline or not, refreshed by a threaded batch every ``probe`` batches so a model
     that got slower is noticed) and the batch has no more rows than the largest batch measured
-    fast (a bigger batch goes to the thread and is measured there). Never for batches whose
+    fast (a bigger batch goes to the thread and is measured there). The hand-offs' cost is
+    measured too (``hop_ns``: a batch sent to an idle thread, its round trip less its time
+    there), and the bound follows it between ``below_ns`` (100 µs) and ``quiet_below_ns``: on a
+    slower host both the model and the hand-offs cost more, and a fixed bound sent a model
+    that was cheaper than its hand-offs to the thread (add_sub at c=16 on 2026-11-29's slow
+    host: about 120 µs a batch against hand-offs of about twice that). Never for batches whose
     answers must keep their order (``preserve_ordering``), sequence batches (their state lives
     on the thread) or instances under the rate limiter. A request answered inline is answered
     before the scheduler's dispatch returns; nothing else changes for it (statistics, tracing,
@@ -262,7 +267,7 @@ class InlinePolicy:
     16) come back to a loop that has nothing else to do."""
 
     __slots__ = ("enabled", "below_ns", "quiet_below_ns", "idle_below_ns", "avg_ns", "count",
-                 "probe", "rows_ok", "quiet_rows_ok", "idle_rows_ok")
+                 "probe", "rows_ok", "quiet_rows_ok", "idle_rows_ok", "hop_ns")
 
     def __init__(self, enabled: bool, below_ns: int = 100_000, probe: int = 64,
                  quiet_below_ns: int = 300_000, idle_below_ns: int = 1_000_000) -> None:
@@ -276,6 +281,13 @@ class InlinePolicy:
         self.rows_ok = 0  # the largest batch (rows) measured below ``below_ns``
         self.quiet_rows_ok = 0  # ... below ``quiet_below_ns``
         self.idle_rows_ok = 0  # ... below ``idle_below_ns``
+        self.hop_ns = float(below_ns)  # a threaded batch's round trip, less its time there
+
+    @property
+    def bound_ns(self) -> float:
+        """The bound for any batch: what the hand-offs cost (``hop_ns``), within
+        [``below_ns``, ``quiet_below_ns``]."""
+        return min(max(self.hop_ns, self.below_ns), self.quiet_below_ns)
 
     def take(self, batch: ExecuteBatch, quiet: bool = False, idle: bool = False) -> bool:
         if not self.enabled or batch.ordered:
@@ -284,7 +296,7 @@ class InlinePolicy:
         if self.count % self.probe == 0:
             return False
         rows = sum(w.batch_size for w in batch.work)
-        if self.avg_ns < self.below_ns and rows <= self.rows_ok:
+        if self.avg_ns < self.bound_ns and rows <= self.rows_ok:
             return True
         if quiet and self.avg_ns < self.quiet_below_ns and rows <= self.quiet_rows_ok:
             return True
@@ -292,18 +304,28 @@ class InlinePolicy:
 
     def ran(self, ns: int, rows: int) -> None:
         self.avg_ns += (ns - self.avg_ns) / 8
-        self.rows_ok = _rows_below(self.rows_ok, ns, rows, self.below_ns)
+        self.rows_ok = _rows_below(self.rows_ok, ns, rows, int(self.bound_ns))
         self.quiet_rows_ok = _rows_below(self.quiet_rows_ok, ns, rows, self.quiet_below_ns)
         self.idle_rows_ok = _rows_below(self.idle_rows_ok, ns, rows, self.idle_below_ns)
 
     def timed(self, batch: ExecuteBatch, finished: Callable[[ExecuteBatch, Any], None],
-              result: outcome.Outcome[Any]) -> None:
-        value = getattr(result, "value", None)
-        if value is not None:
-            report = value[1]
-            if report is not None:
-                self.ran(report.ended_ns - report.started_ns, report.batch_size)
+              spent: list[int], result: outcome.Outcome[Any]) -> None:
+        """A threaded batch is back (on the trio thread): ``spent`` holds when it was
+        submitted (0: behind another batch) and its time on the thread (``_timed``)."""
+        submitted, wall = spent
+        if submitted:  # it went to an idle thread: the round trip is the hand-offs alone
+            self.hop_ns += (time.monotonic_ns() - submitted - wall - self.hop_ns) / 8
+        self.ran(wall, sum(w.batch_size for w in batch.work))
         finished(batch, result)
+
+
+def _timed(spent: list[int], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on an instance thread, its wall time into ``spent[1]`` (InlinePolicy)."""
+    t0 = time.monotonic_ns()
+    try:
+        return fn(*args)
+    finally:
+        spent[1] = time.monotonic_ns() - t0
 
 
 def _rows_below(ok: int, ns: int, rows: int, bound_ns: int) -> int:
@@ -437,8 +459,9 @@ async def run(
             t0 = time.monotonic_ns()
             if starter(batch.work, partial(answered, batch, t0)):
                 return
-        thread.submit(runner, (backend, config, version, batch, states),
-                      partial(inline.timed, batch, finished))
+        spent = [time.monotonic_ns() if alone else 0, 0]
+        thread.submit(partial(_timed, spent, runner), (backend, config, version, batch, states),
+                      partial(inline.timed, batch, finished, spent))
 
     def answered(batch: ExecuteBatch, t0: int, responses: list[Any]) -> None:
         finished(batch, outcome.Value(_requests_answered(batch, responses, t0, config)))

@@ -3,11 +3,14 @@ and the inline policy (instance_worker.InlinePolicy) decides as documented."""
 
 from __future__ import annotations
 
+import time
+
+import outcome
 import pytest
 import trio
 
 from nursery.actors import mailbox
-from nursery.actors.instance_worker import InlinePolicy
+from nursery.actors.instance_worker import InlinePolicy, _timed
 from nursery.actors.mailbox import OneShot
 from nursery.messages import ExecuteBatch
 from tests.fakes import make_work
@@ -147,3 +150,44 @@ def test_inline_policy_when_the_batch_is_all_the_server_has_in_flight() -> None:
     for _ in range(30):
         policy.ran(1_500_000, 16)  # the model got slow: threaded whatever else is in flight
     assert not policy.take(batch, quiet=True, idle=True)
+
+
+def test_inline_bound_follows_the_measured_hand_offs() -> None:
+    """The bound for a busy loop follows what a batch's trip to the thread costs beyond its
+    time there (``hop_ns``), between ``below_ns`` and ``quiet_below_ns``."""
+    batch = _batch(1)
+    policy = InlinePolicy(enabled=True, below_ns=100_000, probe=1000, quiet_below_ns=300_000)
+    for _ in range(30):
+        policy.ran(150_000, 1)  # dearer than the default bound
+    assert not policy.take(batch)
+
+    def back(submitted: int, wall: int) -> None:
+        answered: list[object] = []
+        policy.timed(batch, lambda b, r: answered.append(r), [submitted, wall],
+                     outcome.Value("answer"))
+        assert answered == [outcome.Value("answer")]
+
+    now = time.monotonic_ns()
+    for _ in range(40):  # round trips of ~400 µs, of which the thread took 150 µs: hand-offs ~250
+        back(now - 400_000, 150_000)
+    assert 200_000 < policy.bound_ns <= 300_000
+    assert policy.take(batch)  # 150 µs of work is cheaper than its hand-offs
+    for _ in range(40):  # a batch behind another (submitted 0) tells nothing of the hand-offs
+        back(0, 150_000)
+    assert policy.bound_ns > 200_000
+    for _ in range(40):  # long waits cap it at quiet_below_ns
+        back(now - 50_000_000, 150_000)
+    assert policy.bound_ns == 300_000
+    for _ in range(60):  # cheap hand-offs: the bound comes down to below_ns
+        back(time.monotonic_ns() - 160_000, 150_000)
+    assert policy.bound_ns == 100_000
+    assert not policy.take(batch)
+
+
+def test_timed_records_the_wall_time() -> None:
+    spent = [1, 0]
+    assert _timed(spent, time.sleep, 0.02) is None
+    assert spent[0] == 1 and spent[1] >= 20_000_000
+    with pytest.raises(ZeroDivisionError):
+        _timed(spent, lambda: 1 / 0)
+    assert spent[1] < 20_000_000  # measured even when the call raises
