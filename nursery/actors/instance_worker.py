@@ -181,7 +181,8 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
     as Triton gives them; each response's state outputs go back to the slot and are not sent."""
     rows = [row for row in batch.rows or () if row.ready]
     work = [batch.work[row.item] for row in rows]
-    arrays = states.gather([w.request for w in work], rows)
+    # only the extra inputs: each request keeps its own data inputs (ragged ones differ in shape)
+    arrays = states.gather([w.request for w in work], rows, data=False)
     extra = states.seq.extra_input_types
     served = []
     for i, w in enumerate(work):

@@ -294,6 +294,12 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             missing.append("python_backend/examples/decoupled (--checkouts)")
     else:
         missing.append(f"{test_models} (src/test/models of the server repository)")
+    # Dockerfile.QA puts the C++ dyna_sequence backend's library into this model's version
+    # folder; the harness's dyna_sequence stand-in (a Python-based backend in the backend
+    # directory) needs only the folder
+    dyna = qa / "custom_models" / "custom_dyna_sequence_int32"
+    if dyna.is_dir():
+        (dyna / "1").mkdir(exist_ok=True)
     return missing
 
 
