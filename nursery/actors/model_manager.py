@@ -185,6 +185,9 @@ class _Manager:
                 scope.cancel()
             async with self._lock(name):
                 return await self.unload(name, command.unload_dependents)
+        refused = load_name_problem(name)
+        if refused is not None:
+            return refused
         async with self._lock(name):
             self.dependency_only.discard(name)  # asked for by name now
             with trio.CancelScope() as scope:
@@ -812,3 +815,15 @@ async def run(
         for folder in manager.cloud_temp.values():
             shutil.rmtree(folder, ignore_errors=True)
 
+
+def load_name_problem(name: str) -> NurseryError | None:
+    """Triton's check of the name a load command gives (not an unload's, nor a repository
+    folder's): blank once the C locale's white space is trimmed, or ``..``, or holding a
+    ``/``, is refused before anything is looked up (400)."""
+    trimmed = name.strip(" \t\n\v\f\r")
+    if not trimmed:
+        return InvalidArgument("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        return InvalidArgument(f"invalid model name '{name}', model name must not contain path "
+                               "traversal characters")
+    return None

@@ -95,6 +95,22 @@ def test_load_errors(tmp_path: Path, start_server: type[ServerProcess]) -> None:
         grpc.load_model("nope")
     assert err.value.status() == "StatusCode.INTERNAL"  # as Triton answers
     http.unload_model("never_loaded")  # unloading what is not loaded succeeds, as in Triton
+    # Triton's check of a load's model name (white space trimmed): blank, or a path
+    for name in ("", " ", "\t\n", " \v\f\r "):
+        with pytest.raises(InferenceServerException) as err:
+            grpc.load_model(name)
+        assert err.value.message() == ("Model name cannot be empty. Please enter a valid name "
+                                       "to deploy.")
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    for name in ("../etc", "a/../b", "..", " ..", "/etc/passwd", "model/"):
+        with pytest.raises(InferenceServerException) as err:
+            grpc.load_model(name)
+        assert err.value.message() == (f"invalid model name '{name}', model name must not "
+                                       "contain path traversal characters")
+        grpc.unload_model(name)  # an unload's name is not checked so
+    for name in ("...", "..my_model", "model..1"):  # not paths: not in the repository
+        with pytest.raises(InferenceServerException, match="failed to poll from model"):
+            grpc.load_model(name)
     with pytest.raises(InferenceServerException, match="unknown field 'bogus'"):
         http.load_model("add_sub", config=json.dumps({"bogus": 1}))
     with pytest.raises(InferenceServerException, match="failed to parse the 'config' override"):

@@ -24,8 +24,8 @@ from nursery.types import (
     RequestedOutput,
     Tensor,
     checked_count,
+    input_bytes_tensor,
     serialize_bytes_tensor,
-    tensor_from_bytes,
     tensor_to_bytes,
 )
 
@@ -260,7 +260,7 @@ def _fixed_size(block: bytes | memoryview, datatype: DataType, shape: tuple[int,
     """``block``'s bytes as the tensor; ``count`` is ``shape``'s checked element count, and a
     BYTES block must hold at least 4 bytes per element before its array is made."""
     if datatype is DataType.BYTES:
-        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
+        return input_bytes_tensor(block, shape, name, model, prefix)
     _check_size(len(block), count, datatype, name, model, prefix)
     return np.frombuffer(block, dtype=datatype.numpy_dtype).reshape(shape)
 
