@@ -239,6 +239,7 @@ def build_parser(prog: str = "python -m nursery serve",
                "must set this; the kernel spreads the connections.")
     parser.add_argument(
         "--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+        type=str.lower,  # as Triton reads it, in any case
         default="none", metavar="<string>",
         help="Compress the gRPC inference responses at this level (none, low, medium or "
         "high), with gzip when the client accepts it. Default is none.")
@@ -271,7 +272,7 @@ def build_parser(prog: str = "python -m nursery serve",
         "--cache-config local,size=<bytes> enables a response cache of that many bytes.",
     )
     parser.add_argument(
-        "--rate-limit", choices=["off", "execution_count"], default="off",
+        "--rate-limit", choices=["off", "execution_count"], default="off", type=str.lower,
         help="Specify the mode for rate limiting. Options are \"execution_count\" and "
         "\"off\". The default is \"off\". For \"execution_count\", the server will "
         "determine the instance using configured priority and the number of time the "
@@ -302,6 +303,7 @@ def build_parser(prog: str = "python -m nursery serve",
                             help=f"DEPRECATED: use --trace-config {key}=<value>.")
     parser.add_argument(
         "--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+        type=str.lower,  # Triton reads the mode in any case (L0_model_namespacing: POLL)
         help='Specify the mode for model management. Options are "none", "poll" and '
         '"explicit". The default is "none". For "none", the server will load all models in the '
         'model repository(s) at startup and will not make any changes to the load models after '
