@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,7 +224,8 @@ def test_ensemble_step_carries_the_sequence(seq_server: ServerProcess) -> None:
     assert tuple(r.as_numpy(n)[0, 0] for n in ("START_OUT", "END_OUT", "READY_OUT",
                                                "CORRID_OUT")) == (0, 1, 1, sid)
     # without a correlation ID the step refuses it, in the ensemble's words; the ensemble
-    # counts a failure, not an execution (Triton counts executions on success only)
+    # counts a failure, not an execution (Triton counts executions on success only), and
+    # counts it twice, as Triton's ensemble does (its error answer, then its tracker's end)
     before = client.get_inference_statistics("ens_controls")["model_stats"][0]
     assert before["execution_count"] == 3
     with pytest.raises(InferenceServerException, match="non-zero or non-empty correlation ID"):
@@ -232,7 +234,11 @@ def test_ensemble_step_carries_the_sequence(seq_server: ServerProcess) -> None:
     assert after["execution_count"] == 3
     assert after["inference_count"] == 3
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"][
-        "count"] + 1
+        "count"] + 2
+    with urllib.request.urlopen(f"http://127.0.0.1:{seq_server.metrics_port}/metrics") as r:
+        metrics = r.read().decode()
+    assert ('nv_inference_request_failure{model="ens_controls",reason="OTHER",version="1"} '
+            f'{after["inference_stats"]["fail"]["count"]}') in metrics
     assert after["inference_stats"]["success"]["count"] == 3
     client.close()
     gclient.close()
