@@ -352,6 +352,28 @@ def generate(work: Path, env: dict[str, str], log) -> None:
         print(f"generate: {' '.join(cmd)}", file=log, flush=True)
         rc = subprocess.run(cmd, cwd=common, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         print(f"generate: exit {rc}", file=log, flush=True)
+    for path in prune_ensembles(data):
+        print(f"generate: removed {path} (its steps are models not generated here)", file=log,
+              flush=True)
+
+
+# An ensemble the generators write for a platform this machine does not generate models for
+# (TensorRT `plan`, OpenVINO, TensorFlow): its steps do not exist here
+FOREIGN_ENSEMBLE = re.compile(r"(^|_)(plan|openvino|graphdef|savedmodel)(_|$)")
+
+
+def prune_ensembles(data: Path) -> list[Path]:
+    """Remove the generated ensembles over models that are not generated here: a script that
+    copies a whole ensemble repository (L0_infer_variable, L0_infer_reshape) would otherwise
+    give its server ensembles that cannot load, and the server would not start. Returns what
+    it removed."""
+    removed = []
+    root = data / "qa_ensemble_model_repository"
+    for folder in sorted(root.glob("*/*")) if root.is_dir() else ():
+        if folder.is_dir() and FOREIGN_ENSEMBLE.search(folder.name):
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
 
 
 def client_site(work: Path, version: str) -> Path:

@@ -320,3 +320,17 @@ def test_clients_get_what_tritons_container_gives_them(tmp_path):
         "import sys; assert 'client_env' not in sys.modules\n"),
         PYTHONPATH=standin.server_env({"PYTHONPATH": str(QA / "hooks")})["PYTHONPATH"])
     assert server.returncode == 0, server.stderr
+
+
+def test_ensembles_over_models_not_generated_here_are_pruned(tmp_path):
+    """The generators write ensembles for every platform; those over TensorRT, OpenVINO or
+    TensorFlow models name steps that are never generated here, and go."""
+    root = tmp_path / "qa_ensemble_model_repository" / "qa_variable_model_repository"
+    names = ["simple_plan_int32_int32_int32", "fan_openvino_nobatch_int8_int8_int8",
+             "sequence_graphdef_float32", "simple_onnx_int32_int32_int32",
+             "fan_libtorch_nobatch_float32", "nop_TYPE_INT32_-1", "simple_planner_x"]
+    for name in names:
+        (root / name).mkdir(parents=True)
+    removed = run.prune_ensembles(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(names[:3])
+    assert sorted(p.name for p in root.iterdir()) == sorted(names[3:])
