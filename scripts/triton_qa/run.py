@@ -75,6 +75,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--libtorch"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+    ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository"),
+    ("gen_qa_reshape_models.py", ["--libtorch", "--variable"], "qa_reshape_model_repository"),
     # the ensembles over those models (configurations only; the generator writes them for
     # every platform, TensorRT's included, whose steps' models are then absent)
     ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
@@ -86,6 +88,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
      "qa_ensemble_model_repository/qa_sequence_model_repository"),
     ("gen_qa_sequence_models.py", ["--ensemble", "--variable"],
      "qa_ensemble_model_repository/qa_variable_sequence_model_repository"),
+    ("gen_qa_reshape_models.py", ["--ensemble"],
+     "qa_ensemble_model_repository/qa_reshape_model_repository"),
 ]
 
 # Variables a group's test.sh reads to pick the backends it loops over (each defaults to all
