@@ -363,7 +363,7 @@ def build_parser(prog: str = "python -m nursery serve",
         "configuration settings must be specified.",
     )
     parser.add_argument(
-        "--model-config-name", default="", metavar="<string>",
+        "--model-config-name", default=None, metavar="<string>",
         help="A custom configuration name: a model whose folder has configs/<name>.pbtxt is "
         "configured by that file instead of config.pbtxt (the others by config.pbtxt). No "
         "space allowed. Default: config.pbtxt for every model.")
@@ -810,7 +810,9 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     ) + (("--model-namespacing",) if args.model_namespacing else ())
-    if any(c.isspace() for c in args.model_config_name):
+    if args.model_config_name == "":  # given, and empty: Triton refuses to start
+        parser.error("Error: empty argument for --model-config-name")
+    if any(c.isspace() for c in args.model_config_name or ""):
         parser.error("--model-config-name must not contain a space")
     if args.model_load_retry_count < 0:
         parser.error("--model-load-retry-count must not be negative")
@@ -849,7 +851,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         reuse_grpc_port=args.reuse_grpc_port,
         grpc_response_compression=args.grpc_infer_response_compression_level,
         model_control_mode=args.model_control_mode,
-        model_config_name=args.model_config_name,
+        model_config_name=args.model_config_name or "",
         model_namespacing=args.model_namespacing,
         model_load_retry_count=args.model_load_retry_count,
         repository_poll_secs=args.repository_poll_secs,

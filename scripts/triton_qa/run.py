@@ -103,6 +103,8 @@ GROUP_ENV = {
     "L0_dyna_sequence_batcher": {"BACKENDS": "libtorch onnx custom custom_string"},
     # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
     "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
+    # its per-backend warm-up checks (the default adds `plan`)
+    "L0_warmup": {"BACKENDS": "onnx libtorch"},
 }
 
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group

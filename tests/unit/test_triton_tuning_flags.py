@@ -32,7 +32,9 @@ def test_triton_start_flags_are_read():
     assert settings.model_load_retry_count == 3
     assert "--model-namespacing" not in settings.inactive  # false is what nursery does
     assert "--model-namespacing" in settings_from_args(["--model-namespacing=true"]).inactive
-    for bad in (["--model-config-name=a b"], ["--model-load-retry-count=-1"],
+    assert settings_from_args([]).model_config_name == ""
+    for bad in (["--model-config-name=a b"], ["--model-config-name="],
+                ["--model-config-name", ""], ["--model-load-retry-count=-1"],
                 ["--grpc-infer-response-compression-level=max"]):
         with pytest.raises(FlagError):
             settings_from_args(bad, raise_errors=True)
