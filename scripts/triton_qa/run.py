@@ -75,6 +75,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--libtorch"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+    ("gen_qa_ragged_models.py", ["--onnx"], "qa_ragged_model_repository"),
+    ("gen_qa_ragged_models.py", ["--libtorch"], "qa_ragged_model_repository"),
     ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository"),
     ("gen_qa_reshape_models.py", ["--libtorch", "--variable"], "qa_reshape_model_repository"),
     # the ensembles over those models (configurations only; the generator writes them for
@@ -103,6 +105,8 @@ GROUP_ENV = {
     "L0_dyna_sequence_batcher": {"BACKENDS": "libtorch onnx custom custom_string"},
     # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
     "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
+    # batch inputs of ragged models (the default adds `plan`)
+    "L0_batch_input": {"BACKENDS": "onnx libtorch"},
     # its per-backend warm-up checks (the default adds `plan`)
     "L0_warmup": {"BACKENDS": "onnx libtorch"},
 }
@@ -299,6 +303,11 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         for name in ("repeat_int32", "square_int32", "identity_int32", "simple_repeat",
                      "fan_repeat", "sequence_repeat", "repeat_square", "nested_square"):
             (decoupled / name / "1").mkdir(parents=True, exist_ok=True)
+        # L0_grpc_state_cleanup serves the C++ `repeat` backend's model (the stand-in here)
+        cleanup = qa / "L0_grpc_state_cleanup" / "models" / "repeat_int32"
+        if (qa / "L0_grpc_state_cleanup").is_dir():
+            shutil.copytree(test_models / "repeat_int32", cleanup, dirs_exist_ok=True)
+            (cleanup / "1").mkdir(exist_ok=True)
         python_models = qa / "L0_decoupled" / "python_models"
         shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
         examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
