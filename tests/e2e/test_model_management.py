@@ -253,6 +253,35 @@ def test_warmup_runs_before_ready(tmp_path: Path, start_server: type[ServerProce
     assert "model_warmup 'bad'" in bad.log() and "must be a file inside" in bad.log()
 
 
+def test_warmup_of_a_sequence_model_gives_its_control_inputs(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """A sequence model's warmup sample may give the inputs the sequence batcher provides
+    (L0_warmup gives START and READY): they reach the model with the sample, which then
+    loads and serves; a name that is neither an input nor a control still stops the load."""
+    repo = tmp_path / "repo"
+    folder = make_models.write_sequence_controls(repo, "seq")
+    config = folder / "config.pbtxt"
+    samples = "".join(
+        f'inputs {{ key: "{name}" value: {{ data_type: {kind} dims: [1] zero_data: true }} }} '
+        for name, kind in (("INPUT", "TYPE_INT32"), ("START", "TYPE_INT32"),
+                           ("END", "TYPE_INT32"), ("READY", "TYPE_INT32"),
+                           ("CORRID", "TYPE_UINT64")))
+    config.write_text(config.read_text() + (
+        f'model_warmup [{{ name: "sequence sample" count: 2 batch_size: 4 {samples}}}]\n'))
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    inp = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    inp.set_data_from_numpy(np.array([[5]], np.int32))
+    got = client.infer("seq", [inp], sequence_id=9, sequence_start=True, sequence_end=True)
+    assert int(got.as_numpy("OUTPUT")[0, 0]) == 5
+    assert int(got.as_numpy("START_OUT")[0, 0]) == 1
+    client.close()
+    config.write_text(config.read_text().replace('key: "END"', 'key: "FINISH"'))
+    bad = start_server(repo, wait=False)
+    assert bad.wait_exit(60) == 1
+    assert "'FINISH' is not an input of the model" in bad.log()
+
+
 def test_reload_and_unload_under_load(tmp_path: Path, start_server: type[ServerProcess]) -> None:
     """While a client sends requests continuously, the model is reloaded and unloaded: every
     request gets a correct answer or a clear UNAVAILABLE/NOT_FOUND error; none is lost."""
