@@ -214,13 +214,20 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
     return out
 
 
-def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:
+def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample, instance: str,
+          iteration: int) -> None:
+    """One iteration of a warm-up sample on the instance, with Triton's lines (at
+    --log-verbose 1) and its words for a failure (each error followed by "; ")."""
+    log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d",
+              config.name, instance, sample.name, iteration)
     try:
         inputs = batching.gather_inputs([sample.request], config)
         backend.execute(inputs, batching.output_names([sample.request], config))
     except Exception as exc:
+        log.debug("model '%s' instance %s failed to run warmup sample '%s'", config.name,
+                  instance, sample.name)
         raise ConfigError(f"model '{config.name}': failed to run warmup sample "
-                          f"'{sample.name}': {getattr(exc, 'message', exc)}") from exc
+                          f"'{sample.name}': {getattr(exc, 'message', exc)}; ") from exc
 
 
 def _answers(work: tuple[InferWork, ...],
@@ -477,8 +484,9 @@ async def run(
             # a backend whose batches go elsewhere (a stub process) may start them from here
             starter = getattr(backend, "start_requests", None) if states is None else None
             for sample in warmup:  # the instance is ready only once its warm-up ran
-                for _ in range(sample.count):
-                    await thread.call(_warm, backend, config, sample, abandon_on_cancel=True)
+                for iteration in range(1, sample.count + 1):
+                    await thread.call(_warm, backend, config, sample, placement.name, iteration,
+                                      abandon_on_cancel=True)
             log.info(
                 "model '%s' version %s: instance %s ready (%s %d)",
                 config.name, version, placement.name, placement.kind.upper(), placement.device_id,

@@ -268,7 +268,10 @@ def test_warmup_of_a_sequence_model_gives_its_control_inputs(
                            ("CORRID", "TYPE_UINT64")))
     config.write_text(config.read_text() + (
         f'model_warmup [{{ name: "sequence sample" count: 2 batch_size: 4 {samples}}}]\n'))
-    server = start_server(repo)
+    server = start_server(repo, "--log-verbose=1")
+    for iteration in (1, 2):  # Triton's line, per instance and iteration
+        assert (f"model 'seq' instance seq_0_0 is running warmup sample 'sequence sample' for "
+                f"iteration {iteration}") in server.log()
     client = httpclient.InferenceServerClient(server.url)
     inp = httpclient.InferInput("INPUT", [1, 1], "INT32")
     inp.set_data_from_numpy(np.array([[5]], np.int32))
