@@ -59,9 +59,9 @@ def gather_inputs(
                 parts = [p.reshape(-1) for p in parts]
             arrays[spec.name] = np.concatenate(parts, axis=0)
     for name, array in arrays.items():
-        spec = config.input_map.get(name)  # None: an input the sequence batcher provides
-        if spec is not None and spec.reshape is not None and not spec.ragged:
-            arrays[name] = _reshape(array, spec.reshape, batching)
+        given = config.input_map.get(name)  # None: an input the sequence batcher provides
+        if given is not None and given.reshape is not None and not given.ragged:
+            arrays[name] = _reshape(array, given.reshape, batching)
     return arrays
 
 
