@@ -649,9 +649,17 @@ class _Manager:
         decoupled = check_wiring(config, steps)
         # what tensors need between batching and non-batching models (Triton's
         # ReshapeTensorDims), from the step models as they are loaded now
+        # (an output's configured shape is its reshape where it has one, as in Triton; the
+        # ensemble's own input and output reshapes apply to its requests and answers)
         config = replace(config, ensemble=plan.shaped(
-            config.max_batch_size > 0, {t.name: tuple(t.dims) for t in config.outputs},
-            [(m.max_batch_size > 0, {t.name: tuple(t.dims) for t in m.inputs}) for m in steps]))
+            config.max_batch_size > 0,
+            {t.name: tuple(t.reshape if t.reshape is not None else t.dims)
+             for t in config.outputs},
+            [(m.max_batch_size > 0, {t.name: tuple(t.dims) for t in m.inputs}) for m in steps],
+            input_reshape={t.name: (tuple(t.dims), tuple(t.reshape)) for t in config.inputs
+                           if t.reshape is not None},
+            output_reshape={t.name: (tuple(t.reshape), tuple(t.dims)) for t in config.outputs
+                            if t.reshape is not None}))
         proto = pb.ModelConfig().parse(bytes(config.proto))
         proto.model_transaction_policy.decoupled = decoupled
         # Triton sets the field, so an ensemble's configuration always carries the message

@@ -334,3 +334,44 @@ def test_a_full_step_holds_back_only_its_own_requests(tmp_path, start_server):
     first, last = got[0][0] - sent, got[-1][0] - sent
     assert last > 3.0  # ten slow steps, one at a time
     assert first < 2.0, (first, last)  # before: after about eight of them (3.2 s)
+
+
+def test_ensemble_input_and_output_reshape(tmp_path, start_server):
+    """L0_infer_reshape's `simple_reshape_*` ensembles: an ensemble input with a `reshape`
+    reaches its steps in that shape (Triton normalizes the request first), and an ensemble
+    output with a `reshape` is answered in its dims again, the batch dim kept; a variable dim
+    carries its value across."""
+    import tritonclient.http as httpclient
+
+    from tests.conftest import make_models
+
+    repo = tmp_path / "repo"
+    for name, dims in (("fixed", [4, 2]), ("variable", [-1])):
+        make_models.write_model(
+            repo, name, make_models.build_identity("FP32", ["batch", "n"] if -1 in dims
+                                                    else ["batch", 4, 2]),
+            make_models.config_text(name, [("INPUT0", "FP32", dims)],
+                                    [("OUTPUT0", "FP32", dims)], 8))
+    for ens, step, dims, reshape in (("ens_fixed", "fixed", "8", "4, 2"),
+                                     ("ens_variable", "variable", "1, -1", "-1")):
+        (repo / ens / "1").mkdir(parents=True)
+        (repo / ens / "config.pbtxt").write_text(
+            f'name: "{ens}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+            f'input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ {dims} ] '
+            f'reshape: {{ shape: [ {reshape} ] }} }} ]\n'
+            f'output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ {dims} ] '
+            f'reshape: {{ shape: [ {reshape} ] }} }} ]\n'
+            f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+            'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } '
+            '} ] }\n')
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    for ens, shape in (("ens_fixed", (1, 8)), ("ens_fixed", (3, 8)), ("ens_variable", (1, 1, 3)),
+                       ("ens_variable", (2, 1, 5))):
+        x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        inp = httpclient.InferInput("IN", list(shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(ens, [inp]).as_numpy("OUT")
+        assert got.shape == shape, (ens, got.shape)
+        np.testing.assert_array_equal(got, x)
+    client.close()
