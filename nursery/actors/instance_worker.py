@@ -35,6 +35,7 @@ from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlot
 from nursery.observability.stats import BatchReport
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import DedicatedThread
+from nursery.scheduling.ensemble_plan import convert_dims
 from nursery.scheduling.rate_limit_policy import ResourceNeed
 from nursery.types import InferenceResponse, Tensor
 
@@ -161,8 +162,37 @@ def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
     failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
         isinstance(r, NurseryError) and not isinstance(r, AnsweredError)  # success to Triton
         for r in responses)
-    responses = _classified(batch, responses, config)  # after: Triton's frontend does it
+    responses = _classified(batch, _in_dims(responses, config), config)  # after: Triton's
+    # frontend classifies
     return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
+
+
+def _in_dims(responses: list[Any] | NurseryError,
+             config: ModelConfig) -> list[Any] | NurseryError:
+    """An answer's outputs that have a `reshape` in the model's configuration, in their dims:
+    a model that takes whole requests (a Python model) makes them in the reshape's shape, and
+    Triton's response reports them in the configured dims (InferenceResponse::AddOutput), the
+    batch dim kept, variable dims filled in order. An output that does not fit is left as the
+    model made it."""
+    if isinstance(responses, NurseryError):
+        return responses
+    reshaped = {o.name: o for o in config.outputs if o.reshape is not None}
+    if not reshaped:
+        return responses
+    batching = config.max_batch_size > 0
+    for response in responses:
+        if not isinstance(response, InferenceResponse):
+            continue
+        outputs = []
+        for t in response.outputs:
+            spec = reshaped.get(t.name)
+            if spec is not None and spec.reshape is not None:
+                shape = convert_dims(tuple(t.shape), spec.reshape, spec.dims, batching)
+                if shape != tuple(t.shape):
+                    t = Tensor(t.name, t.datatype, shape, np.asarray(t.data).reshape(shape))
+            outputs.append(t)
+        response.outputs = outputs
+    return responses
 
 
 def _classified(batch: ExecuteBatch, responses: list[Any] | NurseryError,

@@ -375,3 +375,28 @@ def test_ensemble_input_and_output_reshape(tmp_path, start_server):
         assert got.shape == shape, (ens, got.shape)
         np.testing.assert_array_equal(got, x)
     client.close()
+
+
+def test_python_output_with_a_reshape_is_answered_in_its_dims(tmp_path, start_server):
+    """A Python model makes an output that has a `reshape` in the reshape's shape; the answer
+    reports it in the output's dims, as Triton's response does (L0_infer_reshape's
+    `nop_tunnel_in` steps, on the identity stand-in, hand [batch, 8] on to the next step)."""
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "repo"
+    (repo / "tunnel" / "1").mkdir(parents=True)
+    (repo / "tunnel" / "1" / "model.py").write_text(MODEL)
+    (repo / "tunnel" / "config.pbtxt").write_text(
+        'name: "tunnel"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4, 2 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 8 ] '
+        'reshape: { shape: [ 4, 2 ] } } ]\n')
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    x = np.arange(16, dtype=np.int32).reshape(2, 4, 2)
+    inp = httpclient.InferInput("INPUT0", [2, 4, 2], "INT32")
+    inp.set_data_from_numpy(x)
+    got = client.infer("tunnel", [inp]).as_numpy("OUTPUT0")
+    assert got.shape == (2, 8)
+    np.testing.assert_array_equal(got, x.reshape(2, 8))
+    client.close()
