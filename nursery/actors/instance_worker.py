@@ -141,7 +141,7 @@ def _run_requests(
         if batch.rows is not None and states is not None:  # a sequence model's batch
             responses = _run_sequence_requests(backend, batch, states)
         else:
-            responses = backend.execute_requests(batch.work)
+            responses = backend.execute_requests(_normalized(batch.work, config))
     except NurseryError as exc:
         responses = exc
     except Exception as exc:
@@ -165,6 +165,32 @@ def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
     responses = _classified(batch, _in_dims(responses, config), config)  # after: Triton's
     # frontend classifies
     return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
+
+
+def _normalized(work: Any, config: ModelConfig) -> Any:
+    """The work items with their inputs that have a `reshape` in the model's configuration
+    in that shape, as Triton normalizes a request before any backend sees it (a model that
+    takes whole requests, a Python model, reads them so; an array backend's batch is reshaped
+    where it is gathered)."""
+    reshaped = {i.name: i for i in config.inputs if i.reshape is not None}
+    if not reshaped:
+        return work
+    batching = config.max_batch_size > 0
+    out = []
+    for w in work:
+        inputs = dict(w.request.inputs)
+        changed = False
+        for name, t in w.request.inputs.items():
+            spec = reshaped.get(name)
+            if spec is None or spec.reshape is None:
+                continue
+            shape = convert_dims(tuple(t.shape), spec.dims, spec.reshape, batching)
+            if shape != tuple(t.shape):
+                inputs[name] = Tensor(name, t.datatype, shape, np.asarray(t.data).reshape(shape))
+                changed = True
+        out.append(dataclasses.replace(w, request=dataclasses.replace(w.request, inputs=inputs))
+                   if changed else w)
+    return type(work)(out) if isinstance(work, tuple) else out
 
 
 def _in_dims(responses: list[Any] | NurseryError,
@@ -222,7 +248,7 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
             inputs[name] = Tensor(name, datatype, tuple(array.shape), array)
         served.append(dataclasses.replace(w, request=dataclasses.replace(w.request,
                                                                          inputs=inputs)))
-    answers = backend.execute_requests(served)
+    answers = backend.execute_requests(_normalized(served, states.config))
     out: list[Any] = [None] * len(batch.work)
     state_names = {s.output_name: s.input_name for s in states.seq.states}
     for row, answer in zip(rows, answers, strict=True):
@@ -473,7 +499,7 @@ async def run(
             return
         if starter is not None:  # an instance in a process: no thread waits for the batch
             t0 = time.monotonic_ns()
-            if starter(batch.work, partial(answered, batch, t0)):
+            if starter(_normalized(batch.work, config), partial(answered, batch, t0)):
                 return
         thread.submit(runner, (backend, config, version, batch, states),
                       partial(inline.timed, batch, finished))

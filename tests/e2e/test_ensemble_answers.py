@@ -391,12 +391,22 @@ def test_python_output_with_a_reshape_is_answered_in_its_dims(tmp_path, start_se
         'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4, 2 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 8 ] '
         'reshape: { shape: [ 4, 2 ] } } ]\n')
+    # and an input with a reshape reaches the Python model in the reshape's shape (Triton
+    # normalizes the request first): it answers what it got, [batch, 8]
+    (repo / "tunnel_in" / "1").mkdir(parents=True)
+    (repo / "tunnel_in" / "1" / "model.py").write_text(MODEL)
+    (repo / "tunnel_in" / "config.pbtxt").write_text(
+        'name: "tunnel_in"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4, 2 ] '
+        'reshape: { shape: [ 8 ] } } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 8 ] } ]\n')
     server = start_server(repo)
     client = httpclient.InferenceServerClient(server.url)
     x = np.arange(16, dtype=np.int32).reshape(2, 4, 2)
-    inp = httpclient.InferInput("INPUT0", [2, 4, 2], "INT32")
-    inp.set_data_from_numpy(x)
-    got = client.infer("tunnel", [inp]).as_numpy("OUTPUT0")
-    assert got.shape == (2, 8)
-    np.testing.assert_array_equal(got, x.reshape(2, 8))
+    for model in ("tunnel", "tunnel_in"):
+        inp = httpclient.InferInput("INPUT0", [2, 4, 2], "INT32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(model, [inp]).as_numpy("OUTPUT0")
+        assert got.shape == (2, 8), model
+        np.testing.assert_array_equal(got, x.reshape(2, 8))
     client.close()
