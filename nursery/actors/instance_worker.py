@@ -172,7 +172,7 @@ def _normalized(work: Any, config: ModelConfig) -> Any:
     in that shape, as Triton normalizes a request before any backend sees it (a model that
     takes whole requests, a Python model, reads them so; an array backend's batch is reshaped
     where it is gathered)."""
-    reshaped = {i.name: i for i in config.inputs if i.reshape is not None}
+    reshaped = config.reshaped_inputs
     if not reshaped:
         return work
     batching = config.max_batch_size > 0
@@ -202,7 +202,7 @@ def _in_dims(responses: list[Any] | NurseryError,
     model made it."""
     if isinstance(responses, NurseryError):
         return responses
-    reshaped = {o.name: o for o in config.outputs if o.reshape is not None}
+    reshaped = config.reshaped_outputs
     if not reshaped:
         return responses
     batching = config.max_batch_size > 0

@@ -143,6 +143,16 @@ class ModelConfig:
         object.__setattr__(self, "json", config_to_json(self.proto))
 
     @functools.cached_property
+    def reshaped_inputs(self) -> Mapping[str, TensorSpec]:
+        """The inputs that have a `reshape`, by name."""
+        return MappingProxyType({t.name: t for t in self.inputs if t.reshape is not None})
+
+    @functools.cached_property
+    def reshaped_outputs(self) -> Mapping[str, TensorSpec]:
+        """The outputs that have a `reshape`, by name."""
+        return MappingProxyType({t.name: t for t in self.outputs if t.reshape is not None})
+
+    @functools.cached_property
     def uses_response_cache(self) -> bool:
         """``response_cache { enable: true }`` on a model the cache may serve (never decoupled
         or sequence models, as in Triton)."""
