@@ -59,3 +59,23 @@ def test_an_element_longer_than_the_data() -> None:
     with pytest.raises(InvalidArgument, match="element 1 of inference input 'IN' for model 'm' "
                                               "declares 9 bytes but only 2 remain"):
         _read(_wire(b"ab") + struct.pack("<I", 9) + b"xy", (2,))
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (3, "expected 4 string elements for inference input 'IN' for model 'm', got 3"),
+    (6, "unexpected number of string elements 5 for inference input 'IN' for model 'm', "
+        "expecting 4"),
+])
+def test_grpc_typed_bytes_contents_are_counted_so_too(given: int, message: str) -> None:
+    """`bytes_contents` are serialized and checked as the raw form is (Triton's gRPC
+    frontend serializes them before its request checks)."""
+    from nursery.protocol.codecs import grpc_messages as grpc_codec
+    from nursery.schema import inference as pb
+
+    request = pb.ModelInferRequest(model_name="m", id="r1", inputs=[
+        pb.ModelInferRequestInferInputTensor(
+            name="IN", datatype="BYTES", shape=[1, 4],
+            contents=pb.InferTensorContents(bytes_contents=[b"x"] * given))])
+    with pytest.raises(InvalidArgument) as err:
+        grpc_codec.decode_request(request)
+    assert err.value.message == f"[request id: r1] {message}"

@@ -277,11 +277,13 @@ def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, 
         )
     values = getattr(tensor.contents, field) if tensor.contents is not None else []
     if len(values) != count:
-        if datatype is DataType.BYTES:
+        if datatype is DataType.BYTES:  # Triton serializes them, then checks as raw bytes
+            where = f"for inference input '{tensor.name}' for model '{model}'"
+            if len(values) > count:
+                raise InvalidArgument(f"{prefix}unexpected number of string elements "
+                                      f"{count + 1} {where}, expecting {count}")
             raise InvalidArgument(
-                f"{prefix}expected {count} string elements for inference input "
-                f"'{tensor.name}' for model '{model}', got {len(values)}"
-            )
+                f"{prefix}expected {count} string elements {where}, got {len(values)}")
         raise InvalidArgument(
             f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "
             f"Expected {count * datatype.itemsize}, got {len(values) * datatype.itemsize}"
