@@ -776,5 +776,5 @@ def _batch_inputs(proto: pb.ModelConfig) -> Iterator[BatchInputSpec]:
             datatype = DataType.from_config(b.data_type)
         except Exception:
             datatype = DataType.INT32
-        yield BatchInputSpec(pb.BatchInputKind(b.kind).name, tuple(b.target_name), datatype,
-                             b.source_input[0] if b.source_input else "")
+        yield BatchInputSpec(pb.BatchInputKind(b.kind).name or "", tuple(b.target_name),
+                             datatype, b.source_input[0] if b.source_input else "")

@@ -62,9 +62,9 @@ def gather_inputs(
         given = config.input_map.get(name)  # None: an input the sequence batcher provides
         if given is not None and given.reshape is not None and not given.ragged:
             arrays[name] = _reshape(array, given.reshape, batching)
-    for spec in config.batch_inputs:
-        array = batch_input(spec, requests)
-        for target in spec.targets:
+    for made in config.batch_inputs:
+        array = batch_input(made, requests)
+        for target in made.targets:
             arrays[target] = array
     return arrays
 
