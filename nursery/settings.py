@@ -239,6 +239,7 @@ def build_parser(prog: str = "python -m nursery serve",
                "must set this; the kernel spreads the connections.")
     parser.add_argument(
         "--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+        type=str.lower,  # as Triton reads it, in any case
         default="none", metavar="<string>",
         help="Compress the gRPC inference responses at this level (none, low, medium or "
         "high), with gzip when the client accepts it. Default is none.")
@@ -271,7 +272,7 @@ def build_parser(prog: str = "python -m nursery serve",
         "--cache-config local,size=<bytes> enables a response cache of that many bytes.",
     )
     parser.add_argument(
-        "--rate-limit", choices=["off", "execution_count"], default="off",
+        "--rate-limit", choices=["off", "execution_count"], default="off", type=str.lower,
         help="Specify the mode for rate limiting. Options are \"execution_count\" and "
         "\"off\". The default is \"off\". For \"execution_count\", the server will "
         "determine the instance using configured priority and the number of time the "
@@ -302,6 +303,7 @@ def build_parser(prog: str = "python -m nursery serve",
                             help=f"DEPRECATED: use --trace-config {key}=<value>.")
     parser.add_argument(
         "--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+        type=str.lower,  # Triton reads the mode in any case (L0_model_namespacing: POLL)
         help='Specify the mode for model management. Options are "none", "poll" and '
         '"explicit". The default is "none". For "none", the server will load all models in the '
         'model repository(s) at startup and will not make any changes to the load models after '
@@ -361,7 +363,7 @@ def build_parser(prog: str = "python -m nursery serve",
         "configuration settings must be specified.",
     )
     parser.add_argument(
-        "--model-config-name", default="", metavar="<string>",
+        "--model-config-name", default=None, metavar="<string>",
         help="A custom configuration name: a model whose folder has configs/<name>.pbtxt is "
         "configured by that file instead of config.pbtxt (the others by config.pbtxt). No "
         "space allowed. Default: config.pbtxt for every model.")
@@ -808,7 +810,9 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     ) + (("--model-namespacing",) if args.model_namespacing else ())
-    if any(c.isspace() for c in args.model_config_name):
+    if args.model_config_name == "":  # given, and empty: Triton refuses to start
+        parser.error("Error: empty argument for --model-config-name")
+    if any(c.isspace() for c in args.model_config_name or ""):
         parser.error("--model-config-name must not contain a space")
     if args.model_load_retry_count < 0:
         parser.error("--model-load-retry-count must not be negative")
@@ -847,7 +851,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         reuse_grpc_port=args.reuse_grpc_port,
         grpc_response_compression=args.grpc_infer_response_compression_level,
         model_control_mode=args.model_control_mode,
-        model_config_name=args.model_config_name,
+        model_config_name=args.model_config_name or "",
         model_namespacing=args.model_namespacing,
         model_load_retry_count=args.model_load_retry_count,
         repository_poll_secs=args.repository_poll_secs,

@@ -216,6 +216,47 @@ def deserialize_bytes_tensor(
     return out
 
 
+def input_bytes_tensor(buffer: bytes | memoryview, shape: tuple[int, ...], name: str,
+                       model: str, prefix: str) -> np.ndarray:
+    """A request's BYTES input: ``shape``'s count of length-prefixed elements, checked as
+    Triton checks a request's string inputs, in its words (``prefix``: the request-id prefix
+    of its messages): too few elements, more than the shape holds, a length prefix cut off by
+    the end of the data. An element whose declared length runs past the end is refused too
+    (Triton leaves that to its backends)."""
+    count = checked_count(shape, DataType.BYTES, f"input '{name}' for model '{model}'")
+    view = memoryview(buffer)
+    end = len(view)
+    where = f"for inference input '{name}' for model '{model}'"
+    # the array only when the data can hold the count (the count is the client's word); else
+    # the walk finds what is wrong without keeping the elements
+    out = np.empty(count, dtype=object) if count * BYTES_PREFIX <= end else None
+    seen = 0
+    pos = 0
+    while pos < end:
+        if end - pos < BYTES_PREFIX:
+            raise InvalidArgument(
+                f"{prefix}incomplete string length indicator {where}, expecting "
+                f"{BYTES_PREFIX} bytes but only {end - pos} bytes available. Please make sure "
+                "the string length indicator is in one buffer.")
+        if seen == count:
+            raise InvalidArgument(
+                f"{prefix}unexpected number of string elements {count + 1} {where}, "
+                f"expecting {count}")
+        (length,) = _LEN.unpack_from(view, pos)
+        pos += BYTES_PREFIX
+        if length > end - pos:
+            raise InvalidArgument(
+                f"{prefix}element {seen} of inference input '{name}' for model '{model}' "
+                f"declares {length} bytes but only {end - pos} remain")
+        if out is not None:
+            out[seen] = bytes(view[pos:pos + length])
+        seen += 1
+        pos += length
+    if seen != count or out is None:
+        raise InvalidArgument(f"{prefix}expected {count} string elements {where}, got {seen}")
+    return out.reshape(shape)
+
+
 def serialized_byte_size(array: np.ndarray, datatype: DataType) -> int:
     if datatype is DataType.BYTES:
         return sum(4 + len(x if isinstance(x, bytes) else str(x).encode()) for x in array.flat)

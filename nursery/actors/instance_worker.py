@@ -35,6 +35,7 @@ from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlot
 from nursery.observability.stats import BatchReport
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import DedicatedThread
+from nursery.scheduling.ensemble_plan import convert_dims
 from nursery.scheduling.rate_limit_policy import ResourceNeed
 from nursery.types import InferenceResponse, Tensor
 
@@ -140,7 +141,7 @@ def _run_requests(
         if batch.rows is not None and states is not None:  # a sequence model's batch
             responses = _run_sequence_requests(backend, batch, states)
         else:
-            responses = backend.execute_requests(batch.work)
+            responses = backend.execute_requests(_normalized(batch.work, config))
     except NurseryError as exc:
         responses = exc
     except Exception as exc:
@@ -161,8 +162,63 @@ def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
     failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
         isinstance(r, NurseryError) and not isinstance(r, AnsweredError)  # success to Triton
         for r in responses)
-    responses = _classified(batch, responses, config)  # after: Triton's frontend does it
+    responses = _classified(batch, _in_dims(responses, config), config)  # after: Triton's
+    # frontend classifies
     return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
+
+
+def _normalized(work: Any, config: ModelConfig) -> Any:
+    """The work items with their inputs that have a `reshape` in the model's configuration
+    in that shape, as Triton normalizes a request before any backend sees it (a model that
+    takes whole requests, a Python model, reads them so; an array backend's batch is reshaped
+    where it is gathered)."""
+    reshaped = config.reshaped_inputs
+    if not reshaped:
+        return work
+    batching = config.max_batch_size > 0
+    out = []
+    for w in work:
+        inputs = dict(w.request.inputs)
+        changed = False
+        for name, t in w.request.inputs.items():
+            spec = reshaped.get(name)
+            if spec is None or spec.reshape is None:
+                continue
+            shape = convert_dims(tuple(t.shape), spec.dims, spec.reshape, batching)
+            if shape != tuple(t.shape):
+                inputs[name] = Tensor(name, t.datatype, shape, np.asarray(t.data).reshape(shape))
+                changed = True
+        out.append(dataclasses.replace(w, request=dataclasses.replace(w.request, inputs=inputs))
+                   if changed else w)
+    return type(work)(out) if isinstance(work, tuple) else out
+
+
+def _in_dims(responses: list[Any] | NurseryError,
+             config: ModelConfig) -> list[Any] | NurseryError:
+    """An answer's outputs that have a `reshape` in the model's configuration, in their dims:
+    a model that takes whole requests (a Python model) makes them in the reshape's shape, and
+    Triton's response reports them in the configured dims (InferenceResponse::AddOutput), the
+    batch dim kept, variable dims filled in order. An output that does not fit is left as the
+    model made it."""
+    if isinstance(responses, NurseryError):
+        return responses
+    reshaped = config.reshaped_outputs
+    if not reshaped:
+        return responses
+    batching = config.max_batch_size > 0
+    for response in responses:
+        if not isinstance(response, InferenceResponse):
+            continue
+        outputs = []
+        for t in response.outputs:
+            spec = reshaped.get(t.name)
+            if spec is not None and spec.reshape is not None:
+                shape = convert_dims(tuple(t.shape), spec.reshape, spec.dims, batching)
+                if shape != tuple(t.shape):
+                    t = Tensor(t.name, t.datatype, shape, np.asarray(t.data).reshape(shape))
+            outputs.append(t)
+        response.outputs = outputs
+    return responses
 
 
 def _classified(batch: ExecuteBatch, responses: list[Any] | NurseryError,
@@ -181,7 +237,8 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
     as Triton gives them; each response's state outputs go back to the slot and are not sent."""
     rows = [row for row in batch.rows or () if row.ready]
     work = [batch.work[row.item] for row in rows]
-    arrays = states.gather([w.request for w in work], rows)
+    # only the extra inputs: each request keeps its own data inputs (ragged ones differ in shape)
+    arrays = states.gather([w.request for w in work], rows, data=False)
     extra = states.seq.extra_input_types
     served = []
     for i, w in enumerate(work):
@@ -191,7 +248,7 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
             inputs[name] = Tensor(name, datatype, tuple(array.shape), array)
         served.append(dataclasses.replace(w, request=dataclasses.replace(w.request,
                                                                          inputs=inputs)))
-    answers = backend.execute_requests(served)
+    answers = backend.execute_requests(_normalized(served, states.config))
     out: list[Any] = [None] * len(batch.work)
     state_names = {s.output_name: s.input_name for s in states.seq.states}
     for row, answer in zip(rows, answers, strict=True):
@@ -213,13 +270,20 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
     return out
 
 
-def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample) -> None:
+def _warm(backend: BackendInstance, config: ModelConfig, sample: WarmupSample, instance: str,
+          iteration: int) -> None:
+    """One iteration of a warm-up sample on the instance, with Triton's lines (at
+    --log-verbose 1) and its words for a failure (each error followed by "; ")."""
+    log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d",
+              config.name, instance, sample.name, iteration)
     try:
         inputs = batching.gather_inputs([sample.request], config)
         backend.execute(inputs, batching.output_names([sample.request], config))
     except Exception as exc:
+        log.debug("model '%s' instance %s failed to run warmup sample '%s'", config.name,
+                  instance, sample.name)
         raise ConfigError(f"model '{config.name}': failed to run warmup sample "
-                          f"'{sample.name}': {getattr(exc, 'message', exc)}") from exc
+                          f"'{sample.name}': {getattr(exc, 'message', exc)}; ") from exc
 
 
 def _answers(work: tuple[InferWork, ...],
@@ -457,7 +521,7 @@ async def run(
             return
         if starter is not None:  # an instance in a process: no thread waits for the batch
             t0 = time.monotonic_ns()
-            if starter(batch.work, partial(answered, batch, t0)):
+            if starter(_normalized(batch.work, config), partial(answered, batch, t0)):
                 return
         spent = [time.monotonic_ns() if alone else 0, 0]
         thread.submit(partial(_timed, spent, runner), (backend, config, version, batch, states),
@@ -499,8 +563,9 @@ async def run(
             # a backend whose batches go elsewhere (a stub process) may start them from here
             starter = getattr(backend, "start_requests", None) if states is None else None
             for sample in warmup:  # the instance is ready only once its warm-up ran
-                for _ in range(sample.count):
-                    await thread.call(_warm, backend, config, sample, abandon_on_cancel=True)
+                for iteration in range(1, sample.count + 1):
+                    await thread.call(_warm, backend, config, sample, placement.name, iteration,
+                                      abandon_on_cancel=True)
             log.info(
                 "model '%s' version %s: instance %s ready (%s %d)",
                 config.name, version, placement.name, placement.kind.upper(), placement.device_id,

@@ -185,6 +185,9 @@ class _Manager:
                 scope.cancel()
             async with self._lock(name):
                 return await self.unload(name, command.unload_dependents)
+        refused = load_name_problem(name)
+        if refused is not None:
+            return refused
         async with self._lock(name):
             self.dependency_only.discard(name)  # asked for by name now
             with trio.CancelScope() as scope:
@@ -646,9 +649,17 @@ class _Manager:
         decoupled = check_wiring(config, steps)
         # what tensors need between batching and non-batching models (Triton's
         # ReshapeTensorDims), from the step models as they are loaded now
+        # (an output's configured shape is its reshape where it has one, as in Triton; the
+        # ensemble's own input and output reshapes apply to its requests and answers)
         config = replace(config, ensemble=plan.shaped(
-            config.max_batch_size > 0, {t.name: tuple(t.dims) for t in config.outputs},
-            [(m.max_batch_size > 0, {t.name: tuple(t.dims) for t in m.inputs}) for m in steps]))
+            config.max_batch_size > 0,
+            {t.name: tuple(t.reshape if t.reshape is not None else t.dims)
+             for t in config.outputs},
+            [(m.max_batch_size > 0, {t.name: tuple(t.dims) for t in m.inputs}) for m in steps],
+            input_reshape={t.name: (tuple(t.dims), tuple(t.reshape)) for t in config.inputs
+                           if t.reshape is not None},
+            output_reshape={t.name: (tuple(t.reshape), tuple(t.dims)) for t in config.outputs
+                            if t.reshape is not None}))
         proto = pb.ModelConfig().parse(bytes(config.proto))
         proto.model_transaction_policy.decoupled = decoupled
         # Triton sets the field, so an ensemble's configuration always carries the message
@@ -812,3 +823,15 @@ async def run(
         for folder in manager.cloud_temp.values():
             shutil.rmtree(folder, ignore_errors=True)
 
+
+def load_name_problem(name: str) -> NurseryError | None:
+    """Triton's check of the name a load command gives (not an unload's, nor a repository
+    folder's): blank once the C locale's white space is trimmed, or ``..``, or holding a
+    ``/``, is refused before anything is looked up (400)."""
+    trimmed = name.strip(" \t\n\v\f\r")
+    if not trimmed:
+        return InvalidArgument("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        return InvalidArgument(f"invalid model name '{name}', model name must not contain path "
+                               "traversal characters")
+    return None

@@ -411,7 +411,10 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     ragged = {i.name for i in proto.input if i.allow_ragged_batch}
     batch_outputs = {name for b in proto.batch_output for name in b.target_name}
     extras = config.sequence.extra_inputs if config.sequence is not None else ()
-    expected = len(config.inputs) + len(extras)
+    # the batch inputs the server makes count as inputs too: Triton's ORT backend counts one
+    # per `batch_input` entry, and takes all their target names
+    expected = len(config.inputs) + len(extras) + len(config.batch_inputs)
+    extras = (*extras, *(t for b in config.batch_inputs for t in b.targets))
     if len(model_inputs) != expected:  # Triton's first check, before any name
         required = [n for n in model_inputs if n not in config.input_map and n not in extras]
         missing = f" (missing from config.pbtxt: {', '.join(required)})" if required else ""

@@ -323,7 +323,11 @@ class PyTorchInstance:
         names = [s.name for s in config.inputs]
         # the sequence batcher's control and implicit-state inputs are the model's inputs too
         seq = config.sequence
-        extra_types = seq.extra_input_types if seq is not None else {}
+        extra_types = dict(seq.extra_input_types) if seq is not None else {}
+        # and so are the batch inputs the server makes for each batch (`batch_input`)
+        for batch_input in config.batch_inputs:
+            for target in batch_input.targets:
+                extra_types.setdefault(target, batch_input.datatype)
         extras = [n for n in extra_types if n not in names]
         self._dict_input = loaded.arg_kinds == ["DictType"]
         if not self._dict_input:

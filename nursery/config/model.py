@@ -80,6 +80,16 @@ class TensorSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchInputSpec:
+    """A ``batch_input``: a tensor the server makes for each batch from the requests' shapes
+    (Triton's BackendInputCollector), given to the model as input ``targets``."""
+    kind: str  # BATCH_ELEMENT_COUNT, BATCH_ACCUMULATED_ELEMENT_COUNT, ...
+    targets: tuple[str, ...]
+    datatype: DataType  # FP32 or INT32 (Triton writes int32 for any other)
+    source: str  # the input whose shapes it describes
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceGroup:
     name: str
     kind: str  # "cpu", "gpu" or "model"
@@ -114,6 +124,7 @@ class ModelConfig:
     has_optional_inputs: bool = field(init=False, repr=False, compare=False)
     # batch_output BATCH_SCATTER_WITH_INPUT_SHAPE: output name -> its source input
     batch_scatter: Mapping[str, str] = field(init=False, repr=False, compare=False)
+    batch_inputs: tuple[BatchInputSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # inputs whose shapes must agree for requests to share a batch (Triton's
@@ -125,10 +136,21 @@ class ModelConfig:
             target: out.source_input[0] for out in self.proto.batch_output
             if out.kind == pb.BatchOutputKind.BATCH_SCATTER_WITH_INPUT_SHAPE
             and out.source_input for target in out.target_name}))
+        object.__setattr__(self, "batch_inputs", tuple(_batch_inputs(self.proto)))
         object.__setattr__(self, "has_optional_inputs", any(t.optional for t in self.inputs))
         object.__setattr__(self, "input_map", MappingProxyType({t.name: t for t in self.inputs}))
         object.__setattr__(self, "output_map", MappingProxyType({t.name: t for t in self.outputs}))
         object.__setattr__(self, "json", config_to_json(self.proto))
+
+    @functools.cached_property
+    def reshaped_inputs(self) -> Mapping[str, TensorSpec]:
+        """The inputs that have a `reshape`, by name."""
+        return MappingProxyType({t.name: t for t in self.inputs if t.reshape is not None})
+
+    @functools.cached_property
+    def reshaped_outputs(self) -> Mapping[str, TensorSpec]:
+        """The outputs that have a `reshape`, by name."""
+        return MappingProxyType({t.name: t for t in self.outputs if t.reshape is not None})
 
     @functools.cached_property
     def uses_response_cache(self) -> bool:
@@ -745,3 +767,14 @@ def _batch_config(proto: pb.ModelConfig, where: str) -> BatchConfig:
         default_queue_policy=_queue_policy(db.default_queue_policy),
         level_policies={int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()},
     )
+
+
+def _batch_inputs(proto: pb.ModelConfig) -> Iterator[BatchInputSpec]:
+    """The configuration's batch inputs (validate.py has checked their sources and kinds)."""
+    for b in proto.batch_input:
+        try:
+            datatype = DataType.from_config(b.data_type)
+        except Exception:
+            datatype = DataType.INT32
+        yield BatchInputSpec(pb.BatchInputKind(b.kind).name or "", tuple(b.target_name),
+                             datatype, b.source_input[0] if b.source_input else "")

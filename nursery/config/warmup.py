@@ -85,17 +85,22 @@ def _samples(config: ModelConfig) -> list[WarmupSample]:
             raise ConfigError(f"{label}: batch_size {batch} exceeds max_batch_size "
                               f"{config.max_batch_size}")
         inputs = {}
+        # a sequence model's sample may give the inputs its sequence batcher provides (its
+        # control inputs, as L0_warmup's START and READY): Triton hands a sample's tensors to
+        # the model as they are, bypassing the scheduler
+        extra = config.sequence.extra_input_types if config.sequence is not None else {}
         for input_name, spec in w.inputs.items():
             model_input = config.input_map.get(input_name)
-            if model_input is None:
+            expected = model_input.datatype if model_input is not None else extra.get(input_name)
+            if expected is None:
                 raise ConfigError(f"{label}: '{input_name}' is not an input of the model")
             try:
                 datatype = DataType.from_config(spec.data_type)
             except Exception:
                 raise ConfigError(f"{label}: input '{input_name}' has no valid data_type") from None
-            if datatype is not model_input.datatype:
+            if datatype is not expected:
                 raise ConfigError(f"{label}: input '{input_name}' is {datatype.config_name} but "
-                                  f"the model expects {model_input.datatype.config_name}")
+                                  f"the model expects {expected.config_name}")
             item_shape = tuple(int(d) for d in spec.dims)
             if any(d < 0 for d in item_shape):
                 raise ConfigError(f"{label}: input '{input_name}' dims must be fixed, got "

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from nursery.config.model import ModelConfig, TensorSpec
+from nursery.config.model import BatchInputSpec, ModelConfig, TensorSpec
 from nursery.errors import InternalError
 from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -59,10 +59,47 @@ def gather_inputs(
                 parts = [p.reshape(-1) for p in parts]
             arrays[spec.name] = np.concatenate(parts, axis=0)
     for name, array in arrays.items():
-        spec = config.input_map[name]
-        if spec.reshape is not None and not spec.ragged:
-            arrays[name] = _reshape(array, spec.reshape, batching)
+        given = config.input_map.get(name)  # None: an input the sequence batcher provides
+        if given is not None and given.reshape is not None and not given.ragged:
+            arrays[name] = _reshape(array, given.reshape, batching)
+    for made in config.batch_inputs:
+        array = batch_input(made, requests)
+        for target in made.targets:
+            arrays[target] = array
     return arrays
+
+
+def batch_input(spec: BatchInputSpec, requests: Sequence[InferenceRequest]) -> np.ndarray:
+    """A ``batch_input`` tensor for a batch, as Triton's backends make it from the shapes of
+    each request's ``source`` input (the batch dim included): the element counts
+    (BATCH_ELEMENT_COUNT, shape [requests]), their running sums (ACCUMULATED, [requests];
+    WITH_ZERO, [requests + 1] from 0), a tensor whose shape is the largest count
+    (BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, zeros), each batch item's shape without the batch dim
+    (BATCH_ITEM_SHAPE, [items, rank - 1]; FLATTEN, one row)."""
+    dtype = np.float32 if spec.datatype is DataType.FP32 else np.int32
+    shapes = []
+    for r in requests:
+        tensor = r.inputs.get(spec.source)
+        if tensor is None:
+            raise InternalError(f"batch input '{spec.targets[0] if spec.targets else ''}' "
+                                f"needs input '{spec.source}' from every request")
+        shapes.append(tuple(tensor.shape))
+    counts = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    kind = spec.kind
+    if kind == "BATCH_ELEMENT_COUNT":
+        return np.array(counts, dtype=dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+        return np.cumsum(counts).astype(dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+        return np.concatenate([[0], np.cumsum(counts)]).astype(dtype)
+    if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        return np.zeros(max(counts, default=0), dtype=dtype)
+    if kind in ("BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"):
+        rank = max((len(shape) - 1 for shape in shapes), default=0)
+        rows = [shape[1:] for shape in shapes for _ in range(shape[0] if shape else 0)]
+        items = np.array(rows, dtype=dtype).reshape(len(rows), rank)
+        return items.reshape(-1) if kind == "BATCH_ITEM_SHAPE_FLATTEN" else items
+    raise InternalError(f"unsupported batch input kind {kind}")
 
 
 def _reshape(array: np.ndarray, shape: tuple[int, ...], batching: bool) -> np.ndarray:

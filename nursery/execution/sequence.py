@@ -25,26 +25,30 @@ from nursery.types import DataType, InferenceRequest, InferenceResponse
 
 
 def check_request(request: InferenceRequest, config: ModelConfig, batch_size: int) -> None:
-    """Triton's checks of a request to a sequence model, in its order and words."""
+    """Triton's checks of a request to a sequence model, in its order and words: the
+    correlation ID's type against the CORRID control (the last of its request checks, before
+    the request reaches the scheduler), then the sequence batcher's own."""
     seq = config.sequence
     assert seq is not None
     model = config.name
+    corrid = request.sequence_id
+    if seq.corrid is not None:
+        # a string ID needs a string control; an integer ID (a request without an ID has
+        # the integer 0) any integer one
+        name, datatype = seq.corrid
+        if isinstance(corrid, str) != (datatype is DataType.BYTES):
+            given = DataType.BYTES if isinstance(corrid, str) else DataType.UINT64
+            raise InvalidArgument(
+                f"[request id: {request.id or '<id_unknown>'}] sequence batching control "
+                f"'{name}' data-type is '{given.value}', but model '{model}' expects "
+                f"'{datatype.value}'")
     if batch_size > 1:
         raise InvalidArgument(f"inference request to model '{model}' must specify batch-size 1 "
                               "due to requirements of sequence batcher")
-    corrid = request.sequence_id
     if (corrid == 0 or corrid == "") and not seq.schedule.iterative:  # iterative: the
         # scheduler gives it a sequence of its own
         raise InvalidArgument(f"inference request to model '{model}' must specify a non-zero or "
                               "non-empty correlation ID")
-    if seq.corrid is not None:
-        name, datatype = seq.corrid
-        if isinstance(corrid, str) != (datatype is DataType.BYTES):
-            kind = "string" if isinstance(corrid, str) else "unsigned integer"
-            raise InvalidArgument(
-                f"inference request to model '{model}' has a {kind} correlation ID, but the "
-                f"model's CONTROL_SEQUENCE_CORRID input '{name}' is "
-                f"{datatype.config_name}")
 
 
 class SlotStates:
@@ -66,13 +70,17 @@ class SlotStates:
 
     # -- one batch -----------------------------------------------------------------------
 
-    def gather(self, requests: Sequence[InferenceRequest],
-               rows: Sequence[SlotRow]) -> dict[str, np.ndarray]:
+    def gather(self, requests: Sequence[InferenceRequest], rows: Sequence[SlotRow],
+               data: bool = True) -> dict[str, np.ndarray]:
+        """The batch's arrays: the model's own inputs (unless ``data`` is false: a backend
+        that takes whole requests reads each request's own, whose shapes may differ when
+        the input allows ragged batches), then the control inputs, the correlation ID and
+        the implicit state, one row per ``rows`` entry."""
         config = self.config
         n = len(rows)
         arrays: dict[str, np.ndarray] = {}
         first = requests[0]
-        for spec in config.inputs:
+        for spec in config.inputs if data else ():
             if spec.name not in first.inputs:
                 continue
             template = first.inputs[spec.name].data

@@ -20,6 +20,7 @@ is optional, the step's own error otherwise), and the ensemble's answer leaves i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -68,7 +69,14 @@ class EnsemblePlan:
     # max_inflight_requests: requests each step may have in flight across all the
     # ensemble's requests (0: no limit)
     max_inflight: int = 0
-    output_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # outputs' dims
+    # outputs' configured shapes (the reshape where one is given, else the dims)
+    output_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # inputs and outputs with a `reshape`: name -> (the shape a tensor has, the shape it takes)
+    # (an input's request shape becomes its reshape; an output's answer takes its dims again)
+    input_reshape: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = \
+        field(default_factory=dict)
+    output_reshape: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = \
+        field(default_factory=dict)
 
     @staticmethod
     def build(name: str, inputs: Iterable[str], outputs: Iterable[str],
@@ -151,13 +159,34 @@ class EnsemblePlan:
         return {s.model_name for s in self.steps}
 
     def shaped(self, batching: bool, output_dims: Mapping[str, tuple[int, ...]],
-               steps: Sequence[tuple[bool, Mapping[str, tuple[int, ...]]]]) -> EnsemblePlan:
+               steps: Sequence[tuple[bool, Mapping[str, tuple[int, ...]]]],
+               input_reshape: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+               output_reshape: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+               ) -> EnsemblePlan:
         """The plan with what tensors need between batching and non-batching models: the
-        ensemble's own batching and output dims, and for each step whether its model batches
-        and its inputs' dims (in step order)."""
+        ensemble's own batching and output shapes, and for each step whether its model batches
+        and its inputs' dims (in step order); and the ensemble's own input and output reshapes
+        (name -> (from, to))."""
         return replace(self, batching=batching, output_dims=MappingProxyType(dict(output_dims)),
+                       input_reshape=MappingProxyType(dict(input_reshape or {})),
+                       output_reshape=MappingProxyType(dict(output_reshape or {})),
                        steps=tuple(replace(step, batching=b, input_dims=MappingProxyType(dict(d)))
                                    for step, (b, d) in zip(self.steps, steps, strict=True)))
+
+    def input_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape with which request input ``name`` becomes an ensemble tensor: its
+        `reshape` where the ensemble's input has one (Triton's request normalization), the
+        batch dim kept."""
+        pair = self.input_reshape.get(name)
+        return shape if pair is None else convert_dims(shape, pair[0], pair[1], self.batching)
+
+    def answer_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of ensemble output ``name`` in the answer: :meth:`output_shape`'s, then
+        back from the output's `reshape` to its dims where it has one (as Triton's response
+        reports an output of a model with a reshape)."""
+        shape = self.output_shape(name, shape)
+        pair = self.output_reshape.get(name)
+        return shape if pair is None else convert_dims(shape, pair[0], pair[1], self.batching)
 
     def _batch_size(self, tensor: str, shape: Sequence[int]) -> int:
         """Triton's batch size of an ensemble tensor: its first dim when the model that wrote
@@ -192,6 +221,26 @@ class EnsemblePlan:
 def _dims_match(config_dims: Sequence[int], dims: Sequence[int]) -> bool:
     return len(config_dims) == len(dims) and all(
         c == d or c == -1 or d == -1 for c, d in zip(config_dims, dims, strict=True))
+
+
+def convert_dims(shape: tuple[int, ...], from_dims: Sequence[int], to_dims: Sequence[int],
+                 batching: bool) -> tuple[int, ...]:
+    """``shape`` (the batch dim first when ``batching``) from a configured shape to another
+    (dims to reshape, or back), Triton's way: the values of its variable (-1) dims fill the
+    other's variable dims in order. A shape that does not fit ``from_dims``, or whose element
+    count would change, is returned as it is."""
+    offset = 1 if batching and shape else 0
+    body = shape[offset:]
+    if len(body) != len(from_dims):
+        return shape
+    values = [d for d, c in zip(body, from_dims, strict=True) if c == -1]
+    if sum(1 for c in to_dims if c == -1) != len(values):
+        return shape
+    filled = iter(values)
+    out = (*shape[:offset], *(next(filled) if c == -1 else c for c in to_dims))
+    if math.prod(out) != math.prod(shape):
+        return shape
+    return out
 
 
 def reshape_dims(config_dims: Sequence[int], config_batching: bool, tensor_batch: int,

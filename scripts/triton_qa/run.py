@@ -75,6 +75,10 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--libtorch"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
+    ("gen_qa_ragged_models.py", ["--onnx"], "qa_ragged_model_repository"),
+    ("gen_qa_ragged_models.py", ["--libtorch"], "qa_ragged_model_repository"),
+    ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository"),
+    ("gen_qa_reshape_models.py", ["--libtorch", "--variable"], "qa_reshape_model_repository"),
     # the ensembles over those models (configurations only; the generator writes them for
     # every platform, TensorRT's included, whose steps' models are then absent)
     ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
@@ -86,6 +90,8 @@ GENERATORS: list[tuple[str, list[str], str]] = [
      "qa_ensemble_model_repository/qa_sequence_model_repository"),
     ("gen_qa_sequence_models.py", ["--ensemble", "--variable"],
      "qa_ensemble_model_repository/qa_variable_sequence_model_repository"),
+    ("gen_qa_reshape_models.py", ["--ensemble"],
+     "qa_ensemble_model_repository/qa_reshape_model_repository"),
 ]
 
 # Variables a group's test.sh reads to pick the backends it loops over (each defaults to all
@@ -99,6 +105,10 @@ GROUP_ENV = {
     "L0_dyna_sequence_batcher": {"BACKENDS": "libtorch onnx custom custom_string"},
     # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
     "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
+    # batch inputs of ragged models (the default adds `plan`)
+    "L0_batch_input": {"BACKENDS": "onnx libtorch"},
+    # its per-backend warm-up checks (the default adds `plan`)
+    "L0_warmup": {"BACKENDS": "onnx libtorch"},
 }
 
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
@@ -144,6 +154,19 @@ SHIMS["go"] = ('if [ "$1" = install ] && [[ "$2" == github.com/grpc-ecosystem/gr
                '> "$GOPATH/bin/grpc-health-probe" && chmod +x "$GOPATH/bin/grpc-health-probe" && '
                'echo "nursery-qa: go install $2: the harness\'s stand-in" >&2; exit $?; fi; '
                'echo "nursery-qa: refused: go $* (nothing is fetched at test time)" >&2; exit 1')
+# `cp` of a model from data/ that cannot exist here (TensorRT `plan_*`, OpenVINO, TensorFlow:
+# not generated on this machine) is skipped with a log line, and the rest of the command runs:
+# scripts copy such models under `set -e` (L0_input_validation, L0_lifecycle) and would stop
+# there; the cases that use those models then fail as they should
+SHIMS["cp"] = ('real=$(PATH=/usr/bin:/bin command -v cp); args=(); n=0; skipped=; '
+               'for a in "$@"; do '
+               'if [[ "$a" == "$NURSERY_QA_WORK"/data/* ]] && [ ! -e "$a" ] && '
+               '[[ "$(basename "$a")" =~ ^(plan|openvino|graphdef|savedmodel)_ ]]; then '
+               'echo "nursery-qa: skipped: cp $a (a TensorRT, OpenVINO or TensorFlow model, '
+               'not generated here)" >&2; skipped=1; continue; fi; '
+               'args+=("$a"); [[ "$a" != -* ]] && n=$((n + 1)); done; '
+               'if [ -n "$skipped" ] && [ "$n" -lt 2 ]; then exit 0; fi; '
+               'exec "$real" "${args[@]}"')
 SHIMS["service"] = ('if [ "$1" = nginx ] && [ "$2" = stop ]; then '
                     'kill "$(cat "$NURSERY_QA_WORK/nginx.pid" 2>/dev/null)" 2>/dev/null; exit 0; '
                     'fi; echo "nursery-qa: skipped: service $*" >&2; exit 0')
@@ -280,6 +303,11 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
         for name in ("repeat_int32", "square_int32", "identity_int32", "simple_repeat",
                      "fan_repeat", "sequence_repeat", "repeat_square", "nested_square"):
             (decoupled / name / "1").mkdir(parents=True, exist_ok=True)
+        # L0_grpc_state_cleanup serves the C++ `repeat` backend's model (the stand-in here)
+        cleanup = qa / "L0_grpc_state_cleanup" / "models" / "repeat_int32"
+        if (qa / "L0_grpc_state_cleanup").is_dir():
+            shutil.copytree(test_models / "repeat_int32", cleanup, dirs_exist_ok=True)
+            (cleanup / "1").mkdir(exist_ok=True)
         python_models = qa / "L0_decoupled" / "python_models"
         shutil.copytree(decoupled, python_models, dirs_exist_ok=True)
         examples = (checkouts / "python_backend" / "examples" / "decoupled") if checkouts else None
@@ -294,6 +322,12 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             missing.append("python_backend/examples/decoupled (--checkouts)")
     else:
         missing.append(f"{test_models} (src/test/models of the server repository)")
+    # Dockerfile.QA puts the C++ dyna_sequence backend's library into this model's version
+    # folder; the harness's dyna_sequence stand-in (a Python-based backend in the backend
+    # directory) needs only the folder
+    dyna = qa / "custom_models" / "custom_dyna_sequence_int32"
+    if dyna.is_dir():
+        (dyna / "1").mkdir(exist_ok=True)
     return missing
 
 
@@ -333,6 +367,28 @@ def generate(work: Path, env: dict[str, str], log) -> None:
         print(f"generate: {' '.join(cmd)}", file=log, flush=True)
         rc = subprocess.run(cmd, cwd=common, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         print(f"generate: exit {rc}", file=log, flush=True)
+    for path in prune_ensembles(data):
+        print(f"generate: removed {path} (its steps are models not generated here)", file=log,
+              flush=True)
+
+
+# An ensemble the generators write for a platform this machine does not generate models for
+# (TensorRT `plan`, OpenVINO, TensorFlow): its steps do not exist here
+FOREIGN_ENSEMBLE = re.compile(r"(^|_)(plan|openvino|graphdef|savedmodel)(_|$)")
+
+
+def prune_ensembles(data: Path) -> list[Path]:
+    """Remove the generated ensembles over models that are not generated here: a script that
+    copies a whole ensemble repository (L0_infer_variable, L0_infer_reshape) would otherwise
+    give its server ensembles that cannot load, and the server would not start. Returns what
+    it removed."""
+    removed = []
+    root = data / "qa_ensemble_model_repository"
+    for folder in sorted(root.glob("*/*")) if root.is_dir() else ():
+        if folder.is_dir() and FOREIGN_ENSEMBLE.search(folder.name):
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
 
 
 def client_site(work: Path, version: str) -> Path:

@@ -334,3 +334,79 @@ def test_a_full_step_holds_back_only_its_own_requests(tmp_path, start_server):
     first, last = got[0][0] - sent, got[-1][0] - sent
     assert last > 3.0  # ten slow steps, one at a time
     assert first < 2.0, (first, last)  # before: after about eight of them (3.2 s)
+
+
+def test_ensemble_input_and_output_reshape(tmp_path, start_server):
+    """L0_infer_reshape's `simple_reshape_*` ensembles: an ensemble input with a `reshape`
+    reaches its steps in that shape (Triton normalizes the request first), and an ensemble
+    output with a `reshape` is answered in its dims again, the batch dim kept; a variable dim
+    carries its value across."""
+    import tritonclient.http as httpclient
+
+    from tests.conftest import make_models
+
+    repo = tmp_path / "repo"
+    for name, dims in (("fixed", [4, 2]), ("variable", [-1])):
+        make_models.write_model(
+            repo, name, make_models.build_identity("FP32", ["batch", "n"] if -1 in dims
+                                                    else ["batch", 4, 2]),
+            make_models.config_text(name, [("INPUT0", "FP32", dims)],
+                                    [("OUTPUT0", "FP32", dims)], 8))
+    for ens, step, dims, reshape in (("ens_fixed", "fixed", "8", "4, 2"),
+                                     ("ens_variable", "variable", "1, -1", "-1")):
+        (repo / ens / "1").mkdir(parents=True)
+        (repo / ens / "config.pbtxt").write_text(
+            f'name: "{ens}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+            f'input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ {dims} ] '
+            f'reshape: {{ shape: [ {reshape} ] }} }} ]\n'
+            f'output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ {dims} ] '
+            f'reshape: {{ shape: [ {reshape} ] }} }} ]\n'
+            f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+            'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } '
+            '} ] }\n')
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    for ens, shape in (("ens_fixed", (1, 8)), ("ens_fixed", (3, 8)), ("ens_variable", (1, 1, 3)),
+                       ("ens_variable", (2, 1, 5))):
+        x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        inp = httpclient.InferInput("IN", list(shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(ens, [inp]).as_numpy("OUT")
+        assert got.shape == shape, (ens, got.shape)
+        np.testing.assert_array_equal(got, x)
+    client.close()
+
+
+def test_python_output_with_a_reshape_is_answered_in_its_dims(tmp_path, start_server):
+    """A Python model makes an output that has a `reshape` in the reshape's shape; the answer
+    reports it in the output's dims, as Triton's response does (L0_infer_reshape's
+    `nop_tunnel_in` steps, on the identity stand-in, hand [batch, 8] on to the next step)."""
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "repo"
+    (repo / "tunnel" / "1").mkdir(parents=True)
+    (repo / "tunnel" / "1" / "model.py").write_text(MODEL)
+    (repo / "tunnel" / "config.pbtxt").write_text(
+        'name: "tunnel"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4, 2 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 8 ] '
+        'reshape: { shape: [ 4, 2 ] } } ]\n')
+    # and an input with a reshape reaches the Python model in the reshape's shape (Triton
+    # normalizes the request first): it answers what it got, [batch, 8]
+    (repo / "tunnel_in" / "1").mkdir(parents=True)
+    (repo / "tunnel_in" / "1" / "model.py").write_text(MODEL)
+    (repo / "tunnel_in" / "config.pbtxt").write_text(
+        'name: "tunnel_in"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4, 2 ] '
+        'reshape: { shape: [ 8 ] } } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 8 ] } ]\n')
+    server = start_server(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    x = np.arange(16, dtype=np.int32).reshape(2, 4, 2)
+    for model in ("tunnel", "tunnel_in"):
+        inp = httpclient.InferInput("INPUT0", [2, 4, 2], "INT32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(model, [inp]).as_numpy("OUTPUT0")
+        assert got.shape == (2, 8), model
+        np.testing.assert_array_equal(got, x.reshape(2, 8))
+    client.close()

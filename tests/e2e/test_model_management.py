@@ -95,6 +95,22 @@ def test_load_errors(tmp_path: Path, start_server: type[ServerProcess]) -> None:
         grpc.load_model("nope")
     assert err.value.status() == "StatusCode.INTERNAL"  # as Triton answers
     http.unload_model("never_loaded")  # unloading what is not loaded succeeds, as in Triton
+    # Triton's check of a load's model name (white space trimmed): blank, or a path
+    for name in ("", " ", "\t\n", " \v\f\r "):
+        with pytest.raises(InferenceServerException) as err:
+            grpc.load_model(name)
+        assert err.value.message() == ("Model name cannot be empty. Please enter a valid name "
+                                       "to deploy.")
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    for name in ("../etc", "a/../b", "..", " ..", "/etc/passwd", "model/"):
+        with pytest.raises(InferenceServerException) as err:
+            grpc.load_model(name)
+        assert err.value.message() == (f"invalid model name '{name}', model name must not "
+                                       "contain path traversal characters")
+        grpc.unload_model(name)  # an unload's name is not checked so
+    for name in ("...", "..my_model", "model..1"):  # not paths: not in the repository
+        with pytest.raises(InferenceServerException, match="failed to poll from model"):
+            grpc.load_model(name)
     with pytest.raises(InferenceServerException, match="unknown field 'bogus'"):
         http.load_model("add_sub", config=json.dumps({"bogus": 1}))
     with pytest.raises(InferenceServerException, match="failed to parse the 'config' override"):
@@ -235,6 +251,38 @@ def test_warmup_runs_before_ready(tmp_path: Path, start_server: type[ServerProce
     bad = start_server(tmp_path / "repo2", wait=False)
     assert bad.wait_exit(60) == 1
     assert "model_warmup 'bad'" in bad.log() and "must be a file inside" in bad.log()
+
+
+def test_warmup_of_a_sequence_model_gives_its_control_inputs(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """A sequence model's warmup sample may give the inputs the sequence batcher provides
+    (L0_warmup gives START and READY): they reach the model with the sample, which then
+    loads and serves; a name that is neither an input nor a control still stops the load."""
+    repo = tmp_path / "repo"
+    folder = make_models.write_sequence_controls(repo, "seq")
+    config = folder / "config.pbtxt"
+    samples = "".join(
+        f'inputs {{ key: "{name}" value: {{ data_type: {kind} dims: [1] zero_data: true }} }} '
+        for name, kind in (("INPUT", "TYPE_INT32"), ("START", "TYPE_INT32"),
+                           ("END", "TYPE_INT32"), ("READY", "TYPE_INT32"),
+                           ("CORRID", "TYPE_UINT64")))
+    config.write_text(config.read_text() + (
+        f'model_warmup [{{ name: "sequence sample" count: 2 batch_size: 4 {samples}}}]\n'))
+    server = start_server(repo, "--log-verbose=1")
+    for iteration in (1, 2):  # Triton's line, per instance and iteration
+        assert (f"model 'seq' instance seq_0_0 is running warmup sample 'sequence sample' for "
+                f"iteration {iteration}") in server.log()
+    client = httpclient.InferenceServerClient(server.url)
+    inp = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    inp.set_data_from_numpy(np.array([[5]], np.int32))
+    got = client.infer("seq", [inp], sequence_id=9, sequence_start=True, sequence_end=True)
+    assert int(got.as_numpy("OUTPUT")[0, 0]) == 5
+    assert int(got.as_numpy("START_OUT")[0, 0]) == 1
+    client.close()
+    config.write_text(config.read_text().replace('key: "END"', 'key: "FINISH"'))
+    bad = start_server(repo, wait=False)
+    assert bad.wait_exit(60) == 1
+    assert "'FINISH' is not an input of the model" in bad.log()
 
 
 def test_reload_and_unload_under_load(tmp_path: Path, start_server: type[ServerProcess]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,7 +224,8 @@ def test_ensemble_step_carries_the_sequence(seq_server: ServerProcess) -> None:
     assert tuple(r.as_numpy(n)[0, 0] for n in ("START_OUT", "END_OUT", "READY_OUT",
                                                "CORRID_OUT")) == (0, 1, 1, sid)
     # without a correlation ID the step refuses it, in the ensemble's words; the ensemble
-    # counts a failure, not an execution (Triton counts executions on success only)
+    # counts a failure, not an execution (Triton counts executions on success only), and
+    # counts it twice, as Triton's ensemble does (its error answer, then its tracker's end)
     before = client.get_inference_statistics("ens_controls")["model_stats"][0]
     assert before["execution_count"] == 3
     with pytest.raises(InferenceServerException, match="non-zero or non-empty correlation ID"):
@@ -232,7 +234,11 @@ def test_ensemble_step_carries_the_sequence(seq_server: ServerProcess) -> None:
     assert after["execution_count"] == 3
     assert after["inference_count"] == 3
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"][
-        "count"] + 1
+        "count"] + 2
+    with urllib.request.urlopen(f"http://127.0.0.1:{seq_server.metrics_port}/metrics") as r:
+        metrics = r.read().decode()
+    assert ('nv_inference_request_failure{model="ens_controls",reason="OTHER",version="1"} '
+            f'{after["inference_stats"]["fail"]["count"]}') in metrics
     assert after["inference_stats"]["success"]["count"] == 3
     client.close()
     gclient.close()
@@ -300,9 +306,25 @@ def test_errors_are_tritons(seq_server: ServerProcess) -> None:
                  sequence_end=True)
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         client.infer("acc_direct", [_http_input(1)], sequence_id=405)
-    # a string ID to a model whose CORRID control is numeric
-    with pytest.raises(InferenceServerException, match="has a string correlation ID"):
-        client.infer("controls_u64", [_http_input(1)], sequence_id="x", sequence_start=True)
+    # a correlation ID whose type the CORRID control does not take (Triton's request check,
+    # before the sequence batcher's: a request without an ID has the integer ID 0)
+    for model, kwargs, given, expected in (
+            ("controls_u64", {"sequence_id": "x", "sequence_start": True}, "BYTES", "UINT64"),
+            ("controls_i32", {"sequence_id": "x"}, "BYTES", "INT32"),
+            ("controls_str", {"sequence_id": 7, "sequence_start": True}, "UINT64", "BYTES"),
+            ("controls_str", {}, "UINT64", "BYTES")):
+        message = (f"[request id: <id_unknown>] sequence batching control 'CORRID' data-type "
+                   f"is '{given}', but model '{model}' expects '{expected}'")
+        with pytest.raises(InferenceServerException) as info:
+            client.infer(model, [_http_input(1)], **kwargs)
+        assert (info.value.message(), info.value.status()) == (message, "400")
+        with pytest.raises(InferenceServerException) as ginfo:
+            gclient.infer(model, [_grpc_input(1)], **kwargs)
+        assert ginfo.value.message() == message
+    # an integer ID suits any integer control, a string ID a string one
+    for model, sid in (("controls_i32", 5), ("controls_str", "five")):
+        client.infer(model, [_http_input(1)], sequence_id=sid, sequence_start=True,
+                     sequence_end=True)
     # more than one row per request
     two = httpclient.InferInput("INPUT", [2, 1], "INT32")
     two.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))

@@ -112,3 +112,33 @@ def test_slot_state_tensors(corrid: DataType) -> None:
     assert again["IS"].tolist() == [[1.0]]
     states.release([0])
     assert states.held() == {}
+
+
+def test_slot_state_tensors_without_the_data_inputs() -> None:
+    """A backend that takes whole requests reads each request's own inputs: ``data=False``
+    gathers only the controls, so requests whose ragged inputs differ in shape can share a
+    batch (joining them into one array would fail)."""
+
+    class _Spec:
+        name = "X"
+        reshape = None
+
+    seq = SequenceConfig(
+        SequenceSchedule(),
+        (ControlSpec("CONTROL_SEQUENCE_READY", "R", DataType.INT32, 0, 1),),
+        ("C", DataType.UINT64), ())
+    config = _Config(seq, 4)
+    config.inputs = (_Spec(),)  # type: ignore[assignment]
+    states = SlotStates(config)  # type: ignore[arg-type]
+
+    def req(width: int) -> InferenceRequest:
+        return InferenceRequest("m", "", {"X": Tensor("X", DataType.INT32, (1, width),
+                                                      np.ones((1, width), np.int32))})
+
+    rows = (SlotRow(0, 0, True, False, 11), SlotRow(1, 1, True, False, 12))
+    with pytest.raises(ValueError, match="dimensions except for the concatenation axis"):
+        states.gather([req(3), req(5)], rows)  # an array batch needs one shape
+    arrays = states.gather([req(3), req(5)], rows, data=False)
+    assert sorted(arrays) == ["C", "R"]
+    assert arrays["R"].tolist() == [[1], [1]]
+    assert arrays["C"].tolist() == [[11], [12]]

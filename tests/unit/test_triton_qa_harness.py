@@ -238,6 +238,30 @@ def test_go_install_of_the_health_probe_gets_the_stand_in(tmp_path):
         'timeout: failed to connect service "127.0.0.1:9" within 1s', "rc=2", "rc=1"]
 
 
+def test_cp_of_a_model_that_cannot_be_generated_here_is_skipped(tmp_path):
+    """A script's `cp` (under `set -e`) of a TensorRT / OpenVINO / TensorFlow model from data/
+    is skipped with a log line, the other sources are copied, and any other missing source
+    still fails as cp fails."""
+    triton = _fake_triton(tmp_path)
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    env = run.environment(work, work / "r.jsonl", "")
+    data = work / "data" / "inferenceserver" / "nursery" / "qa_model_repository"
+    (data / "onnx_int32").mkdir(parents=True)
+    (data / "onnx_int32" / "config.pbtxt").write_text("x")
+    out = tmp_path / "models"
+    out.mkdir()
+    proc = subprocess.run(
+        ["bash", "-c", f"set -e; cp -r {data}/plan_int32 {data}/onnx_int32 {out}/.; "
+                       f"cp -r {data}/openvino_int32 {out}/.; echo copied; "
+                       f"cp -r {data}/onnx_missing {out}/. || echo refused"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == ["copied", "refused"]
+    assert (out / "onnx_int32" / "config.pbtxt").read_text() == "x"
+    assert sorted(p.name for p in out.iterdir()) == ["onnx_int32"]
+    assert proc.stderr.count("nursery-qa: skipped: cp") == 2
+
+
 def test_clients_see_the_version_the_server_reports(tmp_path):
     """Triton's image sets TRITON_SERVER_VERSION; L0_lifecycle compares metadata with it."""
     from nursery.runtime.about import VERSION
@@ -296,3 +320,17 @@ def test_clients_get_what_tritons_container_gives_them(tmp_path):
         "import sys; assert 'client_env' not in sys.modules\n"),
         PYTHONPATH=standin.server_env({"PYTHONPATH": str(QA / "hooks")})["PYTHONPATH"])
     assert server.returncode == 0, server.stderr
+
+
+def test_ensembles_over_models_not_generated_here_are_pruned(tmp_path):
+    """The generators write ensembles for every platform; those over TensorRT, OpenVINO or
+    TensorFlow models name steps that are never generated here, and go."""
+    root = tmp_path / "qa_ensemble_model_repository" / "qa_variable_model_repository"
+    names = ["simple_plan_int32_int32_int32", "fan_openvino_nobatch_int8_int8_int8",
+             "sequence_graphdef_float32", "simple_onnx_int32_int32_int32",
+             "fan_libtorch_nobatch_float32", "nop_TYPE_INT32_-1", "simple_planner_x"]
+    for name in names:
+        (root / name).mkdir(parents=True)
+    removed = run.prune_ensembles(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(names[:3])
+    assert sorted(p.name for p in root.iterdir()) == sorted(names[3:])

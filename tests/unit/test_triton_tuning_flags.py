@@ -32,7 +32,9 @@ def test_triton_start_flags_are_read():
     assert settings.model_load_retry_count == 3
     assert "--model-namespacing" not in settings.inactive  # false is what nursery does
     assert "--model-namespacing" in settings_from_args(["--model-namespacing=true"]).inactive
-    for bad in (["--model-config-name=a b"], ["--model-load-retry-count=-1"],
+    assert settings_from_args([]).model_config_name == ""
+    for bad in (["--model-config-name=a b"], ["--model-config-name="],
+                ["--model-config-name", ""], ["--model-load-retry-count=-1"],
                 ["--grpc-infer-response-compression-level=max"]):
         with pytest.raises(FlagError):
             settings_from_args(bad, raise_errors=True)
@@ -65,3 +67,22 @@ def test_deprecated_strict_model_config_warns_in_tritons_words():
         "in favor of '--disable-auto-complete-config'!")
     assert not settings.auto_complete
 
+
+
+def test_mode_flags_are_read_in_any_case():
+    """Triton lower-cases the values of --model-control-mode, --rate-limit and
+    --grpc-infer-response-compression-level (L0_model_namespacing passes
+    --model-control-mode=POLL)."""
+    import pytest
+
+    from nursery.settings import FlagError, settings_from_args
+
+    settings = settings_from_args(["--model-control-mode=POLL", "--rate-limit=Execution_Count",
+                                   "--grpc-infer-response-compression-level=HIGH"])
+    assert settings.model_control_mode == "poll"
+    assert settings.rate_limit == "execution_count"
+    assert settings.grpc_response_compression == "high"
+    assert settings_from_args(["--model-control-mode", "Explicit"]).model_control_mode == \
+        "explicit"
+    with pytest.raises(FlagError):
+        settings_from_args(["--model-control-mode=POLLING"], raise_errors=True)

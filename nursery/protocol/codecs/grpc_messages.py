@@ -24,8 +24,8 @@ from nursery.types import (
     RequestedOutput,
     Tensor,
     checked_count,
+    input_bytes_tensor,
     serialize_bytes_tensor,
-    tensor_from_bytes,
     tensor_to_bytes,
 )
 
@@ -260,7 +260,7 @@ def _fixed_size(block: bytes | memoryview, datatype: DataType, shape: tuple[int,
     """``block``'s bytes as the tensor; ``count`` is ``shape``'s checked element count, and a
     BYTES block must hold at least 4 bytes per element before its array is made."""
     if datatype is DataType.BYTES:
-        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
+        return input_bytes_tensor(block, shape, name, model, prefix)
     _check_size(len(block), count, datatype, name, model, prefix)
     return np.frombuffer(block, dtype=datatype.numpy_dtype).reshape(shape)
 
@@ -277,11 +277,13 @@ def _typed_contents(tensor: pb.ModelInferRequestInferInputTensor | InputTensor, 
         )
     values = getattr(tensor.contents, field) if tensor.contents is not None else []
     if len(values) != count:
-        if datatype is DataType.BYTES:
+        if datatype is DataType.BYTES:  # Triton serializes them, then checks as raw bytes
+            where = f"for inference input '{tensor.name}' for model '{model}'"
+            if len(values) > count:
+                raise InvalidArgument(f"{prefix}unexpected number of string elements "
+                                      f"{count + 1} {where}, expecting {count}")
             raise InvalidArgument(
-                f"{prefix}expected {count} string elements for inference input "
-                f"'{tensor.name}' for model '{model}', got {len(values)}"
-            )
+                f"{prefix}expected {count} string elements {where}, got {len(values)}")
         raise InvalidArgument(
             f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "
             f"Expected {count * datatype.itemsize}, got {len(values) * datatype.itemsize}"

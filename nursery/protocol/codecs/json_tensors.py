@@ -26,7 +26,7 @@ from nursery.types import (
     RequestedOutput,
     Tensor,
     checked_count,
-    tensor_from_bytes,
+    input_bytes_tensor,
     tensor_to_bytes,
 )
 
@@ -328,8 +328,8 @@ def decode_request(
                 )
             block = blocks.take(name, size)
             if datatype is DataType.BYTES:
-                data = tensor_from_bytes(block, datatype, shape,
-                                         f"input '{name}' for model '{model_name}'")
+                data = input_bytes_tensor(block, shape, name, model_name,
+                                          f"[request id: {request_id or '<id_unknown>'}] ")
             else:
                 expected = count * datatype.itemsize
                 if size != expected:
@@ -432,7 +432,8 @@ def _shm_input(params: dict[str, Any], name: str, datatype: DataType, shape: tup
             f"{binding.byte_size}")
     block = shm.read(binding.region, binding.offset, binding.byte_size)
     if datatype is DataType.BYTES:
-        return tensor_from_bytes(block, datatype, shape, f"input '{name}' for model '{model}'")
+        return input_bytes_tensor(block, shape, name, model,
+                                  f"[request id: {request_id or '<id_unknown>'}] ")
     return np.frombuffer(block, dtype=datatype.numpy_dtype, count=count).reshape(shape)
 
 
