@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -182,12 +182,9 @@ def _normalized(work: Any, config: ModelConfig) -> Any:
         changed = False
         for name, t in w.request.inputs.items():
             spec = reshaped.get(name)
-            if spec is None or spec.reshape is None:
-                continue
-            shape = convert_dims(tuple(t.shape), spec.dims, spec.reshape, batching)
-            if shape != tuple(t.shape):
-                inputs[name] = Tensor(name, t.datatype, shape, np.asarray(t.data).reshape(shape))
-                changed = True
+            if spec is not None and spec.reshape is not None:
+                inputs[name] = _converted(t, spec.dims, spec.reshape, batching)
+                changed = changed or inputs[name] is not t
         out.append(dataclasses.replace(w, request=dataclasses.replace(w.request, inputs=inputs))
                    if changed else w)
     return type(work)(out) if isinstance(work, tuple) else out
@@ -213,12 +210,20 @@ def _in_dims(responses: list[Any] | NurseryError,
         for t in response.outputs:
             spec = reshaped.get(t.name)
             if spec is not None and spec.reshape is not None:
-                shape = convert_dims(tuple(t.shape), spec.reshape, spec.dims, batching)
-                if shape != tuple(t.shape):
-                    t = Tensor(t.name, t.datatype, shape, np.asarray(t.data).reshape(shape))
+                t = _converted(t, spec.reshape, spec.dims, batching)
             outputs.append(t)
         response.outputs = outputs
     return responses
+
+
+def _converted(t: Tensor, from_dims: Sequence[int], to_dims: Sequence[int],
+               batching: bool) -> Tensor:
+    """``t`` from one configured shape to the other (``convert_dims``); ``t`` itself when the
+    shape stays as it is."""
+    shape = convert_dims(tuple(t.shape), from_dims, to_dims, batching)
+    if shape == tuple(t.shape):
+        return t
+    return Tensor(t.name, t.datatype, shape, np.asarray(t.data).reshape(shape))
 
 
 def _classified(batch: ExecuteBatch, responses: list[Any] | NurseryError,
