@@ -191,8 +191,13 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
         return server
 
     yield start  # type: ignore[misc]
+    unclean = []
     for server in started:
-        server.stop()
+        running = server.proc.poll() is None
+        code = server.stop()
+        if running and code != 0:  # one a test ended on purpose has exited already
+            unclean.append(f"server exit code {code} after SIGTERM:\n{server.log()[-3000:]}")
+    assert not unclean, "\n".join(unclean)
 
 
 # A ceiling on the address space of the test run and the servers it starts (they inherit it):

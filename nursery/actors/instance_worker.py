@@ -460,7 +460,11 @@ async def run(
     limit_key = (config.name, version, placement.index)
     limiter = rate_limiter if needs else None
     if limiter is not None:
-        await limiter.register(limit_key, placement.device_id, needs, priority)
+        try:
+            await limiter.register(limit_key, placement.device_id, needs, priority)
+        except BaseException:
+            scheduler.close()  # the version's scheduler must not wait for a worker that
+            raise              # never started (its inbox ends when every sender closed)
     batch_done = trio.Event()
     thread = DedicatedThread(f"{config.name}:{version}:{placement.name}", context=client)
     backend: BackendInstance | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,11 +15,13 @@ import pytest
 import trio
 
 from nursery import errors, messages
-from nursery.actors import model_manager
+from nursery.actors import model_manager, rate_limiter
 from nursery.actors.directory import Directory, ModelState
+from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import Backends
 from nursery.core import Core
 from nursery.errors import InternalError, NotFound, Unavailable
+from nursery.scheduling.rate_limit_policy import RateLimitPolicy
 from tests.fakes import FAKE_CONFIG, FakeFactory, make_request, write_fake_model
 
 
@@ -50,14 +53,16 @@ class Harness:
 
 @asynccontextmanager
 async def _manager(repo: Path, factory: FakeFactory, models: list[str], exit_on_error: bool = False,
-                   unload_timeout: float = 5.0) -> AsyncIterator[Harness]:
+                   unload_timeout: float = 5.0,
+                   rate_limiter: RateLimiterClient | None = None) -> AsyncIterator[Harness]:
     directory = Directory()
     async with trio.open_nursery() as nursery:
         commands, inbox = trio.open_memory_channel[Any](4)
         failed = await nursery.start(partial(
             model_manager.run, repositories=(repo,), directory=directory, inbox=inbox,
             backends=Backends({"fake": factory}),
-            startup_models=models, exit_on_error=exit_on_error, unload_timeout=unload_timeout))
+            startup_models=models, exit_on_error=exit_on_error, unload_timeout=unload_timeout,
+            rate_limiter=rate_limiter))
         async with commands:
             yield Harness(directory, commands, failed)
 
@@ -188,6 +193,35 @@ async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFac
         assert h.state("m") == (ModelState.READY, "")
         factory.fail_load = None
         assert (await h.core.infer(make_request(3))).outputs[0].data[0, 0] == 6
+
+
+async def test_an_instance_update_refused_by_the_rate_limiter_leaves_nothing_running(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """An added instance whose resources the pools cannot hold is refused before it starts;
+    the version serves on, unloads, and the manager returns (the refused worker once kept
+    the scheduler's inbox open, so the shutdown waited forever)."""
+    def needing(count: int) -> str:
+        return FAKE_CONFIG + ('instance_group [{ count: 1 kind: KIND_CPU rate_limiter { '
+                              f'resources [{{ name: "R1" count: {count} }}] }} }}]')
+
+    folder = write_fake_model(tmp_path, "m", needing(2))
+    limits_send, limits_inbox = trio.open_memory_channel[Any](math.inf)
+    with trio.fail_after(10):  # the unload's own deadline is longer: it must not be needed
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(rate_limiter.run,
+                                        policy=RateLimitPolicy({("R1", None): 10}),
+                                        inbox=limits_inbox))
+            async with _manager(tmp_path, factory, ["m"], unload_timeout=60,
+                                rate_limiter=RateLimiterClient(limits_send)) as h:
+                (folder / "config.pbtxt").write_text(needing(32))
+                error = await h.command(messages.LoadModel, "m")
+                assert error is not None and "limited to 10" in error.message
+                assert (await h.core.infer(make_request(3))).outputs[0].data[0, 0] == 6
+                (folder / "config.pbtxt").write_text(needing(8))
+                assert await h.command(messages.LoadModel, "m") is None
+                assert (await h.core.infer(make_request(4))).outputs[0].data[0, 0] == 8
+                assert await h.command(messages.UnloadModel, "m") is None
+            limits_send.close()
 
 
 def _ensemble(steps: list[str]) -> str:
