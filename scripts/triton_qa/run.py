@@ -450,10 +450,13 @@ def server_version() -> str:
 
 def run_group(work: Path, group: str, python_mode: str, timeout: float,
               netns: bool | tuple[str, ...], checkouts: Path | None = None,
-              clients: Path | None = None) -> dict:
+              clients: Path | None = None, script: Path | None = None) -> dict:
+    """``script``: one of ours (``parts/``) run in the group's folder instead of its test.sh,
+    for a group whose test.sh cannot run here as a whole; its results are kept apart
+    (``<group>+<script name>``)."""
     results = work / "results"
     results.mkdir(exist_ok=True)
-    stem = group_file(group)
+    stem = group_file(group) + (f"+{script.stem}" if script is not None else "")
     record = results / f"{stem}.cases.jsonl"
     record.unlink(missing_ok=True)
     folder = work / "qa" / group
@@ -462,7 +465,11 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
     env.update(GROUP_ENV.get(group, {}))
     log_path = results / f"{stem}.log"
-    command = ["bash", "test.sh"]
+    test_sh = "test.sh"
+    if script is not None:
+        test_sh = "nursery_part.sh"
+        shutil.copyfile(script, folder / test_sh)
+    command = ["bash", test_sh]
     if netns:  # True, or the unshare flags beside --net (PIDNS)
         extra = netns if isinstance(netns, tuple) else ()
         # with a mount namespace of its own, a /dev/shm of its own too: Triton's shared-memory
@@ -470,7 +477,7 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
         # Triton elsewhere on the machine would otherwise put its pools in their view
         private_shm = "mount -t tmpfs tmpfs /dev/shm && " if extra else ""
         command = ["unshare", "--net", *extra, "--", "bash", "-c",
-                   f"ip link set lo up && {private_shm}exec bash test.sh"]
+                   f"ip link set lo up && {private_shm}exec bash {test_sh}"]
     started = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log,
@@ -576,6 +583,9 @@ def main() -> None:
                         help="the tritonclient release the clients import (Triton's qa image "
                         "has its own release's; the machine's may be older): installed once "
                         "with pip, without dependencies, into --work/clients/VERSION")
+    parser.add_argument("--script", type=Path,
+                        help="run this script (scripts/triton_qa/parts/) in the group's folder "
+                        "instead of its test.sh; results under <group>+<script name>")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the prepared tree (and what earlier runs left in it)")
     args = parser.parse_args()
@@ -607,7 +617,8 @@ def main() -> None:
             print(f"{group}: no test.sh", file=sys.stderr)
             continue
         out = run_group(work, group, args.python_mode, args.timeout, netns,
-                        args.checkouts.resolve() if args.checkouts else None, clients)
+                        args.checkouts.resolve() if args.checkouts else None, clients,
+                        args.script.resolve() if args.script else None)
         s = out["summary"]
         print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
               f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 import resource
 import ssl
 import zlib
@@ -262,16 +264,55 @@ async def _abort(stream: Stream, http_status: int, status: Status | None = None,
     await stream.send_headers(encode_headers(headers), end_stream=True)
 
 
+# Triton's test-only hook: every reply of a non-inference RPC (health, metadata, model
+# control, statistics, settings, shared memory) is written this many whole seconds late
+# (atoi's reading: leading digits, else 0); its qa/L0_client_timeout sets it to see client
+# deadlines expire
+REPLY_DELAY_ENV = "TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC"
+_INFER_PATHS = frozenset({"/inference.GRPCInferenceService/ModelInfer",
+                          "/inference.GRPCInferenceService/ModelStreamInfer"})
+
+
+def reply_delay_from(environ: Any) -> int:
+    """The hook's seconds, read as Triton's ``atoi`` reads them."""
+    found = re.match(r"\s*([+-]?\d+)", environ.get(REPLY_DELAY_ENV, ""))
+    return max(int(found.group(1)), 0) if found else 0
+
+
+def _delayed(handler: grpclib.const.Handler, seconds: int) -> grpclib.const.Handler:
+    """``handler`` whose reply (or error status) is held back ``seconds``: the reply of a
+    unary call goes out with its trailers, after the handler returned."""
+    async def func(call: Any) -> None:
+        try:
+            await handler.func(call)
+        except grpclib.GRPCError:
+            await _hold(seconds)
+            raise
+        await _hold(seconds)
+
+    return handler._replace(func=func)
+
+
+async def _hold(seconds: int) -> None:
+    log.debug("Delaying the write of the response by %d seconds", seconds)  # Triton's words
+    await trio.sleep(seconds)
+
+
 class GrpcApp:
     """Routes each HTTP/2 stream to its service method (the grpclib handler mapping)."""
 
     def __init__(self, services: Iterable[Any], codec: StrictProtoCodec,
                  max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE,
-                 restrictions: Restrictions = OPEN, compression: str = "none") -> None:
+                 restrictions: Restrictions = OPEN, compression: str = "none",
+                 reply_delay: int = 0) -> None:
         self.mapping: dict[str, grpclib.const.Handler] = {}
         self.compress = COMPRESSION_LEVELS[compression]  # infer replies, gzip, this level
         for service in services:
             self.mapping.update(service.__mapping__())
+        if reply_delay > 0:  # REPLY_DELAY_ENV
+            self.mapping = {path: handler if path in _INFER_PATHS
+                            else _delayed(handler, reply_delay)
+                            for path, handler in self.mapping.items()}
         self.codec = codec
         self.max_input = max_input
         self.restrictions = restrictions  # --grpc-restricted-protocol
@@ -461,7 +502,8 @@ async def serve_lean(
     options = settings if settings is not None else Settings(model_repositories=())
     inference = InferenceService(core, draining, options.grpc_forward)
     app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size,
-                  options.grpc_restrictions, options.grpc_response_compression)
+                  options.grpc_restrictions, options.grpc_response_compression,
+                  reply_delay_from(os.environ))
     server = h2_server_for(app, options, tls)
     # ModelInfer without a task per call (the common case; the rest as before)
     server.fast = UnaryFastPath(app, {
