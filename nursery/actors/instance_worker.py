@@ -256,6 +256,7 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
     answers = backend.execute_requests(_normalized(served, states.config))
     out: list[Any] = [None] * len(batch.work)
     state_names = {s.output_name: s.input_name for s in states.seq.states}
+    listed = {o.name for o in states.config.outputs}  # a state listed as an output stays one
     for row, answer in zip(rows, answers, strict=True):
         if isinstance(answer, InferenceResponse) and state_names:
             kept = {}
@@ -264,7 +265,7 @@ def _run_sequence_requests(backend: Any, batch: ExecuteBatch, states: SlotStates
                 if tensor.name in state_names:
                     kept[state_names[tensor.name]] = np.array(
                         tensor.data[0] if states.batching else tensor.data, copy=True)
-                else:
+                if tensor.name not in state_names or tensor.name in listed:
                     outputs.append(tensor)
             if kept:
                 states.held().setdefault(row.slot, {}).update(kept)

@@ -133,12 +133,11 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
                         "bool_false_true": DataType.BOOL}[arm]
             controls.append(ControlSpec(kind, ci.name, datatype, values[0], values[1]))
     inputs = {t.name for t in proto.input}
-    outputs = {t.name for t in proto.output}
     for ci in sb.control_input:
         if ci.name in inputs:
             raise ConfigError(f"{label}: control input '{ci.name}' must not also be listed in "
                               "'input': the server provides it")
-    states = tuple(_state(s, proto, model_path, label, inputs | seen_tensors, outputs)
+    states = tuple(_state(s, proto, model_path, label, inputs | seen_tensors)
                    for s in sb.state)
     strategy, _ = betterproto.which_one_of(sb, "strategy_choice")
     mbs = max(proto.max_batch_size, 0)
@@ -171,7 +170,7 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
 
 
 def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: Path,
-           label: str, taken_inputs: set[str], outputs: set[str]) -> StateSpec:
+           label: str, taken_inputs: set[str]) -> StateSpec:
     name = proto.name
     if not s.input_name or not s.output_name:
         raise ConfigError(f"{label}: sequence batching state must specify 'input_name' and "
@@ -180,9 +179,6 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
     if s.input_name in taken_inputs:
         raise ConfigError(f"{where}: the state input name is already used by an input or a "
                           "control input")
-    if s.output_name in outputs:
-        raise ConfigError(f"{where}: the state output '{s.output_name}' must not also be listed "
-                          "in 'output'")
     if not s.data_type:
         raise ConfigError(f"{where} must specify 'data_type'")
     datatype = DataType.from_config(s.data_type)

@@ -150,8 +150,10 @@ class SlotStates:
     def scatter(self, requests: Sequence[InferenceRequest], rows: Sequence[SlotRow],
                 results: dict[str, np.ndarray], version: str) -> list[InferenceResponse]:
         """Keep each ready row's state output for its slot; answer the real requests."""
-        for state in self.seq.states:
-            out = results.pop(state.output_name, None)
+        listed = {o.name for o in self.config.outputs}  # a state listed as an output too
+        for state in self.seq.states:                   # is also answered when asked for
+            out = (results.get if state.output_name in listed else results.pop)(
+                state.output_name, None)
             if out is None:
                 raise InternalError(f"model '{self.config.name}' did not produce its state "
                                     f"output '{state.output_name}'")

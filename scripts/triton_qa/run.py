@@ -72,6 +72,7 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_sequence_models.py", ["--libtorch", "--variable"],
      "qa_variable_sequence_model_repository"),
     ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
+    ("gen_qa_implicit_models.py", ["--libtorch"], "qa_sequence_implicit_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--libtorch"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),

@@ -44,6 +44,11 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     make_models.write_sequence_controls(repo, "controls_i32", corrid="INT32")
     _write_ensemble(repo, "ens_controls", "controls_u64")
     make_models.write_sequence_accumulator(repo, "acc_pad", max_batch_size=4)
+    # the state listed as an output as well (as Triton's L0_implicit_state `_output` models):
+    # a client may ask for it
+    listed = make_models.write_sequence_accumulator(repo, "acc_state_out")
+    with open(listed / "config.pbtxt", "a") as f:
+        f.write('output [{ name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: [ 1 ] }]\n')
     with running_server(repo, tmp_path_factory=tmp_path_factory) as proc:
         yield proc
 
@@ -185,6 +190,25 @@ def test_initial_state_from_data_file(seq_server: ServerProcess) -> None:
     r = client.infer("acc_init", [_http_input(1)], sequence_id=5, sequence_start=True,
                      sequence_end=True)
     assert int(r.as_numpy("OUTPUT")[0, 0]) == 101
+    client.close()
+
+
+def test_a_state_listed_as_an_output_can_be_asked_for(seq_server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(seq_server.url)
+    wanted = [httpclient.InferRequestedOutput("OUTPUT_STATE"),
+              httpclient.InferRequestedOutput("OUTPUT")]
+    for k in range(3):
+        r = client.infer("acc_state_out", [_http_input(2)], outputs=wanted, sequence_id=8,
+                         sequence_start=k == 0, sequence_end=k == 2)
+        assert r.as_numpy("OUTPUT_STATE").tolist() == [[2 * (k + 1)]]
+        assert r.as_numpy("OUTPUT").tolist() == [[2 * (k + 1)]]
+    r = client.infer("acc_state_out", [_http_input(5)], sequence_id=8, sequence_start=True,
+                     sequence_end=True)  # nothing asked for: every output, the state's too
+    assert r.as_numpy("OUTPUT_STATE").tolist() == [[5]]
+    with pytest.raises(InferenceServerException,
+                       match="unexpected inference output 'OUTPUT_STATE' for model 'acc_direct'"):
+        client.infer("acc_direct", [_http_input(1)], sequence_id=9, sequence_start=True,
+                     sequence_end=True, outputs=[httpclient.InferRequestedOutput("OUTPUT_STATE")])
     client.close()
 
 
