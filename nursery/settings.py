@@ -42,7 +42,9 @@ DEFAULT_HTTP_BODY_TIMEOUT = 60.0
 DEFAULT_HTTP_KEEPALIVE_TIMEOUT = 75.0
 DEFAULT_HTTP_MAX_CONNECTIONS = 1000
 DEFAULT_METRICS_MAX_CONNECTIONS = 64
-DEFAULT_GRPC_MAX_INPUT_SIZE = DEFAULT_HTTP_MAX_INPUT_SIZE
+# Triton's gRPC server takes messages up to INT32_MAX bytes (its MAX_GRPC_MESSAGE_SIZE; its
+# qa/L0_large_payload sends 1.9 GB tensors); bytes are buffered only as they arrive
+DEFAULT_GRPC_MAX_INPUT_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -602,7 +604,9 @@ def _grpc_flags(parser: argparse.ArgumentParser) -> None:
         metavar="<int>",
         help="(nursery only) Maximum allowed gRPC request message size in bytes, checked on "
         "the declared length before the message is read and on the inflated size of a "
-        "compressed one (RESOURCE_EXHAUSTED beyond it). Default is 64 MiB.")
+        "compressed one (RESOURCE_EXHAUSTED beyond it); bytes are buffered only as they "
+        "arrive. Default is 2147483647 (2 GiB - 1), the largest message Triton's gRPC server "
+        "takes.")
     parser.add_argument(
         "--grpc-max-connections", type=_positive, default=1000, metavar="<int>",
         help="(nursery only) Maximum number of open connections on the gRPC port; one more is "

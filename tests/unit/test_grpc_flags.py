@@ -22,7 +22,8 @@ def test_defaults_are_triton_and_grpc_core_defaults() -> None:
     assert s.grpc_keepalive_permit_without_calls is False
     assert (s.grpc_http2_max_pings_without_data, s.grpc_http2_min_recv_ping_interval_without_data,
             s.grpc_http2_max_ping_strikes) == (2, 300000, 2)
-    assert s.grpc_max_input_size == s.http_max_input_size == 64 * 1024 * 1024
+    assert s.http_max_input_size == 64 * 1024 * 1024
+    assert s.grpc_max_input_size == 2**31 - 1  # Triton's MAX_GRPC_MESSAGE_SIZE (INT32_MAX)
     assert (s.grpc_max_connections, s.grpc_idle_timeout, s.grpc_handshake_timeout) == (1000, 300000, 10000)
     assert s.grpc_write_timeout == 60000
 

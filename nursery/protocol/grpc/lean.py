@@ -176,7 +176,8 @@ class Call:
         compressed, length = parse_prefix(buf, self.max_input)
         if not await self._fill(5 + length):
             raise grpclib.GRPCError(Status.INTERNAL, "Incomplete message at end of stream")
-        data = bytes(buf[5:5 + length])
+        with memoryview(buf) as view:  # one copy (a bytearray slice would make two)
+            data = bytes(view[5:5 + length])
         del buf[:5 + length]
         if compressed:
             data = decompress(data, self.encoding, self.max_input)
