@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 import zlib
 from pathlib import Path
 
@@ -129,8 +130,11 @@ def test_reused_ports_let_two_servers_listen_together(
     second = start_server(repo, "--reuse-http-port=true", "--reuse-grpc-port=true",
                           "--http-port", str(first.http_port),
                           "--grpc-port", str(first.grpc_port), wait=False)
-    second.http_port = first.http_port
-    second.wait_ready()  # it bound the same ports and serves
+    deadline = time.monotonic() + 60  # the port answers already (the first server): its log
+    while "Started HTTPService" not in second.log() and time.monotonic() < deadline:
+        assert second.proc.poll() is None, second.log()
+        time.sleep(0.1)
+    assert "Started HTTPService" in second.log()  # it bound the same ports and serves
     assert second.proc.poll() is None
     assert httpclient.InferenceServerClient(first.url).is_server_ready()
 
