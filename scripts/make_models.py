@@ -193,6 +193,24 @@ def build_sequence_accumulator(datatype: str = "INT32", width: int = 1,
     return _model(graph)
 
 
+def build_string_accumulator() -> onnx.ModelProto:
+    """OUTPUT = INPUT_STATE followed by INPUT (StringConcat, opset 20), kept as a TYPE_STRING
+    implicit state: a sequence's strings joined in the order they came."""
+    def vi(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.STRING, ["batch", 1])
+
+    nodes = [helper.make_node("StringConcat", ["INPUT_STATE", "INPUT"], ["OUTPUT"],
+                              name="join"),
+             helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"], name="keep")]
+    graph = helper.make_graph(nodes, "string_accumulator", [vi("INPUT"), vi("INPUT_STATE")],
+                              [vi("OUTPUT"), vi("OUTPUT_STATE")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)],
+                              producer_name="nursery")
+    model.ir_version = min(model.ir_version, 9)
+    onnx.checker.check_model(model)
+    return model
+
+
 def sequence_accumulator_config(name: str, max_batch_size: int = 8, strategy: str = "direct { }",
                                 idle_us: int = 5_000_000, instance_count: int = 1,
                                 datatype: str = "INT32", initial: str = "zero_data: true") -> str:
@@ -211,8 +229,12 @@ def sequence_accumulator_config(name: str, max_batch_size: int = 8, strategy: st
 
 def write_sequence_accumulator(repo: Path, name: str = "sequence_accumulator",
                                **options: Any) -> Path:
-    model = build_sequence_accumulator(options.get("datatype", "INT32"),
-                                       batching=options.get("max_batch_size", 8) > 0)
+    """``datatype="BYTES"``: the string accumulator (batching only)."""
+    if options.get("datatype") == "BYTES":
+        model = build_string_accumulator()
+    else:
+        model = build_sequence_accumulator(options.get("datatype", "INT32"),
+                                           batching=options.get("max_batch_size", 8) > 0)
     return write_model(repo, name, model, sequence_accumulator_config(name, **options))
 
 

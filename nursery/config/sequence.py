@@ -19,7 +19,7 @@ import numpy as np
 from nursery.errors import ConfigError, InvalidArgument
 from nursery.scheduling.sequence_schedule import SequenceSchedule
 from nursery.schema import inference as pb
-from nursery.types import DataType, checked_count
+from nursery.types import DataType, checked_count, deserialize_bytes_tensor
 
 START = "CONTROL_SEQUENCE_START"
 END = "CONTROL_SEQUENCE_END"
@@ -181,9 +181,7 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
                           "control input")
     if not s.data_type:
         raise ConfigError(f"{where} must specify 'data_type'")
-    datatype = DataType.from_config(s.data_type)
-    if datatype is DataType.BYTES:
-        raise ConfigError(f"{where}: TYPE_STRING states are not supported")
+    datatype = DataType.from_config(s.data_type)  # TYPE_STRING included, as Triton's
     if not s.dims:
         raise ConfigError(f"{where} must specify 'dims'")
     dims = tuple(int(d) for d in s.dims)
@@ -222,6 +220,14 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
                 raise ConfigError(f"{where}: failed to read initial state data file "
                                   f"'{path}': {exc.strerror}") from None
             count = _count(init_dims, datatype, where)  # np.prod would wrap around
+            if datatype is DataType.BYTES:  # length-prefixed elements, as a BYTES tensor's
+                try:
+                    initial = deserialize_bytes_tensor(raw, count, f"initial state data "
+                                                       f"file '{value}'").reshape(init_dims)
+                except InvalidArgument as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+                initial.setflags(write=False)
+                return StateSpec(s.input_name, s.output_name, datatype, dims, initial)
             expected = count * datatype.itemsize
             if len(raw) != expected:
                 raise ConfigError(f"{where}: initial state data file '{value}' has {len(raw)} "
@@ -248,6 +254,8 @@ def _zeros(dims: tuple[int, ...], datatype: DataType, where: str) -> np.ndarray:
     configuration may come from a client, through a repository load request)."""
     _count(dims, datatype, where)
     try:
+        if datatype is DataType.BYTES:  # every element an empty string (Triton's zero)
+            return np.full(dims, b"", dtype=object)
         return np.zeros(dims, dtype=datatype.numpy_dtype)
     except MemoryError:
         raise ConfigError(f"{where}: dims {list(dims)} are too large to allocate") from None

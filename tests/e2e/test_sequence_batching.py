@@ -44,6 +44,13 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     make_models.write_sequence_controls(repo, "controls_i32", corrid="INT32")
     _write_ensemble(repo, "ens_controls", "controls_u64")
     make_models.write_sequence_accumulator(repo, "acc_pad", max_batch_size=4)
+    # TYPE_STRING states (Triton's L0_sequence_batcher `object` models with IMPLICIT_STATE=1)
+    make_models.write_sequence_accumulator(repo, "acc_str", datatype="BYTES", max_batch_size=4)
+    greeted = make_models.write_sequence_accumulator(repo, "acc_str_init", datatype="BYTES",
+                                                     initial='data_file: "greeting"')
+    (greeted / "initial_state").mkdir()
+    (greeted / "initial_state" / "greeting").write_bytes(len(b"hi:").to_bytes(4, "little")
+                                                         + b"hi:")
     # the state listed as an output as well (as Triton's L0_implicit_state `_output` models):
     # a client may ask for it
     listed = make_models.write_sequence_accumulator(repo, "acc_state_out")
@@ -190,6 +197,30 @@ def test_initial_state_from_data_file(seq_server: ServerProcess) -> None:
     r = client.infer("acc_init", [_http_input(1)], sequence_id=5, sequence_start=True,
                      sequence_end=True)
     assert int(r.as_numpy("OUTPUT")[0, 0]) == 101
+    client.close()
+
+
+def _text(value: str) -> httpclient.InferInput:
+    i = httpclient.InferInput("INPUT", [1, 1], "BYTES")
+    i.set_data_from_numpy(np.array([[value.encode()]], dtype=object))
+    return i
+
+
+def test_string_states_join_each_sequence_apart(seq_server: ServerProcess) -> None:
+    """A TYPE_STRING state starts as empty strings (Triton's zero for strings) or from a data
+    file of length-prefixed strings, and two interleaved sequences keep their own."""
+    client = httpclient.InferenceServerClient(seq_server.url, concurrency=2)
+    seen: dict[int, list[bytes]] = {1: [], 2: []}
+    for k, letters in enumerate(("ax", "by", "cz")):
+        for sid, letter in zip((1, 2), letters, strict=True):
+            r = client.infer("acc_str", [_text(letter)], sequence_id=sid,
+                             sequence_start=k == 0, sequence_end=k == 2)
+            seen[sid].append(r.as_numpy("OUTPUT")[0, 0])
+    assert seen == {1: [b"a", b"ab", b"abc"], 2: [b"x", b"xy", b"xyz"]}
+    out = [client.infer("acc_str_init", [_text(c)], sequence_id=3, sequence_start=k == 0,
+                        sequence_end=k == 1).as_numpy("OUTPUT")[0, 0]
+           for k, c in enumerate("ok")]
+    assert out == [b"hi:o", b"hi:ok"]
     client.close()
 
 

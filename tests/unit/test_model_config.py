@@ -162,6 +162,25 @@ def test_bad_configs_name_model_file_and_field(tmp_path: Path, config: str, mess
     assert message in str(err.value)
 
 
+def test_string_states_start_empty_or_from_length_prefixed_data(tmp_path: Path) -> None:
+    state = ("max_batch_size: 4\nsequence_batching {{ state [{{input_name: 'IS' "
+             "output_name: 'OS' data_type: TYPE_STRING dims: [2] {init}}}] }}")
+    config, _ = read_model_config(_write(tmp_path, "m", state.format(init="")), "m",
+                                  backends=get_factory)
+    assert config.sequence is not None
+    assert config.sequence.states[0].initial.tolist() == [b"", b""]  # Triton's zero
+    folder = _write(tmp_path, "n", state.format(
+        init="initial_state [{data_type: TYPE_STRING dims: [2] data_file: 'words'}]"))
+    (folder / "initial_state").mkdir()
+    (folder / "initial_state" / "words").write_bytes(b"\x02\0\0\0hi\x00\0\0\0")
+    config, _ = read_model_config(folder, "n", backends=get_factory)
+    assert config.sequence is not None
+    assert config.sequence.states[0].initial.tolist() == [b"hi", b""]
+    (folder / "initial_state" / "words").write_bytes(b"\x09\0\0\0hi\0\0\0\0")  # past its end
+    with pytest.raises(ConfigError, match="element 0 declares 9 bytes but only 6 remain"):
+        read_model_config(folder, "n", backends=get_factory)
+
+
 def test_non_utf8_config(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", None)
     (folder / "config.pbtxt").write_bytes(b"name: \xff\xfe")
