@@ -688,7 +688,8 @@ class HttpServer:
                 if not piece:
                     return None, None
                 buf += piece
-        body = bytes(buf[:length])
+        with memoryview(buf) as view:  # one copy (a bytearray slice would make two)
+            body = bytes(view[:length])
         del buf[:length]
         return body, None
 
