@@ -124,6 +124,24 @@ def test_a_body_past_the_hard_cap_is_refused_unread(server: ServerProcess) -> No
             f"{BODY_CAP} bytes. Use --http-max-body-size to increase the limit.")
 
 
+def test_a_client_that_writes_its_whole_body_first_gets_the_refusal(
+        server: ServerProcess) -> None:
+    """tritonclient's HTTP client sends the whole body before it reads: the server answers a
+    body past its cap unread, then reads and drops the rest, so the client gets the 400
+    (Triton's L0_large_payload: its 3 GB request must fail with InferenceServerException, not
+    a connection reset)."""
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    big = np.zeros((1, 4 * 1024 * 1024), np.float32)  # 16 MiB: far past the socket buffers
+    tensor = httpclient.InferInput("INPUT0", list(big.shape), "FP32")
+    tensor.set_data_from_numpy(big, binary_data=True)
+    with pytest.raises(InferenceServerException, match="exceeds the maximum allowed body size"):
+        client.infer("wide", [tensor])
+    small = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    small.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert client.infer("wide", [small]).as_numpy("OUTPUT0").tolist() == [[1.0] * 4]
+    client.close()
+
+
 def test_a_raw_binary_body_past_the_input_size_is_refused(server: ServerProcess) -> None:
     ok, _ = _post(server, "/v2/models/raw/infer", bytes(INPUT_LIMIT),
                   {"Inference-Header-Content-Length": "0"})

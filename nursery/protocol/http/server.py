@@ -17,6 +17,10 @@ What a client may hold (the house rules 8 and 9), each a setting (``nursery/sett
   A head or body that misses its deadline is answered 408, then the connection closes; an idle
   connection just closes. One sweep task enforces them every 0.1 s (``sweep_interval``), so
   the request path only stores a float per wait.
+- a body past its limit is refused unread (400, the connection then closes); what the client
+  still sends of it is read and dropped for at most ``LINGER_TIME`` (``LINGER_IDLE`` between
+  reads), never kept, so a client that writes its whole body before it reads gets the answer
+  rather than a reset.
 - a cap of ``max_connections`` open connections: the next one is accepted, answered
   ``503 connection limit reached`` and closed (at most ``_MAX_REFUSING`` such answers in flight;
   past those a connection is closed at once), so a flood costs neither file descriptors nor
@@ -91,6 +95,12 @@ ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 Handler = Callable[[http1.RequestHead, bytes], Awaitable["Response | Streaming"]]
 _INFER = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 _BIG = 64 * 1024
+# After a body refused unread (too large), what the client still sends is read and dropped
+# for at most this long in all, and this long between two reads (nginx's lingering close):
+# a client that writes its whole body before it reads (tritonclient's HTTP client does)
+# then gets the answer, not a connection reset. Nothing read is kept.
+LINGER_TIME = 30.0
+LINGER_IDLE = 5.0
 
 
 async def call_asgi(app: ASGIApp, head: http1.RequestHead, body: bytes,
@@ -414,6 +424,7 @@ class HttpServer:
                 if error is not None:
                     conn.phase = _SENDING
                     await self._send(stream, head, error, keep_alive=False)
+                    await self._linger(conn, head, len(buf))
                 return
             keep_alive = head.keep_alive and not self.closing
             if conn.late and head.path.split(b"?", 1)[0] not in _PROBES:
@@ -692,6 +703,23 @@ class HttpServer:
             body = bytes(view[:length])
         del buf[:length]
         return body, None
+
+    async def _linger(self, conn: _Connection, head: http1.RequestHead, held: int) -> None:
+        """Read and drop the rest of a refused body (``held`` bytes of it were read), bounded
+        by ``LINGER_TIME`` and ``LINGER_IDLE``; idle meanwhile, so a shutdown ends it at once.
+        A chunked body's rest is unknown: until the client stops or closes."""
+        remaining = math.inf if head.chunked else (head.content_length or 0) - held
+        if remaining <= 0:
+            return
+        conn.phase = _IDLE  # its answer is out: nothing is lost if it is cut short
+        conn.deadline = trio.current_time() + LINGER_TIME
+        while remaining > 0:
+            with trio.move_on_after(LINGER_IDLE):
+                data = await conn.stream.receive_some(_BIG)
+                if data:
+                    remaining -= len(data)
+                    continue
+            return  # the client closed, or went quiet
 
     def _body_limit(self, head: http1.RequestHead) -> int:
         """``--http-max-input-size`` for every body but an inference request's with an
