@@ -168,8 +168,8 @@ class Core:
 
     def load_durations(self) -> dict[tuple[str, str], float]:
         """(model, version) -> seconds its load took, for every ready version."""
-        return {(name, str(v)): status.load_secs
-                for name, entry in self.directory.table.models.items()
+        return {(entry.name, str(v)): status.load_secs
+                for entry in self.directory.table.models.values()
                 for v, status in entry.versions.items()
                 if status.state is ModelState.READY}
 
