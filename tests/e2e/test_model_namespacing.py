@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,6 +135,11 @@ def test_poll_mode_serves_both_and_follows_a_model_that_leaves_and_returns(
     assert sorted((m["name"], m["state"]) for m in index) == [
         ("composing_model", "READY"), ("composing_model", "READY"),
         ("simple_addsub", "READY"), ("simple_subadd", "READY")]
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as answer:
+        text = answer.read().decode()
+    for repo in (addsub, subadd):  # one series per model, told apart as Triton does
+        assert (f'nv_inference_request_success{{model="composing_model",namespace="{repo}",'
+                'version="1"}') in text, text
 
     shutil.move(addsub / "composing_model", tmp_path / "composing_model")
     _until(lambda: _behaviour(http, "composing_model") == SUBADD)

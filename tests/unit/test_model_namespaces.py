@@ -117,3 +117,24 @@ def test_the_index_lists_each_repositorys_model_with_its_own_state(tmp_path: Pat
     plain = [row.as_json() for row in repository_index(scan((a, b)), {}, False)]
     assert plain[0] == {"name": "m", "state": "UNAVAILABLE",
                         "reason": "model appears in two or more repositories"}
+
+
+def test_metrics_label_a_model_of_a_namespace_by_name_and_namespace() -> None:
+    """Two models named m, one series each: model="m" with namespace="<repository>" (Triton's
+    labels for a model of a namespace), not two series with the same labels."""
+    from nursery.observability import metrics
+    from nursery.observability.stats import StatsSnapshot
+    from nursery.observability.system import SystemSample
+
+    scrape = metrics.Scrape(
+        [(A.key, "1", StatsSnapshot()), (B.key, "1", StatsSnapshot()), ("n", "1", StatsSnapshot())],
+        SystemSample(), load_durations={(A.key, "1"): 0.5},
+        namespaces={A.key: (A.namespace, "m"), B.key: (B.namespace, "m")})
+    text = metrics.MetricsEndpoint(metrics.MetricsOptions()).render(scrape).decode()
+    success = [line for line in text.splitlines()
+               if line.startswith("nv_inference_request_success{")]
+    assert success == [
+        'nv_inference_request_success{model="m",namespace="/r/a",version="1"} 0',
+        'nv_inference_request_success{model="m",namespace="/r/b",version="1"} 0',
+        'nv_inference_request_success{model="n",version="1"} 0']
+    assert 'nv_model_load_duration_secs{model="m",namespace="/r/a",version="1"} 0.5' in text
