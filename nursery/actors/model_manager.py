@@ -9,6 +9,10 @@ finish the queue and the workers finish their batches, bounded by the unload tim
 
 Commands arrive on the inbox (``LoadModel``, ``UnloadModel``, ``RepositoryIndex``); when the
 inbox closes (server shutdown) every model is drained and unloaded.
+
+Models are known by :class:`~nursery.config.namespaces.ModelId`: with ``--model-namespacing``
+each repository's model of a name is a model of its own (commands by name act on all of
+them); without it the identifier is the name.
 """
 
 from __future__ import annotations
