@@ -16,7 +16,7 @@ import trio
 
 from nursery.actors import mailbox
 from nursery.actors.demand import DemandLoader
-from nursery.actors.directory import Directory, ModelHandle, ModelState
+from nursery.actors.directory import Directory, ModelEntry, ModelHandle, ModelState
 from nursery.actors.model_client import ModelClient
 from nursery.errors import InvalidArgument, NotFound, NurseryError, Unavailable, Unsupported
 from nursery.messages import (
@@ -167,9 +167,10 @@ class Core:
         return self.directory.resolve(name, version)
 
     def load_durations(self) -> dict[tuple[str, str], float]:
-        """(model, version) -> seconds its load took, for every ready version."""
-        return {(name, str(v)): status.load_secs
-                for name, entry in self.directory.table.models.items()
+        """(model, version) -> seconds its load took, for every ready version (the model by
+        its identifier: its name, or with --model-namespacing ``<namespace>::<name>``)."""
+        return {(key, str(v)): status.load_secs
+                for key, entry in self.directory.table.models.items()
                 for v, status in entry.versions.items()
                 if status.state is ModelState.READY}
 
@@ -263,6 +264,19 @@ class Core:
             lambda reply: UnloadModel(name, reply, unload_dependents))
         if error is not None:
             raise error
+
+    async def version_statistics(self) -> list[tuple[str, ModelEntry, ModelHandle,
+                                                      StatsSnapshot]]:
+        """(identifier, model, version, snapshot) of every ready version: the metrics
+        port's view (with --model-namespacing two models may share a name, not an
+        identifier: ``<namespace>::<name>``)."""
+        out = []
+        for key, entry in sorted(self.directory.table.models.items()):
+            for v in entry.ready_versions():
+                handle = entry.versions[v].handle
+                assert handle is not None
+                out.append((key, entry, handle, await handle.query_stats()))
+        return out
 
     async def model_statistics(
         self, name: str = "", version: str = ""

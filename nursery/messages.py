@@ -216,6 +216,9 @@ class LoadModel:
     reply: trio.MemorySendChannel[NurseryError | None]
     config: pb.ModelConfig | None = None
     files: Mapping[str, bytes] | None = None  # "<version>/<path>" -> content (needs config)
+    # with --model-namespacing: only the model of this namespace (the poller's); None: the
+    # model of that name in every repository
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -225,6 +228,7 @@ class UnloadModel:
     name: str
     reply: trio.MemorySendChannel[NurseryError | None]
     unload_dependents: bool = False
+    namespace: str | None = None  # as LoadModel's
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,7 @@ def startup_models(settings: Settings) -> tuple[list[str], list[str]]:
     if settings.model_control_mode == "explicit" and settings.load_models != ("*",):
         return list(settings.load_models), []
     repo = scan(settings.model_repositories)
-    if settings.model_control_mode == "explicit":
+    if settings.model_control_mode == "explicit" and not settings.model_namespacing:
         return sorted(repo.models), list(repo.unreadable.values())
     return sorted([*repo.models, *repo.duplicates]), list(repo.unreadable.values())
 
@@ -210,7 +210,8 @@ async def _run_poller(scope: trio.CancelScope, settings: Settings,
     with scope:
         await repository_poller.run(repositories=settings.model_repositories, manager=manager,
                                     interval=float(settings.repository_poll_secs),
-                                    faults=faults, task_status=task_status)
+                                    faults=faults, namespacing=settings.model_namespacing,
+                                    task_status=task_status)
 
 
 async def _cancel_on(event: trio.Event, target: trio.CancelScope,
@@ -442,6 +443,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                             unload_timeout=settings.model_unload_timeout_secs,
                             config_name=settings.model_config_name,
                             load_retries=settings.model_load_retry_count,
+                            namespacing=settings.model_namespacing,
                             rate_limiter=limiter,
                             faults=faults,
                         )

@@ -81,7 +81,7 @@ class Settings:
     allow_metrics: bool = True
     model_control_mode: str = "none"
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt over config.pbtxt
-    model_namespacing: bool = False  # accepted; namespacing itself is not active yet
+    model_namespacing: bool = False  # each repository a namespace (same names may repeat)
     model_load_retry_count: int = 0  # --model-load-retry-count: loads retried on failure
     repository_poll_secs: int = 15
     # nursery only: a lasting cache of cloud repositories' objects (config/storage/mirror.py)
@@ -371,7 +371,9 @@ def build_parser(prog: str = "python -m nursery serve",
         "space allowed. Default: config.pbtxt for every model.")
     _bool_flag(parser, "--model-namespacing", False,
                "Serve models of the same name from different repositories, each in the "
-               "namespace of its repository. Accepted; true is reported as not active yet.")
+               "namespace of its repository. A request for a name that several models hold is "
+               "refused as ambiguous; an ensemble's steps take the model of its own "
+               "repository first.")
     parser.add_argument(
         "--model-load-retry-count", type=int, default=0, metavar="<int>",
         help="How many times a model version that fails to load is tried again before the "
@@ -813,7 +815,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
                                 "False to True in favor of '--disable-auto-complete-config'!")
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
-    ) + (("--model-namespacing",) if args.model_namespacing else ())
+    )
     if args.model_config_name == "":  # given, and empty: Triton refuses to start
         parser.error("Error: empty argument for --model-config-name")
     if any(c.isspace() for c in args.model_config_name or ""):

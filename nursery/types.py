@@ -324,6 +324,9 @@ class InferenceRequest:
     sequence_id: int | str = 0  # correlation ID: uint64 or string; 0 / "" = none
     sequence_start: bool = False
     sequence_end: bool = False
+    # with --model-namespacing, the namespace to look the model up in first (an ensemble
+    # step's: its ensemble's repository); None: the name alone (a client's request)
+    model_namespace: str | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -126,7 +126,7 @@ class DemandLoader:
         if not self.policy.budget:
             return
         table = self.directory.table.models
-        ready = {name: entry for name, entry in table.items()
+        ready = {entry.name: entry for entry in table.values()  # by name, in any namespace
                  if any(s.state is ModelState.READY for s in entry.versions.values())}
         for name in list(self.policy.resident):
             if name not in ready:

@@ -19,6 +19,7 @@ import trio
 
 from nursery.actors import mailbox
 from nursery.config.model import ModelConfig
+from nursery.config.namespaces import ModelId, find_identifier
 from nursery.config.repository import RepositoryScan
 from nursery.errors import InvalidArgument, NotFound, Unavailable
 from nursery.messages import CancelWork, IndexEntry, InferWork, StatsQuery
@@ -99,6 +100,7 @@ class ModelEntry:
     versions: Mapping[int, VersionStatus]
     reason: str = ""  # a failure that happened before any version was known (bad config)
     config: ModelConfig | None = None
+    namespace: str = ""  # its repository with --model-namespacing, else none
     latest: ModelHandle | None = field(init=False, default=None)  # highest READY version
 
     def __post_init__(self) -> None:
@@ -112,7 +114,23 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class ModelTable:
+    """The models by identifier (``ModelId.key``: the name alone without namespacing).
+    With ``namespacing``, ``by_name`` is Triton's global map: each name and the identifiers
+    of the models of that name the manager knows (loaded, loading or failed; not unloaded),
+    through which a request's name is resolved."""
+
     models: Mapping[str, ModelEntry] = field(default_factory=lambda: MappingProxyType({}))
+    namespacing: bool = False
+    by_name: Mapping[str, tuple[ModelId, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+
+    def identify(self, name: str, namespace: str | None = None) -> str:
+        """The key of the model a request for ``name`` means (``namespace``: the one to
+        prefer, an ensemble step's); raises Triton's INVALID_ARG for a name no model or
+        several models hold (with namespacing)."""
+        if not self.namespacing:
+            return name
+        return find_identifier(name, self.by_name.get(name, ()), namespace).key
 
 
 def parse_version(text: str) -> int:
@@ -140,12 +158,19 @@ class Directory:
     def publish(self, table: ModelTable) -> None:
         self.table = table
 
-    def entry(self, name: str) -> ModelEntry | None:
-        return self.table.models.get(name)
+    def entry(self, name: str, namespace: str | None = None) -> ModelEntry | None:
+        """The model ``name`` means (None when unknown; with namespacing, a name several
+        models hold raises INVALID_ARG: ambiguous)."""
+        table = self.table
+        if table.namespacing and name not in table.by_name:
+            return None
+        return table.models.get(table.identify(name, namespace))
 
-    def resolve(self, name: str, version: str) -> ModelHandle:
-        """The handle serving ``name``/``version`` (Triton's errors when there is none)."""
-        entry = self.table.models.get(name)
+    def resolve(self, name: str, version: str, namespace: str | None = None) -> ModelHandle:
+        """The handle serving ``name``/``version`` (Triton's errors when there is none).
+        ``namespace``: the namespace to prefer (an ensemble step's: its ensemble's)."""
+        table = self.table
+        entry = table.models.get(table.identify(name, namespace))
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if not version:
@@ -212,28 +237,33 @@ class Directory:
         return True
 
 
-def repository_index(repo: RepositoryScan, entries: Mapping[str, ModelEntry],
-                     ready_only: bool) -> list[IndexEntry]:
+def repository_index(repo: RepositoryScan, entries: Mapping[ModelId, ModelEntry],
+                     ready_only: bool, namespacing: bool = False) -> list[IndexEntry]:
     """Every model in the repositories (Triton lists repository folders), with each known
-    version's state from ``entries``."""
-    out: list[IndexEntry] = []
+    version's state from ``entries``. With namespacing, every folder is a model of its own
+    (one name may be listed once per repository), ordered by namespace, then name."""
+    if namespacing:
+        out: list[IndexEntry] = []
+        for mid in sorted(repo.identified(True)):
+            out.extend(_index_rows(mid.name, entries.get(mid), ready_only))
+        return out
+    out = []
     for name in sorted({*repo.models, *repo.duplicates}):
         if name in repo.duplicates:
             if not ready_only:
                 out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value,
                                       "model appears in two or more repositories"))
             continue
-        entry = entries.get(name)
-        if entry is None or (not entry.versions and not entry.reason):
-            if not ready_only:
-                out.append(IndexEntry(name))
-            continue
-        if not entry.versions:
-            if not ready_only:
-                out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value, entry.reason))
-            continue
-        for version, status in sorted(entry.versions.items()):
-            if ready_only and status.state is not ModelState.READY:
-                continue
-            out.append(IndexEntry(name, version, status.state.value, status.reason))
+        out.extend(_index_rows(name, entries.get(ModelId("", name)), ready_only))
     return out
+
+
+def _index_rows(name: str, entry: ModelEntry | None, ready_only: bool) -> list[IndexEntry]:
+    if entry is None or (not entry.versions and not entry.reason):
+        return [] if ready_only else [IndexEntry(name)]
+    if not entry.versions:
+        return [] if ready_only else [
+            IndexEntry(name, None, ModelState.UNAVAILABLE.value, entry.reason)]
+    return [IndexEntry(name, version, status.state.value, status.reason)
+            for version, status in sorted(entry.versions.items())
+            if not ready_only or status.state is ModelState.READY]

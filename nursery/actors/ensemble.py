@@ -138,7 +138,8 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
         tuple(RequestedOutput(o) for o in step.output_map), request.id,
         request.parameters, request.priority, request.timeout_us,
         trace=child_of(request.trace), sequence_id=request.sequence_id,
-        sequence_start=request.sequence_start, sequence_end=request.sequence_end)
+        sequence_start=request.sequence_start, sequence_end=request.sequence_end,
+        model_namespace=plan.namespace)
 
 
 def _answer_output(plan: EnsemblePlan, name: str, t: Tensor) -> Tensor:
@@ -267,7 +268,8 @@ class CallbackFlow:
         step = plan.steps[index]  # an optional input the request left out is left out here
         request = _step_request(plan, index, self.request, step.request_inputs(self.tensors))
         try:
-            handle = client.resolve(request.model_name, request.model_version)
+            handle = client.resolve(request.model_name, request.model_version,
+                                    request.model_namespace)
             if handle.config.decoupled:  # ModelClient.infer_one's refusal, in its words
                 raise InvalidArgument(
                     f"model '{handle.name}' uses the decoupled transaction policy; it must be "
@@ -344,7 +346,8 @@ def _callbacks_serve(plan: EnsemblePlan, client: Any) -> bool:
         return True
     for step in plan.steps:
         try:
-            if client.resolve(step.model_name, step.version_str).config.uses_response_cache:
+            if client.resolve(step.model_name, step.version_str,
+                              plan.namespace).config.uses_response_cache:
                 return False
         except NurseryError:
             pass  # the step fails in the flow, with its words
@@ -626,7 +629,7 @@ def _answer(work: Any, answer: Any) -> None:
     mailbox.answer(work.reply, answer)
 
 
-def label_source(config: ModelConfig, resolve: Callable[[str, str], Any] | None,
+def label_source(config: ModelConfig, resolve: Callable[[str, str, str | None], Any] | None,
                  ) -> Callable[[str], tuple[Path, TensorSpec] | None]:
     """Where the labels of an ensemble's output are, as Triton finds them for the
     classification extension: the ensemble's own ``label_filename`` for that output, else
@@ -644,7 +647,8 @@ def label_source(config: ModelConfig, resolve: Callable[[str, str], Any] | None,
             for model_output, tensor in step.output_map.items():
                 if tensor == name:
                     try:
-                        step_config = resolve(step.model_name, step.version_str).config
+                        step_config = resolve(step.model_name, step.version_str,
+                                              plan.namespace).config
                     except NurseryError:
                         return None
                     return find(step_config, model_output, depth + 1)

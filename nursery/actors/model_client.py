@@ -91,8 +91,11 @@ class ModelClient:
         # --model-load-budget (actors/demand.py)
         self.in_flight: dict[str, int] = {}
 
-    def resolve(self, name: str, version: str = "") -> ModelHandle:
-        return self.directory.resolve(name, version)
+    def resolve(self, name: str, version: str = "", namespace: str | None = None
+                ) -> ModelHandle:
+        """The version a request goes to (``namespace``: the one to look in first, with
+        --model-namespacing: an ensemble step's)."""
+        return self.directory.resolve(name, version, namespace)
 
     # -- one request, one answer -------------------------------------------------------------
 
@@ -101,7 +104,8 @@ class ModelClient:
         """Check and run one request; its answer, or its error raised. ``handle`` is the
         version the caller already resolved (a frontend resolves once, to decode)."""
         if handle is None:
-            handle = self.directory.resolve(request.model_name, request.model_version)
+            handle = self.directory.resolve(request.model_name, request.model_version,
+                                                request.model_namespace)
         work, receive = self.submit(request, handle, queue=False)
         return await self.run(work, receive, handle)
 
@@ -129,7 +133,8 @@ class ModelClient:
         order they came, which a sequence needs); :meth:`wait` gets the answer. ``slot``: the
         reply slot to use (default: a new OneShot)."""
         if handle is None:
-            handle = self.directory.resolve(request.model_name, request.model_version)
+            handle = self.directory.resolve(request.model_name, request.model_version,
+                                                request.model_namespace)
         if slot is None:
             slot = OneShot()
         work = make_work(request, handle.config, slot)
@@ -313,7 +318,8 @@ class ModelClient:
 
     async def infer_one(self, request: InferenceRequest) -> InferenceResponse:
         """One response from a non-decoupled model (errors raise)."""
-        handle = self.resolve(request.model_name, request.model_version)
+        handle = self.resolve(request.model_name, request.model_version,
+                                                request.model_namespace)
         if handle.config.decoupled:
             raise InvalidArgument(
                 f"model '{handle.name}' uses the decoupled transaction policy; it must be "
@@ -324,7 +330,8 @@ class ModelClient:
         """Every answer of one request, in order, ending with a final one. Never raises a
         request's error: it arrives as a final :class:`Part`."""
         try:
-            handle = self.resolve(request.model_name, request.model_version)
+            handle = self.resolve(request.model_name, request.model_version,
+                                                request.model_namespace)
             if not handle.config.decoupled:
                 response = await self.infer(request, handle)
             else:
@@ -416,7 +423,8 @@ class ThreadStream:
         reply = self._reply
 
         def submit() -> InferWork | None:
-            handle = self._client.resolve(request.model_name, request.model_version)
+            handle = self._client.resolve(request.model_name, request.model_version,
+                                                request.model_namespace)
             if not handle.config.decoupled:
                 return None
             _untraced(request)

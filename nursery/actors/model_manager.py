@@ -9,6 +9,10 @@ finish the queue and the workers finish their batches, bounded by the unload tim
 
 Commands arrive on the inbox (``LoadModel``, ``UnloadModel``, ``RepositoryIndex``); when the
 inbox closes (server shutdown) every model is drained and unloaded.
+
+Models are known by :class:`~nursery.config.namespaces.ModelId`: with ``--model-namespacing``
+each repository's model of a name is a model of its own (commands by name act on all of
+them); without it the identifier is the name.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from nursery.backends.base import Backends
 from nursery.config import pbtext
 from nursery.config.ensemble_check import check_wiring
 from nursery.config.model import ModelConfig, read_model_config
+from nursery.config.namespaces import ModelId, by_name, step_model
 from nursery.config.repository import (
     ModelFingerprint,
     ModelLocation,
@@ -50,6 +55,7 @@ from nursery.config.repository import (
     Root,
     check_model_name,
     model_fingerprint,
+    namespace_of,
     scan,
     write_override,
 )
@@ -120,7 +126,14 @@ class _Manager:
         faults: FaultCounter | None = None,
         config_name: str = "",
         load_retries: int = 0,
+        namespacing: bool = False,
     ) -> None:
+        # --model-namespacing: each repository is a namespace; models are known by ModelId
+        # (without it, every ModelId has the empty namespace and is the model's name)
+        self.namespacing = namespacing
+        # Triton's global map: the models known (loading, loaded or failed; not unloaded),
+        # through which requests' names are resolved with namespacing
+        self.present: set[ModelId] = set()
         self.config_name = config_name  # --model-config-name
         self.load_retries = load_retries  # --model-load-retry-count
         self.client = client  # ensembles' steps and Python models' BLS calls go through it
@@ -129,7 +142,7 @@ class _Manager:
         self.faults = faults or FaultCounter()
         self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
         self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
-        self.restarts: dict[str, list[float]] = {}  # when each model's failed versions restarted
+        self.restarts: dict[ModelId, list[float]] = {}  # when each model's failed versions restarted
         self.restarting: set[trio.CancelScope] = set()  # restarts in progress
         self.stopping = False  # unload_all has begun: nothing is started any more
         self.rate_limiter = rate_limiter  # a RateLimiterClient with --rate-limit execution_count
@@ -138,14 +151,14 @@ class _Manager:
         self.nursery = nursery
         self.auto_complete = auto_complete
         self.unload_timeout = unload_timeout
-        self.entries: dict[str, ModelEntry] = {}
-        self.live: dict[tuple[str, int], _Live] = {}
+        self.entries: dict[ModelId, ModelEntry] = {}
+        self.live: dict[tuple[ModelId, int], _Live] = {}
         self.config_limiter = trio.CapacityLimiter(4)
         # what each model's folder held when it last loaded, to reload only on change
-        self.loaded_from: dict[str, ModelFingerprint | None] = {}
+        self.loaded_from: dict[ModelId, ModelFingerprint | None] = {}
         # what each model's folder held when it last loaded from it (config overrides too):
         # a version whose own files did not change since may be updated in place
-        self.folders: dict[str, ModelFingerprint | None] = {}
+        self.folders: dict[ModelId, ModelFingerprint | None] = {}
         self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
         # where models of buckets are made local: --cloud-cache-directory, else a temporary
         # folder per cloud (made on first use, under Triton's mount directory) removed at exit
@@ -155,7 +168,7 @@ class _Manager:
         self.loading: dict[str, trio.Event] = {}  # models being loaded by load_many
         # ensembles checking their composing models -> the models they are made of: a
         # dependency path back to an ensemble is a cycle (a nested ensemble is not)
-        self.ensembles_waiting: dict[str, frozenset[str]] = {}
+        self.ensembles_waiting: dict[ModelId, frozenset[str]] = {}
         # models loaded only because an ensemble needed them (never asked for by name):
         # what unloading an ensemble with unload_dependents takes along
         self.dependency_only: set[str] = set()
@@ -184,7 +197,7 @@ class _Manager:
             if scope is not None:  # an unload stops a load still in progress (hung, perhaps)
                 scope.cancel()
             async with self._lock(name):
-                return await self.unload(name, command.unload_dependents)
+                return await self.unload(name, command.unload_dependents, command.namespace)
         refused = load_name_problem(name)
         if refused is not None:
             return refused
@@ -193,7 +206,8 @@ class _Manager:
             with trio.CancelScope() as scope:
                 self.loads[name] = scope
                 try:
-                    return await self.load(name, command.config, command.files)
+                    return await self.load(name, command.config, command.files,
+                                           namespace=command.namespace)
                 finally:
                     if self.loads.get(name) is scope:
                         del self.loads[name]
@@ -217,7 +231,8 @@ class _Manager:
 
     def answer_index(self, ready_only: bool) -> list[IndexEntry] | NurseryError:
         with Boundary(self.faults, "manager", log, "repository index") as boundary:
-            return repository_index(scan(self.repositories), self.entries, ready_only)
+            return repository_index(scan(self.repositories), self.entries, ready_only,
+                                    self.namespacing)
         return InternalError(f"repository index failed: {boundary.failure}")
 
     async def serve_index(self, command: IndexRepository) -> None:
@@ -227,7 +242,8 @@ class _Manager:
         try:
             with Boundary(self.faults, "manager", log, "repository index") as boundary:
                 found = await trio.to_thread.run_sync(scan, self.repositories)
-                result = repository_index(found, self.entries, command.ready_only)
+                result = repository_index(found, self.entries, command.ready_only,
+                                          self.namespacing)
             if boundary.failure is not None:
                 result = InternalError(f"repository index failed: {boundary.failure}")
         finally:
@@ -260,24 +276,29 @@ class _Manager:
 
     # -- state (the only writer) -----------------------------------------------------------
 
-    def _set(self, name: str, version: int, state: ModelState, reason: str = "",
+    def _set(self, mid: ModelId, version: int, state: ModelState, reason: str = "",
              handle: ModelHandle | None = None, load_secs: float | None = None) -> None:
-        entry = self.entries.get(name) or ModelEntry(name, MappingProxyType({}))
+        entry = self.entries.get(mid) or ModelEntry(mid.name, MappingProxyType({}),
+                                                    namespace=mid.namespace)
         versions = dict(entry.versions)
         if load_secs is None:  # a state change that is not a load keeps the last figure
             old = versions.get(version)
             load_secs = old.load_secs if old is not None else 0.0
         versions[version] = VersionStatus(version, state, reason, handle, load_secs)
-        self.entries[name] = ModelEntry(name, MappingProxyType(versions), "", entry.config)
+        self.entries[mid] = ModelEntry(mid.name, MappingProxyType(versions), "", entry.config,
+                                       mid.namespace)
         self._publish()
 
-    def _set_model_failure(self, name: str, reason: str) -> None:
-        entry = self.entries.get(name) or ModelEntry(name, MappingProxyType({}))
-        self.entries[name] = ModelEntry(name, entry.versions, reason, entry.config)
+    def _set_model_failure(self, mid: ModelId, reason: str) -> None:
+        entry = self.entries.get(mid) or ModelEntry(mid.name, MappingProxyType({}))
+        self.entries[mid] = ModelEntry(mid.name, entry.versions, reason, entry.config,
+                                       mid.namespace)
         self._publish()
 
     def _publish(self) -> None:
-        self.directory.publish(ModelTable(MappingProxyType(dict(self.entries))))
+        self.directory.publish(ModelTable(
+            MappingProxyType({mid.key: entry for mid, entry in self.entries.items()}),
+            self.namespacing, MappingProxyType(by_name(self.present))))
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -311,48 +332,91 @@ class _Manager:
 
     async def load(self, name: str, override: pb.ModelConfig | None = None,
                    files: Mapping[str, bytes] | None = None,
-                   force: bool = False, scanned: RepositoryScan | None = None
-                   ) -> NurseryError | None:
+                   force: bool = False, scanned: RepositoryScan | None = None,
+                   namespace: str | None = None) -> NurseryError | None:
         """Load (or reload) every version the policy selects; versions it no longer selects
         are drained and unloaded. A model whose folder did not change since it loaded
         successfully is left as it is (unless a config override is given). Returns the error,
-        if any; a failed reload leaves what was serving still serving."""
+        if any; a failed reload leaves what was serving still serving.
+
+        With namespacing, the model of that name in every repository loads (each in its
+        repository's namespace; ``namespace``: only that repository's, as the poller and a
+        restart ask), and a model made of ``files`` has no namespace, as in Triton."""
         poll_error = f"failed to load '{name}', failed to poll from model repository"
         invalid = check_model_name(name)
         if invalid is not None:
             return InternalError(f"{poll_error}: {invalid}")
         if files and override is None:
             return InternalError(f"{poll_error}: file overrides require a 'config' override")
+        if files:
+            try:
+                location = write_override(self.override_root, name, files)
+            except NurseryError as exc:
+                return exc
+            return await self._load_at(ModelId("", name), location, override, True, force)
         if scanned is not None:  # scanned a moment ago for several loads
             repo = scanned
         elif self.has_cloud:
             repo = await trio.to_thread.run_sync(scan, self.repositories)
         else:
             repo = scan(self.repositories)
-        if name in repo.duplicates and not files:
+        if self.namespacing:
+            found = [(ModelId(namespace_of(loc.repository, True), name), loc)
+                     for loc in repo.copies.get(name, ())
+                     if namespace is None or namespace_of(loc.repository, True) == namespace]
+        elif name in repo.duplicates:
             where = ", ".join(str(p) for p in repo.duplicates[name])
             reason = f"model '{name}' appears in more than one repository ({where})"
-            self._set_model_failure(name, f"Invalid argument: {reason}")
+            self._set_model_failure(ModelId("", name), f"Invalid argument: {reason}")
             log.error("failed to load '%s': %s", name, reason)
             return NurseryError(reason, ErrorKind.INVALID_ARG)
-        if files:
-            try:
-                location = write_override(self.override_root, name, files)
-            except NurseryError as exc:
-                return exc
         else:
-            found = repo.models.get(name)
-            if found is None:
-                # a bucket that cannot be read may hold it: say why it could not be looked at
-                why = [r for root, r in repo.unreadable.items() if isinstance(root, CloudRoot)]
-                return InternalError(f"{poll_error}: {why[0]}" if why else poll_error)
-            location = found
+            one_location = repo.models.get(name)
+            found = [] if one_location is None else [(ModelId("", name), one_location)]
+        if not found:
+            # a bucket that cannot be read may hold it: say why it could not be looked at
+            why = [r for root, r in repo.unreadable.items() if isinstance(root, CloudRoot)]
+            return InternalError(f"{poll_error}: {why[0]}" if why else poll_error)
+        if len(found) == 1:
+            return await self._load_at(*found[0], override, False, force)
+        errors: dict[ModelId, NurseryError] = {}
+
+        async def one(mid: ModelId, location: ModelLocation) -> None:
+            error = await self._load_at(mid, location, override, False, force)
+            if error is not None:
+                errors[mid] = error
+
+        async with trio.open_nursery() as nursery:  # Triton loads them in parallel
+            for mid, location in found:
+                nursery.start_soon(one, mid, location)
+        if not errors:
+            return None
+        failed = [e for _, e in sorted(errors.items())]
+        if all(e.kind is ErrorKind.INVALID_ARG for e in failed):  # Triton's aggregate
+            return InvalidArgument("".join(e.message for e in failed))
+        return failed[0]
+
+    async def _load_at(self, mid: ModelId, location: ModelLocation,
+                       override: pb.ModelConfig | None, overridden: bool, force: bool
+                       ) -> NurseryError | None:
+        """:meth:`load` of one model, found at ``location`` (``overridden``: a folder made
+        of a load request's files)."""
+        name = mid.name
+        poll_error = f"failed to load '{name}', failed to poll from model repository"
+        if mid not in self.present:
+            self.present.add(mid)
+            self._publish()
         current = folder = None
-        if not files:
+        if not overridden:
             folder = await trio.to_thread.run_sync(model_fingerprint, location)
-        if override is None and not files:
+        if override is None and not overridden:
             current = folder
-            if current == self.loaded_from.get(name) and self._serving(name) and not force:
+            if current == self.loaded_from.get(mid) and self._serving_id(mid) and not force:
+                entry = self.entries.get(mid)
+                if self.namespacing and entry is not None and entry.config is not None \
+                        and entry.config.ensemble is not None:
+                    # Triton polls an ensemble's models with it: those added since load
+                    return await self._load_steps(mid, entry.config.ensemble.models())
                 return None  # nothing changed since it loaded: nothing to do
         remote = location.remote
         if remote is not None:  # a model in a bucket: served only from a complete download
@@ -360,9 +424,9 @@ class _Manager:
                 location = replace(location, path=await self._localize(remote))
             except StorageError as exc:
                 reason = f"Internal: {exc}"
-                log.error("failed to load '%s': %s", name, exc)
-                if not self._serving(name):
-                    self._set_model_failure(name, reason)
+                log.error("failed to load '%s': %s", mid, exc)
+                if not self._serving_id(mid):
+                    self._set_model_failure(mid, reason)
                 return InternalError(f"{poll_error}: {exc}")
         try:
             config, versions = await trio.to_thread.run_sync(
@@ -373,27 +437,27 @@ class _Manager:
             )
         except NurseryError as exc:
             reason = failure_reason(exc)
-            log.error("failed to load '%s': %s", name, reason)
-            if not self._serving(name):
-                self._set_model_failure(name, reason)
+            log.error("failed to load '%s': %s", mid, reason)
+            if not self._serving_id(mid):
+                self._set_model_failure(mid, reason)
             return InternalError(f"{poll_error}: {exc.message}")
-        entry = self.entries.get(name)
-        self.entries[name] = ModelEntry(
-            name, entry.versions if entry else MappingProxyType({}), "", config
+        entry = self.entries.get(mid)
+        self.entries[mid] = ModelEntry(
+            name, entry.versions if entry else MappingProxyType({}), "", config, mid.namespace
         )
         errors: dict[int, NurseryError] = {}
         updated: set[int] = set()  # versions served on, their instances changed in place
-        before = self.folders.get(name)
+        before = self.folders.get(mid)
 
         async def one(version: int) -> None:
-            live = self.live.get((name, version))
+            live = self.live.get((mid, version))
             if (live is not None and live.resize is not None and folder is not None
                     and before is not None and folder.same_model_files(before, version)
                     and live.handle.config.same_but_instances(config)):
                 updated.add(version)
-                error = await self._update_version(live, config, version)
+                error = await self._update_version(mid, live, config, version)
             else:
-                error = await self._load_version(location, config, version)
+                error = await self._load_version(mid, location, config, version)
             if error is not None:
                 errors[version] = error
 
@@ -401,27 +465,43 @@ class _Manager:
             for version in versions:
                 nursery.start_soon(one, version)
         if errors:  # Triton's aggregate: one line per version that failed
-            return InvalidArgument(f"load failed for model '{name}': " + "".join(
+            return InvalidArgument(f"load failed for model '{mid}': " + "".join(
                 f"version {v} is at {'READY' if v in updated else 'UNAVAILABLE'} state: "
                 f"{failure_reason(e)};\n"
                 for v, e in sorted(errors.items())))
-        dropped = sorted(v for (n, v) in self.live if n == name and v not in versions)
+        dropped = sorted(v for (m, v) in self.live if m == mid and v not in versions)
         async with trio.open_nursery() as nursery:
             for version in dropped:  # the new version policy no longer selects these
-                nursery.start_soon(self._unload_version, name, version)
-        self.loaded_from[name] = current
-        self.folders[name] = folder
+                nursery.start_soon(self._unload_version, mid, version)
+        self.loaded_from[mid] = current
+        self.folders[mid] = folder
         if remote is not None:  # every version now serves from this copy: drop older ones
             await trio.to_thread.run_sync(mirror.prune, self.cloud_base(remote.root), remote)
         return None
 
-    async def _update_version(self, live: _Live, config: ModelConfig,
+    async def _load_steps(self, ensemble: ModelId, models: Iterable[str]) -> NurseryError | None:
+        """With namespacing: load the models of an ensemble's steps that a repository holds
+        and that are not serving yet (Triton polls an ensemble's models along with it, every
+        repository's model of each name: one added since may now be the step's own)."""
+        repo = (await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud
+                else scan(self.repositories))
+        held = repo.identified(True)
+        for model in sorted(set(models) - {ensemble.name}):
+            if any(mid.name == model and not self._serving_id(mid) for mid in held) \
+                    and model not in self.loading:
+                error = await self.load(model, scanned=repo)
+                if error is not None:
+                    return error
+                self.dependency_only.add(model)
+        return None
+
+    async def _update_version(self, mid: ModelId, live: _Live, config: ModelConfig,
                               version: int) -> NurseryError | None:
         """A reload that changed only the instance groups (and nothing in the model's files
         for this version): the serving version keeps the instances whose signature did not
         change, starts the new ones and retires the rest (Triton's UpdateInstanceGroup).
         Requests keep being served throughout; a failure leaves it as it was."""
-        name = config.name
+        name = mid
         assert live.resize is not None
         log.info("updating instances: %s:%d", name, version)
         try:
@@ -433,22 +513,26 @@ class _Manager:
             log.error("failed to update '%s' version %d: %s", name, version, reason)
             error = first_error(exc)
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
-        if self.live.get((name, version)) is live:
+        if self.live.get((mid, version)) is live:
             live.handle = handle
-            self._set(name, version, ModelState.READY, "", handle)
+            self._set(mid, version, ModelState.READY, "", handle)
         log.info("successfully updated '%s' version %d", name, version)
         return None
 
     def _serving(self, name: str) -> bool:
-        return any(n == name for (n, _) in self.live)
+        """Whether a model of that name serves (in any namespace)."""
+        return any(m.name == name for (m, _) in self.live)
+
+    def _serving_id(self, mid: ModelId) -> bool:
+        return any(m == mid for (m, _) in self.live)
 
     async def _load_version(
-        self, location: ModelLocation, config: ModelConfig, version: int
+        self, mid: ModelId, location: ModelLocation, config: ModelConfig, version: int
     ) -> NurseryError | None:
-        name = location.name
-        old = self.live.get((name, version))
+        name = mid
+        old = self.live.get((mid, version))
         if old is None:  # a reload keeps the old one READY and serving until the new one is
-            self._set(name, version, ModelState.LOADING)
+            self._set(mid, version, ModelState.LOADING)
         log.info("loading: %s:%d", name, version)
         started = time.perf_counter()
         attempt = 0
@@ -457,7 +541,8 @@ class _Manager:
             done = trio.Event()
             try:
                 handle, control, resize = await self.nursery.start(
-                    partial(self._supervise_version, location, config, version, scope, done)
+                    partial(self._supervise_version, mid, location, config, version, scope,
+                            done)
                 )
                 break
             except BaseException as exc:
@@ -473,13 +558,13 @@ class _Manager:
             reason = failure_reason(failure)
             log.error("failed to load '%s' version %d: %s", name, version, reason)
             if old is not None:  # a failed reload leaves the old version serving
-                self._set(name, version, ModelState.READY, "", old.handle)
+                self._set(mid, version, ModelState.READY, "", old.handle)
             else:
-                self._set(name, version, ModelState.UNAVAILABLE, reason)
+                self._set(mid, version, ModelState.UNAVAILABLE, reason)
             error = first_error(failure)
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
-        self.live[(name, version)] = _Live(handle, control, scope, done, resize)
-        self._set(name, version, ModelState.READY, "", handle, time.perf_counter() - started)
+        self.live[(mid, version)] = _Live(handle, control, scope, done, resize)
+        self._set(mid, version, ModelState.READY, "", handle, time.perf_counter() - started)
         log.info("successfully loaded '%s' version %d", name, version)
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
@@ -487,6 +572,7 @@ class _Manager:
 
     async def _supervise_version(
         self,
+        mid: ModelId,
         location: ModelLocation,
         config: ModelConfig,
         version: int,
@@ -507,9 +593,9 @@ class _Manager:
                 serving.append(value[0])
                 task_status.started(value)
 
-        name = location.name
+        name = mid
         try:
-            await self._serve_version(location, config, version, scope, done,
+            await self._serve_version(mid, location, config, version, scope, done,
                                       task_status=_Started())  # type: ignore[arg-type]
             return
         except BaseException as exc:
@@ -518,38 +604,40 @@ class _Manager:
             error = exc
         with Boundary(self.faults, "model", log, f"model '{name}' version {version}") as b:
             raise error  # cancellation goes on up; a failure is recorded here
-        live = self.live.get((name, version))
+        live = self.live.get((mid, version))
         if live is not None and live.scope is scope:  # not replaced by a reload meanwhile
-            del self.live[(name, version)]
-            self._set(name, version, ModelState.UNAVAILABLE, f"Internal: {b.failure}")
+            del self.live[(mid, version)]
+            self._set(mid, version, ModelState.UNAVAILABLE, f"Internal: {b.failure}")
             now = trio.current_time()
-            recent = [t for t in self.restarts.get(name, []) if now - t < RESTART_WINDOW]
+            recent = [t for t in self.restarts.get(mid, []) if now - t < RESTART_WINDOW]
             if self.stopping:
                 pass  # the server is stopping: nothing to restart
             elif len(recent) < RESTARTS:
-                self.restarts[name] = [*recent, now]
+                self.restarts[mid] = [*recent, now]
                 log.error("model '%s' version %d failed while serving; restarting it", name,
                           version)
-                self.nursery.start_soon(self._restart, name)
+                self.nursery.start_soon(self._restart, mid)
             else:
                 log.error("model '%s' version %d failed while serving, %d times in %.0f s: "
                           "left UNAVAILABLE", name, version, len(recent) + 1, RESTART_WINDOW)
 
-    async def _restart(self, name: str) -> None:
+    async def _restart(self, mid: ModelId) -> None:
         """Reload a model whose version failed; the shutdown cancels restarts in progress, so
         nothing comes back to life behind ``unload_all``."""
         with trio.CancelScope() as scope, \
-                Boundary(self.faults, "manager", log, f"restart of model '{name}'"):
+                Boundary(self.faults, "manager", log, f"restart of model '{mid}'"):
             self.restarting.add(scope)
             try:
-                async with self._lock(name):
-                    if name in self.restarts and not self.stopping:  # not unloaded meanwhile
-                        await self.load(name, force=True)
+                async with self._lock(mid.name):
+                    if mid in self.restarts and not self.stopping:  # not unloaded meanwhile
+                        await self.load(mid.name, force=True,
+                                        namespace=mid.namespace if self.namespacing else None)
             finally:
                 self.restarting.discard(scope)
 
     async def _serve_version(
         self,
+        mid: ModelId,
         location: ModelLocation,
         config: ModelConfig,
         version: int,
@@ -561,7 +649,7 @@ class _Manager:
         models are checked (and loaded) first."""
         if config.ensemble is not None:
             try:
-                config = await self._check_ensemble(config)
+                config = await self._check_ensemble(mid, config)
             except BaseException:
                 done.set()
                 raise
@@ -583,11 +671,14 @@ class _Manager:
                             summaries=self.summaries,
                             scope=scope, done=done, task_status=task_status)
 
-    async def _check_ensemble(self, config: ModelConfig) -> ModelConfig:
+    async def _check_ensemble(self, mid: ModelId, config: ModelConfig) -> ModelConfig:
         """Every step's model is loaded (loading it first when it never was), its inputs and
         outputs exist, and each ensemble tensor has one datatype along the graph. Returns the
         configuration to serve: decoupled exactly when a step's model is, whatever the
-        ensemble's own ``model_transaction_policy`` says (Triton fills it in so)."""
+        ensemble's own ``model_transaction_policy`` says (Triton fills it in so). With
+        namespacing, a step's model is the one of the ensemble's namespace, else the only
+        one of its name (``namespaces.step_model``); the plan keeps the ensemble's namespace
+        so that its steps' requests prefer it."""
         plan = config.ensemble
         assert plan is not None
         where = f"ensemble '{config.name}'"
@@ -596,13 +687,19 @@ class _Manager:
         # served already, e.g. loaded with a config override), found once
         repo = (await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud
                 else scan(self.repositories))
-        missing = sorted(m for m in models if m != config.name and not self._serving(m)
-                         and m not in self.loading
-                         and (m not in repo.models or m in repo.duplicates))
+        if self.namespacing:
+            held = [*repo.identified(True), *self.present]
+            missing = sorted(m for m in models if m != config.name and m not in self.loading
+                             and step_model(m, mid.namespace,
+                                            (x.namespace for x in held if x.name == m)) is None)
+        else:
+            missing = sorted(m for m in models if m != config.name and not self._serving(m)
+                             and m not in self.loading
+                             and (m not in repo.models or m in repo.duplicates))
         if missing:
-            raise ConfigError(f"ensemble {config.name} contains models that are not available "
+            raise ConfigError(f"ensemble {mid} contains models that are not available "
                               f"or ambiguous: {', '.join(missing)}")
-        self.ensembles_waiting[config.name] = models
+        self.ensembles_waiting[mid] = models
         try:
             for model in sorted(models):  # the graph first, as Triton checks it before loads
                 last = config.name if model == config.name else self._depends_on(
@@ -614,7 +711,9 @@ class _Manager:
                 event = self.loading.get(model)
                 if event is not None:
                     await event.wait()
-                elif not self._serving(model):  # never loaded, unloaded, or failed
+                elif not self._serving(model) or (self.namespacing and any(
+                        x.name == model and not self._serving_id(x)
+                        for x in repo.identified(True))):  # never loaded, unloaded, failed
                     # Triton loads an ensemble's models with it; another ensemble needing
                     # the same model meanwhile waits for this load instead of starting its
                     # own (two loads of one version would leave one running unowned)
@@ -627,17 +726,22 @@ class _Manager:
                         event.set()
                     self.dependency_only.add(model)
         finally:
-            self.ensembles_waiting.pop(config.name, None)
+            self.ensembles_waiting.pop(mid, None)
+        namespace = mid.namespace if self.namespacing else None
         steps = []
         for step in plan.steps:
             try:
-                steps.append(self.directory.resolve(step.model_name, step.version_str).config)
+                steps.append(self.directory.resolve(step.model_name, step.version_str,
+                                                    namespace).config)
             except NurseryError as exc:
                 if step.model_version >= 0 and self._serving(step.model_name):
                     raise ConfigError(  # Triton's words, its period too
                         f"{where} depends on '{step.model_name}' whose required version "
                         f"{step.model_version} is not loaded.") from None
-                entry = self.directory.entry(step.model_name)
+                try:
+                    entry = self.directory.entry(step.model_name, namespace)
+                except NurseryError:  # ambiguous: exc says so
+                    entry = None
                 failure = ""
                 if entry is not None:
                     reasons = [s.reason for s in entry.versions.values() if s.reason]
@@ -651,7 +755,7 @@ class _Manager:
         # ReshapeTensorDims), from the step models as they are loaded now
         # (an output's configured shape is its reshape where it has one, as in Triton; the
         # ensemble's own input and output reshapes apply to its requests and answers)
-        config = replace(config, ensemble=plan.shaped(
+        config = replace(config, ensemble=replace(plan.shaped(
             config.max_batch_size > 0,
             {t.name: tuple(t.reshape if t.reshape is not None else t.dims)
              for t in config.outputs},
@@ -659,7 +763,7 @@ class _Manager:
             input_reshape={t.name: (tuple(t.dims), tuple(t.reshape)) for t in config.inputs
                            if t.reshape is not None},
             output_reshape={t.name: (tuple(t.reshape), tuple(t.dims)) for t in config.outputs
-                            if t.reshape is not None}))
+                            if t.reshape is not None}), namespace=namespace))
         proto = pb.ModelConfig().parse(bytes(config.proto))
         proto.model_transaction_policy.decoupled = decoupled
         # Triton sets the field, so an ensemble's configuration always carries the message
@@ -678,7 +782,10 @@ class _Manager:
             name = todo.pop()
             if name not in seen:
                 seen.add(name)
-                uses = self.ensembles_waiting.get(name, ())
+                uses: set[str] = set()  # every namespace's ensemble of that name
+                for waiting, models in self.ensembles_waiting.items():
+                    if waiting.name == name:
+                        uses |= models
                 if ensemble in uses:
                     return name
                 todo.extend(uses)
@@ -694,23 +801,32 @@ class _Manager:
         live.scope.deadline = trio.current_time() + self.unload_timeout
         await live.done.wait()
 
-    async def unload(self, name: str, dependents: bool = False) -> NurseryError | None:
-        """Unload every version of ``name``. With ``dependents`` (Triton's
-        ``unload_dependents``), then also the models an ensemble was made of that were loaded
-        only along with an ensemble and that no ensemble still loaded uses, recursively."""
-        versions = sorted(v for (n, v) in self.live if n == name)
+    async def unload(self, name: str, dependents: bool = False,
+                     namespace: str | None = None) -> NurseryError | None:
+        """Unload every version of ``name`` (with namespacing: of every model of that name,
+        or only ``namespace``'s). With ``dependents`` (Triton's ``unload_dependents``), then
+        also the models an ensemble was made of that were loaded only along with an ensemble
+        and that no ensemble still loaded uses, recursively."""
+        ids = {m for m in (*self.present, *self.entries, *(m for m, _ in self.live))
+               if m.name == name and (namespace is None or m.namespace == namespace)}
+        versions = sorted((m, v) for (m, v) in self.live if m in ids)
         composing = set()
-        for version in versions:
-            plan = self.live[(name, version)].handle.config.ensemble
+        for key in versions:
+            plan = self.live[key].handle.config.ensemble
             if plan is not None:
                 composing |= set(plan.models())
-        self.loaded_from.pop(name, None)  # unloading what is not loaded succeeds, as in Triton
-        self.folders.pop(name, None)
-        self.restarts.pop(name, None)
-        self.dependency_only.discard(name)
+        for mid in ids:  # unloading what is not loaded succeeds, as in Triton
+            self.loaded_from.pop(mid, None)
+            self.folders.pop(mid, None)
+            self.restarts.pop(mid, None)
+        if ids & self.present:
+            self.present -= ids
+            self._publish()
+        if not any(m.name == name for m in self.present):
+            self.dependency_only.discard(name)
         async with trio.open_nursery() as nursery:
-            for version in versions:
-                nursery.start_soon(self._unload_version, name, version)
+            for mid, version in versions:
+                nursery.start_soon(self._unload_version, mid, version)
         if dependents:
             still_used = set()
             for live in self.live.values():
@@ -722,26 +838,26 @@ class _Manager:
                 await self.unload(model, dependents=True)
         return None
 
-    async def _unload_version(self, name: str, version: int) -> None:
-        live = self.live.get((name, version))
+    async def _unload_version(self, mid: ModelId, version: int) -> None:
+        live = self.live.get((mid, version))
         if live is None:
             return
-        self._set(name, version, ModelState.UNLOADING, "", None)
-        log.info("unloading: %s:%d", name, version)
+        self._set(mid, version, ModelState.UNLOADING, "", None)
+        log.info("unloading: %s:%d", mid, version)
         await self._drain(live)
-        if self.live.get((name, version)) is live:
-            del self.live[(name, version)]
-        self._set(name, version, ModelState.UNAVAILABLE, "unloaded")
-        log.info("successfully unloaded '%s' version %d", name, version)
+        if self.live.get((mid, version)) is live:
+            del self.live[(mid, version)]
+        self._set(mid, version, ModelState.UNAVAILABLE, "unloaded")
+        log.info("successfully unloaded '%s' version %d", mid, version)
 
     async def unload_all(self) -> None:
         self.stopping = True
         for scope in self.restarting:
             scope.cancel()
         # ensembles first: their requests in flight still need the models they are made of
-        ensembles = {n for (n, _), live in self.live.items()
+        ensembles = {m.name for (m, _), live in self.live.items()
                      if live.handle.config.ensemble is not None}
-        for group in (ensembles, {n for (n, _) in self.live} - ensembles):
+        for group in (ensembles, {m.name for (m, _) in self.live} - ensembles):
             async with trio.open_nursery() as nursery:
                 for name in sorted(group):
                     nursery.start_soon(self.unload, name)
@@ -764,6 +880,7 @@ async def run(
     cloud_cache: str = "",
     config_name: str = "",
     load_retries: int = 0,
+    namespacing: bool = False,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load ``startup_models``, then serve commands until the inbox closes, then unload all.
@@ -779,7 +896,8 @@ async def run(
     manager make its own over ``directory``); ``backends`` the backends it may load (the
     built-in ones unless given). ``config_name``: Triton's --model-config-name (a model's
     ``configs/<name>.pbtxt`` over its ``config.pbtxt``); ``load_retries``: its
-    --model-load-retry-count (a version that fails to load is tried again so often).
+    --model-load-retry-count (a version that fails to load is tried again so often);
+    ``namespacing``: its --model-namespacing (each repository a namespace of its own).
     """
     async with trio.open_nursery() as nursery:
         manager = _Manager(
@@ -790,6 +908,7 @@ async def run(
             auto_complete=auto_complete, unload_timeout=unload_timeout,
             rate_limiter=rate_limiter, faults=faults or FaultCounter(),
             cloud_cache=cloud_cache, config_name=config_name, load_retries=load_retries,
+            namespacing=namespacing,
         )
         startup_failed = False
         async with trio.open_nursery() as commands:

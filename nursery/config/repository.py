@@ -14,7 +14,9 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Generic, TypeVar
 
+from nursery.config.namespaces import ModelId
 from nursery.config.storage import open_store
 from nursery.config.storage.base import ObjectInfo, RemoteModel, StorageError
 from nursery.config.storage.url import CloudRoot
@@ -39,6 +41,23 @@ class RepositoryScan:
     # repositories that could not be read (missing, not a folder, no permission): the reason,
     # Triton's "failed to poll model repository '<path>': failed to open directory <path>"
     unreadable: dict[Root, str] = field(default_factory=dict)
+    # every model folder of every repository, by name, in the repositories' order (with
+    # --model-namespacing each is a model of its own, in its repository's namespace)
+    copies: dict[str, tuple[ModelLocation, ...]] = field(default_factory=dict)
+
+    def identified(self, namespacing: bool) -> dict[ModelId, ModelLocation]:
+        """Each loadable model folder by its identifier: with namespacing, every folder in
+        its repository's namespace; without, the models found in one repository only."""
+        if not namespacing:
+            return {ModelId("", name): loc for name, loc in self.models.items()}
+        return {ModelId(namespace_of(loc.repository, True), name): loc
+                for name, locs in self.copies.items() for loc in locs}
+
+
+def namespace_of(repository: Root, namespacing: bool) -> str:
+    """The namespace of a repository's models: its path (or URL) as given with
+    --model-namespacing, else none."""
+    return str(repository) if namespacing else ""
 
 
 def scan(repositories: tuple[Root, ...] | list[Root]) -> RepositoryScan:
@@ -72,7 +91,8 @@ def scan(repositories: tuple[Root, ...] | list[Root]) -> RepositoryScan:
     duplicates = {
         name: tuple(loc.repository for loc in locs) for name, locs in found.items() if len(locs) > 1
     }
-    return RepositoryScan(models, duplicates, unreadable)
+    copies = {name: tuple(locs) for name, locs in found.items()}
+    return RepositoryScan(models, duplicates, unreadable, copies)
 
 
 def scan_bucket(root: CloudRoot) -> list[ModelLocation]:
@@ -157,25 +177,32 @@ def fingerprint(model_path: Path) -> ModelFingerprint:
     return ModelFingerprint(tuple(sorted(entries)))
 
 
-def snapshot(found: RepositoryScan) -> dict[str, ModelFingerprint]:
-    """Every model of a scan (duplicates included, under their name) and its files."""
-    out = {name: model_fingerprint(loc) for name, loc in found.models.items()}
-    for name in found.duplicates:
-        out[name] = ModelFingerprint((("<duplicate>", 0, 0),))
+def snapshot(found: RepositoryScan, namespacing: bool = False
+             ) -> dict[ModelId, ModelFingerprint]:
+    """Every model of a scan and its files, by identifier (without namespacing, duplicates
+    are included under their name, each with the empty namespace)."""
+    out = {mid: model_fingerprint(loc) for mid, loc in found.identified(namespacing).items()}
+    if not namespacing:
+        for name in found.duplicates:
+            out[ModelId("", name)] = ModelFingerprint((("<duplicate>", 0, 0),))
     return out
 
 
+K = TypeVar("K", str, ModelId)
+
+
 @dataclass(frozen=True, slots=True)
-class RepositoryChanges:
-    added: tuple[str, ...]
-    changed: tuple[str, ...]
-    removed: tuple[str, ...]
+class RepositoryChanges(Generic[K]):
+    added: tuple[K, ...]
+    changed: tuple[K, ...]
+    removed: tuple[K, ...]
 
     def __bool__(self) -> bool:
         return bool(self.added or self.changed or self.removed)
 
 
-def diff(old: dict[str, ModelFingerprint], new: dict[str, ModelFingerprint]) -> RepositoryChanges:
+def diff(old: Mapping[K, ModelFingerprint], new: Mapping[K, ModelFingerprint]
+         ) -> RepositoryChanges[K]:
     return RepositoryChanges(
         added=tuple(sorted(set(new) - set(old))),
         changed=tuple(sorted(n for n in set(new) & set(old) if new[n] != old[n])),

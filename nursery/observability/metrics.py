@@ -27,6 +27,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
 
 from nursery.observability.custom_metrics import KIND_NAMES, FamilySnapshot
 from nursery.observability.exposition import generate_text, number
@@ -187,6 +188,10 @@ class Scrape:
     # --model-load-on-demand / --model-load-budget: model -> loads on demand, unloads
     demand_loads: Mapping[str, int] = field(default_factory=dict)
     evictions: Mapping[str, int] = field(default_factory=dict)
+    # --model-namespacing: the model of an entry (its identifier, `<namespace>::<name>`) ->
+    # (namespace, name); its series are labelled model=<name> and namespace=<namespace>, as
+    # Triton labels a model of a namespace
+    namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _custom_families(families: Sequence[FamilySnapshot]) -> Iterator[Metric]:
@@ -238,7 +243,19 @@ class TritonCollector:
         )
         for family in families:
             if family is not None and family.samples:
+                if scrape.namespaces:
+                    family.samples = [_namespaced(s, scrape.namespaces) for s in family.samples]
                 yield family
+
+
+def _namespaced(sample: Sample, namespaces: Mapping[str, tuple[str, str]]) -> Sample:
+    """A sample of a model of a namespace labelled as Triton labels it: its name, and its
+    namespace (labels in name order, as Triton's)."""
+    found = namespaces.get(sample.labels.get("model", ""))
+    if found is None:
+        return sample
+    labels = {**sample.labels, "model": found[1], "namespace": found[0]}
+    return sample._replace(labels=dict(sorted(labels.items())))
 
 
 class MetricsEndpoint:

@@ -77,6 +77,9 @@ class EnsemblePlan:
         field(default_factory=dict)
     output_reshape: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = \
         field(default_factory=dict)
+    # with --model-namespacing, the ensemble's own namespace: its steps' models are looked up
+    # there first (None: by name alone)
+    namespace: str | None = None
 
     @staticmethod
     def build(name: str, inputs: Iterable[str], outputs: Iterable[str],

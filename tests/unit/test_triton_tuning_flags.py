@@ -17,7 +17,7 @@ def test_triton_tuning_flags_used_by_its_qa_scripts_are_accepted_and_reported():
 
 def test_triton_start_flags_are_read():
     """--model-config-name, --reuse-*-port, --grpc-infer-response-compression-level and
-    --model-load-retry-count take effect; --model-namespacing=true is reported not active."""
+    --model-load-retry-count and --model-namespacing take effect."""
     import pytest
 
     from nursery.settings import FlagError, settings_from_args
@@ -30,8 +30,9 @@ def test_triton_start_flags_are_read():
     assert settings.reuse_http_port and settings.reuse_grpc_port
     assert settings.grpc_response_compression == "medium"
     assert settings.model_load_retry_count == 3
-    assert "--model-namespacing" not in settings.inactive  # false is what nursery does
-    assert "--model-namespacing" in settings_from_args(["--model-namespacing=true"]).inactive
+    assert not settings.model_namespacing and "--model-namespacing" not in settings.inactive
+    namespaced = settings_from_args(["--model-namespacing=true"])
+    assert namespaced.model_namespacing and "--model-namespacing" not in namespaced.inactive
     assert settings_from_args([]).model_config_name == ""
     for bad in (["--model-config-name=a b"], ["--model-config-name="],
                 ["--model-config-name", ""], ["--model-load-retry-count=-1"],

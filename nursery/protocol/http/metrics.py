@@ -32,23 +32,25 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
         elif scope["method"] not in ("GET", "HEAD"):
             status, body, ctype = 405, b"Method Not Allowed", b"text/plain"
         else:
-            entries = await core.model_statistics()
+            versions = await core.version_statistics()
+            entries = [(key, h.version_str, snap) for key, _, h, snap in versions]
+            namespaces = {key: (entry.namespace, entry.name)
+                          for key, entry, _, _ in versions if entry.namespace}
             cached: set[tuple[str, str]] = set()
             decoupled: dict[tuple[str, str], tuple[float, ...]] = {}
-            if core.cache is not None or options.histogram_latencies:
-                for m, v, _ in entries:
-                    config = core.resolve(m, v).config
-                    if core.cache is not None and config.uses_response_cache:
-                        cached.add((m, v))
-                    if options.histogram_latencies and config.decoupled:
-                        decoupled[(m, v)] = config.first_response_buckets
+            for key, _, handle, _ in versions:
+                config, v = handle.config, handle.version_str
+                if core.cache is not None and config.uses_response_cache:
+                    cached.add((key, v))
+                if options.histogram_latencies and config.decoupled:
+                    decoupled[(key, v)] = config.first_response_buckets
             totals = await core.cache_totals()  # None without a cache
             demand = core.demand
             body = endpoint.render(metrics.Scrape(
                 entries, sampler.latest, frozenset(cached), totals, decoupled,
                 core.faults.snapshot(), core.client.custom_metrics.snapshot(),
                 core.load_durations(), dict(demand.demand_loads) if demand else {},
-                dict(demand.evictions) if demand else {}))
+                dict(demand.evictions) if demand else {}, namespaces))
             status, ctype = 200, CONTENT_TYPE
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype)]})

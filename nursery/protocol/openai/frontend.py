@@ -225,9 +225,10 @@ class OpenAIFrontend:
 
     def models(self) -> list[dict[str, Any]]:
         out = []
-        for name, entry in sorted(self.core.directory.table.models.items()):
+        for _, entry in sorted(self.core.directory.table.models.items()):
             if entry.latest is None:
                 continue
+            name = entry.name
             names = [name]
             sep = self.options.lora_separator
             if sep:
@@ -237,13 +238,19 @@ class OpenAIFrontend:
                     for n in names]
         return out
 
+    def _unknown(self, name: str) -> bool:
+        try:
+            return self.core.directory.entry(name) is None
+        except NurseryError:  # a name several models hold (--model-namespacing)
+            return False
+
     async def _model(self, requested: str) -> tuple[ModelHandle, str | None]:
         """The model a request names, and its LoRA (``<model><sep><lora>``)."""
         name, lora = requested, None
         sep = self.options.lora_separator
         # a model whose own name holds the separator ("tiny_llm" with "_") is that model;
         # otherwise "<model><sep><lora>", split once as Triton's frontend splits it
-        if sep and self.core.directory.entry(requested) is None:
+        if sep and self._unknown(requested):
             parts = requested.split(sep)
             if len(parts) == 2:
                 name, lora = parts
