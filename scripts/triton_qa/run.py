@@ -159,13 +159,14 @@ SHIMS["go"] = ('if [ "$1" = install ] && [[ "$2" == github.com/grpc-ecosystem/gr
                '> "$GOPATH/bin/grpc-health-probe" && chmod +x "$GOPATH/bin/grpc-health-probe" && '
                'echo "nursery-qa: go install $2: the harness\'s stand-in" >&2; exit $?; fi; '
                'echo "nursery-qa: refused: go $* (nothing is fetched at test time)" >&2; exit 1')
-# `cp` of a model from data/ that cannot exist here (TensorRT `plan_*`, OpenVINO, TensorFlow:
-# not generated on this machine) is skipped with a log line, and the rest of the command runs:
-# scripts copy such models under `set -e` (L0_input_validation, L0_lifecycle) and would stop
-# there; the cases that use those models then fail as they should
+# `cp` of a model that cannot exist here (TensorRT `plan_*`, OpenVINO, TensorFlow: not
+# generated on this machine), from data/ or from a script's own copy of it, is skipped with a
+# log line, and the rest of the command runs: scripts copy such models under `set -e`
+# (L0_input_validation, L0_lifecycle, L0_large_payload) and would stop there; the cases that
+# use those models then fail as they should
 SHIMS["cp"] = ('real=$(PATH=/usr/bin:/bin command -v cp); args=(); n=0; skipped=; '
                'for a in "$@"; do '
-               'if [[ "$a" == "$NURSERY_QA_WORK"/data/* ]] && [ ! -e "$a" ] && '
+               'if [ ! -e "$a" ] && '
                '[[ "$(basename "$a")" =~ ^(plan|openvino|graphdef|savedmodel)_ ]]; then '
                'echo "nursery-qa: skipped: cp $a (a TensorRT, OpenVINO or TensorFlow model, '
                'not generated here)" >&2; skipped=1; continue; fi; '
@@ -236,11 +237,19 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(qa)
-    write_exec(opt / "bin" / "tritonserver",
-               f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
     (data / VERSION).mkdir(parents=True, exist_ok=True)
     for what in container_models(triton, work, checkouts):
         print(f"prepare: not available: {what}", file=sys.stderr)
+    write_launchers(work)
+
+
+def write_launchers(work: Path) -> None:
+    """The `tritonserver` stand-in's launcher (this checkout's standin.py) and the shims:
+    written by every run, --reuse too, so a kept tree never runs another checkout's."""
+    opt = work / "opt" / "tritonserver"
+    (opt / "bin").mkdir(parents=True, exist_ok=True)
+    write_exec(opt / "bin" / "tritonserver",
+               f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
     shims = work / "shims"
     shims.mkdir(exist_ok=True)
     git = shutil.which("git") or "/usr/bin/git"
@@ -608,6 +617,8 @@ def main() -> None:
     if not (args.reuse and (work / "qa").exists()):
         prepare(args.triton_server.resolve(), work,
                 args.checkouts.resolve() if args.checkouts else None)
+    else:
+        write_launchers(work)
     if args.generate:
         with open(work / "generate.log", "w") as log:
             generate(work, environment(work, work / "generate.cases.jsonl", ""), log)
