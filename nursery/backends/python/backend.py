@@ -51,6 +51,7 @@ from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import PYTHON_BASED_RUNTIME, ModelConfig
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
+from nursery.execution.reshape import outputs_in_dims
 from nursery.messages import InferWork, Part, Rescheduled
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.thread_context import bind_context, current_context, current_token
@@ -193,7 +194,8 @@ class PythonInstance:
     # -- answers -----------------------------------------------------------------------------
 
     def convert(self, response: Any, request: InferenceRequest) -> InferenceResponse | NurseryError:
-        """A model's ``InferenceResponse`` as nursery's response, or its error."""
+        """A model's ``InferenceResponse`` as nursery's response, or its error; every answer
+        of the model passes here (returned by ``execute`` or sent by its response sender)."""
         if not isinstance(response, pb_utils.InferenceResponse):
             return InternalError(
                 "Expected an 'InferenceResponse' object in the execute function return list, "
@@ -214,7 +216,10 @@ class PythonInstance:
             except NurseryError as exc:
                 return InternalError(f"model '{self.model_name}' output '{tensor.name()}': "
                                      f"{exc.message}")
-        return InferenceResponse(self.model_name, self.version, outputs, id=request.id,
+        # in their configured dims (an output with a `reshape`), as Triton's core reports
+        # every response's outputs: returned, sent, streamed by a decoupled model
+        return InferenceResponse(self.model_name, self.version,
+                                 outputs_in_dims(outputs, self.config), id=request.id,
                                  parameters=dict(response._parameters))
 
     def _failure(self, exc: BaseException) -> NurseryError:
