@@ -4,7 +4,9 @@ AddOutput): a decoupled Python model's streamed responses, a response a non-deco
 sends through its response sender, the answers a BLS caller reads from a decoupled model, and
 a decoupled step's answers inside an ensemble, which the next step (a real ONNX or LibTorch
 model whose input has the output's dims) takes as they come. Each model makes its output in
-the reshape's shape [2, 2] and reads its input (dims [4], reshape [2, 2]) in that shape."""
+the reshape's shape [2, 2] and reads its input (dims [4], reshape [2, 2]) in that shape.
+The answers a model sends through its response sender get the classes their request asks
+for too, as Triton's frontends classify every response, streamed ones included."""
 
 from __future__ import annotations
 
@@ -131,13 +133,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 X = np.array([[1, 2, 3, 4]], np.float32)
 
 
-def _stream(server: ServerProcess, model: str, count: int) -> list[np.ndarray]:
+def _stream(server: ServerProcess, model: str, count: int,
+            class_count: int = 0) -> list[np.ndarray]:
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
         client.start_stream(lambda result, error: answers.put((result, error)))
         inp = grpcclient.InferInput("IN", [1, 4], "FP32")
         inp.set_data_from_numpy(X)
-        client.async_stream_infer(model, [inp])
+        outputs = ([grpcclient.InferRequestedOutput("OUT", class_count=class_count)]
+                   if class_count else None)
+        client.async_stream_infer(model, [inp], outputs=outputs)
         got = [answers.get(timeout=60) for _ in range(count)]
         client.stop_stream()
     assert all(error is None for _, error in got), got
@@ -174,3 +179,15 @@ def test_a_decoupled_step_feeds_the_next_in_dims(server: ServerProcess, ensemble
     assert [o.shape for o in outs] == [(1, 4), (1, 4)]
     np.testing.assert_array_equal(outs[0], X)
     np.testing.assert_array_equal(outs[1], X * 2)
+
+
+def test_sent_answers_are_classified(server: ServerProcess) -> None:
+    outs = _stream(server, "streamer", 2, class_count=2)
+    assert [o.tolist() for o in outs] == [[[b"4.000000:3", b"3.000000:2"]],
+                                          [[b"8.000000:3", b"6.000000:2"]]]
+    with httpclient.InferenceServerClient(server.url) as client:
+        inp = httpclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(X)
+        got = client.infer("sender", [inp], outputs=[
+            httpclient.InferRequestedOutput("OUT", class_count=1)])
+    assert got.as_numpy("OUT").tolist() == [[b"4.000000:3"]]
