@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,12 @@ from nursery.config.warmup import WarmupSample
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError, Unavailable
 from nursery.execution import batch as batching
 from nursery.execution.classification import classify_response
+from nursery.execution.reshape import converted
 from nursery.execution.sequence import SlotStates
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots, Rescheduled
 from nursery.observability.stats import BatchReport
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import DedicatedThread
-from nursery.scheduling.ensemble_plan import convert_dims
 from nursery.scheduling.rate_limit_policy import ResourceNeed
 from nursery.types import InferenceResponse, Tensor
 
@@ -162,8 +162,9 @@ def _requests_answered(batch: ExecuteBatch, responses: list[Any] | NurseryError,
     failed = isinstance(responses, NurseryError) or any(  # an answered error: executed, a
         isinstance(r, NurseryError) and not isinstance(r, AnsweredError)  # success to Triton
         for r in responses)
-    responses = _classified(batch, _in_dims(responses, config), config)  # after: Triton's
-    # frontend classifies
+    # outputs with a `reshape` are in their dims already: the backend's answers are converted
+    # where it makes them (execution/reshape.py), its sender's too
+    responses = _classified(batch, responses, config)
     return responses, _report(batch, not failed, t0, t0, t1, t1)  # all of it is "infer"
 
 
@@ -183,47 +184,11 @@ def _normalized(work: Any, config: ModelConfig) -> Any:
         for name, t in w.request.inputs.items():
             spec = reshaped.get(name)
             if spec is not None and spec.reshape is not None:
-                inputs[name] = _converted(t, spec.dims, spec.reshape, batching)
+                inputs[name] = converted(t, spec.dims, spec.reshape, batching)
                 changed = changed or inputs[name] is not t
         out.append(dataclasses.replace(w, request=dataclasses.replace(w.request, inputs=inputs))
                    if changed else w)
     return type(work)(out) if isinstance(work, tuple) else out
-
-
-def _in_dims(responses: list[Any] | NurseryError,
-             config: ModelConfig) -> list[Any] | NurseryError:
-    """An answer's outputs that have a `reshape` in the model's configuration, in their dims:
-    a model that takes whole requests (a Python model) makes them in the reshape's shape, and
-    Triton's response reports them in the configured dims (InferenceResponse::AddOutput), the
-    batch dim kept, variable dims filled in order. An output that does not fit is left as the
-    model made it."""
-    if isinstance(responses, NurseryError):
-        return responses
-    reshaped = config.reshaped_outputs
-    if not reshaped:
-        return responses
-    batching = config.max_batch_size > 0
-    for response in responses:
-        if not isinstance(response, InferenceResponse):
-            continue
-        outputs = []
-        for t in response.outputs:
-            spec = reshaped.get(t.name)
-            if spec is not None and spec.reshape is not None:
-                t = _converted(t, spec.reshape, spec.dims, batching)
-            outputs.append(t)
-        response.outputs = outputs
-    return responses
-
-
-def _converted(t: Tensor, from_dims: Sequence[int], to_dims: Sequence[int],
-               batching: bool) -> Tensor:
-    """``t`` from one configured shape to the other (``convert_dims``); ``t`` itself when the
-    shape stays as it is."""
-    shape = convert_dims(tuple(t.shape), from_dims, to_dims, batching)
-    if shape == tuple(t.shape):
-        return t
-    return Tensor(t.name, t.datatype, shape, np.asarray(t.data).reshape(shape))
 
 
 def _classified(batch: ExecuteBatch, responses: list[Any] | NurseryError,

@@ -76,7 +76,6 @@ def batch_input(spec: BatchInputSpec, requests: Sequence[InferenceRequest]) -> n
     WITH_ZERO, [requests + 1] from 0), a tensor whose shape is the largest count
     (BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, zeros), each batch item's shape without the batch dim
     (BATCH_ITEM_SHAPE, [items, rank - 1]; FLATTEN, one row)."""
-    dtype = np.float32 if spec.datatype is DataType.FP32 else np.int32
     shapes = []
     for r in requests:
         tensor = r.inputs.get(spec.source)
@@ -84,6 +83,14 @@ def batch_input(spec: BatchInputSpec, requests: Sequence[InferenceRequest]) -> n
             raise InternalError(f"batch input '{spec.targets[0] if spec.targets else ''}' "
                                 f"needs input '{spec.source}' from every request")
         shapes.append(tuple(tensor.shape))
+    return batch_input_of_shapes(spec, shapes)
+
+
+def batch_input_of_shapes(spec: BatchInputSpec,
+                          shapes: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """:func:`batch_input` from the ``source`` input's shape in each request of the batch
+    (a sequence batch's padding rows included, in the shape Triton's null request copies)."""
+    dtype = np.float32 if spec.datatype is DataType.FP32 else np.int32
     counts = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
     kind = spec.kind
     if kind == "BATCH_ELEMENT_COUNT":

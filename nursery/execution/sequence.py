@@ -7,6 +7,14 @@ returned for that slot last time; after the run the slot keeps the model's state
 an END row (or a ``ReleaseSlots`` notice for an idle or ended sequence) drops it. Padding rows
 (``direct`` strategy, a slot with nothing queued) get zero inputs, READY false, and leave the
 slot's state untouched.
+
+Ragged inputs (``allow_ragged_batch``) of a model that takes arrays (ONNX Runtime, LibTorch)
+reach it flattened over the rows, as Triton's backends flatten them over a batch's requests:
+each request's elements one after another, a padding row's zeros in the shape of the batch's
+first request (Triton's null request copies that request). The control, correlation ID and
+state inputs keep one row per slot; ``batch_input`` tensors count every row, padding included;
+a ``BATCH_SCATTER_WITH_INPUT_SHAPE`` output loses the padding rows' parts before it is cut
+back per request.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from nursery.config.sequence import END, READY, START, SequenceConfig
 from nursery.errors import InternalError, InvalidArgument
 from nursery.execution import batch as batching
 from nursery.scheduling.sequence_policy import SlotRow
-from nursery.types import DataType, InferenceRequest, InferenceResponse
+from nursery.types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 
 def check_request(request: InferenceRequest, config: ModelConfig, batch_size: int) -> None:
@@ -83,22 +91,22 @@ class SlotStates:
         for spec in config.inputs if data else ():
             if spec.name not in first.inputs:
                 continue
-            template = first.inputs[spec.name].data
-            parts = []
-            for row in rows:
-                if row.ready:
-                    tensor = requests[row.item].inputs.get(spec.name)
-                    if tensor is None:
-                        raise InternalError(f"optional input '{spec.name}' is given by only "
-                                            "some requests of a batch")
-                    parts.append(tensor.data)
-                else:
-                    parts.append(np.zeros_like(template))
+            parts = [np.asarray(t.data) if t is not None else np.zeros(shape, t_dtype)
+                     for t, shape, t_dtype in self._row_tensors(requests, rows, spec.name)]
+            if spec.ragged:  # flattened over the rows, padding rows' zeros among them, as
+                # Triton's backends flatten a ragged input over the batch's requests
+                arrays[spec.name] = np.concatenate([p.reshape(-1) for p in parts])
+                continue
             array = parts[0] if n == 1 else np.concatenate(parts, axis=0)
             if spec.reshape is not None:
                 target = (array.shape[0], *spec.reshape) if self.batching else spec.reshape
                 array = array.reshape(target)
             arrays[spec.name] = array
+        for made in config.batch_inputs if data else ():
+            shapes = [shape for _, shape, _ in self._row_tensors(requests, rows, made.source)]
+            made_array = batching.batch_input_of_shapes(made, shapes)
+            for name in made.targets:
+                arrays[name] = made_array
         for control in self.seq.controls:
             values = [self._flag(control.kind, row) for row in rows]
             arrays[control.name] = self._control(
@@ -121,6 +129,27 @@ class SlotStates:
             else:
                 arrays[state.input_name] = parts[0]
         return arrays
+
+    def _row_tensors(self, requests: Sequence[InferenceRequest], rows: Sequence[SlotRow],
+                     name: str) -> list[tuple[Tensor | None, tuple[int, ...], np.dtype[Any]]]:
+        """Input ``name`` of each row: a ready row's tensor with its shape, and for a padding
+        row ``None`` with the shape and type of the batch's first request's (Triton's null
+        request copies that request's input shapes and fills them with zeros)."""
+        template = requests[0].inputs.get(name)
+        if template is None:
+            raise InternalError(f"input '{name}' is not given by the first request of a batch")
+        blank = np.asarray(template.data).dtype
+        out: list[tuple[Tensor | None, tuple[int, ...], np.dtype[Any]]] = []
+        for row in rows:
+            if not row.ready:
+                out.append((None, tuple(template.shape), blank))
+                continue
+            tensor = requests[row.item].inputs.get(name)
+            if tensor is None:
+                raise InternalError(f"optional input '{name}' is given by only some requests "
+                                    "of a batch")
+            out.append((tensor, tuple(tensor.shape), blank))
+        return out
 
     def _flag(self, kind: str, row: SlotRow) -> bool:
         if kind == READY:
@@ -169,6 +198,26 @@ class SlotStates:
         real = [i for i, row in enumerate(rows) if row.ready]
         if len(real) != len(rows) and self.batching:
             keep = np.array(real)
-            results = {name: np.asarray(array)[keep] for name, array in results.items()}
+            results = {name: self._scattered_without_padding(requests, rows, name, array)
+                       if name in self.config.batch_scatter else np.asarray(array)[keep]
+                       for name, array in results.items()}
         return batching.split_outputs(requests, [1] * len(requests), results, self.config,
                                       version)
+
+    def _scattered_without_padding(self, requests: Sequence[InferenceRequest],
+                                   rows: Sequence[SlotRow], name: str,
+                                   array: np.ndarray) -> np.ndarray:
+        """A BATCH_SCATTER_WITH_INPUT_SHAPE output with the padding rows' parts taken out:
+        every row has as many elements as its source input (a padding row's, the first
+        request's), one row after another; the ready rows' parts are left, in order."""
+        flat = np.asarray(array).reshape(-1)
+        source = self.config.batch_scatter[name]
+        counts = [int(np.prod(shape, dtype=np.int64))
+                  for _, shape, _ in self._row_tensors(requests, rows, source)]
+        if sum(counts) != flat.size:
+            raise InternalError(
+                f"model '{self.config.name}' output '{name}' has {flat.size} elements, the "
+                f"batch output needs {sum(counts)} (the elements of input '{source}')")
+        bounds = np.cumsum([0, *counts])
+        return np.concatenate([flat[bounds[i]:bounds[i + 1]]
+                               for i, row in enumerate(rows) if row.ready])

@@ -21,6 +21,7 @@ from nursery.errors import NurseryError
 from nursery.protocol.codecs import binary_tensor
 from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.protocol.codecs.status import http_error
+from nursery.types import DataType
 
 LIMIT = 1 << 26
 _GOOD = {"name": "X", "datatype": "INT32", "shape": [2], "data": [1, 2]}
@@ -179,3 +180,11 @@ def test_too_many_and_too_few_elements_have_tritons_two_messages(datatype: str,
                               "'data' field")
     assert status(1) == (500, "Failed to parse 'data' field: shape does not match true shape")
     assert status(2) == (200, "")
+
+
+def test_a_number_past_fp32_range_is_infinity() -> None:
+    """As Triton's cast of the parsed double to float (hypothesis found numpy's overflow
+    warning through the generate endpoint's `temperature`)."""
+    array = json_codec.json_array([3.4028235677973366e38, -1e39, 1.5], DataType.FP32,
+                                  (3,), "x", 3)
+    assert array.tolist() == [float("inf"), float("-inf"), 1.5]

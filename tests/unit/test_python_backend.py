@@ -219,7 +219,7 @@ class _Instance:
     def __init__(self, decoupled: bool) -> None:
         self.decoupled = decoupled
 
-    def convert(self, response: Any, request: Any) -> Any:
+    def convert(self, response: Any, request: Any, sent: bool = False) -> Any:
         return response
 
 

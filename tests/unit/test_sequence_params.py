@@ -75,6 +75,8 @@ class _Config:
         self.inputs = ()
         self.outputs = ()
         self.output_map: dict[str, Any] = {}
+        self.batch_inputs = ()
+        self.batch_scatter: dict[str, str] = {}
         self.name = "m"
 
 
@@ -122,6 +124,7 @@ def test_slot_state_tensors_without_the_data_inputs() -> None:
     class _Spec:
         name = "X"
         reshape = None
+        ragged = False  # an array batch joins it on the batch dim
 
     seq = SequenceConfig(
         SequenceSchedule(),

@@ -51,6 +51,8 @@ from nursery.backends.python.sender import ResponseSender
 from nursery.config.json_form import ConfigJsonError, config_to_json, message_from_json
 from nursery.config.model import PYTHON_BASED_RUNTIME, ModelConfig
 from nursery.errors import AnsweredError, ConfigError, InternalError, NurseryError
+from nursery.execution.classification import classify_response
+from nursery.execution.reshape import outputs_in_dims
 from nursery.messages import InferWork, Part, Rescheduled
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.thread_context import bind_context, current_context, current_token
@@ -192,8 +194,13 @@ class PythonInstance:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def convert(self, response: Any, request: InferenceRequest) -> InferenceResponse | NurseryError:
-        """A model's ``InferenceResponse`` as nursery's response, or its error."""
+    def convert(self, response: Any, request: InferenceRequest,
+                sent: bool = False) -> InferenceResponse | NurseryError:
+        """A model's ``InferenceResponse`` as nursery's response, or its error; every answer
+        of the model passes here (returned by ``execute`` or sent by its response sender).
+        ``sent``: an answer of the response sender, which goes to the requester from here, so
+        it gets the classes its request asks for here too (the instance worker classifies
+        returned answers; Triton's frontends classify every response, streamed ones too)."""
         if not isinstance(response, pb_utils.InferenceResponse):
             return InternalError(
                 "Expected an 'InferenceResponse' object in the execute function return list, "
@@ -214,8 +221,12 @@ class PythonInstance:
             except NurseryError as exc:
                 return InternalError(f"model '{self.model_name}' output '{tensor.name()}': "
                                      f"{exc.message}")
-        return InferenceResponse(self.model_name, self.version, outputs, id=request.id,
-                                 parameters=dict(response._parameters))
+        # in their configured dims (an output with a `reshape`), as Triton's core reports
+        # every response's outputs: returned, sent, streamed by a decoupled model
+        answer = InferenceResponse(self.model_name, self.version,
+                                   outputs_in_dims(outputs, self.config), id=request.id,
+                                   parameters=dict(response._parameters))
+        return classify_response(request, answer, self.config) if sent else answer
 
     def _failure(self, exc: BaseException) -> NurseryError:
         what = str(exc) if isinstance(exc, _Refused) else describe(exc)

@@ -192,7 +192,8 @@ def _get_trace(value: Any) -> Any:
 def _put_request(w: _Writer, request: InferenceRequest) -> tuple[Any, ...]:
     return (request.model_name, request.model_version,
             [w.add(t) for t in request.inputs.values()],
-            [o.name for o in request.requested_outputs], request.id, dict(request.parameters),
+            [(o.name, o.classification) for o in request.requested_outputs], request.id,
+            dict(request.parameters),
             request.sequence_id, request.sequence_start, request.sequence_end,
             request.priority, request.timeout_us, _put_trace(request.trace))
 
@@ -202,7 +203,7 @@ def _get_request(r: _Reader, value: tuple[Any, ...]) -> InferenceRequest:
      trace) = value
     tensors = {t.name: t for t in (r.tensor(d) for d in inputs)}
     return InferenceRequest(model, version, tensors,
-                            requested_outputs=tuple(RequestedOutput(n) for n in outputs),
+                            requested_outputs=tuple(RequestedOutput(n, k) for n, k in outputs),
                             id=rid, parameters=params, sequence_id=seq, sequence_start=start,
                             sequence_end=end, priority=priority, timeout_us=timeout,
                             trace=_get_trace(trace))

@@ -34,7 +34,7 @@ class Answers(Protocol):
     decoupled: bool
     model_name: str
 
-    def convert(self, response: Any, request: InferenceRequest
+    def convert(self, response: Any, request: InferenceRequest, sent: bool = False
                 ) -> InferenceResponse | NurseryError: ...
 
 
@@ -86,7 +86,7 @@ class ResponseSender:
             if decoupled:
                 self._deliver(Part(None, None, True))
             return  # not decoupled: its one response went when it was sent
-        answer = self._instance.convert(response, self._request)
+        answer = self._instance.convert(response, self._request, sent=True)
         if not decoupled:
             self._deliver(answer)
         elif isinstance(answer, NurseryError):

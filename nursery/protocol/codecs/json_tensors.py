@@ -145,7 +145,10 @@ def _json_array(data: Any, datatype: DataType, shape: tuple[int, ...], name: str
     if arr.size < count:  # read every element, then found too few
         raise InternalError(_SHORT)
     try:
-        return arr.astype(datatype.numpy_dtype, copy=False).reshape(shape)
+        # a number past FP32's (or FP16's) range becomes infinity, as Triton's C++ cast of the
+        # parsed double gives it; numpy would warn
+        with np.errstate(over="ignore"):
+            return arr.astype(datatype.numpy_dtype, copy=False).reshape(shape)
     except (ValueError, OverflowError) as exc:
         raise InvalidArgument(f"input '{name}': {exc}") from None
 
