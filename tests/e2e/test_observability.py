@@ -421,12 +421,20 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
         result, error = answers.get(timeout=30)
         assert error is None and result.as_numpy("OUTPUT0") is not None
         grpc.stop_stream()
+        # a stream without a context: its requests are sampled by rate, the second of these
+        # two (the fourth request counted), and traced from the stream's read to its write
+        grpc.start_stream(lambda result, error: answers.put((result, error)))
+        for request_id in ("stream-unsampled", "stream-sampled"):
+            grpc.async_stream_infer("add_sub", _add_sub_inputs(grpcclient),
+                                    request_id=request_id)
+            assert answers.get(timeout=30)[1] is None
+        grpc.stop_stream()
         grpc.close()
         deadline = time.monotonic() + 20
-        while len(collector.spans) < 12 and time.monotonic() < deadline:
+        while len(collector.spans) < 15 and time.monotonic() < deadline:
             time.sleep(0.1)
         spans = [s for _, s in collector.spans]
-        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 4)
+        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 5)
         assert {r["service.name"] for r, _ in collector.spans} == {"nursery-test"}
         by_id = {s.span_id: s for s in spans}
         for s in spans:
@@ -449,9 +457,21 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
         for request_id, span in (("grpc", grpc_span), ("stream", stream_span)):
             assert tops[request_id].trace_id.hex() == parent_trace, request_id
             assert tops[request_id].parent_span_id.hex() == span, request_id
-        assert tops["sampled"].parent_span_id == b""
-        assert [e.name for e in tops["sampled"].events] == [
-            "HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START"]
+        assert tops["sampled"].parent_span_id == tops["stream-sampled"].parent_span_id == b""
+        # the top span's events: the frontend's, its send's end included (the trace ends
+        # once the answer is written), in the order they happen, as Triton's
+        http_top = ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE",
+                    "HTTP_SEND_START", "HTTP_SEND_END"]
+        grpc_top = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE",
+                    "GRPC_SEND_START", "GRPC_SEND_END"]
+        for request_id, names in (("sampled", http_top), ("propagated", http_top),
+                                  ("grpc", grpc_top), ("stream", grpc_top),
+                                  ("stream-sampled", grpc_top)):
+            events = tops[request_id].events
+            assert [e.name for e in events] == names, request_id
+            stamps = [e.time_unix_nano for e in events]
+            assert stamps == sorted(stamps), request_id
+            assert tops[request_id].end_time_unix_nano == stamps[-1], request_id
     finally:
         collector.close()
 
