@@ -225,7 +225,7 @@ class Trace:
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "tensors",
                  "traceparent", "parent_id", "otel_trace_id", "span_id", "parent_span_id",
-                 "_sink", "_tensor_level", "__weakref__")
+                 "_sink", "_tensor_level", "_held", "_finished", "__weakref__")
 
     def __init__(self, trace_id: int, model_name: str, sink: Any, tensors: bool) -> None:
         self.id = trace_id
@@ -244,6 +244,8 @@ class Trace:
         self.parent_span_id = 0
         self._sink = sink
         self._tensor_level = tensors
+        self._held = 0  # batches on an instance that carry the request
+        self._finished = False
 
     def context(self) -> str | None:
         """The OpenTelemetry context of the request's span, as JSON (Triton's
@@ -270,7 +272,22 @@ class Trace:
             "dtype": datatype}})
 
     def finish(self) -> None:
-        self._sink.add(self)
+        """The request is done with, for whoever started the trace. While an instance still
+        computes it (its client left), the trace goes to its sink when the instance is done,
+        with the compute stamps, as Triton's lives until its request is released."""
+        self._finished = True
+        if not self._held:
+            self._sink.add(self)
+
+    def hold(self) -> None:
+        """An instance took the request (trio thread)."""
+        self._held += 1
+
+    def release(self) -> None:
+        """The instance is done with it (trio thread): a trace finished meanwhile goes now."""
+        self._held -= 1
+        if not self._held and self._finished:
+            self._sink.add(self)
 
     def records(self) -> list[dict[str, Any]]:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name,

@@ -288,8 +288,10 @@ def test_trace_settings_and_trace_file(obs_server: ServerProcess) -> None:
     stamps = [[t["name"] for t in r["timestamps"]] for r in records if "timestamps" in r]
     core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
             "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
-    assert stamps[0] == ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START"]
-    assert stamps[1] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core, "GRPC_SEND_START"]
+    assert stamps[0] == ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START",
+                         "HTTP_SEND_END"]
+    assert stamps[1] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core, "GRPC_SEND_START",
+                         "GRPC_SEND_END"]
     for r in records:
         if "timestamps" in r:
             ns = [t["ns"] for t in r["timestamps"]]
@@ -644,3 +646,91 @@ def test_decoupled_response_stats_and_first_response_histogram(tmp_path: Path,
     assert m[(f"{fam}_sum", _mv("py_repeat"))] > 0
     http.close()
     grpc.close()
+
+
+_SLEEPY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            time.sleep(float(data.flat[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
+'''
+
+
+def test_cancelled_requests_traces_in_opentelemetry_mode(tmp_path: Path,
+                                                         start_server: Any) -> None:
+    """Triton's L0_trace cancellation cases: a gRPC call cancelled while its model computes
+    keeps its trace open until the compute ends (the compute span is there), one cancelled in
+    the queue has none; neither has the answer's events on its top span (no answer came)."""
+    import queue
+
+    repo = tmp_path / "repo"
+    (repo / "sleepy" / "1").mkdir(parents=True)
+    (repo / "sleepy" / "1" / "model.py").write_text(_SLEEPY)
+    (repo / "sleepy" / "config.pbtxt").write_text(
+        'name: "sleepy"\nbackend: "python"\nmax_batch_size: 1\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'instance_group [ { count: 1 kind: KIND_CPU } ]\ndynamic_batching { }\n')
+    collector = _Collector()
+    try:
+        server = start_server(
+            repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--trace-config", f"opentelemetry,url={collector.url}",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=100")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+        def inputs(seconds: float) -> list[Any]:
+            return _vector(grpcclient, "INPUT0", np.array([[seconds]], np.float32), "FP32")
+
+        answers: queue.Queue[Any] = queue.Queue()
+
+        def put(result: Any, error: Any) -> None:
+            answers.put(error)
+
+        running = grpc.async_infer("sleepy", inputs(1.0), put, request_id="running")
+        time.sleep(0.4)  # it computes
+        running.cancel()
+        assert "cancelled" in str(answers.get(timeout=5)).lower()
+        grpc.async_infer("sleepy", inputs(1.0), put, request_id="blocker")
+        time.sleep(0.4)
+        queued = grpc.async_infer("sleepy", inputs(0.0), put, request_id="queued")
+        time.sleep(0.2)  # it waits behind the blocker
+        queued.cancel()
+        assert "cancelled" in str(answers.get(timeout=5)).lower()
+        assert answers.get(timeout=10) is None  # the blocker's answer
+        grpc.close()
+        deadline = time.monotonic() + 20
+        while len(collector.spans) < 8 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)  # nothing more comes
+        spans = [s for _, s in collector.spans]
+        traces: dict[str, dict[str, Any]] = {}
+        for s in spans:
+            request_id = next(a.value.string_value for a in s.attributes
+                              if a.key == "triton.request_id")
+            traces.setdefault(request_id, {})[s.name] = s
+        assert {k: sorted(v) for k, v in traces.items()} == {
+            "running": ["InferRequest", "compute", "sleepy"],
+            "blocker": ["InferRequest", "compute", "sleepy"],
+            "queued": ["InferRequest", "sleepy"]}
+        for request_id in ("running", "queued"):
+            assert [e.name for e in traces[request_id]["InferRequest"].events] == [
+                "GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], request_id
+            assert [e.name for e in traces[request_id]["sleepy"].events] == [
+                "REQUEST_START", "QUEUE_START", "REQUEST_END"], request_id
+        assert [e.name for e in traces["running"]["compute"].events] == [
+            "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+        assert [e.name for e in traces["blocker"]["InferRequest"].events] == [
+            "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE",
+            "GRPC_SEND_START", "GRPC_SEND_END"]
+    finally:
+        collector.close()

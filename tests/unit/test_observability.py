@@ -208,6 +208,37 @@ def test_sampling_rate_count_and_file(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "trace.json.1").read_text())[0]["id"] == taken[2].id
 
 
+def test_a_trace_finished_while_an_instance_holds_it_is_written_when_released(
+        tmp_path: Path) -> None:
+    """A request whose client left while its model computes: the trace is written once the
+    instance is done with it, compute stamps included (Triton's trace lives until its request
+    is released)."""
+    path = tmp_path / "trace.json"
+    tm = TraceManager(TraceSettings(trace_file=str(path), trace_level=("TIMESTAMPS",),
+                                    trace_rate=1, log_frequency=1))
+    t = tm.start("m")
+    assert t is not None
+    t.stamp("REQUEST_START", 1)
+    t.hold()  # an instance took it
+    t.stamp("REQUEST_END", 2)
+    t.finish()  # its client left
+    assert not (tmp_path / "trace.json.0").exists()
+    t.stamp("COMPUTE_END", 3)
+    t.release()
+    written = json.loads((tmp_path / "trace.json.0").read_text())
+    assert [s["name"] for s in written[1]["timestamps"]] == [
+        "REQUEST_START", "REQUEST_END", "COMPUTE_END"]
+    u = tm.start("m")  # released before it finished: written at finish, once
+    assert u is not None
+    u.hold()
+    u.release()
+    assert not (tmp_path / "trace.json.1").exists()
+    u.finish()
+    assert json.loads((tmp_path / "trace.json.1").read_text())[0]["id"] == u.id
+    tm.close()
+    assert not (tmp_path / "trace.json.2").exists()
+
+
 def test_tensor_level_records_tensors(tmp_path: Path) -> None:
     import numpy as np
 

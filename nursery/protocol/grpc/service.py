@@ -206,6 +206,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
         # the regions the request reads and writes, held until its outputs are written (a
         # region unregistered meanwhile goes then, as in Triton)
         shm = self.core.shm.hold()
+        cancelled = False
         try:
             handle = await self.core.acquire(message.model_name, message.model_version)
             if handle.config.decoupled:
@@ -218,12 +219,16 @@ class InferenceService(services.GrpcInferenceServiceBase):
             request.trace = trace or False  # False: sampled here, not traced
             response = await self.core.infer(request, handle)
             return grpc_codec.encode_response(response, None, shm_outputs, shm)
+        except trio.Cancelled:  # the client left: nothing is sent
+            cancelled = True
+            raise
         finally:
             shm.release()
             self.draining.leave()
             if trace is not None:
-                trace.stamp("GRPC_SEND_START")
-                if after is None:
+                if not cancelled:
+                    trace.stamp("GRPC_SEND_START")
+                if cancelled or after is None:
                     trace.finish()
                 else:
                     after.append(trace)

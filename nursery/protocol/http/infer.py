@@ -336,6 +336,7 @@ async def infer_response(
     # the regions the request reads and writes, held until its outputs are written (a region
     # unregistered meanwhile goes then, as in Triton)
     hold = core.shm.hold()
+    cancelled = False
     try:
         handle = await core.acquire(model, version)
         try:
@@ -350,11 +351,15 @@ async def infer_response(
         return _answered(response, fmt, asked.accept)
     except NurseryError as error:
         return _failed(error, request, asked)
+    except trio.Cancelled:  # the client left: nothing is sent
+        cancelled = True
+        raise
     finally:
         hold.release()
         if trace is not None:  # the response is encoded; the server sends it next
-            trace.stamp("HTTP_SEND_START")
-            if after is None:
+            if not cancelled:
+                trace.stamp("HTTP_SEND_START")
+            if cancelled or after is None:
                 trace.finish()
             else:
                 after.append(_send_ended(trace))
