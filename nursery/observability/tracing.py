@@ -73,9 +73,11 @@ class TraceSettings:
         return "TENSORS" in self.trace_level
 
     def to_json(self) -> dict[str, Any]:
-        if self.trace_mode == "opentelemetry":  # Triton shows no file settings in this mode
+        if self.trace_mode == "opentelemetry":  # Triton shows no file settings in this mode,
+            # and its --trace-config opentelemetry,... entries (the exporter's) instead
             return {"trace_level": list(self.trace_level), "trace_rate": str(self.trace_rate),
-                    "trace_count": str(self.trace_count), "trace_mode": self.trace_mode}
+                    "trace_count": str(self.trace_count), "trace_mode": self.trace_mode,
+                    **dict(OtelSettings.reported(self.otel))}
         return {"trace_file": self.trace_file, "trace_level": list(self.trace_level),
                 "trace_rate": str(self.trace_rate), "trace_count": str(self.trace_count),
                 "log_frequency": str(self.log_frequency), "trace_mode": self.trace_mode}
@@ -446,9 +448,6 @@ class TraceManager:
 
     def update(self, model: str, changes: dict[str, Any]) -> TraceSettings:
         """Apply the extension's update (``None`` clears a setting); all or nothing."""
-        if self._otel is not None:
-            raise Unsupported("trace settings can not be updated through network protocol in "
-                              "opentelemetry trace mode")
         parsed: dict[str, Any] = {}
         for key, value in changes.items():
             if key not in KEYS:

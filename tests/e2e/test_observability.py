@@ -400,9 +400,18 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
             "--trace-config", "opentelemetry,resource=service.name=nursery-test",
             "--trace-config", "opentelemetry,bsp_schedule_delay=100")
         http = httpclient.InferenceServerClient(server.url)
-        assert http.get_trace_settings()["trace_mode"] == "opentelemetry"
-        with pytest.raises(InferenceServerException, match="opentelemetry trace mode"):
-            http.update_trace_settings(settings={"trace_rate": "1"})
+        shown = http.get_trace_settings()
+        assert shown["trace_mode"] == "opentelemetry"
+        assert "trace_file" not in shown and "log_frequency" not in shown
+        # the exporter's settings as given, and the batch span processor's defaults
+        assert shown["url"] == (collector.url if grpc_server == "nursery" else url_no_scheme)
+        assert shown["resource"] == "service.name=nursery-test"
+        assert (shown["bsp_schedule_delay"], shown["bsp_max_queue_size"],
+                shown["bsp_max_export_batch_size"]) == ("100", "2048", "512")
+        # updated as in triton mode (Triton's L0_trace test_http_trace_triggered)
+        assert http.update_trace_settings(settings={"trace_rate": "3"})["trace_rate"] == "3"
+        assert http.get_trace_settings(model_name="add_sub")["trace_rate"] == "3"
+        http.update_trace_settings(settings={"trace_rate": "2"})
         http.infer("add_sub", _add_sub_inputs(httpclient))  # rate 2: not sampled
         http.infer("add_sub", _add_sub_inputs(httpclient), request_id="sampled")
         # a propagated context is always traced, as a child of the caller's span
