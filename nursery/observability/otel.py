@@ -106,11 +106,16 @@ class OtelExporter:
         self.ids = _chosen_ids()
         self.provider = TracerProvider(resource=Resource.create(dict(settings.resource)),
                                        id_generator=self.ids)
+        # Triton's (C++) SDK takes what the Python SDK refuses: a delay of 0 (its worker then
+        # never waits; here 1 ms) and a batch larger than the queue (a batch is then at most
+        # the queue)
         self.provider.add_span_processor(BatchSpanProcessor(
             OTLPSpanExporter(endpoint=settings.endpoint),
             max_queue_size=settings.bsp_max_queue_size,
-            schedule_delay_millis=settings.bsp_schedule_delay,
-            max_export_batch_size=settings.bsp_max_export_batch_size))
+            schedule_delay_millis=settings.bsp_schedule_delay or 1,
+            max_export_batch_size=min(settings.bsp_max_export_batch_size,
+                                      settings.bsp_max_queue_size)))
+        _say_dropped_as_triton()
         self.tracer = self.provider.get_tracer("nursery")
         self.propagator = TraceContextTextMapPropagator()
         self.offset = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock
@@ -169,6 +174,22 @@ class OtelExporter:
 
     def close(self) -> None:
         self.provider.shutdown()  # flushes what is queued
+
+
+class _TritonWords(logging.Filter):
+    """The SDK's warning that its full queue drops a span, in the words Triton's (C++) SDK
+    logs (L0_trace looks for them with ``bsp_max_queue_size=1``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Queue full, dropping"):
+            record.msg, record.args = "BatchSpanProcessor queue is full - dropping span.", ()
+        return True
+
+
+def _say_dropped_as_triton() -> None:
+    sdk = logging.getLogger("opentelemetry.sdk._shared_internal")
+    if not any(isinstance(f, _TritonWords) for f in sdk.filters):
+        sdk.addFilter(_TritonWords())
 
 
 def _chosen_ids() -> Any:

@@ -353,10 +353,13 @@ class _Collector:
 
         spans: list[Any] = []
         self.spans = spans
+        self.requests = 0  # export requests received
+        collector = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                collector.requests += 1
                 message = ExportTraceServiceRequest()
                 message.ParseFromString(body)
                 for rs in message.resource_spans:
@@ -743,3 +746,41 @@ def test_cancelled_requests_traces_in_opentelemetry_mode(tmp_path: Path,
             "GRPC_SEND_START", "GRPC_SEND_END"]
     finally:
         collector.close()
+
+
+def test_batch_span_processor_settings_as_triton_takes_them(tmp_path: Path,
+                                                           start_server: Any) -> None:
+    """L0_trace's BatchSpanProcessor checks: a queue of one span (smaller than the default
+    batch) drops spans with the warning Triton's SDK logs; a schedule delay of 0 (which the
+    Python SDK refuses) exports; a batch of one span exports each span in its own request."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    common = ("--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+              "--trace-config", "rate=1")
+    for setting, requests in (("bsp_max_queue_size=1", None), ("bsp_schedule_delay=0", 1),
+                              ("bsp_max_export_batch_size=1", 3)):
+        collector = _Collector()
+        got: list[int] = []
+        try:
+            server = start_server(repo, *common, "--trace-config",
+                                  f"opentelemetry,url={collector.url}",
+                                  "--trace-config", f"opentelemetry,{setting}")
+            http = httpclient.InferenceServerClient(server.url)
+            assert http.get_trace_settings()[setting.split("=")[0]] == setting.split("=")[1]
+            http.infer("add_sub", _add_sub_inputs(httpclient))
+            http.close()
+            if requests is None:  # three spans at once into a queue of one
+                deadline = time.monotonic() + 20
+                while ("BatchSpanProcessor queue is full - dropping span." not in server.log()
+                       and time.monotonic() < deadline):
+                    time.sleep(0.1)
+                assert "BatchSpanProcessor queue is full - dropping span." in server.log()
+                continue
+            deadline = time.monotonic() + 20
+            while len(collector.spans) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            got.append(len(collector.spans))
+            assert got == [3], setting
+            assert collector.requests >= requests, setting
+        finally:
+            collector.close()
