@@ -101,7 +101,15 @@ def _int(key: str, value: Any, minimum: int) -> int:
         raise InvalidArgument(f"Unable to parse '{key}', got: {text}") from None
     if number < minimum:
         raise InvalidArgument(f"'{key}' must be >= {minimum}, got: {text}")
+    if number > _INT32_MAX:  # Triton reads them as C ints, and names its settings' range
+        top = _INT32_MAX if key == "trace_count" else _UINT32_MAX
+        raise InvalidArgument(f"Unable to parse '{key}', value is out of range [ {minimum}, "
+                              f"{top} ], got: {text}")
     return number
+
+
+_INT32_MAX = 2**31 - 1
+_UINT32_MAX = 2**32 - 1
 
 
 def parse_setting(key: str, value: Any) -> Any:

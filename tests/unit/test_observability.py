@@ -175,6 +175,13 @@ def test_model_settings_follow_global_until_set_and_clear_as_triton() -> None:
         tm.update("", {"trace_level": ["LOUD"]})
     with pytest.raises(InvalidArgument):
         tm.update("", {"trace_rate": "-1"})
+    # past a C int, as Triton reads them (L0_trace's "out of range value" checks)
+    for key, top in (("trace_count", "2147483647"), ("trace_rate", "4294967295"),
+                     ("log_frequency", "4294967295")):
+        with pytest.raises(InvalidArgument, match=rf"'{key}', value is out of range \[ -?[01], "
+                           rf"{top} \], got: 10000000000"):
+            tm.update("simple", {key: "10000000000"})
+    assert tm.update("", {"trace_rate": "2147483647"}).trace_rate == 2**31 - 1
 
 
 def test_rate_zero_samples_no_request_by_rate() -> None:
