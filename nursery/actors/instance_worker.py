@@ -34,6 +34,7 @@ from nursery.execution.reshape import converted
 from nursery.execution.sequence import SlotStates
 from nursery.messages import ExecuteBatch, InferWork, InstanceReady, ReleaseSlots, Rescheduled
 from nursery.observability.stats import BatchReport
+from nursery.observability.tracing import Trace
 from nursery.runtime.devices import InstancePlacement
 from nursery.runtime.threads import DedicatedThread
 from nursery.scheduling.rate_limit_policy import ResourceNeed
@@ -95,6 +96,18 @@ def _stamp(batch: ExecuteBatch, *stamps: tuple[str, int]) -> None:
         if trace:
             for name, ns in stamps:
                 trace.stamp(name, ns)
+
+
+def _traces(batch: ExecuteBatch, held: bool) -> None:
+    """The batch's traced requests are held while it runs (trio thread): a request whose
+    client leaves meanwhile keeps its trace open for the compute stamps."""
+    for w in batch.work:
+        trace = w.request.trace
+        if isinstance(trace, Trace):
+            if held:
+                trace.hold()
+            else:
+                trace.release()
 
 
 def _report(batch: ExecuteBatch, succeeded: bool, t0: int, t1: int, t2: int,
@@ -445,6 +458,7 @@ async def run(
         # runs on the trio thread (DedicatedThread.submit), no task switch
         if running.pop(id(batch), None) is None:
             return  # abandoned: its requests were answered already
+        _traces(batch, held=False)
         if limiter is not None:
             limiter.release(limit_key)
             batch_done.set()
@@ -487,6 +501,7 @@ async def run(
         if alone:            # still on the thread (one instance answers in FIFO order)
             all_done = trio.Event()
         running[id(batch)] = batch
+        _traces(batch, held=True)
         if alone and inline.take(batch, *_quiet(client, config.name, batch)):
             t0 = time.monotonic_ns()
             result = outcome.capture(runner, backend, config, version, batch,  # type: ignore[call-overload]
@@ -692,4 +707,5 @@ def _abandon(config: ModelConfig, version: str, instance: str,
                         "return within the unload timeout and was abandoned")
     for batch in running.values():
         _deliver([(w, error) for w in batch.work])
+        _traces(batch, held=False)
     running.clear()

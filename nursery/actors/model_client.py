@@ -274,13 +274,17 @@ class ModelClient:
     async def _traced_wait(self, work: InferWork, receive: OneShot, handle: ModelHandle,
                            trace: Any, own: bool, top: bool) -> InferenceResponse:
         try:
+            answered = True
             try:
                 response = await self.wait(work, receive, handle)
+            except trio.Cancelled:  # its client left: no answer came (Triton's trace of a
+                answered = False    # cancelled call has none)
+                raise
             finally:
                 # the answer reached the frontend (Triton's frontends stamp it in their
                 # response-complete callback, error or not; a step's or a BLS call's answer
                 # goes back to its parent, which is not a frontend)
-                if top:
+                if top and answered:
                     trace.stamp("INFER_RESPONSE_COMPLETE")
             for out in response.outputs:
                 trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype.value, out.data)

@@ -16,7 +16,8 @@ parent span), and given to the SDK as the spans are made.
 Settings (``--trace-config opentelemetry,<key>=<value>``): ``url`` (default
 ``http://localhost:4318/v1/traces``), ``resource`` (``key=value``, repeatable; default
 ``service.name=triton-inference-server``), ``bsp_max_queue_size`` (2048),
-``bsp_schedule_delay`` (5000 ms), ``bsp_max_export_batch_size`` (512).
+``bsp_schedule_delay`` (5000 ms), ``bsp_max_export_batch_size`` (512). The trace extension
+shows them beside the other settings, which it updates as in triton mode (rate, level, count).
 
 The OpenTelemetry SDK and its OTLP/HTTP exporter are optional (the ``otel`` extra) and
 imported only in this mode; the SDK's batch span processor exports from its own thread.
@@ -35,6 +36,8 @@ _FRONTEND = ("HTTP_RECV_START", "HTTP_RECV_END", "GRPC_WAITREAD_START", "GRPC_WA
              "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END", "GRPC_SEND_START",
              "GRPC_SEND_END")
 
+_BSP = ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
+
 
 @dataclass(frozen=True)
 class OtelSettings:
@@ -51,6 +54,16 @@ class OtelSettings:
         takes ``localhost:4318/v1/traces`` as it is; the settings report it as given)."""
         return self.url if "://" in self.url else f"http://{self.url}"
 
+    @staticmethod
+    def reported(entries: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+        """The settings as the trace extension shows them (Triton's): the command line's
+        entries as given, then the batch span processor's defaults it did not set (a key
+        given twice, ``resource``, shows its last value, as a JSON reader sees Triton's)."""
+        given = {key for key, _ in entries}
+        defaults = OtelSettings()
+        return [*entries, *((key, str(getattr(defaults, key))) for key in _BSP
+                            if key not in given)]
+
     @classmethod
     def from_entries(cls, entries: list[tuple[str, str]]) -> OtelSettings:
         values: dict[str, Any] = {}
@@ -63,7 +76,7 @@ class OtelSettings:
                 if not sep:
                     raise ValueError(f"opentelemetry,resource expects key=value, got '{value}'")
                 resource.append((k, v))
-            elif key in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
+            elif key in _BSP:
                 try:
                     values[key] = int(value)
                 except ValueError:
@@ -93,11 +106,16 @@ class OtelExporter:
         self.ids = _chosen_ids()
         self.provider = TracerProvider(resource=Resource.create(dict(settings.resource)),
                                        id_generator=self.ids)
+        # Triton's (C++) SDK takes what the Python SDK refuses: a delay of 0 (its worker then
+        # never waits; here 1 ms) and a batch larger than the queue (a batch is then at most
+        # the queue)
         self.provider.add_span_processor(BatchSpanProcessor(
             OTLPSpanExporter(endpoint=settings.endpoint),
             max_queue_size=settings.bsp_max_queue_size,
-            schedule_delay_millis=settings.bsp_schedule_delay,
-            max_export_batch_size=settings.bsp_max_export_batch_size))
+            schedule_delay_millis=settings.bsp_schedule_delay or 1,
+            max_export_batch_size=min(settings.bsp_max_export_batch_size,
+                                      settings.bsp_max_queue_size)))
+        _say_dropped_as_triton()
         self.tracer = self.provider.get_tracer("nursery")
         self.propagator = TraceContextTextMapPropagator()
         self.offset = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock
@@ -156,6 +174,22 @@ class OtelExporter:
 
     def close(self) -> None:
         self.provider.shutdown()  # flushes what is queued
+
+
+class _TritonWords(logging.Filter):
+    """The SDK's warning that its full queue drops a span, in the words Triton's (C++) SDK
+    logs (L0_trace looks for them with ``bsp_max_queue_size=1``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Queue full, dropping"):
+            record.msg, record.args = "BatchSpanProcessor queue is full - dropping span.", ()
+        return True
+
+
+def _say_dropped_as_triton() -> None:
+    sdk = logging.getLogger("opentelemetry.sdk._shared_internal")
+    if not any(isinstance(f, _TritonWords) for f in sdk.filters):
+        sdk.addFilter(_TritonWords())
 
 
 def _chosen_ids() -> Any:

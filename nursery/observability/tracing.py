@@ -73,9 +73,11 @@ class TraceSettings:
         return "TENSORS" in self.trace_level
 
     def to_json(self) -> dict[str, Any]:
-        if self.trace_mode == "opentelemetry":  # Triton shows no file settings in this mode
+        if self.trace_mode == "opentelemetry":  # Triton shows no file settings in this mode,
+            # and its --trace-config opentelemetry,... entries (the exporter's) instead
             return {"trace_level": list(self.trace_level), "trace_rate": str(self.trace_rate),
-                    "trace_count": str(self.trace_count), "trace_mode": self.trace_mode}
+                    "trace_count": str(self.trace_count), "trace_mode": self.trace_mode,
+                    **dict(OtelSettings.reported(self.otel))}
         return {"trace_file": self.trace_file, "trace_level": list(self.trace_level),
                 "trace_rate": str(self.trace_rate), "trace_count": str(self.trace_count),
                 "log_frequency": str(self.log_frequency), "trace_mode": self.trace_mode}
@@ -99,7 +101,15 @@ def _int(key: str, value: Any, minimum: int) -> int:
         raise InvalidArgument(f"Unable to parse '{key}', got: {text}") from None
     if number < minimum:
         raise InvalidArgument(f"'{key}' must be >= {minimum}, got: {text}")
+    if number > _INT32_MAX:  # Triton reads them as C ints, and names its settings' range
+        top = _INT32_MAX if key == "trace_count" else _UINT32_MAX
+        raise InvalidArgument(f"Unable to parse '{key}', value is out of range [ {minimum}, "
+                              f"{top} ], got: {text}")
     return number
+
+
+_INT32_MAX = 2**31 - 1
+_UINT32_MAX = 2**32 - 1
 
 
 def parse_setting(key: str, value: Any) -> Any:
@@ -225,7 +235,7 @@ class Trace:
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "tensors",
                  "traceparent", "parent_id", "otel_trace_id", "span_id", "parent_span_id",
-                 "_sink", "_tensor_level", "__weakref__")
+                 "_sink", "_tensor_level", "_held", "_finished", "__weakref__")
 
     def __init__(self, trace_id: int, model_name: str, sink: Any, tensors: bool) -> None:
         self.id = trace_id
@@ -244,6 +254,8 @@ class Trace:
         self.parent_span_id = 0
         self._sink = sink
         self._tensor_level = tensors
+        self._held = 0  # batches on an instance that carry the request
+        self._finished = False
 
     def context(self) -> str | None:
         """The OpenTelemetry context of the request's span, as JSON (Triton's
@@ -270,7 +282,22 @@ class Trace:
             "dtype": datatype}})
 
     def finish(self) -> None:
-        self._sink.add(self)
+        """The request is done with, for whoever started the trace. While an instance still
+        computes it (its client left), the trace goes to its sink when the instance is done,
+        with the compute stamps, as Triton's lives until its request is released."""
+        self._finished = True
+        if not self._held:
+            self._sink.add(self)
+
+    def hold(self) -> None:
+        """An instance took the request (trio thread)."""
+        self._held += 1
+
+    def release(self) -> None:
+        """The instance is done with it (trio thread): a trace finished meanwhile goes now."""
+        self._held -= 1
+        if not self._held and self._finished:
+            self._sink.add(self)
 
     def records(self) -> list[dict[str, Any]]:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name,
@@ -429,9 +456,6 @@ class TraceManager:
 
     def update(self, model: str, changes: dict[str, Any]) -> TraceSettings:
         """Apply the extension's update (``None`` clears a setting); all or nothing."""
-        if self._otel is not None:
-            raise Unsupported("trace settings can not be updated through network protocol in "
-                              "opentelemetry trace mode")
         parsed: dict[str, Any] = {}
         for key, value in changes.items():
             if key not in KEYS:

@@ -25,7 +25,10 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
   change the machine),
   `wget` and `git clone` fail (nothing is fetched at test time) except that `git clone` of a
   repository found under `--checkouts <folder>` (by name: `python_backend`, ...) copies that
-  local checkout; `nvidia-smi` reports no GPU.
+  local checkout; `nvidia-smi` reports no GPU; `curl` of the OpenTelemetry Collector's release
+  tarball (L0_trace) writes a tarball of the harness's stand-in collector (tools/otelcol.py)
+  instead, every other curl runs as it is. `/opt/ml/` (SageMaker's model folder, where
+  L0_trace puts a model) is rewritten to `opt/ml/` of the tree, as `/opt/tritonserver` is.
 
 Each group's `test.sh` then runs in its own folder under `bash`, in a private network namespace
 when `unshare --net` works (Triton's scripts use the fixed ports 8000-8002 and localhost; the
@@ -173,6 +176,21 @@ SHIMS["cp"] = ('real=$(PATH=/usr/bin:/bin command -v cp); args=(); n=0; skipped=
                'args+=("$a"); [[ "$a" != -* ]] && n=$((n + 1)); done; '
                'if [ -n "$skipped" ] && [ "$n" -lt 2 ]; then exit 0; fi; '
                'exec "$real" "${args[@]}"')
+# `curl ... /opentelemetry-collector-releases/.../otelcol_<v>_linux_amd64.tar.gz` (L0_trace, which
+# downloads the OpenTelemetry Collector at test time) writes a tarball holding the harness's
+# stand-in collector (tools/otelcol.py) under the name curl would give it; the script's `tar -xvf`
+# then unpacks `otelcol` as it would. Every other curl runs as it is (localhost only here)
+SHIMS["curl"] = ('real=$(PATH=/usr/bin:/bin command -v curl); url=; out=; prev=; '
+                 'for a in "$@"; do case "$a" in '
+                 '*opentelemetry-collector-releases*/otelcol_*.tar.gz) url=$a;; esac; '
+                 '[ "$prev" = -o ] || [ "$prev" = --output ] && out=$a; prev=$a; done; '
+                 'if [ -z "$url" ]; then exec "$real" "$@"; fi; '
+                 '[ -n "$out" ] || out=$(basename "$url"); tmp=$(mktemp -d) && '
+                 'printf \'#!/bin/bash\\nexec "%s" "%s" "$@"\\n\' "$NURSERY_QA_PYTHON" '
+                 '"$NURSERY_QA_TOOLS/otelcol.py" > "$tmp/otelcol" && chmod +x "$tmp/otelcol" && '
+                 'tar -czf "$out" -C "$tmp" otelcol && rm -r "$tmp" && '
+                 'echo "nursery-qa: curl $url: the harness\'s stand-in collector (tools/otelcol.py)"'
+                 ' >&2; exit $?')
 SHIMS["service"] = ('if [ "$1" = nginx ] && [ "$2" = stop ]; then '
                     'kill "$(cat "$NURSERY_QA_WORK/nginx.pid" 2>/dev/null)" 2>/dev/null; exit 0; '
                     'fi; echo "nursery-qa: skipped: service $*" >&2; exit 0')
@@ -219,11 +237,12 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
     shutil.copytree(triton / "qa", qa, symlinks=True)
     opt = work / "opt" / "tritonserver"
     data = work / "data" / "inferenceserver"
+    sagemaker = work / "opt" / "ml"  # SageMaker's model folder (L0_trace writes models there)
     for path in qa.rglob("*"):
         if path.suffix in (".sh", ".py", ".conf") and path.is_file() and not path.is_symlink():
             text = path.read_text(errors="surrogateescape")
             new = text.replace("/opt/tritonserver", str(opt)).replace(
-                "/data/inferenceserver", str(data))
+                "/data/inferenceserver", str(data)).replace("/opt/ml/", str(sagemaker) + "/")
             if new.startswith("#!/usr/bin/python\n"):  # the container's interpreter path
                 new = "#!/usr/bin/env python3\n" + new[len("#!/usr/bin/python\n"):]
             if new != text:

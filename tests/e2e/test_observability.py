@@ -288,8 +288,10 @@ def test_trace_settings_and_trace_file(obs_server: ServerProcess) -> None:
     stamps = [[t["name"] for t in r["timestamps"]] for r in records if "timestamps" in r]
     core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
             "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
-    assert stamps[0] == ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START"]
-    assert stamps[1] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core, "GRPC_SEND_START"]
+    assert stamps[0] == ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START",
+                         "HTTP_SEND_END"]
+    assert stamps[1] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *core, "GRPC_SEND_START",
+                         "GRPC_SEND_END"]
     for r in records:
         if "timestamps" in r:
             ns = [t["ns"] for t in r["timestamps"]]
@@ -351,10 +353,13 @@ class _Collector:
 
         spans: list[Any] = []
         self.spans = spans
+        self.requests = 0  # export requests received
+        collector = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                collector.requests += 1
                 message = ExportTraceServiceRequest()
                 message.ParseFromString(body)
                 for rs in message.resource_spans:
@@ -398,9 +403,18 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
             "--trace-config", "opentelemetry,resource=service.name=nursery-test",
             "--trace-config", "opentelemetry,bsp_schedule_delay=100")
         http = httpclient.InferenceServerClient(server.url)
-        assert http.get_trace_settings()["trace_mode"] == "opentelemetry"
-        with pytest.raises(InferenceServerException, match="opentelemetry trace mode"):
-            http.update_trace_settings(settings={"trace_rate": "1"})
+        shown = http.get_trace_settings()
+        assert shown["trace_mode"] == "opentelemetry"
+        assert "trace_file" not in shown and "log_frequency" not in shown
+        # the exporter's settings as given, and the batch span processor's defaults
+        assert shown["url"] == (collector.url if grpc_server == "nursery" else url_no_scheme)
+        assert shown["resource"] == "service.name=nursery-test"
+        assert (shown["bsp_schedule_delay"], shown["bsp_max_queue_size"],
+                shown["bsp_max_export_batch_size"]) == ("100", "2048", "512")
+        # updated as in triton mode (Triton's L0_trace test_http_trace_triggered)
+        assert http.update_trace_settings(settings={"trace_rate": "3"})["trace_rate"] == "3"
+        assert http.get_trace_settings(model_name="add_sub")["trace_rate"] == "3"
+        http.update_trace_settings(settings={"trace_rate": "2"})
         http.infer("add_sub", _add_sub_inputs(httpclient))  # rate 2: not sampled
         http.infer("add_sub", _add_sub_inputs(httpclient), request_id="sampled")
         # a propagated context is always traced, as a child of the caller's span
@@ -421,12 +435,20 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
         result, error = answers.get(timeout=30)
         assert error is None and result.as_numpy("OUTPUT0") is not None
         grpc.stop_stream()
+        # a stream without a context: its requests are sampled by rate, the second of these
+        # two (the fourth request counted), and traced from the stream's read to its write
+        grpc.start_stream(lambda result, error: answers.put((result, error)))
+        for request_id in ("stream-unsampled", "stream-sampled"):
+            grpc.async_stream_infer("add_sub", _add_sub_inputs(grpcclient),
+                                    request_id=request_id)
+            assert answers.get(timeout=30)[1] is None
+        grpc.stop_stream()
         grpc.close()
         deadline = time.monotonic() + 20
-        while len(collector.spans) < 12 and time.monotonic() < deadline:
+        while len(collector.spans) < 15 and time.monotonic() < deadline:
             time.sleep(0.1)
         spans = [s for _, s in collector.spans]
-        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 4)
+        assert sorted(s.name for s in spans) == sorted(["InferRequest", "add_sub", "compute"] * 5)
         assert {r["service.name"] for r, _ in collector.spans} == {"nursery-test"}
         by_id = {s.span_id: s for s in spans}
         for s in spans:
@@ -449,9 +471,21 @@ def test_opentelemetry_mode_exports_spans(tmp_path: Path, start_server: Any,
         for request_id, span in (("grpc", grpc_span), ("stream", stream_span)):
             assert tops[request_id].trace_id.hex() == parent_trace, request_id
             assert tops[request_id].parent_span_id.hex() == span, request_id
-        assert tops["sampled"].parent_span_id == b""
-        assert [e.name for e in tops["sampled"].events] == [
-            "HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START"]
+        assert tops["sampled"].parent_span_id == tops["stream-sampled"].parent_span_id == b""
+        # the top span's events: the frontend's, its send's end included (the trace ends
+        # once the answer is written), in the order they happen, as Triton's
+        http_top = ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE",
+                    "HTTP_SEND_START", "HTTP_SEND_END"]
+        grpc_top = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE",
+                    "GRPC_SEND_START", "GRPC_SEND_END"]
+        for request_id, names in (("sampled", http_top), ("propagated", http_top),
+                                  ("grpc", grpc_top), ("stream", grpc_top),
+                                  ("stream-sampled", grpc_top)):
+            events = tops[request_id].events
+            assert [e.name for e in events] == names, request_id
+            stamps = [e.time_unix_nano for e in events]
+            assert stamps == sorted(stamps), request_id
+            assert tops[request_id].end_time_unix_nano == stamps[-1], request_id
     finally:
         collector.close()
 
@@ -624,3 +658,129 @@ def test_decoupled_response_stats_and_first_response_histogram(tmp_path: Path,
     assert m[(f"{fam}_sum", _mv("py_repeat"))] > 0
     http.close()
     grpc.close()
+
+
+_SLEEPY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            time.sleep(float(data.flat[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
+'''
+
+
+def test_cancelled_requests_traces_in_opentelemetry_mode(tmp_path: Path,
+                                                         start_server: Any) -> None:
+    """Triton's L0_trace cancellation cases: a gRPC call cancelled while its model computes
+    keeps its trace open until the compute ends (the compute span is there), one cancelled in
+    the queue has none; neither has the answer's events on its top span (no answer came)."""
+    import queue
+
+    repo = tmp_path / "repo"
+    (repo / "sleepy" / "1").mkdir(parents=True)
+    (repo / "sleepy" / "1" / "model.py").write_text(_SLEEPY)
+    (repo / "sleepy" / "config.pbtxt").write_text(
+        'name: "sleepy"\nbackend: "python"\nmax_batch_size: 1\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'instance_group [ { count: 1 kind: KIND_CPU } ]\ndynamic_batching { }\n')
+    collector = _Collector()
+    try:
+        server = start_server(
+            repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--trace-config", f"opentelemetry,url={collector.url}",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=100")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+        def inputs(seconds: float) -> list[Any]:
+            return _vector(grpcclient, "INPUT0", np.array([[seconds]], np.float32), "FP32")
+
+        answers: queue.Queue[Any] = queue.Queue()
+
+        def put(result: Any, error: Any) -> None:
+            answers.put(error)
+
+        running = grpc.async_infer("sleepy", inputs(1.0), put, request_id="running")
+        time.sleep(0.4)  # it computes
+        running.cancel()
+        assert "cancelled" in str(answers.get(timeout=5)).lower()
+        grpc.async_infer("sleepy", inputs(1.0), put, request_id="blocker")
+        time.sleep(0.4)
+        queued = grpc.async_infer("sleepy", inputs(0.0), put, request_id="queued")
+        time.sleep(0.2)  # it waits behind the blocker
+        queued.cancel()
+        assert "cancelled" in str(answers.get(timeout=5)).lower()
+        assert answers.get(timeout=10) is None  # the blocker's answer
+        grpc.close()
+        deadline = time.monotonic() + 20
+        while len(collector.spans) < 8 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)  # nothing more comes
+        spans = [s for _, s in collector.spans]
+        traces: dict[str, dict[str, Any]] = {}
+        for s in spans:
+            request_id = next(a.value.string_value for a in s.attributes
+                              if a.key == "triton.request_id")
+            traces.setdefault(request_id, {})[s.name] = s
+        assert {k: sorted(v) for k, v in traces.items()} == {
+            "running": ["InferRequest", "compute", "sleepy"],
+            "blocker": ["InferRequest", "compute", "sleepy"],
+            "queued": ["InferRequest", "sleepy"]}
+        for request_id in ("running", "queued"):
+            assert [e.name for e in traces[request_id]["InferRequest"].events] == [
+                "GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], request_id
+            assert [e.name for e in traces[request_id]["sleepy"].events] == [
+                "REQUEST_START", "QUEUE_START", "REQUEST_END"], request_id
+        assert [e.name for e in traces["running"]["compute"].events] == [
+            "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+        assert [e.name for e in traces["blocker"]["InferRequest"].events] == [
+            "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE",
+            "GRPC_SEND_START", "GRPC_SEND_END"]
+    finally:
+        collector.close()
+
+
+def test_batch_span_processor_settings_as_triton_takes_them(tmp_path: Path,
+                                                           start_server: Any) -> None:
+    """L0_trace's BatchSpanProcessor checks: a queue of one span (smaller than the default
+    batch) drops spans with the warning Triton's SDK logs; a schedule delay of 0 (which the
+    Python SDK refuses) exports; a batch of one span exports each span in its own request."""
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    common = ("--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+              "--trace-config", "rate=1")
+    for setting, requests in (("bsp_max_queue_size=1", None), ("bsp_schedule_delay=0", 1),
+                              ("bsp_max_export_batch_size=1", 3)):
+        collector = _Collector()
+        got: list[int] = []
+        try:
+            server = start_server(repo, *common, "--trace-config",
+                                  f"opentelemetry,url={collector.url}",
+                                  "--trace-config", f"opentelemetry,{setting}")
+            http = httpclient.InferenceServerClient(server.url)
+            assert http.get_trace_settings()[setting.split("=")[0]] == setting.split("=")[1]
+            http.infer("add_sub", _add_sub_inputs(httpclient))
+            http.close()
+            if requests is None:  # three spans at once into a queue of one
+                deadline = time.monotonic() + 20
+                while ("BatchSpanProcessor queue is full - dropping span." not in server.log()
+                       and time.monotonic() < deadline):
+                    time.sleep(0.1)
+                assert "BatchSpanProcessor queue is full - dropping span." in server.log()
+                continue
+            deadline = time.monotonic() + 20
+            while len(collector.spans) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            got.append(len(collector.spans))
+            assert got == [3], setting
+            assert collector.requests >= requests, setting
+        finally:
+            collector.close()

@@ -175,6 +175,13 @@ def test_model_settings_follow_global_until_set_and_clear_as_triton() -> None:
         tm.update("", {"trace_level": ["LOUD"]})
     with pytest.raises(InvalidArgument):
         tm.update("", {"trace_rate": "-1"})
+    # past a C int, as Triton reads them (L0_trace's "out of range value" checks)
+    for key, top in (("trace_count", "2147483647"), ("trace_rate", "4294967295"),
+                     ("log_frequency", "4294967295")):
+        with pytest.raises(InvalidArgument, match=rf"'{key}', value is out of range \[ -?[01], "
+                           rf"{top} \], got: 10000000000"):
+            tm.update("simple", {key: "10000000000"})
+    assert tm.update("", {"trace_rate": "2147483647"}).trace_rate == 2**31 - 1
 
 
 def test_rate_zero_samples_no_request_by_rate() -> None:
@@ -206,6 +213,37 @@ def test_sampling_rate_count_and_file(tmp_path: Path) -> None:
                                       {"name": "REQUEST_END", "ns": 2}]
     tm.close()  # the third trace is written at shutdown
     assert json.loads((tmp_path / "trace.json.1").read_text())[0]["id"] == taken[2].id
+
+
+def test_a_trace_finished_while_an_instance_holds_it_is_written_when_released(
+        tmp_path: Path) -> None:
+    """A request whose client left while its model computes: the trace is written once the
+    instance is done with it, compute stamps included (Triton's trace lives until its request
+    is released)."""
+    path = tmp_path / "trace.json"
+    tm = TraceManager(TraceSettings(trace_file=str(path), trace_level=("TIMESTAMPS",),
+                                    trace_rate=1, log_frequency=1))
+    t = tm.start("m")
+    assert t is not None
+    t.stamp("REQUEST_START", 1)
+    t.hold()  # an instance took it
+    t.stamp("REQUEST_END", 2)
+    t.finish()  # its client left
+    assert not (tmp_path / "trace.json.0").exists()
+    t.stamp("COMPUTE_END", 3)
+    t.release()
+    written = json.loads((tmp_path / "trace.json.0").read_text())
+    assert [s["name"] for s in written[1]["timestamps"]] == [
+        "REQUEST_START", "REQUEST_END", "COMPUTE_END"]
+    u = tm.start("m")  # released before it finished: written at finish, once
+    assert u is not None
+    u.hold()
+    u.release()
+    assert not (tmp_path / "trace.json.1").exists()
+    u.finish()
+    assert json.loads((tmp_path / "trace.json.1").read_text())[0]["id"] == u.id
+    tm.close()
+    assert not (tmp_path / "trace.json.2").exists()
 
 
 def test_tensor_level_records_tensors(tmp_path: Path) -> None:

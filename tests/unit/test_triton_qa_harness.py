@@ -334,3 +334,91 @@ def test_ensembles_over_models_not_generated_here_are_pruned(tmp_path):
     removed = run.prune_ensembles(tmp_path)
     assert sorted(p.name for p in removed) == sorted(names[:3])
     assert sorted(p.name for p in root.iterdir()) == sorted(names[3:])
+
+
+def test_the_collector_download_gets_the_stand_in_collector(tmp_path):
+    """L0_trace's `curl -fOL .../otelcol_0.91.0_linux_amd64.tar.gz; tar -xvf ...` unpacks the
+    harness's stand-in `otelcol`, which takes OTLP/HTTP from the OpenTelemetry SDK's own
+    exporter and writes the file exporter's JSON lines: one per batch (`send_batch_size`
+    spans, or what is held when SIGTERM comes); other curl commands run as they are."""
+    import signal
+    import socket
+    import time
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    triton = _fake_triton(tmp_path)
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    env = run.environment(work, work / "r.jsonl", "")
+    here = tmp_path / "group"
+    here.mkdir()
+    url = ("https://github.com/open-telemetry/opentelemetry-collector-releases/releases/"
+           "download/v0.91.0/otelcol_0.91.0_linux_amd64.tar.gz")
+    proc = subprocess.run(
+        ["bash", "-c", f"set -e; curl --proto '=https' --tlsv1.2 -fOL {url}; "
+                       "tar -xvf otelcol_0.91.0_linux_amd64.tar.gz; "
+                       "curl -s -o /dev/null http://127.0.0.1:9/ || echo curl=$?"],
+        cwd=here, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == ["otelcol", "curl=7"], proc.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (here / "trace-config.yaml").write_text(
+        "receivers:\n  otlp:\n    protocols:\n      http:\n"
+        f"        endpoint: 0.0.0.0:{port}\n"
+        "processors:\n  batch:\n    send_batch_size: 10\n    timeout: 10s\n"
+        "exporters:\n  file:\n    path: ./collected_traces.json\n"
+        "service:\n  pipelines:\n    traces:\n"
+        "      receivers: [otlp]\n      processors: [batch]\n      exporters: [file]\n")
+    log = here / "collector.log"
+    with open(log, "w") as err:
+        collector = subprocess.Popen(["./otelcol", "--config", "./trace-config.yaml"],
+                                     cwd=here, env=env, stderr=err)
+    out = here / "collected_traces.json"
+    try:
+        deadline = time.monotonic() + 30
+        while "Everything is ready" not in log.read_text():
+            assert collector.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert out.read_text() == ""  # created (truncated) at start, as the file exporter
+        provider = TracerProvider(resource=Resource.create({"service.name": "test_triton"}))
+        provider.add_span_processor(SimpleSpanProcessor(  # one export per span
+            OTLPSpanExporter(endpoint=f"http://localhost:{port}/v1/traces")))
+        tracer = provider.get_tracer("t")
+        for _ in range(4):  # 12 spans: a batch of 10 goes out, 2 are held
+            with tracer.start_as_current_span("InferRequest") as top:
+                top.add_event("HTTP_RECV_START", {"n": 1})
+                with tracer.start_as_current_span("simple"), \
+                        tracer.start_as_current_span("compute"):
+                    pass
+        provider.shutdown()
+        lines = out.read_text().splitlines()
+        assert len(lines) == 1
+        assert '"name":"InferRequest"' in lines[0]  # compact, as L0_trace greps it
+        batch = json.loads(lines[0])
+        resource = batch["resourceSpans"][0]["resource"]["attributes"]
+        assert {"key": "service.name", "value": {"stringValue": "test_triton"}} in resource
+        spans = [s for rs in batch["resourceSpans"] for ss in rs["scopeSpans"]
+                 for s in ss["spans"]]
+        assert len(spans) == 10
+        for s in spans:
+            assert len(s["traceId"]) == 32 and len(s["spanId"]) == 16
+            if s["name"] == "InferRequest":
+                assert s["parentSpanId"] == ""
+                assert s["events"][0]["name"] == "HTTP_RECV_START"
+            else:
+                assert len(s["parentSpanId"]) == 16
+        collector.send_signal(signal.SIGTERM)  # the batch processor sends what it holds
+        assert collector.wait(timeout=30) == 0
+        lines = out.read_text().splitlines()
+        assert len(lines) == 2
+        assert sum(len(ss["spans"]) for rs in json.loads(lines[1])["resourceSpans"]
+                   for ss in rs["scopeSpans"]) == 2
+    finally:
+        if collector.poll() is None:
+            collector.kill()
+            collector.wait()

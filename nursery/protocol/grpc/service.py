@@ -181,11 +181,22 @@ class InferenceService(services.GrpcInferenceServiceBase):
         message = await stream.recv_message()
         traceparent = _traceparent(stream) if self.core.tracer.active else ""
         forwarded = _forwarded(self.forward, stream)
-        await stream.send_message(await self._call(self._infer, message, traceparent, forwarded))
+        after: list[Any] = []  # a traced request's trace, ended once its answer is written
+        try:
+            await stream.send_message(
+                await self._call(self._infer, message, traceparent, forwarded, after))
+            for trace in after:  # written: Triton stamps it when its write has completed
+                trace.stamp("GRPC_SEND_END")
+        finally:
+            for trace in after:
+                trace.finish()
 
     async def _infer(self, message: Any, traceparent: str = "",
-                     forwarded: dict[str, str] | NurseryError | None = None) -> bytes:
-        """The ModelInferResponse in wire form (the codec passes bytes through)."""
+                     forwarded: dict[str, str] | NurseryError | None = None,
+                     after: list[Any] | None = None) -> bytes:
+        """The ModelInferResponse in wire form (the codec passes bytes through). A traced
+        request's trace is finished here, or put in ``after`` for the caller to end once it
+        has written the answer."""
         self.draining.enter()
         tracer = self.core.tracer
         trace = tracer.start(message.model_name, traceparent) if tracer.active else None
@@ -195,6 +206,7 @@ class InferenceService(services.GrpcInferenceServiceBase):
         # the regions the request reads and writes, held until its outputs are written (a
         # region unregistered meanwhile goes then, as in Triton)
         shm = self.core.shm.hold()
+        cancelled = False
         try:
             handle = await self.core.acquire(message.model_name, message.model_version)
             if handle.config.decoupled:
@@ -207,12 +219,19 @@ class InferenceService(services.GrpcInferenceServiceBase):
             request.trace = trace or False  # False: sampled here, not traced
             response = await self.core.infer(request, handle)
             return grpc_codec.encode_response(response, None, shm_outputs, shm)
+        except trio.Cancelled:  # the client left: nothing is sent
+            cancelled = True
+            raise
         finally:
             shm.release()
             self.draining.leave()
             if trace is not None:
-                trace.stamp("GRPC_SEND_START")
-                trace.finish()
+                if not cancelled:
+                    trace.stamp("GRPC_SEND_START")
+                if cancelled or after is None:
+                    trace.finish()
+                else:
+                    after.append(trace)
 
     def infer_now(self, message: Any,
                   reply: Callable[[Any], None]) -> Callable[[], None] | None:
@@ -354,19 +373,25 @@ class InferenceService(services.GrpcInferenceServiceBase):
             ``triton_grpc_error`` mode tells them apart)."""
             message: bytes | None
             try:
-                response = await pending
-                message = encode_stream_response(
-                    grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
-            except NurseryError as error:
-                message = failed(error)
-            except Exception as exc:  # noqa: BLE001 - the request's boundary
-                message = unexpected(exc)
+                try:
+                    response = await pending
+                    message = encode_stream_response(
+                        grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
+                except NurseryError as error:
+                    message = failed(error)
+                except Exception as exc:  # noqa: BLE001 - the request's boundary
+                    message = unexpected(exc)
+                finally:
+                    shm.release()
+                    self.draining.leave()
+                if trace is not None:
+                    trace.stamp("GRPC_SEND_START")
+                await answer(ticket, message)
+                if trace is not None:  # written (Triton: when its write has completed)
+                    trace.stamp("GRPC_SEND_END")
             finally:
-                shm.release()
-                self.draining.leave()
                 if trace is not None:
                     trace.finish()
-            await answer(ticket, message)
 
         async def decoupled(request: Any, handle: Any, shm: ShmHold) -> None:
             try:
@@ -441,9 +466,12 @@ class InferenceService(services.GrpcInferenceServiceBase):
                     if handle.config.sequence is None:  # the full path (cache, tracing),
                         # queued here after the checks, in order
                         trace = None
-                        if traceparent and tracer.active:  # else the core samples it
+                        if tracer.active:  # sampled here, as the unary call's
                             trace = tracer.start(handle.name, traceparent)
                             request.trace = trace or False
+                            if trace is not None:  # the message has been read and parsed
+                                trace.stamp("GRPC_WAITREAD_START")
+                                trace.stamp("GRPC_WAITREAD_END")
                         try:
                             work, slot = self.core.client.submit(request, handle, queue=False)
                             # queued here, in the order the stream carries them (Triton's)

@@ -177,6 +177,24 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
 request_log = logging.getLogger("nursery.http_requests")
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+# what runs once a response has been written (True) or could not be (False)
+AfterSend = list[Callable[[bool], None]]
+
+
+def run_after_send(after: AfterSend, sent: bool) -> None:
+    for done in after:
+        done(sent)
+    after.clear()
+
+
+def _send_ended(trace: Any) -> Callable[[bool], None]:
+    """A traced response's end: ``HTTP_SEND_END`` when it was written (Triton takes it from
+    its HTTP server once the reply is out), then the trace is done."""
+    def done(sent: bool) -> None:
+        if sent:
+            trace.stamp("HTTP_SEND_END")
+        trace.finish()
+    return done
 
 
 def error_response(error: NurseryError, extra: list[tuple[bytes, bytes]] | None = None,
@@ -298,13 +316,16 @@ def _failed(error: NurseryError, request: InferenceRequest | None, asked: _Asked
 async def infer_response(
     core: Core, model: str, version: str, headers: list[tuple[bytes, bytes]], body: bytes,
     max_input_size: int, forward: HeaderForward | None = None,
-    sent: list[tuple[bytes, bytes]] | None = None,
+    sent: list[tuple[bytes, bytes]] | None = None, after: AfterSend | None = None,
 ) -> Response:
     """The whole inference route: request head and body in, status, headers, payload out.
 
     ``headers`` are (lower-cased name, value) pairs; content-length is the caller's business.
     ``forward``: the headers that become request parameters (--http-header-forward-pattern),
     from ``sent`` when given (the values as sent, trailing whitespace kept) else ``headers``.
+    ``after``: where a traced request leaves what is done once the response is written
+    (``HTTP_SEND_END``, then the trace is finished); the caller runs it after its send, sent
+    or not. Without it the trace ends here, when the response is encoded.
     """
     asked = _Asked(headers)
     trace = core.tracer.start(model, asked.traceparent) if core.tracer.active else None
@@ -315,6 +336,7 @@ async def infer_response(
     # the regions the request reads and writes, held until its outputs are written (a region
     # unregistered meanwhile goes then, as in Triton)
     hold = core.shm.hold()
+    cancelled = False
     try:
         handle = await core.acquire(model, version)
         try:
@@ -329,11 +351,18 @@ async def infer_response(
         return _answered(response, fmt, asked.accept)
     except NurseryError as error:
         return _failed(error, request, asked)
+    except trio.Cancelled:  # the client left: nothing is sent
+        cancelled = True
+        raise
     finally:
         hold.release()
         if trace is not None:  # the response is encoded; the server sends it next
-            trace.stamp("HTTP_SEND_START")
-            trace.finish()
+            if not cancelled:
+                trace.stamp("HTTP_SEND_START")
+            if cancelled or after is None:
+                trace.finish()
+            else:
+                after.append(_send_ended(trace))
 
 
 def infer_now(
@@ -451,8 +480,15 @@ async def handle_infer(
     except NurseryError as error:
         await send_response(send, error_response(error))
         return
-    answer = await infer_response(core, model, version, headers, body, max_input_size, forward)
-    await send_response(send, answer)
+    after: AfterSend = []
+    answer = await infer_response(core, model, version, headers, body, max_input_size, forward,
+                                  after=after)
+    sent = False
+    try:
+        await send_response(send, answer)
+        sent = True
+    finally:
+        run_after_send(after, sent)
 
 
 async def send_response(send: Send, response: Response) -> None:

@@ -61,6 +61,7 @@ from nursery.protocol.codecs.status import error_body
 from nursery.protocol.http import http1
 from nursery.protocol.http.generate import GENERATE_PATH, generate_response
 from nursery.protocol.http.infer import (
+    AfterSend,
     Response,
     body_limit,
     body_too_large,
@@ -68,6 +69,7 @@ from nursery.protocol.http.infer import (
     infer_now,
     infer_response,
     restricted,
+    run_after_send,
     too_large,
 )
 from nursery.protocol.http.streaming import Streaming, StreamWriter
@@ -438,27 +440,33 @@ class HttpServer:
                 if not await self._after_fast(conn, buf):
                     return
                 continue
-            with trio.CancelScope() as request_scope:
-                conn.request_scope = request_scope
-                conn.busy_since = trio.current_time()
-                try:
-                    response = await self._handle(head, body, client, server)
-                except BaseException as exc:
-                    response = self._request_failed(exc, head)
+            after: AfterSend = []  # a traced response's end, once it is written
+            sent = False
+            try:
+                with trio.CancelScope() as request_scope:
+                    conn.request_scope = request_scope
+                    conn.busy_since = trio.current_time()
+                    try:
+                        response = await self._handle(head, body, client, server, after)
+                    except BaseException as exc:
+                        response = self._request_failed(exc, head)
+                    if isinstance(response, Streaming):
+                        streamed = await self._stream(conn, head, response, keep_alive)
+                        if streamed is not None:
+                            response = streamed  # it failed before its head went out
+                        elif not keep_alive or conn.broken:
+                            return
+                conn.request_scope = None
+                if request_scope.cancelled_caught or conn.broken:
+                    return  # the client went away while its request waited (or streamed)
                 if isinstance(response, Streaming):
-                    streamed = await self._stream(conn, head, response, keep_alive)
-                    if streamed is not None:
-                        response = streamed  # it failed before its head went out
-                    elif not keep_alive or conn.broken:
-                        return
-            conn.request_scope = None
-            if request_scope.cancelled_caught or conn.broken:
-                return  # the client went away while its request waited (or streamed)
-            if isinstance(response, Streaming):
-                continue  # written already; the connection goes on
-            conn.phase = _SENDING
-            conn.deadline = trio.current_time() + self.body_timeout
-            await self._send(stream, head, response, keep_alive)
+                    continue  # written already; the connection goes on
+                conn.phase = _SENDING
+                conn.deadline = trio.current_time() + self.body_timeout
+                await self._send(stream, head, response, keep_alive)
+                sent = True
+            finally:
+                run_after_send(after, sent)
             if not keep_alive:
                 return
 
@@ -738,7 +746,7 @@ class HttpServer:
         return error_response(refuse(length, limit))
 
     async def _handle(self, head: http1.RequestHead, body: bytes, client: Any,
-                      server: Any) -> Response | Streaming:
+                      server: Any, after: AfterSend) -> Response | Streaming:
         _log_request(head)
         if self.restrictions:
             refused = restricted(self.restrictions, head.path, head.headers)
@@ -754,7 +762,7 @@ class HttpServer:
                 model, version = _model_version(match)
                 return await infer_response(self.core, model, version, head.headers, body,
                                             self.max_input_size, self.forward,
-                                            head.forwardable())
+                                            head.forwardable(), after)
             match = GENERATE_PATH.match(head.path)
             if match is not None:
                 model, version = _model_version(match)
