@@ -190,11 +190,8 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
                           "variable-size dimension")
     if len(s.initial_state) > 1:
         raise ConfigError(f"{where}: only one initial state is supported")
-    if not s.initial_state:
-        if -1 in dims:
-            raise ConfigError(f"{where}: a state with variable-size dims needs an "
-                              "'initial_state' with fixed dims")
-        initial = _zeros(dims, datatype, where)
+    if not s.initial_state:  # zeros; a variable-size dim is 1 for a sequence's first request
+        initial = _zeros(tuple(1 if d == -1 else d for d in dims), datatype, where)
     else:
         init = s.initial_state[0]
         init_dims = tuple(int(d) for d in init.dims)

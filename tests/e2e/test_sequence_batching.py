@@ -51,6 +51,12 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     (greeted / "initial_state").mkdir()
     (greeted / "initial_state" / "greeting").write_bytes(len(b"hi:").to_bytes(4, "little")
                                                          + b"hi:")
+    # a variable-size state with no initial_state: zeros, its -1 dims 1 (Triton's core)
+    var = make_models.write_sequence_accumulator(repo, "acc_var")
+    text = (var / "config.pbtxt").read_text()
+    text = text.replace("dims: [ 1 ] initial_state: { data_type: TYPE_INT32 dims: [ 1 ] "
+                        'name: "init" zero_data: true }', "dims: [ -1 ]")
+    (var / "config.pbtxt").write_text(text)
     # the state listed as an output as well (as Triton's L0_implicit_state `_output` models):
     # a client may ask for it
     listed = make_models.write_sequence_accumulator(repo, "acc_state_out")
@@ -197,6 +203,17 @@ def test_initial_state_from_data_file(seq_server: ServerProcess) -> None:
     r = client.infer("acc_init", [_http_input(1)], sequence_id=5, sequence_start=True,
                      sequence_end=True)
     assert int(r.as_numpy("OUTPUT")[0, 0]) == 101
+    client.close()
+
+
+def test_a_variable_size_state_starts_at_zero(seq_server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(seq_server.url)
+    config = client.get_model_config("acc_var")["sequence_batching"]["state"][0]
+    assert config["dims"] == [-1] and not config.get("initial_state")
+    out = [int(client.infer("acc_var", [_http_input(4)], sequence_id=11,
+                            sequence_start=k == 0, sequence_end=k == 2).as_numpy("OUTPUT")[0, 0])
+           for k in range(3)]
+    assert out == [4, 8, 12]
     client.close()
 
 
