@@ -117,17 +117,24 @@ class SlotStates:
                    for row in rows]
             arrays[name] = self._corrid(ids, datatype)
         for state in self.seq.states:
-            parts = []
+            found: list[np.ndarray | None] = []
             for row in rows:
                 held = self._states.get(row.slot)
-                if (row.ready and row.start) or held is None:
-                    parts.append(state.initial)
+                if not row.ready:
+                    found.append(None)  # a padding row: below
+                elif row.start or held is None:
+                    found.append(state.initial)
                 else:
-                    parts.append(held[state.input_name])
+                    found.append(held[state.input_name])
+            # a padding row's state has the shape of the first real row's (Triton's null
+            # request copies it): the initial state, or zeros where a variable-size state grew
+            like = next((p for p in found if p is not None), state.initial)
+            pad = state.initial if state.initial.shape == like.shape else _zeros_like(like)
+            filled = [p if p is not None else pad for p in found]
             if self.batching:
-                arrays[state.input_name] = np.stack(parts)
+                arrays[state.input_name] = np.stack(filled)
             else:
-                arrays[state.input_name] = parts[0]
+                arrays[state.input_name] = filled[0]
         return arrays
 
     def _row_tensors(self, requests: Sequence[InferenceRequest], rows: Sequence[SlotRow],
@@ -221,3 +228,10 @@ class SlotStates:
         bounds = np.cumsum([0, *counts])
         return np.concatenate([flat[bounds[i]:bounds[i + 1]]
                                for i, row in enumerate(rows) if row.ready])
+
+
+def _zeros_like(array: np.ndarray) -> np.ndarray:
+    """Zeros of ``array``'s shape and type; empty strings for a BYTES (object) array."""
+    if array.dtype == object:
+        return np.full(array.shape, b"", dtype=object)
+    return np.zeros_like(array)

@@ -116,6 +116,23 @@ def test_slot_state_tensors(corrid: DataType) -> None:
     assert states.held() == {}
 
 
+@pytest.mark.parametrize("datatype", [DataType.INT32, DataType.BYTES])
+def test_a_padding_row_takes_the_shape_of_a_grown_state(datatype: DataType) -> None:
+    """A variable-size state (dims [-1]) starts as one element and may grow: a padding row's
+    state then has the shape of the batch's first real row's, as Triton's null request."""
+    blank: Any = b"" if datatype is DataType.BYTES else 0
+    initial = np.array([blank], dtype=datatype.numpy_dtype)
+    seq = SequenceConfig(SequenceSchedule(), (), None,
+                         (StateSpec("IS", "OS", datatype, (-1,), initial),))
+    states = SlotStates(_Config(seq, 4))  # type: ignore[arg-type]
+    grown = np.array([b"a", b"b"] if datatype is DataType.BYTES else [4, 5],
+                     dtype=datatype.numpy_dtype)
+    states.held()[0] = {"IS": grown}
+    req = InferenceRequest("m", "", {})
+    arrays = states.gather([req], (SlotRow(0, 0, False, False, 1), SlotRow(1, -1)), data=False)
+    assert arrays["IS"].tolist() == [grown.tolist(), [blank, blank]]
+
+
 def test_slot_state_tensors_without_the_data_inputs() -> None:
     """A backend that takes whole requests reads each request's own inputs: ``data=False``
     gathers only the controls, so requests whose ragged inputs differ in shape can share a
