@@ -239,7 +239,7 @@ def _by_callbacks(plan: EnsemblePlan, request: InferenceRequest,
         tracer = SimpleNamespace(active=False)
         cache = None
 
-        def resolve(self, name: str, version: str = "") -> Any:
+        def resolve(self, name: str, version: str = "", namespace: str | None = None) -> Any:
             return SimpleNamespace(name=name, config=SimpleNamespace(decoupled=False))
 
         def dispatch(self, step_request: InferenceRequest, handle: Any, on_answer: Any) -> Any:
@@ -576,7 +576,7 @@ def test_a_callback_flow_fails_once_and_drops_its_other_steps() -> None:
         cache = None
         refuse = False
 
-        def resolve(self, name: str, version: str = "") -> Any:
+        def resolve(self, name: str, version: str = "", namespace: str | None = None) -> Any:
             return SimpleNamespace(name=name, config=SimpleNamespace(decoupled=False))
 
         def dispatch(self, step_request: InferenceRequest, handle: Any, on_answer: Any) -> Any:
