@@ -64,6 +64,7 @@ VERSION = "nursery"
 GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
     ("gen_qa_models.py", ["--libtorch"], "qa_model_repository"),
+    ("gen_qa_models.py", ["--openvino"], "qa_model_repository"),
     ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
     ("gen_qa_models.py", ["--libtorch", "--variable"], "qa_variable_model_repository"),
     ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
