@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -422,3 +423,18 @@ def test_the_collector_download_gets_the_stand_in_collector(tmp_path):
         if collector.poll() is None:
             collector.kill()
             collector.wait()
+
+
+def test_the_generators_find_openvino_runtime() -> None:
+    """Triton's gen_qa_models.py imports ``openvino.runtime`` (removed in OpenVINO 2025+): the
+    harness's sitecustomize answers it with ``openvino``'s own API, leaving ``openvino`` as
+    it is."""
+    code = ("import openvino.runtime as ov, openvino\n"
+            "assert ov.Model is openvino.Model and ov.opset1.add is openvino.opset1.add\n"
+            "assert openvino.__name__ == 'openvino'\n"
+            "print('ok')")
+    env = {**os.environ, "PYTHONPATH": str(QA / "hooks")}
+    env.pop("NURSERY_QA_RECORD", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
