@@ -142,6 +142,13 @@ def _dims(partial_shape: Any) -> list[int]:
     return [d.get_length() if d.is_static else -1 for d in partial_shape]
 
 
+def _batch_free(shape: list[int], batching: bool) -> list[int]:
+    """A batching model's shape with its batch dimension as -1, whatever size the model file
+    gives it: the batch is set below (dynamic, or ``max_batch_size``), as Triton's backend
+    sets it (Triton's qa models are saved with a static batch of ``max_batch_size``)."""
+    return [-1, *shape[1:]] if batching and shape else shape
+
+
 def _datatype(element: Any, tensor: str, model: str) -> DataType:
     dt = _OV_TYPES.get(element.get_type_name())
     if dt is None:
@@ -310,7 +317,8 @@ def _configure(ov: Any, model: Any, config: ModelConfig, options: OpenVinoOption
                 new[start + i] = ov.Dimension(d) if d > 0 else ov.Dimension()
             reshapes[spec.name] = ov.PartialShape(new)
         else:
-            _check_shape(config, spec.name, _dims(shape), dims, path, exact=False)
+            _check_shape(config, spec.name, _batch_free(_dims(shape), batching), dims, path,
+                         exact=False)
     try:
         if reshapes:
             model.reshape(reshapes)
@@ -320,7 +328,8 @@ def _configure(ov: Any, model: Any, config: ModelConfig, options: OpenVinoOption
     for spec in config.outputs:
         port = _port(model.outputs, "output", spec.name, config.name, path)
         dims = list(spec.reshape if spec.reshape is not None else spec.dims)
-        _check_shape(config, spec.name, _dims(port.get_partial_shape()), dims, path, exact=True)
+        _check_shape(config, spec.name, _batch_free(_dims(port.get_partial_shape()), batching),
+                     dims, path, exact=True)
     try:
         ppp = PrePostProcessor(model)
         for what, specs in (("input", config.inputs), ("output", config.outputs)):

@@ -43,6 +43,10 @@ def ov_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
         params={"RESHAPE_IO_LAYERS": "YES"}).replace("dims: [ 10 ]", "dims: [ -1, 10 ]"),
         batch=1)  # an IR with a fixed [1, 784] input, made dynamic by the config
     ovm.write_model(repo, "mlp_ov_auto", 'backend: "openvino"\n', layout=True)
+    # an IR saved with a static batch of max_batch_size, as Triton's qa generator saves its
+    # OpenVINO models (L0_lifecycle): the batch dimension is the server's to set
+    ovm.write_model(repo, "mlp_ov_saved8", ovm.ov_config(
+        "mlp_ov_saved8", max_batch_size=8, params={"ENABLE_BATCH_PADDING": "YES"}), batch=8)
     ovm.write_onnx(repo, "mlp_ov_onnx", ovm.ov_config("mlp_ov_onnx", io=False, max_batch_size=0)
                    + 'default_model_filename: "model.onnx"\n')
     # broken ones
@@ -99,7 +103,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", ["mlp_ov", "mlp_ov_static", "mlp_ov_reshaped", "mlp_ov_auto",
-                                   "mlp_ov_onnx"])
+                                   "mlp_ov_onnx", "mlp_ov_saved8"])
 def test_answers_match_openvino_and_onnxruntime(http: Http, grpc: Grpc, references: tuple,
                                                 protocol: str, model: str) -> None:
     compiled, session = references
