@@ -105,6 +105,7 @@ class FakeFactory:
 
     def __init__(self) -> None:
         self.fail_load: str | None = None
+        self.fail_versions: set[str] = set()  # version folders whose load fails
         self.fail_execute = False
         self.compute = 0.0
         self.inline_safe = False  # may run on the trio thread (InlinePolicy)
@@ -120,6 +121,8 @@ class FakeFactory:
         self.load_threads.append(threading.get_ident())
         if self.fail_load:
             raise InternalError(self.fail_load)
+        if version_path.name in self.fail_versions:
+            raise InternalError(f"version {version_path.name} is broken")
         instance = FakeInstance(self, placement)
         instance.threads.add(threading.get_ident())
         self.instances.append(instance)

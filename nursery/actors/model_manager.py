@@ -448,6 +448,7 @@ class _Manager:
         errors: dict[int, NurseryError] = {}
         updated: set[int] = set()  # versions served on, their instances changed in place
         before = self.folders.get(mid)
+        serving_before = {v for (m, v) in self.live if m == mid}
 
         async def one(version: int) -> None:
             live = self.live.get((mid, version))
@@ -465,6 +466,12 @@ class _Manager:
             for version in versions:
                 nursery.start_soon(one, version)
         if errors:  # Triton's aggregate: one line per version that failed
+            # and, as Triton's, a load is all or nothing: the versions this load brought up
+            # go down again (a version that served before it stays, as a failed reload does)
+            async with trio.open_nursery() as nursery:
+                for version in versions:
+                    if version not in errors and version not in serving_before:
+                        nursery.start_soon(self._unload_version, mid, version)
             return InvalidArgument(f"load failed for model '{mid}': " + "".join(
                 f"version {v} is at {'READY' if v in updated else 'UNAVAILABLE'} state: "
                 f"{failure_reason(e)};\n"

@@ -224,6 +224,31 @@ async def test_an_instance_update_refused_by_the_rate_limiter_leaves_nothing_run
             limits_send.close()
 
 
+async def test_a_load_is_all_or_nothing_across_versions(tmp_path: Path,
+                                                       factory: FakeFactory) -> None:
+    """As Triton's: when one version of a model fails to load, the versions that load brought
+    up are unloaded again, so the model has no available version; a version that served
+    before the load (a reload) keeps serving."""
+    folder = write_fake_model(tmp_path, "m", FAKE_CONFIG + "version_policy: { all { } }",
+                              versions=(1, 3))
+    factory.fail_versions = {"3"}
+    async with _manager(tmp_path, factory, ["m"]) as h:
+        assert h.failed == ["m"]
+        assert h.state("m", 1) == (ModelState.UNAVAILABLE, "unloaded")
+        assert h.state("m", 3)[0] is ModelState.UNAVAILABLE
+        with pytest.raises(NotFound, match="has no available versions"):
+            await h.core.infer(make_request(1))
+        factory.fail_versions = set()
+        assert await h.command(messages.LoadModel, "m") is None
+        assert h.state("m", 1)[0] is ModelState.READY
+        factory.fail_versions = {"3"}
+        (folder / "3" / "model.fake").write_text("changed")  # version 3 reloads, and fails
+        error = await h.command(messages.LoadModel, "m")
+        assert error is not None and "version 3 is broken" in error.message
+        assert h.state("m", 1)[0] is ModelState.READY  # it served before: it stays
+        assert (await h.core.infer(make_request(2))).outputs[0].data[0, 0] == 4
+
+
 def _ensemble(steps: list[str]) -> str:
     """An ensemble over fake-model-shaped steps, run one after another."""
     tensors = ["INPUT0", *(f"T{i}" for i in range(len(steps) - 1)), "OUTPUT0"]
