@@ -13,10 +13,11 @@ words. As in Triton, the config's datatypes are what the compiled model takes an
 
 One difference, on purpose: Triton fixes a batching model's batch dimension at
 ``max_batch_size`` and refuses smaller batches unless ``ENABLE_BATCH_PADDING`` is ``YES``; here
-the batch dimension is made dynamic, so any batch up to ``max_batch_size`` runs as it is.
-``SKIP_OV_DYNAMIC_BATCHSIZE: YES`` (for models whose topology cannot take a dynamic batch)
-gives Triton's behaviour: a static batch of ``max_batch_size``, smaller batches padded with
-zeros under ``ENABLE_BATCH_PADDING`` and refused with Triton's message otherwise.
+a model saved with a dynamic batch dimension keeps it, so any batch up to ``max_batch_size``
+runs as it is. A model saved with a fixed batch dimension (its graph may build on it: Triton's
+qa models reshape to ``[max_batch_size, ...]``), or ``SKIP_OV_DYNAMIC_BATCHSIZE: YES``, gets
+Triton's behaviour: a static batch of ``max_batch_size``, smaller batches padded with zeros
+under ``ENABLE_BATCH_PADDING`` and refused with Triton's message otherwise.
 
 Auto-complete, as Triton's: inputs and outputs from the model (name, datatype, dims: a
 dimension OpenVINO does not know is ``-1``), ``max_batch_size`` 4 and dynamic batching when
@@ -299,10 +300,13 @@ def _configure(ov: Any, model: Any, config: ModelConfig, options: OpenVinoOption
 
     batching = config.max_batch_size > 0
     reshapes: dict[str, Any] = {}
+    saved_static = False  # a batching model saved with a fixed batch dimension
     for spec in config.inputs:
         port = _port(model.inputs, "input", spec.name, config.name, path)
         dims = list(spec.reshape if spec.reshape is not None else spec.dims)
         shape = port.get_partial_shape()
+        if batching and len(shape) > 0 and shape[0].is_static:
+            saved_static = True
         if options.reshape_io_layers:
             new = list(shape)
             start = 1 if batching else 0
@@ -345,7 +349,10 @@ def _configure(ov: Any, model: Any, config: ModelConfig, options: OpenVinoOption
         model = ppp.build()
         static_batch = 0
         if batching:
-            if options.skip_dynamic_batch:
+            # a model saved with a fixed batch may build on it (a Reshape to [8, 16], as
+            # Triton's qa generator saves them): Triton's way, a static batch of
+            # max_batch_size; a model saved with a dynamic batch stays dynamic
+            if options.skip_dynamic_batch or saved_static:
                 ov.set_batch(model, config.max_batch_size)
                 static_batch = config.max_batch_size
             else:

@@ -47,6 +47,8 @@ def ov_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
     # OpenVINO models (L0_lifecycle): the batch dimension is the server's to set
     ovm.write_model(repo, "mlp_ov_saved8", ovm.ov_config(
         "mlp_ov_saved8", max_batch_size=8, params={"ENABLE_BATCH_PADDING": "YES"}), batch=8)
+    ovm.write_model(repo, "mlp_ov_saved8_unpadded", ovm.ov_config(
+        "mlp_ov_saved8_unpadded", max_batch_size=8), batch=8)
     ovm.write_onnx(repo, "mlp_ov_onnx", ovm.ov_config("mlp_ov_onnx", io=False, max_batch_size=0)
                    + 'default_model_filename: "model.onnx"\n')
     # broken ones
@@ -118,10 +120,12 @@ def test_answers_match_openvino_and_onnxruntime(http: Http, grpc: Grpc, referenc
         np.testing.assert_allclose(got, session.run(None, {"INPUT0": x})[0], atol=BF16_ATOL)
 
 
-def test_static_batch_without_padding_refuses_smaller_batches(http: Http) -> None:
-    assert _infer(http, "mlp_ov_unpadded", _rows(8)).shape == (8, 10)
+@pytest.mark.parametrize("model", ["mlp_ov_unpadded", "mlp_ov_saved8_unpadded"])
+def test_static_batch_without_padding_refuses_smaller_batches(http: Http, model: str) -> None:
+    """SKIP_OV_DYNAMIC_BATCHSIZE, or a model saved with a fixed batch: Triton's static batch."""
+    assert _infer(http, model, _rows(8)).shape == (8, 10)
     with pytest.raises(InferenceServerException, match="ENABLE_BATCH_PADDING"):
-        _infer(http, "mlp_ov_unpadded", _rows(3))
+        _infer(http, model, _rows(3))
 
 
 def test_auto_complete_from_the_ir(http: Http) -> None:
