@@ -170,7 +170,7 @@ SHIMS["go"] = ('if [ "$1" = install ] && [[ "$2" == github.com/grpc-ecosystem/gr
 # use those models then fail as they should
 SHIMS["cp"] = ('real=$(PATH=/usr/bin:/bin command -v cp); args=(); n=0; skipped=; '
                'for a in "$@"; do '
-               'if [ ! -e "$a" ] && '
+               'if [[ "$a" != -* ]] && [ ! -e "$a" ] && '
                '[[ "$(basename "$a")" =~ ^(plan|openvino|graphdef|savedmodel)_ ]]; then '
                'echo "nursery-qa: skipped: cp $a (a TensorRT, OpenVINO or TensorFlow model, '
                'not generated here)" >&2; skipped=1; continue; fi; '
