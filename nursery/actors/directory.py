@@ -171,7 +171,9 @@ class Directory:
         ``namespace``: the namespace to prefer (an ensemble step's: its ensemble's)."""
         table = self.table
         entry = table.models.get(table.identify(name, namespace))
-        if entry is None:
+        if entry is None or (not entry.versions and entry.reason):
+            # a model whose configuration could not be read never had a version: as in
+            # Triton, whose poll leaves it out of the model lifecycle, it is not found
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if not version:
             if entry.latest is None:
@@ -225,15 +227,15 @@ class Directory:
         return True
 
     def all_ready(self) -> bool:
-        """Strict readiness: every known model has a READY version (or was unloaded)."""
+        """Strict readiness: every model that has versions has them READY (or unloaded). A
+        model whose configuration could not be read has none and does not count, as in
+        Triton, whose readiness looks at the models its poll took in."""
         for entry in self.table.models.values():
             for status in entry.versions.values():
                 if status.state is not ModelState.READY and status.reason != "unloaded":
                     return False
                 if status.handle is not None and not status.handle.healthy():
                     return False
-            if not entry.versions and entry.reason:
-                return False
         return True
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import AsyncIterator
@@ -129,7 +130,11 @@ async def test_failed_load_reports_reason(tmp_path: Path, factory: FakeFactory) 
         entry = h.directory.entry("bad")
         assert entry is not None and "Invalid argument: model 'bad': config.pbtxt:1:17" in entry.reason
         assert h.state("good")[0] is ModelState.READY
-        assert not h.directory.all_ready()
+        # as Triton's: a model whose configuration could not be read is left out, not
+        # counted by strict readiness and not found by requests
+        assert h.directory.all_ready()
+        with pytest.raises(NotFound, match="Request for unknown model: 'bad' is not found"):
+            await h.core.infer(dataclasses.replace(make_request(1), model_name="bad"))
 
 
 async def test_backend_load_failure_marks_version_unavailable(tmp_path: Path,
