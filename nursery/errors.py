@@ -95,6 +95,12 @@ class ConfigError(InvalidArgument):
     """A model configuration that cannot be used, naming the model, the file and the field."""
 
 
+class NoVersionError(ConfigError):
+    """A readable configuration whose version policy selects no version folder: Triton's poll
+    takes such a model in and its load fails (the server is then not ready), where a
+    configuration that cannot be read leaves the model out."""
+
+
 class StartupError(Exception):
     """The server cannot start (a model failed with --exit-on-error, a flag cannot be used)."""
 

@@ -101,6 +101,9 @@ class ModelEntry:
     reason: str = ""  # a failure that happened before any version was known (bad config)
     config: ModelConfig | None = None
     namespace: str = ""  # its repository with --model-namespacing, else none
+    # the configuration could not be read: as Triton's poll, the model is left out (not
+    # found, not counted by readiness); listed in the index with the reason all the same
+    left_out: bool = False
     latest: ModelHandle | None = field(init=False, default=None)  # highest READY version
 
     def __post_init__(self) -> None:
@@ -171,7 +174,7 @@ class Directory:
         ``namespace``: the namespace to prefer (an ensemble step's: its ensemble's)."""
         table = self.table
         entry = table.models.get(table.identify(name, namespace))
-        if entry is None or (not entry.versions and entry.reason):
+        if entry is None or (entry.left_out and not entry.versions):
             # a model whose configuration could not be read never had a version: as in
             # Triton, whose poll leaves it out of the model lifecycle, it is not found
             raise NotFound(f"Request for unknown model: '{name}' is not found")
@@ -236,6 +239,8 @@ class Directory:
                     return False
                 if status.handle is not None and not status.handle.healthy():
                     return False
+            if not entry.versions and entry.reason and not entry.left_out:
+                return False  # its load failed before a version was known (none selected)
         return True
 
 

@@ -68,6 +68,7 @@ from nursery.errors import (
     ErrorKind,
     InternalError,
     InvalidArgument,
+    NoVersionError,
     NurseryError,
     StartupError,
     Unavailable,
@@ -289,10 +290,10 @@ class _Manager:
                                        mid.namespace)
         self._publish()
 
-    def _set_model_failure(self, mid: ModelId, reason: str) -> None:
+    def _set_model_failure(self, mid: ModelId, reason: str, left_out: bool = False) -> None:
         entry = self.entries.get(mid) or ModelEntry(mid.name, MappingProxyType({}))
         self.entries[mid] = ModelEntry(mid.name, entry.versions, reason, entry.config,
-                                       mid.namespace)
+                                       mid.namespace, left_out)
         self._publish()
 
     def _publish(self) -> None:
@@ -438,8 +439,9 @@ class _Manager:
         except NurseryError as exc:
             reason = failure_reason(exc)
             log.error("failed to load '%s': %s", mid, reason)
-            if not self._serving_id(mid):
-                self._set_model_failure(mid, reason)
+            if not self._serving_id(mid):  # unreadable: left out, as by Triton's poll
+                self._set_model_failure(mid, reason,
+                                        left_out=not isinstance(exc, NoVersionError))
             return InternalError(f"{poll_error}: {exc.message}")
         entry = self.entries.get(mid)
         self.entries[mid] = ModelEntry(

@@ -46,7 +46,7 @@ from nursery.config.platforms import (
 from nursery.config.sequence import SequenceConfig, sequence_config
 from nursery.config.validate import validate_model_config, validate_model_io
 from nursery.config.versions import available_versions, select_versions
-from nursery.errors import ConfigError, InvalidArgument, NurseryError
+from nursery.errors import ConfigError, InvalidArgument, NoVersionError, NurseryError
 from nursery.observability.logs import LIBPROTOBUF
 from nursery.runtime.devices import InstancePlacement, gpu_count
 from nursery.scheduling.batch_policy import BatchConfig, QueuePolicy
@@ -374,7 +374,7 @@ def _read_model_config(
         if not auto_complete:  # the rest of the configuration's errors come first too
             _normalize(proto)
             _freeze(proto, model_path, where)
-        raise ConfigError(
+        raise NoVersionError(
             f"{where}: no version to serve: found versions {versions_on_disk or 'none'} in "
             f"'{model_path}', and the version policy selects none of them (a version is a "
             "numbered folder holding the model file)"

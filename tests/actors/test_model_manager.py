@@ -137,6 +137,18 @@ async def test_failed_load_reports_reason(tmp_path: Path, factory: FakeFactory) 
             await h.core.infer(dataclasses.replace(make_request(1), model_name="bad"))
 
 
+async def test_a_model_with_no_version_to_serve_keeps_the_server_unready(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """A readable configuration that selects no version is a failed load in Triton (its poll
+    takes the model in): strict readiness counts it."""
+    folder = write_fake_model(tmp_path, "empty")
+    (folder / "1" / "model.fake").unlink()
+    (folder / "1").rmdir()
+    async with _manager(tmp_path, factory, ["empty"]) as h:
+        assert h.failed == ["empty"]
+        assert not h.directory.all_ready()
+
+
 async def test_backend_load_failure_marks_version_unavailable(tmp_path: Path,
                                                               factory: FakeFactory) -> None:
     write_fake_model(tmp_path, "m")
