@@ -69,7 +69,8 @@ def test_a_request_loads_its_model_once(tmp_path: Path,
     def one(i: int) -> None:
         try:
             if i % 2:
-                _add_sub(httpclient.InferenceServerClient(server.url), "add_sub_b")
+                with httpclient.InferenceServerClient(server.url) as http_client:
+                    _add_sub(http_client, "add_sub_b")  # closed here, not by a collector
             else:
                 grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
                 a = np.full((1, 16), 1.0, np.float32)

@@ -240,8 +240,8 @@ def test_bls_and_ensemble_under_concurrent_load(server: ServerProcess) -> None:
     errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
+        client = httpclient.InferenceServerClient(server.url)
         try:
-            client = httpclient.InferenceServerClient(server.url)
             for i in range(10):
                 a, b = pair(1 + (seed + i) % 3, seed=seed * 100 + i)
                 names = np.array([[b"add_sub"]] * a.shape[0], dtype=object)
@@ -256,6 +256,8 @@ def test_bls_and_ensemble_under_concurrent_load(server: ServerProcess) -> None:
                 np.testing.assert_allclose(result.as_numpy("TWICE_B"), 2 * b, rtol=1e-5, atol=1e-6)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
+        finally:  # its sockets closed here, not by a collector on another thread (a warning)
+            client.close()
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
     for t in threads:
