@@ -1,0 +1,157 @@
+"""The SageMaker frontend end to end: ``python -m nursery serve --allow-sagemaker=true`` on a
+free port, driven as Triton's qa/L0_sagemaker drives it (requests, with tritonclient building
+the bodies)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from tests.conftest import ROOT, ServerProcess, free_port
+
+REPO = ROOT / "model_repository"
+BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size="
+DATA = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+
+def _start(start_server: type[ServerProcess], monkeypatch: pytest.MonkeyPatch, *extra: str,
+           model: str | None = "add_sub") -> tuple[ServerProcess, str]:
+    if model is not None:
+        monkeypatch.setenv("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", model)
+    else:
+        monkeypatch.delenv("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", raising=False)
+    port = free_port()
+    server = start_server(REPO, "--model-control-mode=explicit", "--load-model=add_sub",
+                          "--allow-sagemaker=true", f"--sagemaker-port={port}", *extra)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _body(binary_in: bool, binary_out: bool) -> tuple[bytes, int | None]:
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(DATA, binary_data=binary_in)
+    inputs[1].set_data_from_numpy(DATA, binary_data=False)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
+               httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    body, length = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
+    return body, length
+
+
+def test_ping_and_invocations(start_server: type[ServerProcess],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    server, url = _start(start_server, monkeypatch)
+    assert f"Started Sagemaker HTTPService at 127.0.0.1:{url.rsplit(':', 1)[1]}" in server.log()
+    ping = requests.get(f"{url}/ping", timeout=10)
+    assert (ping.status_code, ping.content) == (200, b"")
+    assert requests.post(f"{url}/ping", timeout=10).status_code == 405
+
+    # plain JSON, as the KServe route takes it
+    body, _ = _body(False, False)
+    r = requests.post(f"{url}/invocations", data=body,
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    answer = r.json()
+    assert answer["model_name"] == "add_sub"
+    assert answer["outputs"][0]["data"] == (DATA * 2).ravel().tolist()
+    assert answer["outputs"][1]["data"] == [0.0] * 16
+
+    # a binary input, its JSON header's size in SageMaker's content type
+    body, length = _body(True, False)
+    r = requests.post(f"{url}/invocations", data=body,
+                      headers={"Content-Type": f"{BINARY}{length}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == (DATA * 2).ravel().tolist()
+
+    # a binary output: the answer's content type says where its JSON header ends
+    body, _ = _body(False, True)
+    r = requests.post(f"{url}/invocations", data=body,
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith(BINARY)
+    result = httpclient.InferenceServerClient.parse_response_body(
+        r.content, header_length=int(r.headers["content-type"][len(BINARY):]))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA * 2)
+
+    # malformed content types cost their own request (400), not the server
+    body, length = _body(True, False)
+    for content_type in (f"additional-string/{BINARY}{length}", f"{BINARY}abc{length}",
+                         f"{BINARY}-123", f"{BINARY}12345"):
+        r = requests.post(f"{url}/invocations", data=body,
+                          headers={"Content-Type": content_type}, timeout=30)
+        assert r.status_code == 400, content_type
+        assert "error" in r.json()
+    assert requests.get(f"{url}/invocations", timeout=10).status_code == 405
+    # unknown routes: 400; the multi-model table is empty
+    assert requests.get(f"{url}/v2/health/ready", timeout=10).status_code == 400
+    models = requests.get(f"{url}/models", timeout=10)
+    assert (models.status_code, models.json()) == (200, {"models": []})
+    assert requests.get(f"{url}/models/add_sub", timeout=10).status_code == 404
+    assert requests.delete(f"{url}/models/add_sub", timeout=10).status_code == 404
+    assert requests.post(f"{url}/models/add_sub/invoke", data=body, timeout=10).status_code == 404
+    # the KServe port still serves beside it
+    assert requests.get(f"http://{server.url}/v2/health/ready", timeout=10).status_code == 200
+
+
+def test_default_model_unset(start_server: type[ServerProcess],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without SAGEMAKER_TRITON_DEFAULT_MODEL_NAME, /invocations names Triton's placeholder."""
+    _, url = _start(start_server, monkeypatch, model=None)
+    r = requests.post(f"{url}/invocations", data=b"dummy", timeout=10)
+    assert r.status_code != 200
+    assert ("Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is "
+            "not found") in r.text
+
+
+def test_restricted_api_applies(start_server: type[ServerProcess],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--http-restricted-api guards the SageMaker port's groups as the HTTP port's."""
+    _, url = _start(start_server, monkeypatch,
+                    "--http-restricted-api=model-repository:X-SM-Auth=secret",
+                    "--http-restricted-api=inference:X-Auth=secret")
+    assert requests.get(f"{url}/ping", timeout=10).status_code == 200
+    for method, path in (("GET", "/models"), ("GET", "/models/add_sub"),
+                         ("POST", "/models"), ("DELETE", "/models/add_sub")):
+        r = requests.request(method, f"{url}{path}", timeout=10)
+        assert r.status_code == 403 and "This API is restricted" in r.text, path
+    assert requests.get(f"{url}/models", headers={"X-SM-Auth": "secret"},
+                        timeout=10).status_code == 200
+    assert requests.get(f"{url}/models", headers={"X-SM-Auth": "wrong"},
+                        timeout=10).status_code == 403
+    body, _ = _body(False, False)
+    assert requests.post(f"{url}/invocations", data=body, timeout=30).status_code == 403
+    assert requests.post(f"{url}/models/x/invoke", data=body, timeout=30).status_code == 403
+    r = requests.post(f"{url}/invocations", data=body, headers={"X-Auth": "secret"}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_safe_port_range_refuses_other_ports() -> None:
+    """A --sagemaker-safe-port-range that the HTTP port lies outside stops the start-up with
+    Triton's words."""
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "nursery", "serve", "--model-repository", str(REPO),
+         "--http-address", "127.0.0.1", "--http-port", "8000", "--allow-grpc=false",
+         "--allow-metrics=false", "--allow-sagemaker=true", f"--sagemaker-port={port}",
+         "--sagemaker-safe-port-range=8081-9000"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode != 0
+    assert ("The server cannot listen to HTTP requests at port 8000, allowed port range is "
+            "[8081, 9000]") in proc.stderr
+
+
+def test_invocations_body_past_the_limit(start_server: type[ServerProcess],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JSON body past --http-max-input-size is refused unread; the server goes on."""
+    _, url = _start(start_server, monkeypatch, "--http-max-input-size=4096")
+    r = requests.post(f"{url}/invocations", data=json.dumps({"pad": "x" * 10000}),
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400
+    body, _ = _body(False, False)
+    assert requests.post(f"{url}/invocations", data=body, timeout=30).status_code == 200
