@@ -181,6 +181,18 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
 
 
+def _int_bool(text: str) -> int:
+    """An integer, or true / false as 1 / 0 (Triton's ParseIntBoolOption: --log-verbose=true
+    is how SageMaker's serve script starts it)."""
+    value = text.strip().lower()
+    if value in ("true", "false"):
+        return int(value == "true")
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default,
                         metavar="<bool>", help=f"{help} Default is {str(default).lower()}.")
@@ -411,7 +423,7 @@ def build_parser(prog: str = "python -m nursery serve",
         "(a model that never returns) and fails their requests. Default: the "
         "--exit-timeout-secs value.",
     )
-    parser.add_argument("--log-verbose", type=int, default=0, metavar="<int>",
+    parser.add_argument("--log-verbose", type=_int_bool, default=0, metavar="<int>",
                         help="Set verbose logging level. Zero (0) disables verbose logging and "
                         "values >= 1 enable verbose logging.")
     _bool_flag(parser, "--log-info", True, "Enable/disable info-level logging.")

@@ -257,6 +257,11 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
         link.unlink()
     link.symlink_to(qa)
     (data / VERSION).mkdir(parents=True, exist_ok=True)
+    # SageMaker's `serve` script, where Triton's image installs it (on PATH), with its
+    # /opt/ml/ paths rewritten as the qa scripts' are
+    serve = triton / "docker" / "sagemaker" / "serve"
+    if serve.is_file():
+        write_exec(opt / "bin" / "serve", serve.read_text().replace("/opt/ml/", str(sagemaker) + "/"))
     for what in container_models(triton, work, checkouts):
         print(f"prepare: not available: {what}", file=sys.stderr)
     write_launchers(work)
@@ -269,6 +274,15 @@ def write_launchers(work: Path) -> None:
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     write_exec(opt / "bin" / "tritonserver",
                f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
+    # the server runs as a process named tritonserver, as in Triton's container (scripts find
+    # it with `ps | grep tritonserver`): the interpreter through a link of that name
+    exe = opt / "bin" / ".nursery" / "tritonserver"
+    exe.parent.mkdir(exist_ok=True)
+    if exe.is_symlink() or exe.exists():
+        exe.unlink()
+    exe.symlink_to(sys.executable)
+    # a fresh container has no SageMaker model folder (L0_sagemaker refuses to start on one)
+    shutil.rmtree(work / "opt" / "ml", ignore_errors=True)
     shims = work / "shims"
     shims.mkdir(exist_ok=True)
     git = shutil.which("git") or "/usr/bin/git"
@@ -462,6 +476,7 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_RECORD": str(record),
         "NURSERY_QA_ROOT": str(ROOT),
         "NURSERY_QA_PYTHON": sys.executable,
+        "NURSERY_QA_SERVER_EXE": str(opt / "bin" / ".nursery" / "tritonserver"),
         "NURSERY_QA_PYTHON_MODE": python_mode,
         "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
         "NURSERY_QA_WORK": str(work),

@@ -117,3 +117,13 @@ def test_port_checks_are_triton_s() -> None:
                                "--allow-http=false"]).sagemaker is not None
     assert port_collision([("HTTP", "a", 1, None), ("GRPC", "b", 1, None)]) is None
     assert port_collision([("HTTP", "a", 5, None), ("SageMaker", "a", 9, (1, 9))]) is None
+
+
+def test_log_verbose_takes_true_and_false() -> None:
+    """SageMaker's serve script starts the server with --log-verbose=true (Triton reads an
+    int or a boolean there)."""
+    assert settings_from_args(["--log-verbose=true"]).log_verbose == 1
+    assert settings_from_args(["--log-verbose=False"]).log_verbose == 0
+    assert settings_from_args(["--log-verbose=2"]).log_verbose == 2
+    with pytest.raises(FlagError):
+        settings_from_args(["--log-verbose=yes"], raise_errors=True)
