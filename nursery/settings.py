@@ -76,6 +76,9 @@ class SageMakerSettings:
     default_model: str = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
     ping_mode: str = "ready"  # SAGEMAKER_TRITON_PING_MODE: "live", or readiness otherwise
     inference_type: str = "infer"  # SAGEMAKER_TRITON_INFERENCE_TYPE: infer|generate|generate_stream
+    # where the multi-model endpoint's urls must lie (Triton: /opt/ml/models, fixed);
+    # NURSERY_SAGEMAKER_MODELS_ROOT moves it (a test tree standing in for /opt/ml)
+    models_root: str = "/opt/ml/models"
 
 
 @dataclass(frozen=True)
@@ -561,7 +564,9 @@ def _sagemaker_settings(parser: argparse.ArgumentParser, args: argparse.Namespac
         port=args.sagemaker_port, address=args.http_address, safe_range=safe_range,
         default_model=environ.get("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", default.default_model),
         ping_mode=environ.get("SAGEMAKER_TRITON_PING_MODE", default.ping_mode),
-        inference_type=environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", default.inference_type))
+        inference_type=environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", default.inference_type),
+        models_root=os.path.abspath(environ.get("NURSERY_SAGEMAKER_MODELS_ROOT",
+                                                default.models_root)))
 
 
 def port_collision(ports: list[tuple[str, str, int, tuple[int, int] | None]]) -> str | None:

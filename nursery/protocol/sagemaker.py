@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+import trio
 
 from nursery.core import Core
-from nursery.errors import InvalidArgument, NurseryError
+from nursery.errors import ErrorKind, InvalidArgument, NurseryError
 from nursery.protocol.access import Restrictions, http_refusal_message
 from nursery.protocol.codecs import binary_tensor
 from nursery.protocol.codecs.status import error_body
@@ -51,6 +55,18 @@ _INT32_MAX = 2**31 - 1
 # (so "/modelsabc" names the model "abc", as there)
 _MODELS = re.compile(r"/models/?([^/]+)?(/invoke)?")
 _STOI = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_ENSEMBLE = re.compile(rb'platform:\s*"ensemble"')
+_CONFIG_READ = 1 << 20  # bytes of a config.pbtxt read to tell an ensemble
+_MAX_FOLDERS = 4096  # model folders looked at in a loaded url
+UNLOAD_WAIT = 350.0  # seconds an unload waits for its model to be unloaded (Triton's)
+UNLOAD_POLL = 0.5
+# what out-of-memory errors say, in the frameworks' words (Triton's list)
+_OOM = ("CUDA out of memory", "CUDA_OUT_OF_MEMORY", "Out of memory", "Out Of Memory",
+        "out of memory", "MemoryError", "OutOfMemory", "OOM", "Dst tensor is not initialized",
+        "Src tensor is not initialized", "CNMEM_STATUS_OUT_OF_MEMORY",
+        "CUDNN_STATUS_NOT_INITIALIZED", "CUBLAS_STATUS_ALLOC_FAILED",
+        "CUBLAS_STATUS_NOT_INITIALIZED", "Failed to allocate memory",
+        "failed to allocate memory", "No space left on device")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +151,87 @@ def as_sagemaker(response: Response) -> Response:
     return status, [(b"content-type", BINARY_TYPE + size), *kept], body
 
 
+def parse_load(body: bytes) -> tuple[str, str]:
+    """A load request's ``url`` and ``model_name`` ("" when absent); a body that is not a
+    JSON object, or fields that are not strings, are refused."""
+    if not body:
+        return "", ""
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(request, dict):
+        return "", ""
+    fields = []
+    for key in ("url", "model_name"):
+        value = request.get(key, "")
+        if not isinstance(value, str):
+            raise InvalidArgument(f"attempt to access JSON non-string as string: '{key}'")
+        fields.append(value)
+    return fields[0], fields[1]
+
+
+def _absolute(url: str) -> str:
+    return os.path.normpath(os.path.join(os.getcwd(), url)) if url else os.getcwd()
+
+
+def forbidden_url(url: str) -> bool:
+    """A url that normalizes into /dev, /proc or /sys (refused before anything is read)."""
+    return _absolute(url).startswith(("/dev/", "/proc/", "/sys/"))
+
+
+def _is_ensemble(config: Path) -> bool:
+    try:
+        with open(config, "rb") as f:
+            text = f.read(_CONFIG_READ)
+    except OSError:
+        return False
+    return _ENSEMBLE.search(text) is not None
+
+
+def model_layout(url: str, models_root: str) -> tuple[str, str]:
+    """Where a multi-model load's model lives: (the repository to register, the folder in it
+    that serves as the target model). ``url`` must be ``<models_root>/<hash>/model[/<sub>]``.
+    With a config.pbtxt at the url, the repository is ``<models_root>/<hash>`` and the folder
+    ``model``; else the url is the repository and the folder is its ensemble's (a config
+    with platform "ensemble"), or its one model folder (of several: the last by name)."""
+    path = _absolute(url)
+    pattern = re.escape(models_root.rstrip("/")) + r"/[0-9A-Za-z._]+"
+    match = re.fullmatch(f"({pattern})/(model)/?([0-9A-Za-z._]+)?", path)
+    if match is None:
+        raise InvalidArgument(f"Invalid \"url\" '{url}': expected a path of the form "
+                              f"{models_root.rstrip('/')}/<hash>/model[/<subdir>]")
+    if os.path.isfile(os.path.join(path, "config.pbtxt")):
+        return match.group(1), match.group(2)
+    folders: list[str] = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if len(folders) >= _MAX_FOLDERS:
+                    break
+                if entry.is_dir():
+                    folders.append(entry.name)
+    except OSError:
+        pass
+    folders.sort()
+    ensembles = [f for f in folders if _is_ensemble(Path(path, f, "config.pbtxt"))]
+    chosen = ensembles[-1] if ensembles else (folders[-1] if folders else "")
+    return path, chosen
+
+
+def out_of_memory(message: str) -> bool:
+    """Whether an error reads as out of memory (Triton answers 507 then)."""
+    return any(marker in message for marker in _OOM)
+
+
+def _message(payload: bytes) -> str:
+    try:
+        value = json.loads(payload).get("error", "")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
+
+
 class SageMakerFrontend:
     """The SageMaker port's handler (``HttpServer(handler=...)``)."""
 
@@ -177,26 +274,126 @@ class SageMakerFrontend:
             if refused is not None:
                 return refused
         if where.kind == "list":
-            listing = [{"modelName": name, "modelUrl": url} for name, url in self.models.items()
-                       if await self.core.model_ready(name, "1")]
-            return 200, list(_JSON), json.dumps({"models": listing}).encode()
+            return await self._list()
         if where.kind == "get":
             if where.model not in self.models:
                 return 404, [], b""
             return 200, list(_JSON), json.dumps(
                 {"modelName": where.model, "modelUrl": self.models[where.model]}).encode()
         if where.kind == "load":
-            return 400, list(_JSON), error_body(
-                "loading a model from a url (the SageMaker multi-model endpoint) is not "
-                "supported by this server yet")
+            return await self._load(head, body)
         if where.kind == "unload":
-            return 404, [], b""  # nothing is loaded through the endpoint (see "load")
+            return await self._unload(head, where.model)
         if where.kind == "invoke":
-            refused = self._refused("inference", head)
-            if refused is not None:
-                return refused
-            return 404, [], b""  # only models loaded through the endpoint are invoked
+            return await self._invoke(head, body, where.model, after)
         return 400, [], b""
+
+    async def _list(self) -> Response:
+        # a model not ready (yet) is an empty object in the list, as in Triton's
+        listing = [{"modelName": name, "modelUrl": url}
+                   if await self.core.model_ready(name, "1") else {}
+                   for name, url in list(self.models.items())]
+        return 200, list(_JSON), json.dumps({"models": listing}).encode()
+
+    async def _load(self, head: http1.RequestHead, body: bytes) -> Response:
+        """``POST /models``: register the ``url``'s repository with its model folder mapped
+        to the target model's name, load that model, and keep it in the table by
+        ``model_name``. 409 when the repository or name is taken; a failed load: 400 (507
+        when the error reads as out of memory), and the repository is unregistered."""
+        try:
+            asked = parse_load(body)
+        except InvalidArgument as error:
+            return 400, list(_JSON), error_body(error.message)
+        url, name = asked
+        target = (head.header(b"x-amzn-sagemaker-target-model") or b"").decode(
+            "latin-1") or name
+        log.info("Loading SageMaker TargetModel: %s", target)
+        if forbidden_url(url):
+            log.error('Invalid URL: %s. "url" property value cannot start with /dev/, /proc/, '
+                      "or /sys/.", url)
+            return 400, [], b""
+        try:
+            repository, folder = model_layout(url, self.options.models_root)
+        except InvalidArgument as error:
+            return 400, list(_JSON), error_body(error.message)
+        try:
+            await self.core.register_repository(Path(repository), ((folder, target),))
+        except NurseryError as error:
+            status = 409 if error.kind is ErrorKind.ALREADY_EXISTS else 400
+            return status, list(_JSON), error_body(error.message)
+        try:
+            await self.core.load_model(target)
+        except NurseryError as error:
+            try:
+                await self.core.unregister_repository(Path(repository))
+            except NurseryError:
+                pass
+            if error.kind is ErrorKind.ALREADY_EXISTS:
+                return 409, list(_JSON), error_body(error.message)
+            return (507 if out_of_memory(error.message) else 400), list(_JSON), error_body(
+                error.message)
+        self.models[name] = repository
+        return 200, [], b""
+
+    async def _unload(self, head: http1.RequestHead, name: str) -> Response:
+        """``DELETE /models/<name>``: unload the model and what only it loaded, wait (up to
+        Triton's 350 s) until the index says it is unloaded, unregister its repository."""
+        target = (head.header(b"x-amzn-sagemaker-target-model") or b"").decode(
+            "latin-1") or name
+        if name not in self.models:
+            log.debug("Model %s with model hash %s is not loaded.", target, name)
+            return 404, [], b""
+        log.info("Unloading SageMaker TargetModel: %s", target)
+        try:
+            await self.core.unload_model(target, unload_dependents=True)
+        except NurseryError as error:
+            log.error("Error when unloading SageMaker Model with dependents for model: %s",
+                      target)
+            return 400, list(_JSON), error_body(error.message)
+        for _ in range(int(UNLOAD_WAIT / UNLOAD_POLL)):  # Triton polls the index so
+            if await self._unloaded(target):
+                break
+            await trio.sleep(UNLOAD_POLL)
+        repository = self.models.pop(name)
+        try:
+            await self.core.unregister_repository(Path(repository))
+        except NurseryError as error:
+            log.error("Unable to unregister model repository for path: %s", repository)
+            return 400, list(_JSON), error_body(error.message)
+        return 200, [], b""
+
+    async def _unloaded(self, name: str) -> bool:
+        try:
+            index = await self.core.repository_index()
+        except NurseryError:
+            return True  # nothing to wait for (Triton's loop ends on an error too)
+        return any(entry.name == name and entry.state == "UNAVAILABLE"
+                   and entry.reason == "unloaded" for entry in index)
+
+    async def _invoke(self, head: http1.RequestHead, body: bytes, name: str,
+                      after: AfterSend | None) -> Response:
+        """``POST /models/<name>/invoke``: inference on a model loaded through the table;
+        every failure is a 400 with the error (507 when it reads as out of memory)."""
+        if name not in self.models:
+            return 404, [], b""
+        target = (head.header(b"x-amzn-sagemaker-target-model") or b"").decode(
+            "latin-1") or name
+        log.info("Invoking SageMaker TargetModel: %s", target)
+        refused = self._refused("inference", head)
+        if refused is not None:
+            return refused
+        try:
+            length = header_length(head.header(b"content-type"), len(body))
+        except NurseryError as error:
+            return 400, list(_JSON), error_body(error.message)
+        answer = await infer_response(self.core, target, "", as_kserve(head.headers, length),
+                                      body, self.max_input_size, after=after)
+        status, headers, payload = as_sagemaker(answer)
+        if status != 200:
+            message = _message(payload)
+            status = 507 if out_of_memory(message) else 400
+            headers = list(_JSON)
+        return status, headers, payload
 
     async def _ping(self, head: http1.RequestHead) -> Response:
         refused = self._refused("health", head)

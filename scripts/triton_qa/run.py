@@ -477,6 +477,8 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_ROOT": str(ROOT),
         "NURSERY_QA_PYTHON": sys.executable,
         "NURSERY_QA_SERVER_EXE": str(opt / "bin" / ".nursery" / "tritonserver"),
+        # the SageMaker multi-model endpoint's /opt/ml/models, in this tree as the scripts'
+        "NURSERY_SAGEMAKER_MODELS_ROOT": str(work / "opt" / "ml" / "models"),
         "NURSERY_QA_PYTHON_MODE": python_mode,
         "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
         "NURSERY_QA_WORK": str(work),

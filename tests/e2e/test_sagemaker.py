@@ -5,8 +5,10 @@ the bodies)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,7 +128,8 @@ def test_restricted_api_applies(start_server: type[ServerProcess],
                         timeout=10).status_code == 403
     body, _ = _body(False, False)
     assert requests.post(f"{url}/invocations", data=body, timeout=30).status_code == 403
-    assert requests.post(f"{url}/models/x/invoke", data=body, timeout=30).status_code == 403
+    # the multi-model invoke: a model not in the table is 404 before the restriction
+    assert requests.post(f"{url}/models/x/invoke", data=body, timeout=30).status_code == 404
     r = requests.post(f"{url}/invocations", data=body, headers={"X-Auth": "secret"}, timeout=30)
     assert r.status_code == 200, r.text
 
@@ -155,3 +158,63 @@ def test_invocations_body_past_the_limit(start_server: type[ServerProcess],
     assert r.status_code == 400
     body, _ = _body(False, False)
     assert requests.post(f"{url}/invocations", data=body, timeout=30).status_code == 200
+
+
+def test_multi_model_endpoint(start_server: type[ServerProcess],
+                              monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Load from a url under the models root, list, get, invoke, unload, as Triton's
+    sagemaker_multi_model_test.py drives it."""
+    root = tmp_path / "ml" / "models"
+    model = root / "123456789abcdefghi" / "model"
+    shutil.copytree(REPO / "add_sub", model)
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_sub"', 'name: "mme_add"'))
+    broken = root / "987654321broken" / "model"
+    broken.mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('name: "mme_broken"\nplatform: "nonsense"\n')
+    monkeypatch.setenv("NURSERY_SAGEMAKER_MODELS_ROOT", str(root))
+    _, url = _start(start_server, monkeypatch)
+    load = {"model_name": "mme_add", "url": str(model)}
+    r = requests.post(f"{url}/models", data=json.dumps(load), timeout=60)
+    assert (r.status_code, r.content) == (200, b""), r.text
+    r = requests.post(f"{url}/models", data=json.dumps(load), timeout=60)
+    assert r.status_code == 409 and "error" in r.json()
+    entry = {"modelName": "mme_add", "modelUrl": str(model.parent)}
+    assert requests.get(f"{url}/models", timeout=10).json() == {"models": [entry]}
+    assert requests.get(f"{url}/models/mme_add", timeout=10).json() == entry
+
+    body, _ = _body(False, True)
+    r = requests.post(f"{url}/models/mme_add/invoke", data=body,
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text
+    result = httpclient.InferenceServerClient.parse_response_body(
+        r.content, header_length=int(r.headers["content-type"][len(BINARY):]))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA * 2)
+    # a bad request to a loaded model: 400 with the error, as every MME invoke failure
+    r = requests.post(f"{url}/models/mme_add/invoke", data=b'{"inputs": []}', timeout=30)
+    assert r.status_code == 400 and "error" in r.json()
+
+    # urls outside the models root, or into /proc: refused, nothing registered
+    for bad in (str(tmp_path / "elsewhere" / "model"), "/proc/self/model"):
+        r = requests.post(f"{url}/models", data=json.dumps({"model_name": "x", "url": bad}),
+                          timeout=30)
+        assert r.status_code == 400, bad
+    # a model that fails to load: 400 with the error, its repository unregistered again
+    r = requests.post(f"{url}/models", timeout=60,
+                      data=json.dumps({"model_name": "mme_broken", "url": str(broken)}))
+    assert r.status_code == 400 and "error" in r.json()
+    r = requests.post(f"{url}/models", timeout=60,
+                      data=json.dumps({"model_name": "mme_broken", "url": str(broken)}))
+    assert r.status_code == 400  # not 409: the failed load left nothing registered
+    assert requests.get(f"{url}/models", timeout=10).json() == {"models": [entry]}
+
+    r = requests.delete(f"{url}/models/mme_add", timeout=60)
+    assert r.status_code == 200, r.text
+    assert requests.delete(f"{url}/models/mme_add", timeout=10).status_code == 404
+    assert requests.get(f"{url}/models/mme_add", timeout=10).status_code == 404
+    assert requests.post(f"{url}/models/mme_add/invoke", data=body,
+                         timeout=10).status_code == 404
+    assert requests.get(f"{url}/models", timeout=10).json() == {"models": []}
+    # unloaded and unregistered: it loads again
+    r = requests.post(f"{url}/models", data=json.dumps(load), timeout=60)
+    assert r.status_code == 200, r.text

@@ -3,6 +3,8 @@ headers, the flags and Triton's port check (src/sagemaker_server.cc, command_lin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nursery.errors import InvalidArgument
@@ -11,7 +13,11 @@ from nursery.protocol.sagemaker import (
     Route,
     as_kserve,
     as_sagemaker,
+    forbidden_url,
     header_length,
+    model_layout,
+    out_of_memory,
+    parse_load,
     route,
 )
 from nursery.settings import FlagError, port_collision, settings_from_args
@@ -127,3 +133,44 @@ def test_log_verbose_takes_true_and_false() -> None:
     assert settings_from_args(["--log-verbose=2"]).log_verbose == 2
     with pytest.raises(FlagError):
         settings_from_args(["--log-verbose=yes"], raise_errors=True)
+
+
+def test_load_requests() -> None:
+    assert parse_load(b"") == ("", "")
+    assert parse_load(b'{"model_name": "m", "url": "/opt/ml/models/h/model"}') == (
+        "/opt/ml/models/h/model", "m")
+    assert parse_load(b"[1]") == ("", "")
+    for bad in (b"{", b'{"url": 5}', b'{"model_name": ["m"]}'):
+        with pytest.raises(InvalidArgument):
+            parse_load(bad)
+    assert not forbidden_url("/proc")  # Triton looks for "/proc/" at the start
+    assert forbidden_url("/proc/self/model")
+    assert forbidden_url("/opt/../dev/shm/x")
+    assert not forbidden_url("/opt/ml/models/h/model")
+
+
+def test_model_layouts(tmp_path: Path) -> None:
+    """config.pbtxt at the url: the hash folder is the repository, ``model`` the model;
+    else the url is the repository and its ensemble (or its one model) the model."""
+    root = tmp_path / "models"
+    single = root / "h1" / "model"
+    single.mkdir(parents=True)
+    (single / "config.pbtxt").write_text('name: "m"')
+    assert model_layout(str(single), str(root)) == (str(root / "h1"), "model")
+    assert model_layout(str(single) + "/", str(root)) == (str(root / "h1"), "model")
+    several = root / "h2" / "model"
+    for folder, config in (("a", 'platform: "onnxruntime_onnx"'),
+                           ("b_ens", 'platform:"ensemble"'), ("c", "")):
+        (several / folder).mkdir(parents=True)
+        (several / folder / "config.pbtxt").write_text(config)
+    assert model_layout(str(several), str(root)) == (str(several), "b_ens")
+    for bad in (str(tmp_path / "other" / "h1" / "model"), str(root / "h1" / "notmodel"),
+                str(root / "h1" / "model" / "a" / "b")):
+        with pytest.raises(InvalidArgument, match="expected a path of the form"):
+            model_layout(bad, str(root))
+
+
+def test_out_of_memory_errors_read_as_triton_reads_them() -> None:
+    assert out_of_memory("onnxruntime: Failed to allocate memory for requested buffer")
+    assert out_of_memory("CUDA out of memory. Tried to allocate 2 GiB")
+    assert not out_of_memory("unexpected shape for input 'INPUT0'")
