@@ -271,12 +271,19 @@ class Core:
     async def register_repository(self, path: Path,
                                   names: tuple[tuple[str, str], ...] = ()) -> None:
         """Add a model repository whose folders ``names`` maps serve as those models (Triton's
-        repository registration, used by the SageMaker multi-model endpoint)."""
+        repository registration, used by the SageMaker multi-model endpoint); explicit
+        model control only, as there."""
+        if self.services.control_mode != "explicit":
+            raise Unsupported("repository registration is not allowed if model control mode "
+                              "is not EXPLICIT")
         error = await self._ask_manager(lambda reply: RegisterRepository(path, names, reply))
         if error is not None:
             raise error
 
     async def unregister_repository(self, path: Path) -> None:
+        if self.services.control_mode != "explicit":
+            raise Unsupported("repository unregistration is not allowed if model control "
+                              "mode is not EXPLICIT")
         error = await self._ask_manager(lambda reply: UnregisterRepository(path, reply))
         if error is not None:
             raise error

@@ -250,7 +250,7 @@ class _Manager:
         taken = {name for names in self.renames.values() for name in names.values()}
         for _, name in command.names:
             if name in taken:
-                return AlreadyExists(f"failed to register '{path}', there is a conflicting "
+                return AlreadyExists(f"failed to register '{name}', there is a conflicting "
                                      f"mapping for '{name}'")
         self.repositories = (*self.repositories, path)
         if command.names:

@@ -14,9 +14,15 @@ apply here too, as in Triton. The routes:
   JSON header ends and binary tensor data begins (KServe's ``Inference-Header-Content-Length``);
   an answer with binary outputs comes back with that content type, with the JSON header's
   size. Bodies are never compressed here (Triton's SageMaker server reads identity only).
-- ``/models...``: the multi-model endpoint's routes, answered from the table of models loaded
-  through it (list, get, invoke, unload); loading from a ``url`` is not built yet and is
-  refused with a 400 that says so (docs/conformance.md).
+- ``/models...``: the multi-model endpoint (``SAGEMAKER_MULTI_MODEL=true`` in SageMaker's serve
+  script; the routes are there either way, as in Triton). ``POST /models`` with
+  ``{"model_name", "url"}`` registers the url's repository (``/opt/ml/models/<hash>/model``;
+  ``NURSERY_SAGEMAKER_MODELS_ROOT`` moves /opt/ml/models) with its model folder mapped to the
+  target model (``X-Amzn-SageMaker-Target-Model``, else ``model_name``) and loads it; ``GET
+  /models`` lists the table, ``GET /models/<name>`` shows one, ``POST
+  /models/<name>/invoke`` infers (every failure a 400, or 507 when it reads as out of
+  memory), ``DELETE /models/<name>`` unloads it and its dependents and unregisters the
+  repository. A name not in the table: 404, empty body.
 - anything else: 400, empty body.
 
 The pure parts (routing, the content type) are functions with their own tests; the inference
@@ -58,6 +64,13 @@ _STOI = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _ENSEMBLE = re.compile(rb'platform:\s*"ensemble"')
 _CONFIG_READ = 1 << 20  # bytes of a config.pbtxt read to tell an ensemble
 _MAX_FOLDERS = 4096  # model folders looked at in a loaded url
+# Python's JSON parse errors -> rapidjson's (GetParseError_En), for Triton's messages
+_RAPIDJSON = {
+    "Expecting value": "Invalid value.",
+    "Extra data": "The document root must not be followed by other values.",
+    "Expecting property name enclosed in double quotes": "Missing a name for object member.",
+    "Expecting ':' delimiter": "Missing a colon after a name of object member.",
+}
 UNLOAD_WAIT = 350.0  # seconds an unload waits for its model to be unloaded (Triton's)
 UNLOAD_POLL = 0.5
 # what out-of-memory errors say, in the frameworks' words (Triton's list)
@@ -158,6 +171,9 @@ def parse_load(body: bytes) -> tuple[str, str]:
         return "", ""
     try:
         request = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(
+            f"failed to parse the request JSON buffer: {parse_error(exc)}") from None
     except (ValueError, RecursionError) as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(request, dict):
@@ -169,6 +185,15 @@ def parse_load(body: bytes) -> tuple[str, str]:
             raise InvalidArgument(f"attempt to access JSON non-string as string: '{key}'")
         fields.append(value)
     return fields[0], fields[1]
+
+
+def parse_error(exc: json.JSONDecodeError) -> str:
+    """A JSON parse error in rapidjson's words and offset, as Triton reports it ("Invalid
+    value. at 0"); a kind without a counterpart here keeps Python's words."""
+    words = _RAPIDJSON.get(exc.msg)
+    if words is None:
+        return f"{exc.msg} at {exc.pos}"
+    return f"{words} at {exc.pos}"
 
 
 def _absolute(url: str) -> str:

@@ -166,9 +166,8 @@ def test_multi_model_endpoint(start_server: type[ServerProcess],
     sagemaker_multi_model_test.py drives it."""
     root = tmp_path / "ml" / "models"
     model = root / "123456789abcdefghi" / "model"
+    # its config.pbtxt still says "add_sub": a mapped folder serves under the mapped name
     shutil.copytree(REPO / "add_sub", model)
-    config = model / "config.pbtxt"
-    config.write_text(config.read_text().replace('name: "add_sub"', 'name: "mme_add"'))
     broken = root / "987654321broken" / "model"
     broken.mkdir(parents=True)
     (broken / "config.pbtxt").write_text('name: "mme_broken"\nplatform: "nonsense"\n')

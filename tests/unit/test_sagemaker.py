@@ -174,3 +174,13 @@ def test_out_of_memory_errors_read_as_triton_reads_them() -> None:
     assert out_of_memory("onnxruntime: Failed to allocate memory for requested buffer")
     assert out_of_memory("CUDA out of memory. Tried to allocate 2 GiB")
     assert not out_of_memory("unexpected shape for input 'INPUT0'")
+
+
+def test_load_parse_errors_read_as_triton_s() -> None:
+    """sagemaker_request_many_chunks.py expects rapidjson's words for a body of 'A's."""
+    for body, words in ((b"A" * 10, "Invalid value. at 0"),
+                        (b"{} x", "The document root must not be followed by other values. at 3"),
+                        (b"{1: 2}", "Missing a name for object member. at 1")):
+        with pytest.raises(InvalidArgument) as info:
+            parse_load(body)
+        assert info.value.message == f"failed to parse the request JSON buffer: {words}"
