@@ -438,6 +438,9 @@ def prune_ensembles(data: Path) -> list[Path]:
     return removed
 
 
+CLIENT_PACKAGES = (("sseclient-py", "sseclient"), ("psutil", "psutil"))
+
+
 def client_site(work: Path, version: str) -> Path:
     """A folder holding tritonclient ``version`` (installed there once with pip, without its
     dependencies: the machine's grpcio, numpy, ... serve), for the clients' PYTHONPATH."""
@@ -448,6 +451,15 @@ def client_site(work: Path, version: str) -> Path:
         if rc != 0 or not (target / "tritonclient").is_dir():
             sys.exit(f"--tritonclient {version}: pip could not install tritonclient=={version} "
                      f"into {target}")
+    # what Triton's client scripts pip-install in their container (L0_sagemaker's
+    # `pip install sseclient-py psutil`): the pip shim skips it, so it goes here, not onto
+    # the machine
+    for package, module in CLIENT_PACKAGES:
+        if not any((target / name).exists() for name in (module, module + ".py")):
+            rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                                 "--target", str(target), package]).returncode
+            if rc != 0:
+                print(f"clients: pip could not install {package}", file=sys.stderr)
     return target
 
 
