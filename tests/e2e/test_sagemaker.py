@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,47 @@ def test_multi_model_endpoint(start_server: type[ServerProcess],
     # unloaded and unregistered: it loads again
     r = requests.post(f"{url}/models", data=json.dumps(load), timeout=60)
     assert r.status_code == 200, r.text
+
+
+def test_trace_context_propagates(start_server: type[ServerProcess],
+                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `traceparent` on /invocations and on an MME invoke parents the request's spans, as
+    on the HTTP port (Triton's L0_trace SageMaker cases), the send's end included."""
+    from tests.e2e.test_observability import _Collector
+
+    root = tmp_path / "ml" / "models"
+    shutil.copytree(REPO / "add_sub", root / "123456789abcdefghi" / "model")
+    monkeypatch.setenv("NURSERY_SAGEMAKER_MODELS_ROOT", str(root))
+    collector = _Collector()
+    try:
+        _, url = _start(start_server, monkeypatch,
+                        "--trace-config", "mode=opentelemetry", "--trace-config",
+                        "level=TIMESTAMPS", "--trace-config", "rate=1000",
+                        "--trace-config", f"opentelemetry,url={collector.url}",
+                        "--trace-config", "opentelemetry,bsp_schedule_delay=100")
+        r = requests.post(f"{url}/models", timeout=60, data=json.dumps(
+            {"model_name": "mme_add", "url": str(root / "123456789abcdefghi" / "model")}))
+        assert r.status_code == 200, r.text
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        body, _ = _body(False, False)
+        for path, span in (("/invocations", "00f067aa0ba902b7"),
+                           ("/models/mme_add/invoke", "00f067aa0ba902b8")):
+            r = requests.post(f"{url}{path}", data=body, timeout=30, headers={
+                "Content-Type": "application/json",
+                "traceparent": f"00-{trace_id}-{span}-01"})
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 20
+        while len(collector.spans) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        tops = {s.parent_span_id.hex(): s for _, s in collector.spans
+                if s.name == "InferRequest"}
+        assert sorted(tops) == ["00f067aa0ba902b7", "00f067aa0ba902b8"]
+        for top in tops.values():
+            assert top.trace_id.hex() == trace_id
+            assert [e.name for e in top.events] == [
+                "HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE",
+                "HTTP_SEND_START", "HTTP_SEND_END"]
+        assert sorted(s.name for _, s in collector.spans) == sorted(
+            ["InferRequest", "InferRequest", "add_sub", "mme_add", "compute", "compute"])
+    finally:
+        collector.close()
