@@ -295,7 +295,7 @@ async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
     server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         serve_infer=False, handler=frontend.handle,
-                        refuse_body=frontend.too_large,
+                        refuse_body=frontend.too_large, unit="openai",
                         **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
@@ -322,7 +322,8 @@ async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings
                         max_body_size=settings.http_max_body_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         serve_infer=False, handler=frontend.handle,
-                        limit_body=frontend.body_limit, **_http_deadlines(settings))
+                        limit_body=frontend.body_limit, unit="sagemaker",
+                        **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         async with trio.open_nursery() as inner:

@@ -337,8 +337,9 @@ class SageMakerFrontend:
             log.error('Invalid URL: %s. "url" property value cannot start with /dev/, /proc/, '
                       "or /sys/.", url)
             return 400, [], b""
-        try:
-            repository, folder = model_layout(url, self.options.models_root)
+        try:  # a few reads of the url's folder: off the event loop
+            repository, folder = await trio.to_thread.run_sync(
+                model_layout, url, self.options.models_root)
         except InvalidArgument as error:
             return 400, list(_JSON), error_body(error.message)
         try:

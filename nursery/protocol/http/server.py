@@ -253,7 +253,8 @@ class HttpServer:
                  forward: HeaderForward = NO_FORWARD,
                  handler: Handler | None = None,
                  refuse_body: Callable[[int, int], Response] | None = None,
-                 limit_body: Callable[[http1.RequestHead], int] | None = None) -> None:
+                 limit_body: Callable[[http1.RequestHead], int] | None = None,
+                 unit: str | None = None) -> None:
         self.core = core
         self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
@@ -273,6 +274,8 @@ class HttpServer:
         self.handler = handler
         self.refuse_body = refuse_body  # the answer to a body past the limit (declared size, limit)
         self.limit_body = limit_body  # a handler's body limit for a request head
+        # the unit its unexpected errors count under (nursery_internal_errors_total)
+        self.unit = unit or ("http" if serve_infer else "metrics")
         self.closing = False
         self.internal_errors = 0
         self.refused_connections = 0
@@ -413,7 +416,7 @@ class HttpServer:
     def _count(self, exc: Exception, where: str) -> None:
         """One log line per unexpected exception (the traceback at --log-verbose 1), one count."""
         self.internal_errors += 1
-        self.faults.count("http" if self.serve_infer else "metrics")
+        self.faults.count(self.unit)
         log.error("internal error in an HTTP %s: %s", where, describe(exc))
         log.debug("the internal error's traceback", exc_info=exc)
 
