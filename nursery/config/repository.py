@@ -68,6 +68,7 @@ def scan(repositories: tuple[Root, ...] | list[Root],
     A bucket is listed (blocking, over the network: run this off the trio thread).
     ``renames``: a registered repository's folders -> the model names they serve as."""
     found: dict[str, list[ModelLocation]] = {}
+    mapped: dict[str, ModelLocation] = {}
     unreadable: dict[Root, str] = {}
     for repo in repositories:
         if isinstance(repo, CloudRoot):
@@ -88,7 +89,14 @@ def scan(repositories: tuple[Root, ...] | list[Root],
             if entry.name.startswith(".") or not entry.is_dir():
                 continue
             name = names.get(entry.name, entry.name)
-            found.setdefault(name, []).append(ModelLocation(name, Path(entry.path), Path(repo)))
+            location = ModelLocation(name, Path(entry.path), Path(repo))
+            found.setdefault(name, []).append(location)
+            if entry.name in names:
+                mapped[name] = location
+    # a mapped folder is the model of its name, whatever the repositories hold (Triton looks
+    # a load's name up in the mappings before it searches the repositories)
+    for name, location in mapped.items():
+        found[name] = [location]
     models = {name: locs[0] for name, locs in found.items() if len(locs) == 1}
     duplicates = {
         name: tuple(loc.repository for loc in locs) for name, locs in found.items() if len(locs) > 1

@@ -218,6 +218,15 @@ def test_multi_model_endpoint(start_server: type[ServerProcess],
     # unloaded and unregistered: it loads again
     r = requests.post(f"{url}/models", data=json.dumps(load), timeout=60)
     assert r.status_code == 200, r.text
+    # a name the server's repository holds too: the mapped folder is that model now (Triton
+    # looks a load's name up in the mappings first; L0_trace loads its `simple` so)
+    shadow = root / "555shadow" / "model"
+    shutil.copytree(REPO / "add_sub", shadow)
+    r = requests.post(f"{url}/models", timeout=60,
+                      data=json.dumps({"model_name": "add_sub", "url": str(shadow)}))
+    assert r.status_code == 200, r.text
+    r = requests.post(f"{url}/models/add_sub/invoke", data=body, timeout=30)
+    assert r.status_code == 200, r.text
 
 
 def test_trace_context_propagates(start_server: type[ServerProcess],

@@ -184,3 +184,22 @@ def test_load_parse_errors_read_as_triton_s() -> None:
         with pytest.raises(InvalidArgument) as info:
             parse_load(body)
         assert info.value.message == f"failed to parse the request JSON buffer: {words}"
+
+
+def test_a_mapped_folder_is_the_model_of_its_name(tmp_path: Path) -> None:
+    """A registered repository's mapped folder serves as its model even where another
+    repository holds a model of that name (Triton looks up mappings first); its unmapped
+    folders are models of their own names."""
+    from nursery.config.repository import scan
+
+    main = tmp_path / "main"
+    (main / "simple").mkdir(parents=True)
+    registered = tmp_path / "ml" / "models" / "h1"
+    (registered / "model").mkdir(parents=True)
+    (registered / "other").mkdir()
+    found = scan([main, registered], {registered: {"model": "simple"}})
+    assert found.models["simple"].path == registered / "model"
+    assert found.models["other"].path == registered / "other"
+    assert "model" not in found.models and not found.duplicates
+    plain = scan([main, registered])
+    assert plain.models["simple"].path == main / "simple"
