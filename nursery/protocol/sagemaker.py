@@ -267,7 +267,8 @@ class SageMakerFrontend:
         self.restrictions = restrictions  # --http-restricted-api, as on the HTTP port
         self.max_input_size = max_input_size
         self.max_body_size = max_body_size
-        # models loaded through the multi-model endpoint: name -> url
+        # models loaded through the multi-model endpoint: model_name -> its repository (the
+        # modelUrl the routes answer)
         self.models: dict[str, str] = {}
 
     def body_limit(self, head: http1.RequestHead) -> int:
