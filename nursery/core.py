@@ -10,6 +10,7 @@ commands go to the ModelManager's inbox.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -25,7 +26,9 @@ from nursery.messages import (
     IndexRepository,
     LoadModel,
     ManagerCommand,
+    RegisterRepository,
     UnloadModel,
+    UnregisterRepository,
 )
 from nursery.observability.arrival_log import ArrivalLog
 from nursery.observability.logs import LogManager
@@ -262,6 +265,26 @@ class Core:
             self._check_explicit()
         error = await self._ask_manager(
             lambda reply: UnloadModel(name, reply, unload_dependents))
+        if error is not None:
+            raise error
+
+    async def register_repository(self, path: Path,
+                                  names: tuple[tuple[str, str], ...] = ()) -> None:
+        """Add a model repository whose folders ``names`` maps serve as those models (Triton's
+        repository registration, used by the SageMaker multi-model endpoint); explicit
+        model control only, as there."""
+        if self.services.control_mode != "explicit":
+            raise Unsupported("repository registration is not allowed if model control mode "
+                              "is not EXPLICIT")
+        error = await self._ask_manager(lambda reply: RegisterRepository(path, names, reply))
+        if error is not None:
+            raise error
+
+    async def unregister_repository(self, path: Path) -> None:
+        if self.services.control_mode != "explicit":
+            raise Unsupported("repository unregistration is not allowed if model control "
+                              "mode is not EXPLICIT")
+        error = await self._ask_manager(lambda reply: UnregisterRepository(path, reply))
         if error is not None:
             raise error
 

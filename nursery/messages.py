@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nursery.errors import NurseryError
@@ -260,4 +261,23 @@ class IndexRepository:
     reply: trio.MemorySendChannel[list[IndexEntry] | NurseryError]
 
 
-ManagerCommand = LoadModel | UnloadModel | IndexRepository
+@dataclass(frozen=True, slots=True, eq=False)
+class RegisterRepository:
+    """Add a model repository, its folders ``names`` mapped to model names (Triton's
+    repository registration; reply: None, or the error that refused it)."""
+
+    path: Path
+    names: tuple[tuple[str, str], ...]
+    reply: trio.MemorySendChannel[NurseryError | None]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UnregisterRepository:
+    """Remove a registered repository (its loaded models stay loaded; reply as above)."""
+
+    path: Path
+    reply: trio.MemorySendChannel[NurseryError | None]
+
+
+ManagerCommand = (LoadModel | UnloadModel | IndexRepository | RegisterRepository
+                  | UnregisterRepository)

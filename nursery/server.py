@@ -46,6 +46,7 @@ from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
 from nursery.protocol.openai.frontend import OpenAIFrontend
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
+from nursery.protocol.sagemaker import SageMakerFrontend
 from nursery.protocol.tls import TlsError, server_context
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
@@ -294,7 +295,34 @@ async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
     server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         serve_infer=False, handler=frontend.handle,
-                        refuse_body=frontend.too_large,
+                        refuse_body=frontend.too_large, unit="openai",
+                        **_http_deadlines(settings))
+
+    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+        async with trio.open_nursery() as inner:
+            binds = await inner.start(server.serve, options.address, options.port)
+            task_status.started(binds)
+            await shutdown.wait()
+            server.close()
+
+    return await nursery.start(run)  # type: ignore[no-any-return]
+
+
+async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings,
+                           shutdown: trio.Event) -> list[str]:
+    """The SageMaker frontend on its own port (nursery's HTTP/1.1 server with the SageMaker
+    handler), under the HTTP port's limits, deadlines, connection cap and restrictions, as
+    Triton's SageMaker server reuses its HTTP settings; it stops accepting and drains once
+    ``shutdown`` is set."""
+    options = settings.sagemaker
+    assert options is not None
+    frontend = SageMakerFrontend(core, options, settings.http_restrictions,
+                                 settings.http_max_input_size, settings.http_max_body_size)
+    server = HttpServer(core, build_routes_app(core), max_input_size=settings.http_max_input_size,
+                        max_body_size=settings.http_max_body_size,
+                        max_connections=settings.http_max_connections, faults=core.faults,
+                        serve_infer=False, handler=frontend.handle,
+                        limit_body=frontend.body_limit, unit="sagemaker",
                         **_http_deadlines(settings))
 
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
@@ -484,6 +512,14 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     for bind in await _start_openai(frontends, core, settings, shutdown,
                                                     tokenizer):
                         log.info("Started OpenAI-compatible frontend at %s", bind)
+                if settings.sagemaker is not None:
+                    with _port_in_use("Sagemaker", settings.sagemaker.address,
+                                      settings.sagemaker.port):
+                        sagemaker_binds = await _start_sagemaker(frontends, core, settings,
+                                                                 shutdown)
+                    for bind in sagemaker_binds:
+                        log.info("Started Sagemaker HTTPService at %s",
+                                 bind.removeprefix("http://"))
                 if settings.allow_metrics:
                     with _port_in_use("Metrics", settings.metrics_address or
                                       settings.http_address, settings.metrics_port):

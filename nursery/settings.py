@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,23 @@ class OpenAISettings:
     backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
     tool_call_parser: str = ""  # --tool-call-parser llama3|hermes|mistral: tool calls in chat answers
     max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
+
+
+@dataclass(frozen=True)
+class SageMakerSettings:
+    """The SageMaker frontend (``--allow-sagemaker``; off without it): Triton's flags, and the
+    environment variables its SageMaker server reads once at start-up."""
+
+    port: int = 8080  # --sagemaker-port
+    address: str = "0.0.0.0"  # Triton has no flag for it; nursery follows --http-address
+    safe_range: tuple[int, int] | None = None  # --sagemaker-safe-port-range: the other ports'
+    # SAGEMAKER_TRITON_DEFAULT_MODEL_NAME: the model /invocations serves
+    default_model: str = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
+    ping_mode: str = "ready"  # SAGEMAKER_TRITON_PING_MODE: "live", or readiness otherwise
+    inference_type: str = "infer"  # SAGEMAKER_TRITON_INFERENCE_TYPE: infer|generate|generate_stream
+    # where the multi-model endpoint's urls must lie (Triton: /opt/ml/models, fixed);
+    # NURSERY_SAGEMAKER_MODELS_ROOT moves it (a test tree standing in for /opt/ml)
+    models_root: str = "/opt/ml/models"
 
 
 @dataclass(frozen=True)
@@ -152,6 +170,7 @@ class Settings:
     allow_client_shm: bool = False  # --allow-client-shm (Triton 2.68: off by default)
     allow_model_file_upload: bool = False  # --allow-model-file-upload (nursery only)
     openai: OpenAISettings | None = None  # --openai-port: the OpenAI-compatible frontend
+    sagemaker: SageMakerSettings | None = None  # --allow-sagemaker: the SageMaker frontend
     # --backend-directory: where Python-based backends live (<dir>/<name>/model.py)
     backend_directory: Path = Path("/opt/tritonserver/backends")
 
@@ -165,6 +184,18 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
 
 
+def _int_bool(text: str) -> int:
+    """An integer, or true / false as 1 / 0 (Triton's ParseIntBoolOption: --log-verbose=true
+    is how SageMaker's serve script starts it)."""
+    value = text.strip().lower()
+    if value in ("true", "false"):
+        return int(value == "true")
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default,
                         metavar="<bool>", help=f"{help} Default is {str(default).lower()}.")
@@ -175,13 +206,11 @@ _LATER_FLAGS = {
     "--model-load-thread-count": "parallel model loading settings",
     "--pinned-memory-pool-byte-size": "pinned memory pools",
     "--cuda-memory-pool-byte-size": "CUDA memory pools",
-    "--allow-sagemaker": "the SageMaker frontend",
     "--allow-vertex-ai": "the Vertex AI frontend",
     # thread and pool sizes of Triton's C++ frontends; nursery's tasks need no such sizes
     "--http-thread-count": "HTTP thread pool sizing",
     "--grpc-infer-allocation-pool-size": "gRPC allocation pool sizing",
-    "--sagemaker-port": "the SageMaker frontend",
-    "--sagemaker-thread-count": "the SageMaker frontend",
+    "--sagemaker-thread-count": "SageMaker thread pool sizing",
     "--vertex-ai-port": "the Vertex AI frontend",
     "--vertex-ai-thread-count": "the Vertex AI frontend",
     "--enable-peer-access": "CUDA peer access settings",
@@ -397,7 +426,7 @@ def build_parser(prog: str = "python -m nursery serve",
         "(a model that never returns) and fails their requests. Default: the "
         "--exit-timeout-secs value.",
     )
-    parser.add_argument("--log-verbose", type=int, default=0, metavar="<int>",
+    parser.add_argument("--log-verbose", type=_int_bool, default=0, metavar="<int>",
                         help="Set verbose logging level. Zero (0) disables verbose logging and "
                         "values >= 1 enable verbose logging.")
     _bool_flag(parser, "--log-info", True, "Enable/disable info-level logging.")
@@ -499,7 +528,63 @@ def build_parser(prog: str = "python -m nursery serve",
         parser.add_argument(flag, action="append", default=None, metavar="<value>",
                             help=f"Accepted for compatibility; {feature} is not active yet.")
     _openai_flags(parser)
+    _sagemaker_flags(parser)
     return parser
+
+
+def _sagemaker_flags(parser: argparse.ArgumentParser) -> None:
+    _bool_flag(parser, "--allow-sagemaker", False,
+               "Allow the server to listen for Sagemaker requests.")
+    parser.add_argument("--sagemaker-port", type=int, default=8080, metavar="<int>",
+                       help="The port for the server to listen on for Sagemaker requests. "
+                       "Default is 8080.")
+    parser.add_argument("--sagemaker-safe-port-range", default=None, metavar="<string>",
+                       help="Set the allowed port range for endpoints other than the "
+                       "SageMaker endpoints (<start>-<end>).")
+
+
+def _sagemaker_settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                        environ: Mapping[str, str]) -> SageMakerSettings | None:
+    if not args.allow_sagemaker:
+        return None
+    if not 0 <= args.sagemaker_port <= 65535:
+        parser.error("--sagemaker-port must be a port number")
+    safe_range = None
+    if args.sagemaker_safe_port_range is not None:
+        first, dash, last = args.sagemaker_safe_port_range.partition("-")
+        try:
+            if not dash:
+                raise ValueError
+            safe_range = (int(first), int(last))
+        except ValueError:
+            parser.error(f"--sagemaker-safe-port-range {args.sagemaker_safe_port_range}: "
+                         "expected <start>-<end>")
+    default = SageMakerSettings()
+    return SageMakerSettings(
+        port=args.sagemaker_port, address=args.http_address, safe_range=safe_range,
+        default_model=environ.get("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", default.default_model),
+        ping_mode=environ.get("SAGEMAKER_TRITON_PING_MODE", default.ping_mode),
+        inference_type=environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", default.inference_type),
+        models_root=os.path.abspath(environ.get("NURSERY_SAGEMAKER_MODELS_ROOT",
+                                                default.models_root)))
+
+
+def port_collision(ports: list[tuple[str, str, int, tuple[int, int] | None]]) -> str | None:
+    """Triton's check of the ports it is to listen on (``CheckPortCollision``): (service,
+    address, port, the range it allows the others) each; the first conflict in Triton's
+    words, or None. A service with a range is compared with every other one on its address,
+    the others only with those after them."""
+    for i, (name, address, port, allowed) in enumerate(ports):
+        for j, (other, other_address, other_port, _) in enumerate(ports):
+            if j == i or (allowed is None and j < i) or address != other_address:
+                continue
+            if allowed is not None and not allowed[0] <= other_port <= allowed[1]:
+                return (f"The server cannot listen to {other} requests at port {other_port}, "
+                        f"allowed port range is [{allowed[0]}, {allowed[1]}]")
+            if port == other_port:
+                return (f"The server cannot listen to {name} requests and {other} requests "
+                        f"at the same address and port {address}:{port}")
+    return None
 
 
 def _openai_flags(parser: argparse.ArgumentParser) -> None:
@@ -831,9 +916,22 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
             parser.error(f"--backend-config {entry}: expected <backend>,<setting>=<value>")
         backend_config.append((backend, key, value))
     doors = _door_settings(parser, args)
+    sagemaker = _sagemaker_settings(parser, args, os.environ)
+    if sagemaker is not None:  # Triton's check; nursery runs it with the SageMaker port only
+        ports: list[tuple[str, str, int, tuple[int, int] | None]] = [
+            (name, address, port, None) for name, address, port, on in (
+            ("HTTP", args.http_address, args.http_port, args.allow_http),
+            ("GRPC", args.grpc_address, args.grpc_port, args.allow_grpc),
+            ("metrics", args.metrics_address or args.http_address, args.metrics_port,
+             args.allow_metrics)) if on]
+        ports.append(("SageMaker", sagemaker.address, sagemaker.port, sagemaker.safe_range))
+        collision = port_collision(ports)
+        if collision is not None:
+            parser.error(collision)
     return Settings(
         **doors,
         openai=_openai_settings(parser, args),
+        sagemaker=sagemaker,
         backend_config=tuple(backend_config),
         backend_directory=Path(os.path.abspath(args.backend_directory)),
         model_repositories=tuple(parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r))

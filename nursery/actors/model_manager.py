@@ -64,6 +64,7 @@ from nursery.config.storage.base import RemoteModel, StorageError
 from nursery.config.storage.url import CloudRoot
 from nursery.config.warmup import warmup_samples
 from nursery.errors import (
+    AlreadyExists,
     ConfigError,
     ErrorKind,
     InternalError,
@@ -81,7 +82,9 @@ from nursery.messages import (
     IndexRepository,
     LoadModel,
     ManagerCommand,
+    RegisterRepository,
     UnloadModel,
+    UnregisterRepository,
 )
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.schema import inference as pb
@@ -148,6 +151,8 @@ class _Manager:
         self.stopping = False  # unload_all has begun: nothing is started any more
         self.rate_limiter = rate_limiter  # a RateLimiterClient with --rate-limit execution_count
         self.repositories = repositories
+        # registered repositories' folders -> model names (Triton's registration mapping)
+        self.renames: dict[Path, dict[str, str]] = {}
         self.directory = directory
         self.nursery = nursery
         self.auto_complete = auto_complete
@@ -230,9 +235,40 @@ class _Manager:
             if not entry.users:
                 del self.locks[name]
 
+    def scan_repositories(self) -> RepositoryScan:
+        """Every model folder of the repositories (registered ones too, their folders under
+        the names they were registered with)."""
+        return scan(self.repositories, self.renames)
+
+    def register(self, command: RegisterRepository) -> NurseryError | None:
+        """Add a repository (Triton's repository registration): refused when it is one
+        already, or maps a folder to a name another registration maps."""
+        path = command.path
+        if path in self.repositories:
+            return AlreadyExists(f"model repository '{path}' has already been registered")
+        if not path.is_dir():
+            return InvalidArgument(f"failed to register '{path}', repository not found")
+        taken = {name for names in self.renames.values() for name in names.values()}
+        for _, name in command.names:
+            if name in taken:
+                return AlreadyExists(f"failed to register '{name}', there is a conflicting "
+                                     f"mapping for '{name}'")
+        self.repositories = (*self.repositories, path)
+        if command.names:
+            self.renames[path] = dict(command.names)
+        return None
+
+    def unregister(self, command: UnregisterRepository) -> NurseryError | None:
+        if command.path not in self.repositories:
+            return InvalidArgument(
+                f"failed to unregister '{command.path}', repository not found")
+        self.repositories = tuple(r for r in self.repositories if r != command.path)
+        self.renames.pop(command.path, None)
+        return None
+
     def answer_index(self, ready_only: bool) -> list[IndexEntry] | NurseryError:
         with Boundary(self.faults, "manager", log, "repository index") as boundary:
-            return repository_index(scan(self.repositories), self.entries, ready_only,
+            return repository_index(self.scan_repositories(), self.entries, ready_only,
                                     self.namespacing)
         return InternalError(f"repository index failed: {boundary.failure}")
 
@@ -242,7 +278,7 @@ class _Manager:
         result: list[IndexEntry] | NurseryError = Unavailable("the server is stopping")
         try:
             with Boundary(self.faults, "manager", log, "repository index") as boundary:
-                found = await trio.to_thread.run_sync(scan, self.repositories)
+                found = await trio.to_thread.run_sync(self.scan_repositories)
                 result = repository_index(found, self.entries, command.ready_only,
                                           self.namespacing)
             if boundary.failure is not None:
@@ -312,7 +348,7 @@ class _Manager:
 
         # one listing of the buckets for all of them (a bucket is listed, not walked: with
         # ten models, one listing instead of ten)
-        scanned = await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud \
+        scanned = await trio.to_thread.run_sync(self.scan_repositories) if self.has_cloud \
             else None
 
         async def one(name: str) -> None:
@@ -358,9 +394,9 @@ class _Manager:
         if scanned is not None:  # scanned a moment ago for several loads
             repo = scanned
         elif self.has_cloud:
-            repo = await trio.to_thread.run_sync(scan, self.repositories)
+            repo = await trio.to_thread.run_sync(self.scan_repositories)
         else:
-            repo = scan(self.repositories)
+            repo = self.scan_repositories()
         if self.namespacing:
             found = [(ModelId(namespace_of(loc.repository, True), name), loc)
                      for loc in repo.copies.get(name, ())
@@ -492,8 +528,8 @@ class _Manager:
         """With namespacing: load the models of an ensemble's steps that a repository holds
         and that are not serving yet (Triton polls an ensemble's models along with it, every
         repository's model of each name: one added since may now be the step's own)."""
-        repo = (await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud
-                else scan(self.repositories))
+        repo = (await trio.to_thread.run_sync(self.scan_repositories) if self.has_cloud
+                else self.scan_repositories())
         held = repo.identified(True)
         for model in sorted(set(models) - {ensemble.name}):
             if any(mid.name == model and not self._serving_id(mid) for mid in held) \
@@ -694,8 +730,8 @@ class _Manager:
         models = frozenset(plan.models())
         # Triton's dependency graph first: every step's model is in the repository (or
         # served already, e.g. loaded with a config override), found once
-        repo = (await trio.to_thread.run_sync(scan, self.repositories) if self.has_cloud
-                else scan(self.repositories))
+        repo = (await trio.to_thread.run_sync(self.scan_repositories) if self.has_cloud
+                else self.scan_repositories())
         if self.namespacing:
             held = [*repo.identified(True), *self.present]
             missing = sorted(m for m in models if m != config.name and m not in self.loading
@@ -930,6 +966,11 @@ async def run(
                         elif isinstance(command, IndexRepository):
                             mailbox.answer(command.reply,
                                            manager.answer_index(command.ready_only), close=True)
+                        elif isinstance(command, RegisterRepository):
+                            mailbox.answer(command.reply, manager.register(command), close=True)
+                        elif isinstance(command, UnregisterRepository):
+                            mailbox.answer(command.reply, manager.unregister(command),
+                                           close=True)
                         else:
                             commands.start_soon(manager.serve_command, command)
                 commands.cancel_scope.cancel()  # shutting down: loads still running stop

@@ -346,7 +346,9 @@ def _read_model_config(
     if proto is None:
         proto = read_config_proto(model_path, model_name, auto_complete, config_name)
     where = f"model '{model_name}'"
-    if not proto.name:
+    if not proto.name or model_path.name != model_name:
+        # a folder that serves under another name (a registered repository's mapping, the
+        # SageMaker multi-model endpoint's) takes that name, as in Triton
         proto.name = model_name
     versions_on_disk = available_versions(model_path)
     with config_boundary(model_name, "backend"):

@@ -60,12 +60,15 @@ def namespace_of(repository: Root, namespacing: bool) -> str:
     return str(repository) if namespacing else ""
 
 
-def scan(repositories: tuple[Root, ...] | list[Root]) -> RepositoryScan:
+def scan(repositories: tuple[Root, ...] | list[Root],
+         renames: Mapping[Path, Mapping[str, str]] | None = None) -> RepositoryScan:
     """Every model folder in the given repositories (hidden folders skipped). A repository
     that cannot be read is reported in ``unreadable``, never raised: the callers decide
     (start-up fails on it with ``--exit-on-error``; the index and loads use the others).
-    A bucket is listed (blocking, over the network: run this off the trio thread)."""
+    A bucket is listed (blocking, over the network: run this off the trio thread).
+    ``renames``: a registered repository's folders -> the model names they serve as."""
     found: dict[str, list[ModelLocation]] = {}
+    mapped: dict[str, ModelLocation] = {}
     unreadable: dict[Root, str] = {}
     for repo in repositories:
         if isinstance(repo, CloudRoot):
@@ -81,12 +84,19 @@ def scan(repositories: tuple[Root, ...] | list[Root]) -> RepositoryScan:
             unreadable[Path(repo)] = (f"failed to poll model repository '{repo}': failed to "
                                       f"open directory {repo} ({exc.strerror})")
             continue
+        names = (renames or {}).get(Path(repo), {})
         for entry in entries:
             if entry.name.startswith(".") or not entry.is_dir():
                 continue
-            found.setdefault(entry.name, []).append(
-                ModelLocation(entry.name, Path(entry.path), Path(repo))
-            )
+            name = names.get(entry.name, entry.name)
+            location = ModelLocation(name, Path(entry.path), Path(repo))
+            found.setdefault(name, []).append(location)
+            if entry.name in names:
+                mapped[name] = location
+    # a mapped folder is the model of its name, whatever the repositories hold (Triton looks
+    # a load's name up in the mappings before it searches the repositories)
+    for name, location in mapped.items():
+        found[name] = [location]
     models = {name: locs[0] for name, locs in found.items() if len(locs) == 1}
     duplicates = {
         name: tuple(loc.repository for loc in locs) for name, locs in found.items() if len(locs) > 1

@@ -258,6 +258,11 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
         link.unlink()
     link.symlink_to(qa)
     (data / VERSION).mkdir(parents=True, exist_ok=True)
+    # SageMaker's `serve` script, where Triton's image installs it (on PATH), with its
+    # /opt/ml/ paths rewritten as the qa scripts' are
+    serve = triton / "docker" / "sagemaker" / "serve"
+    if serve.is_file():
+        write_exec(opt / "bin" / "serve", serve.read_text().replace("/opt/ml/", str(sagemaker) + "/"))
     for what in container_models(triton, work, checkouts):
         print(f"prepare: not available: {what}", file=sys.stderr)
     write_launchers(work)
@@ -270,6 +275,15 @@ def write_launchers(work: Path) -> None:
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     write_exec(opt / "bin" / "tritonserver",
                f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
+    # the server runs as a process named tritonserver, as in Triton's container (scripts find
+    # it with `ps | grep tritonserver`): the interpreter through a link of that name
+    exe = opt / "bin" / ".nursery" / "tritonserver"
+    exe.parent.mkdir(exist_ok=True)
+    if exe.is_symlink() or exe.exists():
+        exe.unlink()
+    exe.symlink_to(sys.executable)
+    # a fresh container has no SageMaker model folder (L0_sagemaker refuses to start on one)
+    shutil.rmtree(work / "opt" / "ml", ignore_errors=True)
     shims = work / "shims"
     shims.mkdir(exist_ok=True)
     git = shutil.which("git") or "/usr/bin/git"
@@ -425,6 +439,9 @@ def prune_ensembles(data: Path) -> list[Path]:
     return removed
 
 
+CLIENT_PACKAGES = (("sseclient-py", "sseclient"), ("psutil", "psutil"))
+
+
 def client_site(work: Path, version: str) -> Path:
     """A folder holding tritonclient ``version`` (installed there once with pip, without its
     dependencies: the machine's grpcio, numpy, ... serve), for the clients' PYTHONPATH."""
@@ -435,6 +452,15 @@ def client_site(work: Path, version: str) -> Path:
         if rc != 0 or not (target / "tritonclient").is_dir():
             sys.exit(f"--tritonclient {version}: pip could not install tritonclient=={version} "
                      f"into {target}")
+    # what Triton's client scripts pip-install in their container (L0_sagemaker's
+    # `pip install sseclient-py psutil`): the pip shim skips it, so it goes here, not onto
+    # the machine
+    for package, module in CLIENT_PACKAGES:
+        if not any((target / name).exists() for name in (module, module + ".py")):
+            rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                                 "--target", str(target), package]).returncode
+            if rc != 0:
+                print(f"clients: pip could not install {package}", file=sys.stderr)
     return target
 
 
@@ -463,6 +489,9 @@ def environment(work: Path, record: Path, python_mode: str,
         "NURSERY_QA_RECORD": str(record),
         "NURSERY_QA_ROOT": str(ROOT),
         "NURSERY_QA_PYTHON": sys.executable,
+        "NURSERY_QA_SERVER_EXE": str(opt / "bin" / ".nursery" / "tritonserver"),
+        # the SageMaker multi-model endpoint's /opt/ml/models, in this tree as the scripts'
+        "NURSERY_SAGEMAKER_MODELS_ROOT": str(work / "opt" / "ml" / "models"),
         "NURSERY_QA_PYTHON_MODE": python_mode,
         "NURSERY_QA_BACKEND_DIR": str(opt / "backends"),
         "NURSERY_QA_WORK": str(work),

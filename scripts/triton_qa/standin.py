@@ -104,7 +104,12 @@ def main() -> None:
     for note in notes:
         print(f"nursery-qa: {note}", file=sys.stderr, flush=True)
     python = os.environ.get("NURSERY_QA_PYTHON") or sys.executable
-    os.execve(python, [python, "-m", "nursery", "serve", *args], server_env(dict(os.environ)))
+    # the interpreter through a link named tritonserver (the process's name, as Triton's);
+    # argv[0] stays the interpreter's path, so that the server's own children are not named so
+    exe = os.environ.get("NURSERY_QA_SERVER_EXE", "")
+    if not (exe and os.path.exists(exe)):
+        exe = python
+    os.execve(exe, [python, "-m", "nursery", "serve", *args], server_env(dict(os.environ)))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,9 @@ _EVHTP_METHODS = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"DELETE": 4, b"
                   b"TRACE": 13, b"CONNECT": 14, b"PATCH": 15}
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
-Handler = Callable[[http1.RequestHead, bytes], Awaitable["Response | Streaming"]]
+# a port's own handler (the OpenAI and SageMaker frontends): head, body, and what to run once
+# the answer is written (a traced request's end)
+Handler = Callable[[http1.RequestHead, bytes, AfterSend], Awaitable["Response | Streaming"]]
 _INFER = re.compile(rb"^/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer$")
 _BIG = 64 * 1024
 # After a body refused unread (too large), what the client still sends is read and dropped
@@ -250,7 +252,9 @@ class HttpServer:
                  restrictions: Restrictions = OPEN,
                  forward: HeaderForward = NO_FORWARD,
                  handler: Handler | None = None,
-                 refuse_body: Callable[[int, int], Response] | None = None) -> None:
+                 refuse_body: Callable[[int, int], Response] | None = None,
+                 limit_body: Callable[[http1.RequestHead], int] | None = None,
+                 unit: str | None = None) -> None:
         self.core = core
         self.faults = faults or FaultCounter()  # the server's, for nursery_internal_errors_total
         self.serve_infer = serve_infer  # False for the metrics port: every route is the app's
@@ -269,6 +273,9 @@ class HttpServer:
         # and the inference routes are not consulted
         self.handler = handler
         self.refuse_body = refuse_body  # the answer to a body past the limit (declared size, limit)
+        self.limit_body = limit_body  # a handler's body limit for a request head
+        # the unit its unexpected errors count under (nursery_internal_errors_total)
+        self.unit = unit or ("http" if serve_infer else "metrics")
         self.closing = False
         self.internal_errors = 0
         self.refused_connections = 0
@@ -409,7 +416,7 @@ class HttpServer:
     def _count(self, exc: Exception, where: str) -> None:
         """One log line per unexpected exception (the traceback at --log-verbose 1), one count."""
         self.internal_errors += 1
-        self.faults.count("http" if self.serve_infer else "metrics")
+        self.faults.count(self.unit)
         log.error("internal error in an HTTP %s: %s", where, describe(exc))
         log.debug("the internal error's traceback", exc_info=exc)
 
@@ -734,6 +741,8 @@ class HttpServer:
         ``Inference-Header-Content-Length``: its binary tensor data may reach the hard cap
         (``infer.body_limit``; the JSON part is checked against the input size once read).
         The body is buffered as its bytes arrive, never ahead of them."""
+        if self.limit_body is not None:
+            return self.limit_body(head)
         if (self.serve_infer and head.method == b"POST"
                 and _INFER.match(head.path) is not None):
             return body_limit(head.headers, self.max_input_size, self.max_body_size)
@@ -753,7 +762,7 @@ class HttpServer:
             if refused is not None:
                 return refused
         if self.handler is not None:
-            return await self.handler(head, body)
+            return await self.handler(head, body, after)
         if head.method != b"POST" and self.serve_infer and GENERATE_PATH.match(head.path):
             return 405, _JSON, error_body("Method Not Allowed")  # as Triton answers
         if head.method == b"POST" and self.serve_infer:

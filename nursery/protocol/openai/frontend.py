@@ -38,7 +38,7 @@ from nursery.core import Core
 from nursery.errors import ErrorKind, NurseryError
 from nursery.messages import Part
 from nursery.protocol.http import http1
-from nursery.protocol.http.infer import Response
+from nursery.protocol.http.infer import AfterSend, Response
 from nursery.protocol.http.streaming import SSE_TYPE, Streaming, StreamWriter, sse_event
 from nursery.protocol.openai import mapping, tools
 from nursery.protocol.openai.requests import ApiError, Fields, conversation, dumps, from_nursery
@@ -171,7 +171,9 @@ class OpenAIFrontend:
 
     # the request boundary ----------------------------------------------------------------
 
-    async def handle(self, head: http1.RequestHead, body: bytes) -> Response | Streaming:
+    async def handle(self, head: http1.RequestHead, body: bytes,
+                     after: AfterSend | None = None) -> Response | Streaming:
+        """One request (``after``: the HTTP server's hook for a written answer; unused)."""
         try:
             return await self._route(head, body)
         except ApiError as error:
