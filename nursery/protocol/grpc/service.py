@@ -346,21 +346,25 @@ class InferenceService(services.GrpcInferenceServiceBase):
             self.on_internal_error("a ModelStreamInfer request", exc)
             return encode_stream_response(None, INTERNAL_MESSAGE)
 
-        async def finish(ticket: _Ticket, work: Any, answer_slot: Any, handle: Any,
-                         outputs: Any, shm: ShmHold) -> None:
-            message: bytes | None
+        async def settled(pending: Awaitable[Any], outputs: Any, shm: ShmHold) -> bytes | None:
+            """A request's answer in wire form, once ``pending`` gives it (a failure answered
+            in its words); its regions and its place in the drain are let go either way."""
             try:
-                response = await self.core.client.wait(work, answer_slot, handle)
-                message = encode_stream_response(
+                response = await pending
+                return encode_stream_response(
                     grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
             except NurseryError as error:
-                message = failed(error)
+                return failed(error)
             except Exception as exc:  # noqa: BLE001 - the request's boundary
-                message = unexpected(exc)
+                return unexpected(exc)
             finally:
                 shm.release()
                 self.draining.leave()
-            await answer(ticket, message)
+
+        async def finish(ticket: _Ticket, work: Any, answer_slot: Any, handle: Any,
+                         outputs: Any, shm: ShmHold) -> None:
+            await answer(ticket, await settled(
+                self.core.client.wait(work, answer_slot, handle), outputs, shm))
 
         # a traceparent in the stream's metadata parents every request the stream carries
         tracer = self.core.tracer
@@ -371,19 +375,8 @@ class InferenceService(services.GrpcInferenceServiceBase):
             """The full path (cache, tracing): ``pending``, the request's answer, which the
             loop checked and queued (a refusal is raised there, a failure here, as
             ``triton_grpc_error`` mode tells them apart)."""
-            message: bytes | None
             try:
-                try:
-                    response = await pending
-                    message = encode_stream_response(
-                        grpc_codec.encode_response(response, FINAL_RESPONSE, outputs, shm))
-                except NurseryError as error:
-                    message = failed(error)
-                except Exception as exc:  # noqa: BLE001 - the request's boundary
-                    message = unexpected(exc)
-                finally:
-                    shm.release()
-                    self.draining.leave()
+                message = await settled(pending, outputs, shm)
                 if trace is not None:
                     trace.stamp("GRPC_SEND_START")
                 await answer(ticket, message)
