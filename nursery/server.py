@@ -192,11 +192,17 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
                         max_connections=settings.http_max_connections, faults=core.faults,
                         tls=tls, restrictions=settings.http_restrictions,
                         forward=settings.http_forward, **_http_deadlines(settings))
+    return await _serve_until(nursery, server, settings.http_address, settings.http_port,
+                              shutdown, settings.reuse_http_port)
 
+
+async def _serve_until(nursery: trio.Nursery, server: HttpServer, address: str, port: int,
+                       shutdown: trio.Event, reuse_port: bool = False) -> list[str]:
+    """``server`` on ``address:port`` in ``nursery`` until ``shutdown`` is set, then closed:
+    it stops accepting and drains; returns its binds once it listens."""
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
-        async with trio.open_nursery() as http_nursery:
-            binds = await http_nursery.start(server.serve, settings.http_address,
-                                             settings.http_port, settings.reuse_http_port)
+        async with trio.open_nursery() as inner:
+            binds = await inner.start(server.serve, address, port, reuse_port)
             task_status.started(binds)
             await shutdown.wait()
             server.close()
@@ -297,15 +303,7 @@ async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
                         serve_infer=False, handler=frontend.handle,
                         refuse_body=frontend.too_large, unit="openai",
                         **_http_deadlines(settings))
-
-    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
-        async with trio.open_nursery() as inner:
-            binds = await inner.start(server.serve, options.address, options.port)
-            task_status.started(binds)
-            await shutdown.wait()
-            server.close()
-
-    return await nursery.start(run)  # type: ignore[no-any-return]
+    return await _serve_until(nursery, server, options.address, options.port, shutdown)
 
 
 async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings,
@@ -324,15 +322,7 @@ async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings
                         serve_infer=False, handler=frontend.handle,
                         limit_body=frontend.body_limit, unit="sagemaker",
                         **_http_deadlines(settings))
-
-    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
-        async with trio.open_nursery() as inner:
-            binds = await inner.start(server.serve, options.address, options.port)
-            task_status.started(binds)
-            await shutdown.wait()
-            server.close()
-
-    return await nursery.start(run)  # type: ignore[no-any-return]
+    return await _serve_until(nursery, server, options.address, options.port, shutdown)
 
 
 async def _run_sampler(scope: trio.CancelScope, sampler: SystemSampler, interval: float,
