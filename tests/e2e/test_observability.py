@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import PERF_ANALYZER, ROOT, ServerProcess, make_models, running_server
+from tests.e2e.test_cancellation import SLEEP_MODEL  # sleeps INPUT0 seconds, then echoes it
 
 pytestmark = pytest.mark.e2e
 
@@ -660,23 +661,6 @@ def test_decoupled_response_stats_and_first_response_histogram(tmp_path: Path,
     grpc.close()
 
 
-_SLEEPY = '''
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            time.sleep(float(data.flat[0]))
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
-        return responses
-'''
-
-
 def test_cancelled_requests_traces_in_opentelemetry_mode(tmp_path: Path,
                                                          start_server: Any) -> None:
     """Triton's L0_trace cancellation cases: a gRPC call cancelled while its model computes
@@ -686,7 +670,7 @@ def test_cancelled_requests_traces_in_opentelemetry_mode(tmp_path: Path,
 
     repo = tmp_path / "repo"
     (repo / "sleepy" / "1").mkdir(parents=True)
-    (repo / "sleepy" / "1" / "model.py").write_text(_SLEEPY)
+    (repo / "sleepy" / "1" / "model.py").write_text(SLEEP_MODEL)
     (repo / "sleepy" / "config.pbtxt").write_text(
         'name: "sleepy"\nbackend: "python"\nmax_batch_size: 1\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
