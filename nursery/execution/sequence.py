@@ -91,7 +91,7 @@ class SlotStates:
         for spec in config.inputs if data else ():
             if spec.name not in first.inputs:
                 continue
-            parts = [np.asarray(t.data) if t is not None else np.zeros(shape, t_dtype)
+            parts = [np.asarray(t.data) if t is not None else _zeros(shape, t_dtype)
                      for t, shape, t_dtype in self._row_tensors(requests, rows, spec.name)]
             if spec.ragged:  # flattened over the rows, padding rows' zeros among them, as
                 # Triton's backends flatten a ragged input over the batch's requests
@@ -129,7 +129,8 @@ class SlotStates:
             # a padding row's state has the shape of the first real row's (Triton's null
             # request copies it): the initial state, or zeros where a variable-size state grew
             like = next((p for p in found if p is not None), state.initial)
-            pad = state.initial if state.initial.shape == like.shape else _zeros_like(like)
+            pad = (state.initial if state.initial.shape == like.shape
+                   else _zeros(like.shape, like.dtype))
             filled = [p if p is not None else pad for p in found]
             if self.batching:
                 arrays[state.input_name] = np.stack(filled)
@@ -230,8 +231,9 @@ class SlotStates:
                                for i, row in enumerate(rows) if row.ready])
 
 
-def _zeros_like(array: np.ndarray) -> np.ndarray:
-    """Zeros of ``array``'s shape and type; empty strings for a BYTES (object) array."""
-    if array.dtype == object:
-        return np.full(array.shape, b"", dtype=object)
-    return np.zeros_like(array)
+def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """A padding row's zeros: empty strings for BYTES (object), as the zeroed buffer of
+    Triton's null request reads."""
+    if dtype.kind == "O":
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype)

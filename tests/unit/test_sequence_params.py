@@ -162,3 +162,22 @@ def test_slot_state_tensors_without_the_data_inputs() -> None:
     assert sorted(arrays) == ["C", "R"]
     assert arrays["R"].tolist() == [[1], [1]]
     assert arrays["C"].tolist() == [[11], [12]]
+
+
+def test_a_padding_row_of_a_string_input_is_empty_strings() -> None:
+    """Triton's null request zero-fills its input buffers: for BYTES that reads as empty
+    strings (an object array of 0s would not be strings at all)."""
+
+    class _Spec:
+        name = "X"
+        reshape = None
+        ragged = False
+
+    seq = SequenceConfig(SequenceSchedule(), (), None, ())
+    config = _Config(seq, 4)
+    config.inputs = (_Spec(),)  # type: ignore[assignment]
+    states = SlotStates(config)  # type: ignore[arg-type]
+    text = np.array([[b"hi"]], dtype=object)
+    req = InferenceRequest("m", "", {"X": Tensor("X", DataType.BYTES, (1, 1), text)})
+    arrays = states.gather([req], (SlotRow(0, 0, False, False, 1), SlotRow(1, -1)))
+    assert arrays["X"].tolist() == [[b"hi"], [b""]]
