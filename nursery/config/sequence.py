@@ -223,13 +223,12 @@ def _state(s: pb.ModelSequenceBatchingState, proto: pb.ModelConfig, model_path: 
                                                        f"file '{value}'").reshape(init_dims)
                 except InvalidArgument as exc:
                     raise ConfigError(f"{where}: {exc}") from None
-                initial.setflags(write=False)
-                return StateSpec(s.input_name, s.output_name, datatype, dims, initial)
-            expected = count * datatype.itemsize
-            if len(raw) != expected:
+            elif len(raw) != count * datatype.itemsize:
                 raise ConfigError(f"{where}: initial state data file '{value}' has {len(raw)} "
-                                  f"bytes, expected {expected}")
-            initial = np.frombuffer(raw, dtype=datatype.numpy_dtype).reshape(init_dims).copy()
+                                  f"bytes, expected {count * datatype.itemsize}")
+            else:
+                initial = np.frombuffer(raw, dtype=datatype.numpy_dtype).reshape(
+                    init_dims).copy()
         elif arm == "zero_data":
             initial = _zeros(init_dims, datatype, where)
         else:
