@@ -41,8 +41,9 @@ class StartDelay:
                                           and backlogged < self.backlog)
 
 
-def _count(value: str | None) -> int:
-    """C's atoi, as Triton reads the variables: leading digits, anything else 0."""
+def env_count(value: str | None) -> int:
+    """C's atoi, as Triton reads its debugging variables (these and the gRPC port's reply
+    delay): leading digits, anything else 0; never below 0."""
     text = (value or "").strip()
     digits = ""
     for i, ch in enumerate(text):
@@ -58,7 +59,7 @@ def _count(value: str | None) -> int:
 
 def from_environment(env: Mapping[str, str], model: str = "") -> StartDelay | None:
     """The start delay the environment asks for; None when it asks for none."""
-    delay = StartDelay(_count(env.get(DELAY_ENV)), _count(env.get(BACKLOG_DELAY_ENV)))
+    delay = StartDelay(env_count(env.get(DELAY_ENV)), env_count(env.get(BACKLOG_DELAY_ENV)))
     if not delay.requests:  # Triton looks at the backlog only while it delays anyway
         return None
     log.info("Delaying scheduler for %s until %d queued requests and %d backlog queued "

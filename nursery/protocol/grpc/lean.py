@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import resource
 import ssl
 import zlib
@@ -50,6 +49,7 @@ from nursery.protocol.grpc.h2 import (
 )
 from nursery.protocol.grpc.service import Draining, HealthService, InferenceService
 from nursery.runtime.supervision import split_unexpected
+from nursery.scheduling.start_delay import env_count
 from nursery.schema import inference as pb
 from nursery.settings import DEFAULT_GRPC_MAX_INPUT_SIZE, Settings
 
@@ -276,8 +276,7 @@ _INFER_PATHS = frozenset({"/inference.GRPCInferenceService/ModelInfer",
 
 def reply_delay_from(environ: Any) -> int:
     """The hook's seconds, read as Triton's ``atoi`` reads them."""
-    found = re.match(r"\s*([+-]?\d+)", environ.get(REPLY_DELAY_ENV, ""))
-    return max(int(found.group(1)), 0) if found else 0
+    return env_count(environ.get(REPLY_DELAY_ENV))
 
 
 def _delayed(handler: grpclib.const.Handler, seconds: int) -> grpclib.const.Handler:
