@@ -158,8 +158,8 @@ def test_a_busy_model_is_never_unloaded(tmp_path: Path,
         inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32")]
         inputs[0].set_data_from_numpy(data)
         try:
-            httpclient.InferenceServerClient(server.url, network_timeout=120).infer(
-                "py_hang", inputs)
+            with httpclient.InferenceServerClient(server.url, network_timeout=120) as c:
+                c.infer("py_hang", inputs)
             answers.append(None)
         except BaseException as exc:  # noqa: BLE001 - the answer is the point
             answers.append(exc)

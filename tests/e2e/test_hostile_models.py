@@ -61,8 +61,8 @@ def test_hung_model_does_not_hold_up_the_server(tmp_path: Path,
 
     def hang() -> None:
         try:
-            httpclient.InferenceServerClient(server.url, network_timeout=120).infer(
-                "py_hang", _fp32(-1.0))
+            with httpclient.InferenceServerClient(server.url, network_timeout=120) as c:
+                c.infer("py_hang", _fp32(-1.0))
             hung.append(None)
         except BaseException as exc:  # noqa: BLE001 - the answer is the point
             hung.append(exc)

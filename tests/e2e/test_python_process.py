@@ -112,8 +112,8 @@ def test_a_hung_stub_is_killed_at_unload_and_at_shutdown(
 
     def hang() -> None:
         try:
-            httpclient.InferenceServerClient(server.url, network_timeout=120).infer(
-                "py_hang", _fp32(-1.0))
+            with httpclient.InferenceServerClient(server.url, network_timeout=120) as c:
+                c.infer("py_hang", _fp32(-1.0))
             answers.append(None)
         except BaseException as exc:  # noqa: BLE001 - the answer is the point
             answers.append(exc)
