@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import ServerProcess, make_models, running_server
 
+
 @pytest.fixture(autouse=True)
 def _collect_on_this_thread() -> Iterator[None]:
     """Each test's cyclic garbage is collected here, on the main thread, when it ends. A

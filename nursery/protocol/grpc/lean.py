@@ -270,7 +270,8 @@ async def _abort(stream: Stream, http_status: int, status: Status | None = None,
 # (atoi's reading: leading digits, else 0); its qa/L0_client_timeout sets it to see client
 # deadlines expire
 REPLY_DELAY_ENV = "TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC"
-_INFER_PATHS = frozenset({"/inference.GRPCInferenceService/ModelInfer",
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_INFER_PATHS = frozenset({_MODEL_INFER,
                           "/inference.GRPCInferenceService/ModelStreamInfer"})
 
 
@@ -298,17 +299,73 @@ async def _hold(seconds: int) -> None:
     await trio.sleep(seconds)
 
 
+# Triton's test-only hooks inside its ModelInfer handler, in milliseconds (its qa
+# L0_request_cancellation sets them to cancel a call while its answer is held): the call
+# waits ENTRY before it is processed; a reply waits EXEC, then COMPLETION, before it is
+# written (Triton's two waits around building it). Its NOTIFICATION and ENQUEUE hooks only
+# reorder Triton's own handler threads; nursery has one thread, so they are not read.
+INFER_HOOK_ENVS = ("TRITONSERVER_DELAY_GRPC_PROCESS_ENTRY",
+                   "TRITONSERVER_DELAY_RESPONSE_COMPLETE_EXEC",
+                   "TRITONSERVER_DELAY_RESPONSE_COMPLETION")
+_INFER_HOOK_WORDS = ("Delaying the entry to Process thread by %d ms...",
+                     "Delaying InferResponseComplete execution by %d ms...",
+                     "Delaying InferResponseComplete by %d ms...")
+
+
+def infer_hooks_from(environ: Any) -> tuple[int, int, int]:
+    """The three hooks' milliseconds (0: unset or unreadable)."""
+    entry, complete_exec, completion = (env_count(environ.get(name)) for name in INFER_HOOK_ENVS)
+    return entry, complete_exec, completion
+
+
+async def _hook_wait(index: int, ms: int) -> None:
+    if ms > 0:
+        log.info(_INFER_HOOK_WORDS[index], ms)  # Triton's words
+        await trio.sleep(ms / 1000)
+
+
+class _HeldReply:
+    """A call whose reply is written only after the reply hooks' waits; a client that
+    cancels meanwhile resets the stream, and nothing is written."""
+
+    def __init__(self, call: Any, complete_exec: int, completion: int) -> None:
+        self._call = call
+        self._waits = (complete_exec, completion)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+    async def send_message(self, message: Any) -> None:
+        await _hook_wait(1, self._waits[0])
+        await _hook_wait(2, self._waits[1])
+        await self._call.send_message(message)
+
+
+def _hooked_infer(handler: grpclib.const.Handler,
+                  hooks: tuple[int, int, int]) -> grpclib.const.Handler:
+    entry, complete_exec, completion = hooks
+
+    async def func(call: Any) -> None:
+        await _hook_wait(0, entry)
+        await handler.func(_HeldReply(call, complete_exec, completion))
+
+    return handler._replace(func=func)
+
+
 class GrpcApp:
     """Routes each HTTP/2 stream to its service method (the grpclib handler mapping)."""
 
     def __init__(self, services: Iterable[Any], codec: StrictProtoCodec,
                  max_input: int = DEFAULT_GRPC_MAX_INPUT_SIZE,
                  restrictions: Restrictions = OPEN, compression: str = "none",
-                 reply_delay: int = 0) -> None:
+                 reply_delay: int = 0, infer_hooks: tuple[int, int, int] = (0, 0, 0)) -> None:
         self.mapping: dict[str, grpclib.const.Handler] = {}
         self.compress = COMPRESSION_LEVELS[compression]  # infer replies, gzip, this level
         for service in services:
             self.mapping.update(service.__mapping__())
+        self.infer_hooks = any(infer_hooks)  # INFER_HOOK_ENVS: ModelInfer takes no fast path
+        if self.infer_hooks and _MODEL_INFER in self.mapping:
+            self.mapping[_MODEL_INFER] = _hooked_infer(self.mapping[_MODEL_INFER], infer_hooks)
         if reply_delay > 0:  # REPLY_DELAY_ENV
             self.mapping = {path: handler if path in _INFER_PATHS
                             else _delayed(handler, reply_delay)
@@ -503,11 +560,11 @@ async def serve_lean(
     inference = InferenceService(core, draining, options.grpc_forward)
     app = GrpcApp([inference, HealthService(core)], StrictProtoCodec(), options.grpc_max_input_size,
                   options.grpc_restrictions, options.grpc_response_compression,
-                  reply_delay_from(os.environ))
+                  reply_delay_from(os.environ), infer_hooks_from(os.environ))
     server = h2_server_for(app, options, tls)
-    # ModelInfer without a task per call (the common case; the rest as before)
-    server.fast = UnaryFastPath(app, {
-        "/inference.GRPCInferenceService/ModelInfer": (pb.ModelInferRequest, inference.infer_now)})
+    if not app.infer_hooks:  # ModelInfer without a task per call (the common case)
+        server.fast = UnaryFastPath(app, {
+            _MODEL_INFER: (pb.ModelInferRequest, inference.infer_now)})
     server.faults = core.faults  # counted in nursery_internal_errors_total{unit="grpc"}
     inference.on_internal_error = server.internal_error
     async with trio.open_nursery() as nursery:
