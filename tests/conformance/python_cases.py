@@ -54,8 +54,12 @@ def _grpc_input(name: str, array: np.ndarray, datatype: str) -> Any:
 
 
 def run(host: str, http_port: int, grpc_port: int, repo: str) -> dict[str, Any]:
-    http = httpclient.InferenceServerClient(f"{host}:{http_port}")
-    grpc = grpcclient.InferenceServerClient(f"{host}:{grpc_port}")
+    with httpclient.InferenceServerClient(f"{host}:{http_port}") as http, \
+            grpcclient.InferenceServerClient(f"{host}:{grpc_port}") as grpc:
+        return _run(http, grpc, repo)
+
+
+def _run(http: Any, grpc: Any, repo: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def case(name: str, fn: Any) -> None:
