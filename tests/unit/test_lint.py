@@ -42,8 +42,9 @@ def _thread_clients_left_open() -> list[str]:
 
 
 def test_clients_made_in_threads_are_closed_there() -> None:
-    """A tritonclient HTTP client left to the garbage collector is finalised on whichever
-    thread collects it (an error's traceback puts it in a cycle); gevent cannot close a
-    socket of another thread's hub, so its pooled socket leaks and the ResourceWarning fails
-    some unrelated later test. A client made in a thread is closed in that thread."""
+    """A tritonclient HTTP client left to the garbage collector can leak its pooled socket
+    (an error's traceback puts it in a cycle, collected by whichever thread allocates next),
+    and the ResourceWarning fails some unrelated later test. The e2e conftest closes the
+    clients a test body makes on the main thread; one made in another thread must be closed
+    in that thread, as gevent cannot close a socket of another thread's hub."""
     assert _thread_clients_left_open() == []
