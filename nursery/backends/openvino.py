@@ -301,6 +301,10 @@ def _configure(ov: Any, model: Any, config: ModelConfig, options: OpenVinoOption
     batching = config.max_batch_size > 0
     reshapes: dict[str, Any] = {}
     saved_static = False  # a batching model saved with a fixed batch dimension
+    if len(model.inputs) != len(config.inputs):
+        raise ConfigError(f"unable to load model '{config.name}', configuration expects "
+                          f"{len(config.inputs)} inputs, model provides {len(model.inputs)} "
+                          f"('{path}')")
     for spec in config.inputs:
         port = _port(model.inputs, "input", spec.name, config.name, path)
         dims = list(spec.reshape if spec.reshape is not None else spec.dims)
@@ -370,8 +374,8 @@ def _port(ports: Sequence[Any], what: str, name: str, model: str, path: Path) ->
         if name in port.get_names():
             return port
     allowed = ", ".join(sorted(p.get_any_name() for p in ports))
-    raise ConfigError(f"model '{model}': unexpected inference {what} '{name}' in '{path}', "
-                      f"allowed {what}s are: {allowed}")
+    raise ConfigError(f"model '{model}': unexpected inference {what} '{name}', allowed "
+                      f"{what}s are: {allowed} ('{path}')")
 
 
 def _check_shape(config: ModelConfig, name: str, model_shape: list[int], dims: list[int],

@@ -524,6 +524,9 @@ class PyTorchFactory:
             raise ConfigError(
                 f"model '{config.name}': the PyTorch backend needs the 'torch' package "
                 f"(pip install torch): {exc}") from None
+        if not config.outputs:  # the PyTorch backend's rule; the core has none
+            raise ConfigError(f"model '{config.name}': model configuration must contain at "
+                              "least one output, none were specified")
         path = _model_file(config, version_path)
         if not path.exists():
             raise ConfigError(

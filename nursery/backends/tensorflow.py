@@ -405,8 +405,8 @@ def _check_io(config: ModelConfig, signature: _Signature, path: Path) -> None:
         for spec in specs:
             if spec.name not in found:
                 raise ConfigError(
-                    f"model '{config.name}': unexpected inference {what} '{spec.name}' in "
-                    f"'{path}', allowed {what}s are: {', '.join(sorted(found))}")
+                    f"model '{config.name}': unexpected inference {what} '{spec.name}', "
+                    f"allowed {what}s are: {', '.join(sorted(found))} ('{path}')")
             dt, dims = found[spec.name]
             if dt is not spec.datatype:
                 raise ConfigError(

@@ -617,9 +617,6 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
         inputs = _tensor_specs(proto.input, "input", where)
     with config_boundary(name, "output"):
         outputs = _tensor_specs(proto.output, "output", where)
-    if not outputs:
-        raise ConfigError(f"{where}: {CONFIG_FILENAME}: model configuration must contain at "
-                          "least one output, none were specified")
     with config_boundary(name, "instance_group"):
         groups = _instance_groups(proto, where)
     scheduling, _ = betterproto.which_one_of(proto, "scheduling_choice")

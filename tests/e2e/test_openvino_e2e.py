@@ -55,6 +55,14 @@ def ov_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
     ovm.write_model(repo, "bad_ov_dims", ovm.ov_config("bad_ov_dims", dims=[100]))
     ovm.write_model(repo, "bad_ov_param", ovm.ov_config("bad_ov_param",
                                                         params={"NUM_STREAMS": "many"}))
+    # config inputs and outputs the IR does not have, each in Triton's words
+    ovm.write_model(repo, "bad_ov_extra_input", ovm.ov_config(
+        "bad_ov_extra_input",
+        extra='input [{ name: "EXTRA" data_type: TYPE_FP32 dims: [ 784 ] }]'))
+    ovm.write_model(repo, "bad_ov_unknown_input",
+                    ovm.ov_config("bad_ov_unknown_input").replace('"INPUT0"', '"NOPE"'))
+    ovm.write_model(repo, "bad_ov_unknown_output",
+                    ovm.ov_config("bad_ov_unknown_output").replace('"OUTPUT0"', '"NOPE"'))
     corrupt = ovm.write_model(repo, "bad_ov_corrupt", ovm.ov_config("bad_ov_corrupt"))
     (corrupt / "1" / "model.xml").write_text("<net name='x'><layers><layer id=")
     make_models.write_mlp(repo)  # an ONNX Runtime model beside them
@@ -155,6 +163,11 @@ def test_dynamic_batching_over_two_instances(grpc: Grpc, references: tuple) -> N
     ("bad_ov_dims", ["bad_ov_dims", "INPUT0", "model.xml", "[-1,100]"]),
     ("bad_ov_param", ["bad_ov_param", "NUM_STREAMS", "AUTO/NUMA/<int_value>", "many"]),
     ("bad_ov_corrupt", ["bad_ov_corrupt", "model.xml", "OpenVINO failed to read"]),
+    ("bad_ov_extra_input", ["unable to load model 'bad_ov_extra_input', configuration "
+                            "expects 2 inputs, model provides 1"]),
+    ("bad_ov_unknown_input", ["unexpected inference input 'NOPE', allowed inputs are: INPUT0"]),
+    ("bad_ov_unknown_output", ["unexpected inference output 'NOPE', allowed outputs are: "
+                               "OUTPUT0"]),
 ])
 def test_broken_model_fails_alone(http: Http, model: str, words: list[str]) -> None:
     index = {m["name"]: m for m in http.get_model_repository_index()}

@@ -227,3 +227,15 @@ def test_config_inputs_checked_against_model_at_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unexpected inference input 'WRONG', allowed inputs "
                                           "are: INPUT0, INPUT1"):
         FACTORY.load(config, folder / "1", InstancePlacement("m_0", 0, "cpu", 0))
+
+
+def test_a_config_without_outputs_is_the_backends_business(tmp_path: Path) -> None:
+    # Triton's core accepts a model with no outputs (its identity backend loads one); the
+    # PyTorch backend refuses it itself (tests/unit/test_pytorch_backend.py)
+    folder = tmp_path / "quiet"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (folder / "config.pbtxt").write_text(
+        'backend: "python"\ninput [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
+    config, _ = read_model_config(folder, "quiet", backends=get_factory)
+    assert config.outputs == () and [s.name for s in config.inputs] == ["IN"]

@@ -229,3 +229,13 @@ def test_torch_imports_after_a_protobuf_serialization(tmp_path: Path) -> None:
                           text=True, env={**os.environ, "PYTHONPATH": str(root)},
                           timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_config_without_outputs_is_refused_in_tritons_words(repo: Path, tmp_path: Path) -> None:
+    # the PyTorch backend's own rule (Triton's core and its Python backend have none)
+    config = make_models.torch_config("no_outputs", [("INPUT__0", "FP32", [16]),
+                                                     ("INPUT__1", "FP32", [16])], [], 8)
+    _copy_model(repo, "add_sub_torch", tmp_path / "no_outputs", config)
+    with pytest.raises(ConfigError, match="model configuration must contain at least one output, "
+                                          "none were specified"):
+        _load(tmp_path, "no_outputs")
