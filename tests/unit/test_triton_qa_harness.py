@@ -438,3 +438,26 @@ def test_the_generators_find_openvino_runtime() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_model_config_cases_are_rechecked_as_a_machine_without_gpus(tmp_path, capsys):
+    compare = _load("model_config_cpu_compare")
+    group = tmp_path / "L0_model_config"
+    served = ('config {\n  name: "m"\n  instance_group {\n    name: "m"\n    count: 1\n'
+              '    kind: KIND_CPU\n  }\n  backend: "python"\n}\n')
+    for case, count in (("gpu_only", 1), ("differs", 4)):
+        folder = group / "autofill_noplatform_success" / "python" / case
+        folder.mkdir(parents=True)
+        (folder / "expected").write_text(
+            f'name: "m"\ninstance_group {{\n  name: "m"\n  count: {count}\n  gpus: 0\n'
+            '  kind: KIND_GPU\n}\nbackend: "python"\nruntime: ""\n')
+    log = "".join(f"Test autofill_noplatform_success/python/{case}\n"
+                  "Model config doesn't match any expected output:\nModel config:\n"
+                  f"{served}\nNon-matching:\nname: \"m\"\n\n{compare.FAILED}\n"
+                  for case in ("gpu_only", "differs"))
+    (group / "client.log").write_text("Test autofill_noplatform_success/python/passing\n" + log)
+    assert compare.main([str(group)]) == 0
+    out = capsys.readouterr().out
+    assert "MATCH autofill_noplatform_success/python/gpu_only" in out
+    assert "DIFF  autofill_noplatform_success/python/differs" in out and "'count': 4" in out
+    assert "1 of 2 match as a machine without GPUs" in out
