@@ -143,15 +143,15 @@ def sequence_config(proto: pb.ModelConfig, model_path: Path, where: str) -> Sequ
     mbs = max(proto.max_batch_size, 0)
     if strategy == "oldest":
         oldest = sb.oldest
-        if oldest.max_candidate_sequences < 1:
-            raise ConfigError(f"{label}: sequence batching oldest strategy must specify "
-                              f"'max_candidate_sequences' > 0 for {name}")
         for size in oldest.preferred_batch_size:
             if size < 1 or size > max(mbs, 1):
                 raise ConfigError(f"{label}: sequence batching preferred batch size must be "
                                   f"positive and <= max batch size for {name}")
         schedule = SequenceSchedule(
-            strategy="oldest", slots_per_instance=oldest.max_candidate_sequences,
+            # Triton's default: as many candidate sequences as a batch has rows
+            strategy="oldest", slots_per_instance=(oldest.max_candidate_sequences
+                                                   if oldest.max_candidate_sequences > 0
+                                                   else max(mbs, 1)),
             max_batch_size=max(mbs, 1), idle_us=sb.max_sequence_idle_microseconds,
             preferred_batch_sizes=tuple(sorted(oldest.preferred_batch_size)),
             max_queue_delay_us=oldest.max_queue_delay_microseconds)

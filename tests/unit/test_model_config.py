@@ -140,8 +140,6 @@ def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
          "CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32}]}] }",
          "unexpected control data type, expected TYPE_UINT64, TYPE_INT64, TYPE_UINT32, "
          "TYPE_INT32, or TYPE_STRING for CONTROL_SEQUENCE_CORRID for m"),
-        ("max_batch_size: 4\nsequence_batching { oldest { } }",
-         "sequence batching oldest strategy must specify 'max_candidate_sequences' > 0 for m"),
         ("max_batch_size: 4\nsequence_batching { state [{input_name: 'IS' output_name: 'OS' "
          "data_type: TYPE_FP32}] }",
          "sequence batching state 'IS' must specify 'dims'"),
@@ -239,3 +237,20 @@ def test_a_config_without_outputs_is_the_backends_business(tmp_path: Path) -> No
         'backend: "python"\ninput [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }]\n')
     config, _ = read_model_config(folder, "quiet", backends=get_factory)
     assert config.outputs == () and [s.name for s in config.inputs] == ["IN"]
+
+
+@pytest.mark.parametrize(("max_batch_size", "slots"), [(4, 4), (0, 1)])
+def test_oldest_without_candidate_count_takes_a_batch_of_them(
+        tmp_path: Path, max_batch_size: int, slots: int) -> None:
+    # Triton's default for max_candidate_sequences (0 or absent): max_batch_size, at least 1
+    # (its L0_config_json sets only oldest's max_queue_delay_microseconds)
+    folder = _write(tmp_path, "m", f"max_batch_size: {max_batch_size}\n"
+                    'backend: "onnxruntime"\n'
+                    'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }]\n'
+                    'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }]\n'
+                    "sequence_batching { oldest { max_queue_delay_microseconds: 987 } }")
+    config, _ = read_model_config(folder, "m", backends=get_factory, auto_complete=False)
+    assert config.sequence is not None
+    schedule = config.sequence.schedule
+    assert (schedule.strategy, schedule.slots_per_instance) == ("oldest", slots)
+    assert schedule.max_queue_delay_us == 987
