@@ -13,6 +13,7 @@ import errno
 import logging
 import math
 import signal
+import socket
 import ssl
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -145,8 +146,11 @@ class _Deadlines(TypedDict):
 
 
 def _backend_settings(settings: Settings) -> dict[str, dict[str, str]]:
-    """--backend-config as {backend: {setting: value}}."""
-    out: dict[str, dict[str, str]] = {}
+    """--backend-config as {backend: {setting: value}}, "" for every backend's; the global
+    settings Triton's core gives every backend come first (the command line's override)."""
+    out: dict[str, dict[str, str]] = {"": {
+        "auto-complete-config": "true" if settings.auto_complete else "false",
+        "backend-directory": str(settings.backend_directory)}}
     for backend, key, value in settings.backend_config:
         out.setdefault(backend, {})[key] = value
     return out
@@ -230,13 +234,28 @@ async def _cancel_on(event: trio.Event, target: trio.CancelScope,
 
 
 @contextmanager
-def _port_in_use(service: str, address: str, port: int) -> Iterator[None]:
+def _port_in_use(service: str, address: str, port: int,
+                 optional: bool = False) -> Iterator[None]:
     """A frontend whose port is taken stops the start-up with Triton's line ("failed to start
-    GRPC service: Unavailable - Socket '0.0.0.0:8001' already in use"), not a traceback."""
+    GRPC service: Unavailable - Socket '0.0.0.0:8001' already in use"), not a traceback; so
+    does an address that is not one (``--http-address -47``). ``optional``: the service's
+    address is one it inherited from a service that is off (the metrics port takes
+    ``--http-address`` when ``--metrics-address`` is not given, even with ``--allow-http
+    false``, as in Triton, which starts anyway): the server then runs without it, and logs
+    why."""
     try:
         yield
     except BaseException as exc:  # the bind error may come wrapped in a trio group
         error = first_error(exc)
+        if isinstance(error, socket.gaierror):
+            reason = f"cannot listen on '{address}:{port}': {error.strerror or error}"
+            if optional:
+                log.error("failed to start %s service: Invalid argument - %s (the address of "
+                          "--http-address, whose service is off; give --metrics-address); "
+                          "serving without it", service, reason)
+                return
+            log.error("failed to start %s service: Invalid argument - %s", service, reason)
+            raise StartupError(f"failed to start {service} service: {reason}") from None
         if not (isinstance(error, OSError) and error.errno == errno.EADDRINUSE):
             raise
         log.error("failed to start %s service: Unavailable - Socket '%s:%d' already in use ",
@@ -511,8 +530,11 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                         log.info("Started Sagemaker HTTPService at %s",
                                  bind.removeprefix("http://"))
                 if settings.allow_metrics:
+                    metrics_binds = []
+                    inherited = not settings.allow_http and settings.metrics_address in (
+                        "", settings.http_address)
                     with _port_in_use("Metrics", settings.metrics_address or
-                                      settings.http_address, settings.metrics_port):
+                                      settings.http_address, settings.metrics_port, inherited):
                         metrics_binds = await _start_metrics(frontends, core, settings, sampler,
                                                              options, shutdown)
                     for bind in metrics_binds:

@@ -908,12 +908,16 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
     if args.model_load_retry_count < 0:
         parser.error("--model-load-retry-count must not be negative")
     backend_config = []
-    for entry in args.backend_config:
+    for entry in args.backend_config:  # Triton's words for each malformed form
         backend, _, setting = entry.partition(",") if "," in entry.split("=", 1)[0] else (
             "", "", entry)
+        if entry.startswith(","):
+            parser.error("No backend specified. --backend-config option format is <backend "
+                         f"name>,<setting>=<value> or <setting>=<value>. Got {entry}")
         key, eq, value = setting.partition("=")
-        if not eq or not key:
-            parser.error(f"--backend-config {entry}: expected <backend>,<setting>=<value>")
+        if not eq or not key or not value:
+            parser.error("--backend-config option format is '<backend name>,<setting>=<value>'. "
+                         f"Got {entry}")
         backend_config.append((backend, key, value))
     doors = _door_settings(parser, args)
     sagemaker = _sagemaker_settings(parser, args, os.environ)

@@ -51,6 +51,7 @@ from nursery.messages import (
 from nursery.observability.stats import StatsAccumulator
 from nursery.runtime import timer as precise_timer
 from nursery.runtime.supervision import describe
+from nursery.scheduling.batch_policy import DynamicBatchPolicy
 from nursery.scheduling.decisions import Cancel, Dispatch, Reject, Release, SchedulingPolicy
 from nursery.scheduling.sequence_policy import SequencePolicy
 
@@ -131,6 +132,9 @@ async def run(
     stamped = type(trio.lowlevel.current_clock()).__name__ == "SystemClock"
     failure: BaseException | None = None
     message: Any = None
+    if isinstance(policy, DynamicBatchPolicy):  # Triton's verbose line, which tools look for
+        log.debug("Starting dynamic-batcher thread for %s at default nice (a task on the "
+                  "server's trio thread here)...", name)
     task_status.started()
     async with inbox, trio.open_nursery() as timer_tasks:
         if waker is not None:

@@ -8,12 +8,14 @@ model file name and can auto-complete a configuration from the model file. The *
 
 from __future__ import annotations
 
+import copy
 import importlib
+import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Self
 
 import numpy as np
 
@@ -105,16 +107,65 @@ def get_factory(backend: str, model_name: str) -> BackendFactory:
     return factory
 
 
+DEFAULT_MAX_BATCH_SIZE_SETTING = "default-max-batch-size"
+DEFAULT_MAX_BATCH_SIZE = 4  # Triton's core default for the setting
+
+
+def default_max_batch_size(settings: Mapping[str, str], backend: str) -> int:
+    """The ``default-max-batch-size`` a backend's auto-complete gives a model that can batch
+    and whose configuration says no ``max_batch_size`` (0 turns batching off)."""
+    value = settings.get(DEFAULT_MAX_BATCH_SIZE_SETTING, str(DEFAULT_MAX_BATCH_SIZE)).strip()
+    try:
+        size = int(value)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ConfigError(f"--backend-config={backend},{DEFAULT_MAX_BATCH_SIZE_SETTING}: a "
+                          f"non-negative integer, not '{value}'")
+    return size
+
+
+class AutofillsBatching:
+    """For factories whose auto-complete turns batching on for a model that can batch: the
+    ``default-max-batch-size`` it then gives (``--backend-config``; 0 leaves batching off)."""
+
+    name: str
+    default_max_batch: int = DEFAULT_MAX_BATCH_SIZE
+
+    def configured(self, settings: Mapping[str, str]) -> Self:
+        out = copy.copy(self)
+        out.default_max_batch = default_max_batch_size(settings, self.name)
+        return out
+
+
 class Backends:
     """The backends one server can load, by name: the built-in ones and those an embedder or
-    a test adds (``Backends({"fake": factory})``). Called like :func:`get_factory`."""
+    a test adds (``Backends({"fake": factory})``). Called like :func:`get_factory`.
+
+    ``settings`` is ``--backend-config`` by backend, ``""`` for the settings every backend
+    gets. A backend's settings are Triton's ResolveBackendConfigs: the global ones, overridden
+    by its own, then ``default-max-batch-size`` (4) when neither gives it. A factory with a
+    ``configured(settings)`` method gets them; the first time a backend is asked for, the
+    verbose log shows them as Triton's does ("backend configuration:" and its JSON)."""
 
     def __init__(self, extra: Mapping[str, BackendFactory] | None = None,
                  settings: Mapping[str, Mapping[str, str]] | None = None,
                  directory: Path | None = None) -> None:
         self._extra = dict(extra or {})
-        self._settings = dict(settings or {})  # --backend-config, by backend
+        self._settings = {b: dict(s) for b, s in (settings or {}).items()}
         self._directory = directory  # --backend-directory: Python-based backends
+
+    def resolved(self, backend: str) -> dict[str, str]:
+        """The settings ``backend`` gets (Triton's ResolveBackendConfigs, then its defaults)."""
+        out = {**self._settings.get("", {}), **self._settings.get(backend, {})}
+        if DEFAULT_MAX_BATCH_SIZE_SETTING in out:
+            log.debug("Found overwritten default setting: %s,%s", DEFAULT_MAX_BATCH_SIZE_SETTING,
+                      out[DEFAULT_MAX_BATCH_SIZE_SETTING])
+        else:
+            log.debug("Adding default backend config setting: %s,%d",
+                      DEFAULT_MAX_BATCH_SIZE_SETTING, DEFAULT_MAX_BATCH_SIZE)
+            out[DEFAULT_MAX_BATCH_SIZE_SETTING] = str(DEFAULT_MAX_BATCH_SIZE)
+        return out
 
     def __call__(self, backend: str, model_name: str) -> BackendFactory:
         found = self._extra.get(backend)
@@ -128,14 +179,14 @@ class Backends:
                     backend, script)
                 self._extra[backend] = based
                 return based
-        settings = self._settings.get(backend)
-        if settings:
+        if backend in _MODULES:
             factory = get_factory(backend, model_name)
+            settings = self.resolved(backend)
+            log.debug("backend configuration:\n%s", json.dumps({"cmdline": settings}))
             configure = getattr(factory, "configured", None)
             if configure is not None:  # a backend that reads --backend-config
-                configured: BackendFactory = configure(settings)
-                self._extra[backend] = configured
-                return configured
+                factory = configure(settings)
+            self._extra[backend] = factory  # resolved once, as Triton initializes a backend once
             return factory
         if backend not in _MODULES and (self._extra or self._directory is not None):
             known = ", ".join(sorted({*_MODULES, *self._extra}))

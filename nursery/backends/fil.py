@@ -39,7 +39,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
-from nursery.backends.base import missing_extra
+from nursery.backends.base import AutofillsBatching, missing_extra
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
@@ -265,7 +265,7 @@ class FilInstance:
         self._forest = None
 
 
-class FilFactory:
+class FilFactory(AutofillsBatching):
     name = "fil"
     platform = ""
     default_filename = ""  # FIL's default depends on model_type (MODEL_FILES)
@@ -278,11 +278,12 @@ class FilFactory:
         options = parse_options(_parameters(config), config.name)
         path = model_path(config.default_model_filename, version_path, options.model_type)
         facts = _facts(_load_forest(path, options, config.name))
-        if config.max_batch_size == 0:
-            config.max_batch_size = 4  # Triton's default-max-batch-size
+        if config.max_batch_size == 0 and self.default_max_batch > 0:
+            config.max_batch_size = self.default_max_batch  # --backend-config, 4 by default
             log.warning(
-                "autofilled max_batch_size to 4 for model '%s' since batching is supported "
-                "but no max_batch_size is specified in model configuration", config.name)
+                "autofilled max_batch_size to %d for model '%s' since batching is supported "
+                "but no max_batch_size is specified in model configuration",
+                self.default_max_batch, config.name)
             if betterproto.which_one_of(config, "scheduling_choice")[0] == "":
                 config.dynamic_batching = pb.ModelDynamicBatching()
         if not config.input:

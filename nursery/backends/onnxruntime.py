@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import betterproto
 import numpy as np
 
+from nursery.backends.base import AutofillsBatching
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError, InvalidArgument
 from nursery.runtime.devices import InstancePlacement
@@ -251,7 +252,7 @@ def _text_array(array: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
-class OnnxRuntimeFactory:
+class OnnxRuntimeFactory(AutofillsBatching):
     name = "onnxruntime"
     platform = "onnxruntime_onnx"
     default_filename = "model.onnx"
@@ -269,12 +270,12 @@ class OnnxRuntimeFactory:
         outs = [(o.name, o.type, _dims(o.shape)) for o in session.get_outputs()]
         batchable = all(d and d[0] == -1 for _, _, d in ins + outs)
         if batchable:
-            if config.max_batch_size == 0:
-                config.max_batch_size = 4  # Triton's default-max-batch-size
+            if config.max_batch_size == 0 and self.default_max_batch > 0:
+                config.max_batch_size = self.default_max_batch  # --backend-config, 4 by default
                 log.warning(
-                    "autofilled max_batch_size to 4 for model '%s' since batching is supported "
+                    "autofilled max_batch_size to %d for model '%s' since batching is supported "
                     "but no max_batch_size is specified in model configuration",
-                    config.name,
+                    self.default_max_batch, config.name,
                 )
             if config.max_batch_size > 1 and betterproto.which_one_of(
                 config, "scheduling_choice"

@@ -35,7 +35,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
-from nursery.backends.base import missing_extra
+from nursery.backends.base import AutofillsBatching, missing_extra
 from nursery.backends.onnxruntime import check_dims
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError
@@ -216,7 +216,7 @@ def _pad(array: np.ndarray, rows: int) -> np.ndarray:
     return padded
 
 
-class OpenVinoFactory:
+class OpenVinoFactory(AutofillsBatching):
     name = "openvino"
     platform = ""
     default_filename = DEFAULT_FILENAME
@@ -233,13 +233,13 @@ class OpenVinoFactory:
         batching = bool(ports) and all(
             ov.layout_helpers.has_batch(ov.layout_helpers.get_layout(p)) for p in ports)
         if batching:
-            if config.max_batch_size == 0:
-                config.max_batch_size = 4  # Triton's default-max-batch-size
+            if config.max_batch_size == 0 and self.default_max_batch > 0:
+                config.max_batch_size = self.default_max_batch  # --backend-config, 4 by default
                 log.warning(
-                    "autofilled max_batch_size to 4 for model '%s' since batching is supported "
+                    "autofilled max_batch_size to %d for model '%s' since batching is supported "
                     "but no max_batch_size is specified in model configuration. Must specify "
                     "max_batch_size to utilize autofill with a larger max batch size",
-                    config.name)
+                    self.default_max_batch, config.name)
             if config.max_batch_size > 1 and betterproto.which_one_of(
                     config, "scheduling_choice")[0] == "":
                 config.dynamic_batching = pb.ModelDynamicBatching()

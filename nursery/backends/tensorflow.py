@@ -36,7 +36,7 @@ from typing import Any
 import betterproto
 import numpy as np
 
-from nursery.backends.base import missing_extra
+from nursery.backends.base import AutofillsBatching, missing_extra
 from nursery.backends.onnxruntime import check_dims
 from nursery.config.model import ModelConfig
 from nursery.errors import ConfigError, InternalError
@@ -294,7 +294,7 @@ class TensorFlowInstance:
         self._release()
 
 
-class TensorFlowFactory:
+class TensorFlowFactory(AutofillsBatching):
     name = "tensorflow"
     platform = SAVEDMODEL
     default_filename = DEFAULT_FILES[SAVEDMODEL]
@@ -321,12 +321,12 @@ class TensorFlowFactory:
             raise ConfigError(f"unable to autofill for '{config.name}', configuration specified "
                               f"max-batch {config.max_batch_size} but model signature does not "
                               "support batching")
-        if batches and config.max_batch_size == 0:
-            config.max_batch_size = 4  # Triton's default-max-batch-size
-            log.warning("autofilled max_batch_size to 4 for model '%s' since batching is "
+        if batches and config.max_batch_size == 0 and self.default_max_batch > 0:
+            config.max_batch_size = self.default_max_batch  # --backend-config, 4 by default
+            log.warning("autofilled max_batch_size to %d for model '%s' since batching is "
                         "supported but no max_batch_size is specified in model configuration. "
                         "Must specify max_batch_size to utilize autofill with a larger max "
-                        "batch size", config.name)
+                        "batch size", self.default_max_batch, config.name)
         if config.max_batch_size > 1 and betterproto.which_one_of(
                 config, "scheduling_choice")[0] == "":
             config.dynamic_batching = pb.ModelDynamicBatching()
