@@ -306,8 +306,9 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             target = qa / group / "models"
             target.mkdir(parents=True, exist_ok=True)
             shutil.copytree(simple, target / "simple", dirs_exist_ok=True)
-        for version in ("1", "2"):
-            folder = qa / "L0_simple_ensemble" / "models" / "simple" / version
+        for group, version in (("L0_simple_ensemble", "1"), ("L0_simple_ensemble", "2"),
+                               ("L0_socket", "1")):
+            folder = qa / group / "models" / "simple" / version
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copy(simple / "1" / "model.onnx", folder)
     else:

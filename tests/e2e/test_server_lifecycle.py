@@ -250,6 +250,38 @@ def test_verbose_logging_names_each_http_request_as_triton_does(
             if "/v2/logging" in x] == ["0 /v2/logging", "2 /v2/logging"]
 
 
+def test_an_address_that_is_not_one_stops_startup_unless_its_service_is_off(
+        tmp_path: Path, start_server: type[ServerProcess]) -> None:
+    """L0_socket: --http-address -47 stops the start-up with one line, no traceback; with
+    HTTP off the server starts (Triton's "allow illegal http address if disabled"), and the
+    metrics port, which takes --http-address when --metrics-address is not given, is left
+    out with a line that says why, while gRPC serves."""
+    import tritonclient.grpc as grpcclient
+
+    repo = tmp_path / "repo"
+    make_models.write_add_sub(repo)
+    bad = start_server(repo, "--http-address", "-47", wait=False)
+    assert bad.wait_exit(60) == 1
+    assert "Traceback" not in bad.log(), bad.log()
+    assert f"failed to start HTTP service: Invalid argument - cannot listen on " \
+           f"'-47:{bad.http_port}'" in bad.log()
+    off = start_server(repo, "--http-address", "-47", "--allow-http", "false",
+                       "--metrics-address=", wait=False)
+    deadline = time.monotonic() + 60
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{off.grpc_port}") as client:
+        while True:
+            try:
+                if client.is_model_ready("add_sub"):
+                    break
+            except Exception:
+                assert off.proc.poll() is None, off.log()
+            assert time.monotonic() < deadline, off.log()
+            time.sleep(0.2)
+    assert "failed to start Metrics service: Invalid argument - cannot listen on '-47:" \
+        in off.log()
+    assert off.stop() == 0
+
+
 def test_a_port_in_use_stops_startup_with_tritons_line(
         tmp_path: Path, start_server: type[ServerProcess]) -> None:
     """L0_lifecycle's port-collision checks: the second server logs Triton's line for the
