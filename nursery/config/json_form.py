@@ -197,15 +197,65 @@ def message_from_json(data: Any, cls: type[M], where: str) -> M:
     return message
 
 
+def _quote_bare_keys(text: str | bytes) -> str | None:
+    """``text`` with its unquoted object keys quoted (``{direct: {}}``), or None when it has
+    none: protobuf's JSON parser, which Triton's config override goes through, takes a key
+    that is a bare identifier, and Triton's own qa sends one (L0_iterative_sequence). Strings
+    are left as they are."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    out: list[str] = []
+    i, n, changed = 0, len(text), False
+    expecting_key = False  # just after '{' or ',' (whitespace aside)
+    while i < n:
+        c = text[i]
+        if c == '"':  # a string, copied through to its closing quote
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i, expecting_key = j + 1, False
+            continue
+        if expecting_key and (c.isalpha() or c == "_"):
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            k = j
+            while k < n and text[k] in " \t\r\n":
+                k += 1
+            if k < n and text[k] == ":":
+                out.append(f'"{text[i:j]}"')
+                i, changed, expecting_key = j, True, False
+                continue
+        if c in "{,":
+            expecting_key = True
+        elif c not in " \t\r\n":
+            expecting_key = False
+        out.append(c)
+        i += 1
+    return "".join(out) if changed else None
+
+
 def config_from_json(text: str | bytes) -> pb.ModelConfig:
     """A ModelConfig from protobuf JSON (snake_case or lowerCamelCase names, enums by name in
-    any case, 64-bit integers as numbers or strings, unknown fields rejected)."""
+    any case, 64-bit integers as numbers or strings, unknown fields rejected; object keys may
+    be bare identifiers, as protobuf's parser takes them)."""
     import json
 
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigJsonError(f"failed to parse the config JSON: {exc}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            lenient = _quote_bare_keys(text)
+            if lenient is None:
+                raise ConfigJsonError(f"failed to parse the config JSON: {exc}") from None
+            try:
+                data = json.loads(lenient)
+            except ValueError:
+                raise ConfigJsonError(f"failed to parse the config JSON: {exc}") from None
     except RecursionError:
         raise ConfigJsonError("failed to parse the config JSON: nested too deeply") from None
     try:

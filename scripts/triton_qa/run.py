@@ -377,6 +377,10 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
     dyna = qa / "custom_models" / "custom_dyna_sequence_int32"
     if dyna.is_dir():
         (dyna / "1").mkdir(exist_ok=True)
+    # the same for the C++ iterative_sequence backend's model (its stand-in: backends/)
+    iterative = qa / "L0_iterative_sequence" / "models" / "iterative_sequence"
+    if iterative.is_dir():
+        (iterative / "1").mkdir(exist_ok=True)
     return missing
 
 

@@ -254,3 +254,20 @@ def test_oldest_without_candidate_count_takes_a_batch_of_them(
     schedule = config.sequence.schedule
     assert (schedule.strategy, schedule.slots_per_instance) == ("oldest", slots)
     assert schedule.max_queue_delay_us == 987
+
+
+def test_config_json_takes_bare_keys_as_protobufs_parser_does() -> None:
+    # Triton's config override goes through protobuf's JSON parser, which takes an unquoted
+    # key; its L0_iterative_sequence sends `direct: {...}`. Strings keep their bytes.
+    from nursery.config.json_form import ConfigJsonError, config_from_json
+
+    config = config_from_json(
+        '{"name": "m", "parameters": {"k": {"string_value": "a, b: {c"}}, '
+        'sequence_batching: {"iterative_sequence": true, direct: '
+        '{"max_queue_delay_microseconds": 10000000}}}')
+    assert config.sequence_batching.iterative_sequence
+    assert config.sequence_batching.direct.max_queue_delay_microseconds == 10_000_000
+    assert config.parameters["k"].string_value == "a, b: {c"
+    for bad in ('{name: }', '{"name": "m",}', "{'name': 'm'}", b'{\xff: 1}'):
+        with pytest.raises(ConfigJsonError, match="failed to parse the config JSON"):
+            config_from_json(bad)
