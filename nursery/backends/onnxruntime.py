@@ -407,6 +407,9 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     and ``CompareDimsSupported`` in onnxruntime_backend), its checks and words. An input's
     dims may be more specific than the model's variable ones; an output's must match exactly."""
     model_inputs = {i.name: i for i in session.get_inputs()}
+    # initializers listed among the graph's inputs: a request may give one (the model then
+    # computes with it) or leave it to the stored value; Triton's config marks them optional
+    overridable = {i.name: i for i in session.get_overridable_initializers()}
     model_outputs = {o.name: o for o in session.get_outputs()}
     proto = config.proto
     ragged = {i.name for i in proto.input if i.allow_ragged_batch}
@@ -414,7 +417,9 @@ def _check_io(config: ModelConfig, session: Any) -> None:
     extras = config.sequence.extra_inputs if config.sequence is not None else ()
     # the batch inputs the server makes count as inputs too: Triton's ORT backend counts one
     # per `batch_input` entry, and takes all their target names
-    expected = len(config.inputs) + len(extras) + len(config.batch_inputs)
+    # as Triton counts: the config's optional inputs are left out (they may be initializers)
+    expected = (sum(1 for spec in config.inputs if not spec.optional) + len(extras)
+                + len(config.batch_inputs))
     extras = (*extras, *(t for b in config.batch_inputs for t in b.targets))
     if len(model_inputs) != expected:  # Triton's first check, before any name
         required = [n for n in model_inputs if n not in config.input_map and n not in extras]
@@ -422,7 +427,7 @@ def _check_io(config: ModelConfig, session: Any) -> None:
         raise ConfigError(
             f"unable to load model '{config.name}', configuration expects {expected} inputs, "
             f"model provides {len(model_inputs)}{missing}")
-    for what, specs, found in (("input", config.inputs, model_inputs),
+    for what, specs, found in (("input", config.inputs, {**model_inputs, **overridable}),
                                ("output", config.outputs, model_outputs)):
         for spec in specs:
             arg = found.get(spec.name)

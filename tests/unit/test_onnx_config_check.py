@@ -132,3 +132,41 @@ def test_the_input_count_is_checked_before_the_names(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unexpected inference input 'INPUT_OTHER', allowed "
                                           "inputs are: INPUT0"):
         _load(tmp_path / "b", renamed)
+
+
+def test_an_initializer_listed_as_an_input_is_an_optional_input(tmp_path: Path) -> None:
+    """Triton's L0_initializer_as_input: an initializer the graph also lists as an input is
+    an input a request may give (the model then uses it) or leave out (the stored value); the
+    config marks it optional, and Triton's input count leaves optional inputs out."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    ones = np.ones((5, 5), np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT", "INITIALIZER"], ["OUTPUT"])], "init_input",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [5, 5])
+         for n in ("INPUT", "INITIALIZER")],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, [5, 5])],
+        initializer=[numpy_helper.from_array(ones, "INITIALIZER")])
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    onnx.save(helper.make_model(graph), str(tmp_path / "m" / "1" / "model.onnx"))
+    io = ('input [{ name: "INPUT" data_type: TYPE_FP32 dims: [5, 5] }, { name: "INITIALIZER" '
+          'data_type: TYPE_FP32 dims: [5, 5] optional: true }]\n'
+          'output [{ name: "OUTPUT" data_type: TYPE_FP32 dims: [5, 5] }]\n')
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "onnxruntime"\n' + io)
+    config, _ = read_model_config(tmp_path / "m", "m", backends=get_factory)
+    instance = FACTORY.load(config, tmp_path / "m" / "1", InstancePlacement("m_0", 0, "cpu", 0))
+    try:
+        x = np.full((5, 5), 2, np.float32)
+        np.testing.assert_array_equal(instance.execute({"INPUT": x}, ["OUTPUT"])["OUTPUT"], x + 1)
+        np.testing.assert_array_equal(
+            instance.execute({"INPUT": x, "INITIALIZER": x}, ["OUTPUT"])["OUTPUT"], x + x)
+    finally:
+        instance.close()
+    # without `optional` it counts, as in Triton: 2 inputs expected, the graph's 1 provided
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        'backend: "onnxruntime"\n' + io.replace(" optional: true", ""))
+    config, _ = read_model_config(tmp_path / "m", "m", backends=get_factory)
+    with pytest.raises(ConfigError, match="configuration expects 2 inputs, model provides 1"):
+        FACTORY.load(config, tmp_path / "m" / "1", InstancePlacement("m_0", 0, "cpu", 0))
