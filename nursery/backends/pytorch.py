@@ -83,9 +83,9 @@ def _torch_dtype(dt: DataType) -> Any:
         DataType.BOOL: torch.bool, DataType.UINT8: torch.uint8, DataType.INT8: torch.int8,
         DataType.INT16: torch.int16, DataType.INT32: torch.int32, DataType.INT64: torch.int64,
         DataType.FP16: torch.float16, DataType.FP32: torch.float32, DataType.FP64: torch.float64,
-        DataType.BF16: torch.bfloat16, DataType.UINT16: getattr(torch, "uint16", None),
-        DataType.UINT32: getattr(torch, "uint32", None),
-        DataType.UINT64: getattr(torch, "uint64", None),
+        DataType.BF16: torch.bfloat16,
+        # UINT16/32/64: torch's unsigned types beyond uint8 have few operators, and Triton's
+        # PyTorch backend refuses them ("unsupported datatype TYPE_UINT32 for input ...")
     }.get(dt)
 
 
@@ -378,8 +378,13 @@ class PyTorchInstance:
                         f"Triton only supports 1 dimensional List of String as input/output for "
                         f"'{spec.name}' for model '{config.name}'")
             elif _torch_dtype(spec.datatype) is None:
-                raise ConfigError(f"unsupported datatype TYPE_{spec.datatype.value} for "
+                what = "input" if spec in config.inputs else "output"
+                raise ConfigError(f"unsupported datatype TYPE_{spec.datatype.value} for {what} "
                                   f"'{spec.name}' for model '{config.name}'")
+        for name, datatype in extra_types.items():  # the server's control and batch inputs
+            if datatype is not DataType.BYTES and _torch_dtype(datatype) is None:
+                raise ConfigError(f"input '{name}' type 'TYPE_{datatype.value}' is not "
+                                  "supported by PyTorch.")
 
     # -- inputs ---------------------------------------------------------------------------
 
