@@ -83,6 +83,10 @@ GENERATORS: list[tuple[str, list[str], str]] = [
      "qa_variable_sequence_implicit_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--onnx"], "qa_dyna_sequence_model_repository"),
     ("gen_qa_dyna_sequence_models.py", ["--libtorch"], "qa_dyna_sequence_model_repository"),
+    ("gen_qa_dyna_sequence_implicit_models.py", ["--onnx"],
+     "qa_dyna_sequence_implicit_model_repository"),
+    ("gen_qa_dyna_sequence_implicit_models.py", ["--libtorch"],
+     "qa_dyna_sequence_implicit_model_repository"),
     ("gen_qa_ort_scalar_models.py", [], "qa_scalar_models"),
     ("gen_qa_ragged_models.py", ["--onnx"], "qa_ragged_model_repository"),
     ("gen_qa_ragged_models.py", ["--libtorch"], "qa_ragged_model_repository"),
@@ -112,6 +116,9 @@ GROUP_ENV = {
     "L0_batcher": {"BACKENDS": "onnx libtorch python"},
     # `custom` and `custom_string` are the harness's dyna_sequence stand-in
     "L0_dyna_sequence_batcher": {"BACKENDS": "libtorch onnx custom custom_string"},
+    # L0_dyna_sequence_batcher with implicit state (the default adds `plan`; Triton's
+    # generator makes no LibTorch model of it)
+    "L0_dyna_implicit_state": {"BACKENDS": "onnx"},
     # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
     "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
     # batch inputs of ragged models (the default adds `plan`)
