@@ -510,10 +510,32 @@ def _flatten_outputs(result: Any) -> list[Any]:
         "one of these two types. It should not be a List / Dictionary of Tensors or a Scalar")
 
 
+def _log_options(options: TorchOptions, parameters: Mapping[str, str], model: str) -> None:
+    """Triton's PyTorch backend's lines for a model's parameters, once per model version it
+    loads (its ModelState), when the configuration has ``parameters``; tools grep for them."""
+    for what, enabled in (("Optimized execution", options.optimized_execution),
+                     ("Cache Cleaning", options.cache_cleaning),
+                     ("Inference Mode", options.inference_mode),
+                     ("cuDNN", options.cudnn)):
+        log.info("%s is %s for model instance '%s'", what,
+                 "enabled" if enabled else "disabled", model)
+    for what, key, on in (("Tensor fuser", "ENABLE_TENSOR_FUSER", options.tensor_fuser),
+                          ("Weight sharing", "ENABLE_WEIGHT_SHARING", options.weight_sharing)):
+        if key in parameters:
+            log.info("%s is %s for model instance '%s'", what,
+                     "enabled" if on else "disabled", model)
+
+
 class PyTorchFactory:
     name = "pytorch"
     platform = "pytorch_libtorch"
     default_filename = "model.pt"
+
+    def __init__(self) -> None:
+        # the configuration each model version was last loaded with (its options are logged
+        # once per version load, not once per instance)
+        self._logged: dict[tuple[str, str], int] = {}
+        self._logged_lock = threading.Lock()
 
     def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
         if not (config.input and config.output):
@@ -537,6 +559,13 @@ class PyTorchFactory:
             raise ConfigError(
                 f"unable to find '{path}' for model instance '{placement.name}'")
         options = parse_options(config.parameters, config.name)
+        if config.parameters:
+            version = (config.name, str(version_path))
+            with self._logged_lock:
+                first = self._logged.get(version) != id(config)
+                self._logged[version] = id(config)
+            if first:
+                _log_options(options, config.parameters, config.name)
         _apply_thread_counts(config.parameters, config.name)
         device = torch.device("cpu")
         if placement.kind == "gpu":

@@ -258,3 +258,25 @@ def test_a_config_without_outputs_is_refused_in_tritons_words(repo: Path, tmp_pa
     with pytest.raises(ConfigError, match="model configuration must contain at least one output, "
                                           "none were specified"):
         _load(tmp_path, "no_outputs")
+
+
+def test_parameters_are_logged_once_per_version_load_in_tritons_words(
+        repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # L0_libtorch_inference_mode counts these lines: one per model version Triton loads
+    io = [("INPUT__0", "FP32", [16]), ("INPUT__1", "FP32", [16])]
+    config_text = make_models.torch_config(
+        "modes", io, [("OUTPUT__0", "FP32", [16])], 8,
+        'parameters { key: "INFERENCE_MODE" value: { string_value: "false" } }\n'
+        'parameters { key: "ENABLE_WEIGHT_SHARING" value: { string_value: "true" } }\n')
+    _copy_model(repo, "add_sub_torch", tmp_path / "modes", config_text)
+    config, versions = read_model_config(tmp_path / "modes", "modes", backends=get_factory)
+    with caplog.at_level(logging.INFO, logger="nursery.backends"):
+        for index in (0, 1):  # two instances of one version load: one set of lines
+            pytorch.FACTORY.load(config, tmp_path / "modes" / str(versions[-1]),
+                                 InstancePlacement("modes", index, "cpu", 0)).close()
+    lines = [r.getMessage() for r in caplog.records if "for model instance 'modes'" in r.getMessage()]
+    assert lines == ["Optimized execution is enabled for model instance 'modes'",
+                     "Cache Cleaning is disabled for model instance 'modes'",
+                     "Inference Mode is disabled for model instance 'modes'",
+                     "cuDNN is enabled for model instance 'modes'",
+                     "Weight sharing is enabled for model instance 'modes'"]
