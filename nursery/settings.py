@@ -892,6 +892,15 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
             parser.error(f"--{flag.replace('_', '-')} must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
     cli_warnings = []
+    for flag, given, instead in (
+            ("--trace-file", args.trace_file, "--trace-config triton,file=<filepath>"),
+            ("--trace-level", args.trace_level, "--trace-config level=<OFF|TIMESTAMPS|TENSORS>"),
+            ("--trace-rate", args.trace_rate, "--trace-config rate=<rate value>"),
+            ("--trace-count", args.trace_count, "--trace-config count=<count value>"),
+            ("--trace-log-frequency", args.trace_log_frequency,
+             "--trace-config triton,log-frequency=<log frequency value>")):
+        cli_warnings += [f"Warning: '{flag}' has been deprecated and will be removed in future "
+                         f"releases. Please use '{instead} instead."] * len(given or ())
     if args.strict_model_config is not None:  # tritonserver's words, on stderr
         cli_warnings.append("Warning: '--strict-model-config' has been deprecated! Please use "
                             "'--disable-auto-complete-config' instead.")

@@ -26,7 +26,9 @@ imported only in this mode; the SDK's batch span processor exports from its own 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +67,21 @@ class OtelSettings:
                             if key not in given)]
 
     @classmethod
-    def from_entries(cls, entries: list[tuple[str, str]]) -> OtelSettings:
+    def from_entries(cls, entries: list[tuple[str, str]],
+                     env: Mapping[str, str] | None = None) -> OtelSettings:
+        """The settings of ``--trace-config opentelemetry,...`` entries; a batch span
+        processor setting they leave out comes from ``OTEL_BSP_*`` in ``env`` (the
+        process's environment by default), as in Triton. A value that is not a number is
+        refused in Triton's words ('Bad option: "OTEL_BSP_MAX_QUEUE_SIZE".')."""
+        env = os.environ if env is None else env
+        given = {key for key, _ in entries}
+        for key in _BSP:
+            name = f"OTEL_{key.upper()}"
+            if key not in given and name in env:
+                if not _uint32(env[name]):
+                    raise ValueError(f'Bad option: "{name}".\nInvalid argument - '
+                                     f"'{env[name]}' is not an unsigned 32-bit integer")
+                entries = [*entries, (key, env[name])]
         values: dict[str, Any] = {}
         resource: list[tuple[str, str]] = []
         for key, value in entries:
@@ -77,15 +93,20 @@ class OtelSettings:
                     raise ValueError(f"opentelemetry,resource expects key=value, got '{value}'")
                 resource.append((k, v))
             elif key in _BSP:
-                try:
-                    values[key] = int(value)
-                except ValueError:
-                    raise ValueError(f"opentelemetry,{key} expects a number, got '{value}'") from None
+                if not _uint32(value):
+                    raise ValueError(f'Bad option: "--trace-config opentelemetry,{key}".\n'
+                                     f"Invalid argument - '{value}' is not an unsigned 32-bit "
+                                     "integer")
+                values[key] = int(value)
             else:
                 raise ValueError(f"unknown opentelemetry trace setting '{key}'")
         if resource:
             values["resource"] = tuple(resource)
         return cls(**values)
+
+
+def _uint32(text: str) -> bool:
+    return text.strip().isdigit() and int(text) < 2**32
 
 
 class OtelExporter:

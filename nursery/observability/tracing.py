@@ -190,8 +190,8 @@ def settings_from_config(entries: tuple[str, ...]) -> TraceSettings:
             values["trace_level"] = parse_setting("trace_level", levels)
         except InvalidArgument as exc:
             raise ValueError(f"--trace-config: {exc.message}") from None
-    if otel:
-        OtelSettings.from_entries(otel)  # report bad settings at the command line
+    if otel or values.get("trace_mode") == "opentelemetry":
+        OtelSettings.from_entries(otel)  # report bad settings (and OTEL_BSP_*) at the start
         values["otel"] = tuple(otel)
     return replace(TraceSettings(), **values)
 
@@ -340,8 +340,8 @@ class _File:
         if not self.path:
             return  # tracing with no file: nothing to keep
         try:
-            with open(name, "w") as f:
-                json.dump(records, f)
+            with open(name, "w") as f:  # compact, as Triton writes it (tools grep for it)
+                json.dump(records, f, separators=(",", ":"))
         except OSError as exc:
             log.error("failed to write trace file '%s': %s", name, exc)
 

@@ -417,3 +417,42 @@ def test_a_used_up_trace_count_writes_its_traces_at_once(tmp_path: Path) -> None
     assert not (tmp_path / "c.json").exists()
     tm.close()
     assert heads("c.json") == ["other"] * 3
+
+
+def test_trace_files_are_compact_json_as_tritons(tmp_path: Path) -> None:
+    # L0_cmdline_trace greps the file for {"id":1,"model_name":"simple",...}
+    tm = TraceManager(settings_from_config(("level=TIMESTAMPS", "rate=1",
+                                            f"triton,file={tmp_path / 't.json'}")))
+    trace = tm.start("simple")
+    assert trace is not None
+    trace.finish()
+    tm.close()
+    text = (tmp_path / "t.json").read_text()
+    assert '{"id":1,"model_name":"simple"' in text and ", " not in text and ": " not in text
+
+
+def test_opentelemetry_batch_settings_and_their_environment_in_tritons_words() -> None:
+    from nursery.observability.otel import OtelSettings
+
+    assert OtelSettings.from_entries([], {"OTEL_BSP_SCHEDULE_DELAY": "7"}).bsp_schedule_delay == 7
+    # the command line's value wins over the environment's
+    assert OtelSettings.from_entries([("bsp_schedule_delay", "9")],
+                                     {"OTEL_BSP_SCHEDULE_DELAY": "bad"}).bsp_schedule_delay == 9
+    for key in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
+        with pytest.raises(ValueError, match=f'Bad option: "OTEL_{key.upper()}"'):
+            OtelSettings.from_entries([], {f"OTEL_{key.upper()}": "bad_value"})
+        with pytest.raises(ValueError,
+                           match=f'Bad option: "--trace-config opentelemetry,{key}"'):
+            OtelSettings.from_entries([(key, "bad_value")], {})
+
+
+def test_deprecated_trace_flags_warn_as_triton_does() -> None:
+    from nursery.settings import settings_from_args
+
+    settings = settings_from_args(["--trace-file=/tmp/t.json", "--trace-rate=100",
+                                   "--trace-level=TIMESTAMPS", "--trace-log-frequency=50",
+                                   "--trace-count=100"])
+    for flag in ("--trace-file", "--trace-rate", "--trace-level", "--trace-log-frequency",
+                 "--trace-count"):
+        assert sum(f"Warning: '{flag}' has been deprecated" in w
+                   for w in settings.cli_warnings) == 1, settings.cli_warnings
