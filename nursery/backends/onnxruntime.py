@@ -82,6 +82,8 @@ def _dims(shape: Sequence[Any]) -> list[int]:
 
 
 SPINNING = "session.intra_op.allow_spinning"
+# a RunOptions entry ("cpu:0", "gpu:0;cpu:0"): shrink those arenas after each run
+ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 
 
 def spinning_default(config: ModelConfig) -> dict[str, str]:
@@ -132,11 +134,15 @@ def _session_options(parameters: Mapping[str, str], graph_level: int, model: str
         )
     if (arena := bool_param("enable_mem_arena")) is not None:
         opts.enable_cpu_mem_arena = arena
+        log.debug("Configuring enable_mem_arena to %s", parameters["enable_mem_arena"])
     if (pattern := bool_param("enable_mem_pattern")) is not None:
         opts.enable_mem_pattern = pattern
+        log.debug("Configuring enable_mem_pattern to %s", parameters["enable_mem_pattern"])
     for key, value in parameters.items():
         if not key.startswith("session."):
             continue
+        if key == "session.use_device_allocator_for_initializers":  # Triton logs this one
+            log.debug("Configuring '%s' to '%s' for '%s'", key, value, model)
         try:
             opts.add_session_config_entry(key, value)
         except Exception as exc:  # onnxruntime's own error types
@@ -174,6 +180,10 @@ class OnnxRuntimeInstance:
         self.inline_safe = not gpu
         self._io_binding = gpu and not self._needs_ortvalues and "tensor(string)" not in set(
             self._input_types.values()) | set(self._output_types.values())
+
+    def run_config_entry(self, key: str, value: str) -> None:
+        """An entry of the RunOptions every run of this instance uses."""
+        self._run_options.add_run_config_entry(key, value)
 
     def execute(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -335,7 +345,16 @@ class OnnxRuntimeFactory(AutofillsBatching):
             raise ConfigError(f"model '{config.name}': onnx runtime failed to load '{path}': {exc}") from exc
         _check_io(config, session)
         on_gpu = "CUDAExecutionProvider" in session.get_providers()
-        return OnnxRuntimeInstance(session, config.name, stream, on_gpu)
+        instance = OnnxRuntimeInstance(session, config.name, stream, on_gpu)
+        shrinkage = config.parameters.get(ARENA_SHRINKAGE)
+        if shrinkage is not None:  # a run option, per instance, as in Triton
+            log.debug("Configuring %s to %s", ARENA_SHRINKAGE, shrinkage)
+            try:
+                instance.run_config_entry(ARENA_SHRINKAGE, shrinkage)
+            except Exception as exc:  # onnxruntime's own error types
+                raise ConfigError(f"model '{config.name}': run config entry {ARENA_SHRINKAGE}="
+                                  f"{shrinkage!r}: {exc}") from exc
+        return instance
 
 
 def _instance_stream(device_id: int) -> Any:

@@ -38,3 +38,36 @@ def test_spinning_is_off_only_where_the_batcher_waits(tmp_path: Path, extra: str
     except RuntimeError:  # onnxruntime's answer for a key never set
         entry = None
     assert entry == want
+
+
+def test_memory_options_apply_and_log_in_tritons_words(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Triton's L0_onnx_optimization: its ORT backend's memory parameters and their lines
+    import logging
+
+    import numpy as np
+
+    from nursery.backends.onnxruntime import FACTORY
+    from nursery.runtime.devices import InstancePlacement
+
+    params = {"enable_mem_arena": "1", "enable_mem_pattern": "1",
+              "session.use_device_allocator_for_initializers": "1",
+              "memory.enable_memory_arena_shrinkage": "cpu:0"}
+    extra = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n'
+                    for k, v in params.items())
+    make_models.write_model(tmp_path, "m", make_models.build_identity("FP32", ["batch", 16]),
+                            _BASE + extra)
+    config, _ = read_model_config(tmp_path / "m", "m", backends=get_factory)
+    with caplog.at_level(logging.DEBUG, logger="nursery.backends.onnxruntime"):
+        instance = FACTORY.load(config, tmp_path / "m" / "1",
+                                InstancePlacement("m_0", 0, "cpu", 0))
+    try:
+        x = np.ones((2, 16), np.float32)
+        np.testing.assert_array_equal(instance.execute({"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"], x)
+    finally:
+        instance.close()
+    logged = [r.getMessage() for r in caplog.records]
+    for line in ("Configuring enable_mem_arena to 1", "Configuring enable_mem_pattern to 1",
+                 "Configuring 'session.use_device_allocator_for_initializers' to '1' for 'm'",
+                 "Configuring memory.enable_memory_arena_shrinkage to cpu:0"):
+        assert line in logged, logged
