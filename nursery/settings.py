@@ -217,6 +217,16 @@ _LATER_FLAGS = {
     "--min-supported-compute-capability": "GPU compute capability filtering",
     "--repoagent-directory": "repository agents",
     "--cache-directory": "cache plugin directories",
+    # the rest of Triton's flags (its command_line_parser's list): refusing one would stop a
+    # Triton start-up script (L0_decoupled passes --grpc-max-response-pool-size=1)
+    "--buffer-manager-thread-count": "parallel input copy threads",
+    "--cuda-virtual-address-size": "CUDA virtual address reservations",
+    "--grpc-infer-thread-count": "gRPC inference thread sizing",
+    "--grpc-max-connection-age": "gRPC connection age limits",
+    "--grpc-max-response-pool-size": "gRPC response pool sizing",
+    "--host-policy": "host (NUMA) policies",
+    "--model-load-gpu-limit": "GPU memory limits for model loading",
+    "--vertex-ai-default-model": "the Vertex AI frontend",
 }
 
 

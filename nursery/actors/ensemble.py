@@ -481,7 +481,10 @@ async def run(
             answer = _classified(work, answer, config, labels)
         _answer(work, answer)
 
-    stats = StatsAccumulator(summaries)
+    # every request's first response goes into the histogram: a decoupled ensemble's first
+    # part, another's one answer (Triton's first-response histogram, ensembles included)
+    buckets = config.first_response_buckets if config is not None else ()
+    stats = StatsAccumulator(summaries, () if stream is not None else buckets)
     limits = step_limits(plan)
     if limits is not None:  # Triton's line, which scripts look for
         log.info("Ensemble model '%s' configured with max_inflight_requests: %d", plan.name,
@@ -525,7 +528,7 @@ async def run(
                 try:
                     if stream is not None:
                         await run_decoupled_flow(plan, version, work.request, stream,
-                                                 partial(deliver, work), limits)
+                                                 parts(work), limits)
                         answer = None  # every part is sent
                     else:
                         answer = await run_flow(plan, version, work.request, infer, limits)
@@ -559,7 +562,20 @@ async def run(
             succeeded=True, queue_ns=0,
             request_ns=now - work.enqueued_ns, compute_input_ns=0,
             compute_infer_ns=now - work.enqueued_ns, compute_output_ns=0,
-            finished_ms=time.time_ns() // 1_000_000))
+            finished_ms=time.time_ns() // 1_000_000, enqueued_ns=(work.enqueued_ns,),
+            started_ns=work.enqueued_ns, ended_ns=now))
+
+    def parts(work: InferWork) -> Callable[[Any], None]:
+        """A decoupled ensemble's delivery of ``work``'s parts, its first response counted."""
+        first = True
+
+        def emit(answer: Any) -> None:
+            nonlocal first
+            if first and isinstance(answer, Part) and answer.response is not None:
+                first = False
+                stats.record_first_response(time.monotonic_ns() - work.enqueued_ns, buckets)
+            deliver(work, answer)
+        return emit
 
     async def serve_by_callbacks(work: InferWork) -> None:
         """A CallbackFlow's request: its answer is given where its last step's answer is
@@ -620,7 +636,9 @@ async def _intake(inbox: trio.MemoryReceiveChannel[Any], serve: Callable[..., An
                 if scope is not None:
                     scope.cancel()
             elif isinstance(message, StatsQuery):
-                _answer(message, stats.snapshot(len(scopes)))
+                # nothing waits in an ensemble: its requests are its steps' pending ones, as
+                # Triton reports it (the ensemble's own pending count stays 0; L0_metrics)
+                _answer(message, stats.snapshot(0))
             elif isinstance(message, CloseIntake):
                 closing = True
 

@@ -25,6 +25,7 @@ used.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -112,18 +113,22 @@ async def run(
     preserve_ordering: bool = False,
     reject_error: RejectError = Unavailable,
     summaries: bool = False,
+    first_response: tuple[float, ...] = (),
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     closing = False
     workers: dict[int, WorkerInbox] = dict(enumerate(instances))  # by placement index
     outstanding = dict.fromkeys(workers, 0)  # batches sent to each instance and not finished
+    # the requests of each batch sent and not finished, by instance: all but the running
+    # (first) one still wait, and count as pending as Triton counts its queue
+    sent: dict[int, collections.deque[int]] = {}
     retired: set[int] = set()  # leaving: closed once idle and no longer held by the policy
     # iterative_sequence: a request without a correlation ID starts a sequence of its own
     iterative = policy if isinstance(policy, SequencePolicy) and policy.schedule.iterative \
         else None
     sequence_ids = itertools.count(1)
     early: dict[int, int] = {}  # InstanceReady of an instance added but not yet announced
-    stats = StatsAccumulator(summaries)
+    stats = StatsAccumulator(summaries, first_response)
     ordering = _Ordering() if preserve_ordering else None
     cancel = getattr(policy, "cancel", None)
     waker = precise_timer.create()  # the policy's sub-millisecond deadlines, on time
@@ -151,6 +156,8 @@ async def run(
                         workers[decision.instance].send_nowait(
                             ExecuteBatch(decision.items, rows=decision.rows))
                         outstanding[decision.instance] += 1
+                        sent.setdefault(decision.instance, collections.deque()).append(
+                            len(decision.items))
                     elif isinstance(decision, Release):
                         worker = workers.get(decision.instance)
                         if worker is not None:
@@ -169,6 +176,8 @@ async def run(
                         workers[decision.instance].send_nowait(
                             ExecuteBatch(live, ordering is not None))
                         outstanding[decision.instance] += 1
+                        sent.setdefault(decision.instance, collections.deque()).append(
+                            len(live))
                     elif isinstance(decision, Cancel):
                         for w in decision.items:
                             _answer(w, Cancelled(""))
@@ -189,6 +198,7 @@ async def run(
                 for i in [i for i in retired if not outstanding[i] and not policy.holds(i)]:
                     retired.discard(i)
                     del outstanding[i]
+                    sent.pop(i, None)
                     await workers.pop(i).aclose()  # the worker finalizes its instance and ends
                 if closing and workers and policy.pending() == 0 and not any(
                         outstanding.values()):
@@ -224,6 +234,9 @@ async def run(
                     elif isinstance(message, InstanceReady):
                         i = message.instance
                         outstanding[i] = max(0, outstanding[i] - message.slots)
+                        done = sent.get(i)
+                        for _ in range(min(message.slots, len(done) if done else 0)):
+                            done.popleft()  # type: ignore[union-attr]
                         if message.report is not None:
                             stats.record_batch(message.report)
                         if ordering is not None:
@@ -241,7 +254,9 @@ async def run(
                             stats.record_failure("CANCELED")
                             _answer(message.work, Cancelled(""))
                     elif isinstance(message, StatsQuery):
-                        _answer(message, stats.snapshot(policy.pending()))  # type: ignore[arg-type]
+                        waiting = sum(sum(q) - q[0] for q in sent.values() if q)
+                        _answer(message,  # type: ignore[arg-type]
+                                stats.snapshot(policy.pending() + waiting))
                     elif isinstance(message, CloseIntake):
                         closing = True
                     elif isinstance(message, UpdateInstances):

@@ -124,6 +124,9 @@ async def serve_version(
                         preserve_ordering=bool(config.batching
                                                and config.batching.preserve_ordering),
                         summaries=summaries,
+                        # a decoupled model's first responses are counted as they are sent
+                        first_response=(() if config.decoupled
+                                        else config.first_response_buckets),
                     )
                 )
 

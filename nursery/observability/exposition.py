@@ -12,7 +12,8 @@ prometheus-client's own ``generate_latest`` cannot write what Triton's scrapers 
 
 So this writer walks the same ``registry.collect()`` families (any
 :class:`prometheus_client.registry.Collector`'s) and writes each as it is: the family's name on
-HELP and TYPE, each sample's own name, label names sorted (as prometheus-cpp writes them), and
+HELP and TYPE, each sample's own name, label names sorted (``le`` and ``quantile`` last, as
+prometheus-cpp writes them), and
 numbers as plain decimals: integers without a fraction, others with at most six decimals.
 """
 
@@ -49,10 +50,16 @@ def generate_text(registry: _Registry) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+_LAST = {"le": 1, "quantile": 1}  # a bucket's or quantile's own label: after the series'
+
+
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
+    """Label names sorted, a histogram bucket's ``le`` and a summary's ``quantile`` last, as
+    prometheus-cpp writes them (Triton's qa greps whole series: L0_metrics)."""
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels)) + "}"
+    ordered = sorted(labels, key=lambda kv: (_LAST.get(kv[0], 0), kv[0]))
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in ordered) + "}"
 
 
 def _escape(value: str) -> str:

@@ -87,7 +87,13 @@ _SUMMARY_FAMILIES = (
      "microseconds (does not include cached requests)", "compute_infer"),
     ("nv_inference_compute_output_summary_us", "Summary of inference compute output duration "
      "in microseconds (does not include cached requests)", "compute_output"),
+    # models that use the response cache only
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in "
+     "microseconds.", "cache_hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in "
+     "microseconds.", "cache_miss"),
 )
+_CACHE_SUMMARIES = frozenset({"cache_hit", "cache_miss"})
 
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)  # Triton's defaults
 
@@ -172,15 +178,16 @@ class Scrape:
     """What one scrape reads. ``entries``: (model, version, snapshot) of every ready version;
     ``cached``: (model, version) pairs that use the response cache (they get the per-model
     cache families, and no request summary, as in Triton); ``cache_totals``: the cache
-    actor's figures when a cache is configured; ``decoupled``: (model, version) of decoupled
-    models -> their first-response histogram bounds (ms); ``faults``: the failures each kind
-    of supervision boundary caught (nursery's own family; None leaves it out)."""
+    actor's figures when a cache is configured; ``histograms``: (model, version) -> its
+    first-response histogram bounds (ms), every version's when histograms are on;
+    ``faults``: the failures each kind of supervision boundary caught (nursery's own family;
+    None leaves it out)."""
 
     entries: Sequence[Entry] = ()
     system: SystemSample = field(default_factory=SystemSample)
     cached: frozenset[tuple[str, str]] = frozenset()
     cache_totals: CacheTotals | None = None
-    decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None
+    histograms: Mapping[tuple[str, str], tuple[float, ...]] | None = None
     faults: Mapping[str, int] | None = None
     custom: Sequence[FamilySnapshot] = ()  # the families models defined (pb_utils.MetricFamily)
     # (model, version) -> seconds its load took, for every ready version
@@ -232,8 +239,8 @@ class TritonCollector:
             *_cache_model_families(scrape.entries, scrape.cached),
             *(_summary_families(scrape.entries, scrape.cached, options.summary_quantiles)
               if options.summary_latencies else ()),
-            (_first_response_histogram(scrape.entries, scrape.decoupled)
-             if options.histogram_latencies and scrape.decoupled else None),
+            (_first_response_histogram(scrape.entries, scrape.histograms)
+             if options.histogram_latencies and scrape.histograms else None),
             *_cache_families(scrape.cache_totals),
             _fault_family(scrape.faults),
             *_load_families(scrape),
@@ -279,12 +286,12 @@ class MetricsEndpoint:
 def render(entries: list[Entry], system: SystemSample, options: MetricsOptions,
            cached: frozenset[tuple[str, str]] = frozenset(),
            cache_totals: CacheTotals | None = None,
-           decoupled: Mapping[tuple[str, str], tuple[float, ...]] | None = None,
+           histograms: Mapping[tuple[str, str], tuple[float, ...]] | None = None,
            faults: Mapping[str, int] | None = None) -> str:
     """The exposition text of one scrape through a registry of its own (see :class:`Scrape`
     for the arguments)."""
     return MetricsEndpoint(options).render(
-        Scrape(entries, system, cached, cache_totals, decoupled, faults)).decode()
+        Scrape(entries, system, cached, cache_totals, histograms, faults)).decode()
 
 
 def _model_families(entries: Sequence[Entry], options: MetricsOptions) -> Iterator[Metric]:
@@ -332,7 +339,8 @@ def _summary_families(entries: Sequence[Entry], cached: frozenset[tuple[str, str
         totals = []
         for m, v, s in entries:
             summary = s.summaries.get(key)
-            if summary is None or (key == "request" and (m, v) in cached):
+            if summary is None or (key == "request" and (m, v) in cached) or (
+                    key in _CACHE_SUMMARIES and (m, v) not in cached):
                 continue
             for q, bound in zip(quantiles, bounds, strict=True):
                 value = summary.quantile(q)
@@ -346,24 +354,26 @@ def _summary_families(entries: Sequence[Entry], cached: frozenset[tuple[str, str
 
 def _first_response_histogram(
         entries: Sequence[Entry],
-        decoupled: Mapping[tuple[str, str], tuple[float, ...]]) -> Metric:
-    """``nv_inference_first_response_histogram_ms``: decoupled models only, as in Triton; the
-    bounds are the model's (``histogram_options``), a bound the version has not counted into
-    yet shows 0."""
+        histograms: Mapping[tuple[str, str], tuple[float, ...]]) -> Metric:
+    """``nv_inference_first_response_histogram_ms``: every model's, as Triton's since it
+    extended the histogram to non-decoupled models (its L0_metrics expects one for a model
+    that has answered nothing yet); the bounds are the model's (``histogram_options``), a
+    bound the version has not counted into yet shows 0."""
     name = "nv_inference_first_response_histogram_ms"
     family = HistogramMetricFamily(
         name, "Duration from request to first response in milliseconds", labels=_MODEL_LABELS)
     for m, v, s in entries:
-        bounds = decoupled.get((m, v))
+        bounds = histograms.get((m, v))
         if bounds is None:
             continue
         h = s.first_response
         counts = dict(zip(h.bounds, h.counts, strict=True)) if h is not None else {}
         total = h.count if h is not None else 0
         for bound in bounds:
-            family.add_sample(f"{name}_bucket", {"le": number(bound), "model": m, "version": v},
+            # `le` last, as prometheus-cpp writes it (Triton's qa greps the whole series)
+            family.add_sample(f"{name}_bucket", {"model": m, "version": v, "le": number(bound)},
                               counts.get(bound, 0))
-        family.add_sample(f"{name}_bucket", {"le": "+Inf", "model": m, "version": v}, total)
+        family.add_sample(f"{name}_bucket", {"model": m, "version": v, "le": "+Inf"}, total)
         family.add_sample(f"{name}_sum", {"model": m, "version": v},
                           round(h.sum_ms, 3) if h is not None else 0)
         family.add_sample(f"{name}_count", {"model": m, "version": v}, total)

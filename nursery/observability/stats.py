@@ -16,7 +16,8 @@ from types import MappingProxyType
 
 # The latency families a summary can follow (Triton's ``--metrics-config
 # summary_latencies=true``), each sampled per request, in microseconds.
-SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+SUMMARY_FAMILIES = ("request", "queue", "compute_input", "compute_infer", "compute_output",
+                    "cache_hit", "cache_miss")
 SUMMARY_MAX_AGE_S = 60.0  # prometheus-cpp's default sliding window
 SUMMARY_MAX_SAMPLES = 8192  # per family and version: a bound on memory under heavy load
 
@@ -43,7 +44,7 @@ class FirstResponseHistogram:
 
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
-    sum_ms: float
+    sum_ms: float  # whole ms when counted here (int)
     count: int
 
 
@@ -153,9 +154,14 @@ class StatsSnapshot:
 
 class StatsAccumulator:
     """Mutable counters, owned by one scheduler actor. ``summaries``: keep the last minute of
-    per-request latency samples too (``--metrics-config summary_latencies=true``)."""
+    per-request latency samples too (``--metrics-config summary_latencies=true``).
+    ``first_response``: the first-response histogram's bounds (ms) of a model that is not
+    decoupled, whose one answer is its first response, counted as its batch ends (a decoupled
+    model's responses are counted by :meth:`record_response`)."""
 
-    def __init__(self, summaries: bool = False) -> None:
+    def __init__(self, summaries: bool = False,
+                 first_response: tuple[float, ...] = ()) -> None:
+        self.first_response = first_response
         self.last_inference_ms = 0
         self.inference_count = 0
         self.execution_count = 0
@@ -172,7 +178,7 @@ class StatsAccumulator:
         self.responses: dict[int, dict[str, Duration]] = {}
         self.first_bounds: tuple[float, ...] = ()
         self.first_counts: list[int] = []
-        self.first_sum_ms = 0.0
+        self.first_sum_ms = 0  # whole ms
         self.first_count = 0
         self.windows: dict[str, _Window] | None = (
             {k: _Window() for k in SUMMARY_FAMILIES} if summaries else None)
@@ -200,6 +206,9 @@ class StatsAccumulator:
         self.inference_count += report.batch_size
         if self.windows is not None and report.enqueued_ns:
             self._sample(report)
+        if self.first_response:
+            for enqueued in report.enqueued_ns:
+                self._first((report.ended_ns - enqueued) // 1_000_000, self.first_response)
         self.success.add(report.request_ns, n)
         self.queue.add(report.queue_ns, n)
         self.compute_input.add(report.compute_input_ns * n, n)
@@ -217,6 +226,9 @@ class StatsAccumulator:
         """A response-cache outcome. A hit is a successful request that never reached a worker
         (success and queue count it, the compute stages do not); a miss adds its lookup and
         insert time, the request itself is counted by its batch."""
+        if self.windows is not None:
+            self.windows["cache_hit" if hit else "cache_miss"].add(time.monotonic(),
+                                                                   cache_ns / 1000)
         if hit:
             self.cache_hit = self.cache_hit.add(cache_ns)
             self.success = self.success.add(request_ns)
@@ -239,15 +251,24 @@ class StatsAccumulator:
             stats["compute_infer"] = stats.get("compute_infer", Duration()).add(ns)
             stats["compute_output"] = stats.get("compute_output", Duration()).add(0)
         if index == 0:
-            if buckets != self.first_bounds:
-                self.first_bounds = buckets
-                self.first_counts = [0] * len(buckets)
-            ms = first_response_ns / 1e6
-            for i, bound in enumerate(buckets):
-                if ms <= bound:
-                    self.first_counts[i] += 1
-            self.first_sum_ms += ms
-            self.first_count += 1
+            self._first(first_response_ns // 1_000_000, buckets)
+
+    def record_first_response(self, ns: int, buckets: tuple[float, ...]) -> None:
+        """A request's first response, ``ns`` after it was accepted (a decoupled ensemble's)."""
+        if buckets:
+            self._first(ns // 1_000_000, buckets)
+
+    def _first(self, ms: int, buckets: tuple[float, ...]) -> None:
+        """One first response ``ms`` after its request: whole milliseconds, as Triton
+        observes them (an integer division of nanoseconds; its qa reads the sum as an int)."""
+        if buckets != self.first_bounds:
+            self.first_bounds = buckets
+            self.first_counts = [0] * len(buckets)
+        for i, bound in enumerate(buckets):
+            if ms <= bound:
+                self.first_counts[i] += 1
+        self.first_sum_ms += ms
+        self.first_count += 1
 
     def record_failure(self, reason: str, requests: int = 1, ns: int = 0) -> None:
         """Requests answered with an error before running: REJECTED, CANCELED, OTHER."""

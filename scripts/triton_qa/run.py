@@ -536,6 +536,12 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     record.unlink(missing_ok=True)
     folder = work / "qa" / group
     env = environment(work, record, python_mode, checkouts, clients)
+    # the scripts run where Triton's image has them, /opt/tritonserver/qa/<group> (here the
+    # opt/tritonserver/qa link to qa/): their `pwd` then names the paths their clients expect
+    # (rewritten from /opt/tritonserver), as L0_metrics' namespace labels do
+    logical = work / "opt" / "tritonserver" / "qa" / group
+    cwd = logical if logical.is_dir() else folder
+    env["PWD"] = str(cwd)
     if group.startswith("L0_backend_python/"):
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
     env.update(GROUP_ENV.get(group, {}))
@@ -555,7 +561,7 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
                    f"ip link set lo up && {private_shm}exec bash {test_sh}"]
     started = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log,
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)

@@ -44,6 +44,9 @@ def _summaries(base: float, *, empty: bool = False) -> MappingProxyType[str, Lat
         "compute_input": LatencySummary((1.0,), 1.0, 1),
         "compute_infer": LatencySummary(window, 2_000_000.5, 10),
         "compute_output": LatencySummary((0.0004,), 0.0004, 1),
+        # a model's cache lookups (shown for models that use the cache only)
+        "cache_hit": LatencySummary((2.5, 7.5), 10.0, 2),
+        "cache_miss": LatencySummary((12.25,), 12.25, 1),
     })
 
 
@@ -87,7 +90,7 @@ SYSTEM = SystemSample(
                     12_345_678.5),
           GpuSample("GPU-bbbb-0002", 0.0, 42_949_672_960, 0, 0.5, 250.0, 0.0)))
 CACHED = frozenset({("cached", "3")})
-DECOUPLED = MappingProxyType({("stream", "1"): (1.0, 2.5, 10.0, 100.0),
+HISTOGRAMS = MappingProxyType({("stream", "1"): (1.0, 2.5, 10.0, 100.0),
                               ("stream_idle", "1"): (5.0,)})
 TOTALS = CacheTotals(entries=17, bytes_used=1_234, budget=4_096, lookups=1_000_001, hits=400_000,
                      misses=600_001, evictions=3, inserts=600_001, lookup_ns=123_456_789_000,
@@ -98,37 +101,37 @@ CASES = {
     # everything on: every family Triton serves, and nursery's own
     "full": dict(
         entries=True, summaries=True, system=SYSTEM, cached=CACHED, totals=TOTALS,
-        decoupled=DECOUPLED, faults=FAULTS,
+        histograms=HISTOGRAMS, faults=FAULTS,
         options=metrics.MetricsOptions(summary_latencies=True, histogram_latencies=True,
                                        summary_quantiles=(0.5, 0.9, 0.99, 0.999))),
     # the defaults of a server without a cache, before the first CPU reading
     "defaults": dict(
         entries=True, summaries=False, system=SystemSample(), cached=frozenset(), totals=None,
-        decoupled=None, faults=MappingProxyType({}), options=metrics.MetricsOptions()),
+        histograms=None, faults=MappingProxyType({}), options=metrics.MetricsOptions()),
     # --allow-cpu-metrics=false --allow-gpu-metrics=false --metrics-config
-    # counter_latencies=false (histograms asked for, no decoupled model)
+    # counter_latencies=false (histograms asked for, none to show)
     "flags_off": dict(
         entries=True, summaries=False, system=SYSTEM, cached=CACHED, totals=TOTALS,
-        decoupled=MappingProxyType({}), faults=None,
+        histograms=MappingProxyType({}), faults=None,
         options=metrics.MetricsOptions.from_config(
             [("counter_latencies", "false"), ("histogram_latencies", "true")],
             cpu=False, gpu=False)),
     # summaries with the default quantiles, a cache without per-model use, CPU only
     "summaries_cpu": dict(
         entries=True, summaries=True, system=SystemSample(0.5, 1_000_000, 999_999),
-        cached=frozenset(), totals=CacheTotals(), decoupled=None, faults=None,
+        cached=frozenset(), totals=CacheTotals(), histograms=None, faults=None,
         options=metrics.MetricsOptions.from_config([("summary_latencies", "true")], gpu=False)),
     # no model loaded
     "empty": dict(
         entries=False, summaries=False, system=SystemSample(), cached=frozenset(), totals=None,
-        decoupled=None, faults=None, options=metrics.MetricsOptions()),
+        histograms=None, faults=None, options=metrics.MetricsOptions()),
 }
 
 
 def _render(case: dict[str, object]) -> str:
     entries = _entries(bool(case["summaries"])) if case["entries"] else []
     return metrics.render(entries, case["system"], case["options"],  # type: ignore[arg-type]
-                          case["cached"], case["totals"], case["decoupled"],  # type: ignore[arg-type]
+                          case["cached"], case["totals"], case["histograms"],  # type: ignore[arg-type]
                           case["faults"])  # type: ignore[arg-type]
 
 
@@ -154,12 +157,16 @@ def test_exposition_parses_and_has_no_exponent(name: str) -> None:
 
 def test_collector_yields_prometheus_client_families() -> None:
     collector = metrics.TritonCollector(CASES["full"]["options"])  # type: ignore[arg-type]
-    collector.scrape = metrics.Scrape(_entries(True), SYSTEM, CACHED, TOTALS, DECOUPLED, FAULTS)
+    collector.scrape = metrics.Scrape(_entries(True), SYSTEM, CACHED, TOTALS, HISTOGRAMS, FAULTS)
     families = {f.name: f for f in collector.collect()}
     assert isinstance(families["nv_inference_pending_request_count"], GaugeMetricFamily)
     assert isinstance(families["nv_inference_queue_summary_us"], SummaryMetricFamily)
     assert isinstance(families["nv_inference_first_response_histogram_ms"],
                       HistogramMetricFamily)
+    # the cache summaries: the model that uses the cache only
+    hits = families["nv_cache_hit_summary_per_model"]
+    assert isinstance(hits, SummaryMetricFamily)
+    assert {s.labels["model"] for s in hits.samples} == {"cached"}
     # Triton's counters keep their names: no _total, no _created samples
     for name in ("nv_inference_request_success", "nv_inference_count", "nv_energy_consumption",
                  "nv_cache_num_hits_per_model", "nursery_internal_errors_total"):

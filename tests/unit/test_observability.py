@@ -386,7 +386,7 @@ def test_response_stats_in_both_shapes() -> None:
     assert back["0"].success.count == 2 and back["1"].fail.ns == 1000
     text = metrics.render([("m", "1", snap)], SystemSample(),
                           metrics.MetricsOptions(histogram_latencies=True),
-                          decoupled={("m", "1"): (1.0, 10.0)})
+                          histograms={("m", "1"): (1.0, 10.0)})
     fam = _families(text)["nv_inference_first_response_histogram_ms"]
     assert fam.type == "histogram"
     buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
@@ -456,3 +456,26 @@ def test_deprecated_trace_flags_warn_as_triton_does() -> None:
                  "--trace-count"):
         assert sum(f"Warning: '{flag}' has been deprecated" in w
                    for w in settings.cli_warnings) == 1, settings.cli_warnings
+
+
+def test_a_non_decoupled_models_answers_are_its_first_responses() -> None:
+    # Triton counts every model's first response into the histogram (L0_metrics)
+    acc = StatsAccumulator(first_response=(1.0, 10.0))
+    acc.record_batch(BatchReport(batch_size=2, requests=2, succeeded=True, queue_ns=0,
+                                 request_ns=0, compute_input_ns=0, compute_infer_ns=0,
+                                 compute_output_ns=0, finished_ms=1,
+                                 enqueued_ns=(0, 9_000_000), started_ns=9_000_000,
+                                 ended_ns=12_000_000))
+    first = acc.snapshot().first_response
+    assert first is not None
+    assert (first.bounds, first.counts, first.count) == ((1.0, 10.0), (0, 1), 2)
+    assert first.sum_ms == pytest.approx(15.0)
+    # a failed batch answers with errors: no response counted
+    acc.record_batch(_report(1, ok=False))
+    assert acc.snapshot().first_response.count == 2  # type: ignore[union-attr]
+    # the cache's lookups are summarised per model when summaries are on
+    cached = StatsAccumulator(summaries=True)
+    cached.record_cache(True, 2_000, 5_000)
+    cached.record_cache(False, 4_000, 0)
+    summaries = cached.snapshot().summaries
+    assert (summaries["cache_hit"].count, summaries["cache_miss"].count) == (1, 1)

@@ -87,3 +87,42 @@ def test_mode_flags_are_read_in_any_case():
         "explicit"
     with pytest.raises(FlagError):
         settings_from_args(["--model-control-mode=POLLING"], raise_errors=True)
+
+
+# every long option of Triton's command_line_parser.cc (server repository, 2.51 era)
+TRITON_FLAGS = (
+    "--allow-client-shm", "--allow-cpu-metrics", "--allow-gpu-metrics", "--allow-grpc",
+    "--allow-http", "--allow-metrics", "--allow-sagemaker", "--allow-vertex-ai",
+    "--backend-config", "--backend-directory", "--buffer-manager-thread-count",
+    "--cache-config", "--cache-directory", "--cuda-memory-pool-byte-size",
+    "--cuda-virtual-address-size", "--disable-auto-complete-config", "--enable-peer-access",
+    "--exit-on-error", "--exit-timeout-secs", "--grpc-address",
+    "--grpc-header-forward-pattern", "--grpc-http2-max-ping-strikes",
+    "--grpc-infer-thread-count", "--grpc-keepalive-time", "--grpc-keepalive-timeout",
+    "--grpc-max-connection-age", "--grpc-max-response-pool-size", "--grpc-port",
+    "--grpc-restricted-protocol", "--grpc-root-cert", "--grpc-server-cert",
+    "--grpc-server-key", "--grpc-use-ssl", "--grpc-use-ssl-mutual", "--help", "--host-policy",
+    "--http-address", "--http-header-forward-pattern", "--http-max-input-size", "--http-port",
+    "--http-restricted-api", "--http-thread-count", "--id", "--load-model", "--log-error",
+    "--log-file", "--log-format", "--log-info", "--log-verbose", "--log-warning",
+    "--metrics-address", "--metrics-config", "--metrics-interval-ms", "--metrics-port",
+    "--model-config-name", "--model-control-mode", "--model-load-gpu-limit",
+    "--model-load-retry-count", "--model-load-thread-count", "--model-namespacing",
+    "--model-repository", "--model-store", "--pinned-memory-pool-byte-size", "--rate-limit",
+    "--rate-limit-resource", "--repoagent-directory", "--repository-poll-secs",
+    "--response-cache-byte-size", "--reuse-grpc-port", "--reuse-http-port", "--sagemaker-port",
+    "--sagemaker-safe-port-range", "--sagemaker-thread-count", "--strict-model-config",
+    "--strict-readiness", "--trace-config", "--trace-count", "--trace-file", "--trace-level",
+    "--trace-log-frequency", "--trace-rate", "--vertex-ai-default-model", "--vertex-ai-port",
+    "--vertex-ai-thread-count",
+)
+
+
+def test_every_flag_of_tritons_command_line_is_known():
+    """A Triton start-up script must not be refused for a flag nursery does not know (an
+    unknown flag stops the start: L0_decoupled's --grpc-max-response-pool-size=1 did)."""
+    from nursery.settings import build_parser
+
+    parser = build_parser("python -m nursery serve", True)
+    known = {o for action in parser._actions for o in action.option_strings}
+    assert [f for f in TRITON_FLAGS if f not in known] == []

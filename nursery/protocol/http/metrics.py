@@ -37,17 +37,17 @@ def build_metrics_app(core: Core, sampler: SystemSampler,
             namespaces = {key: (entry.namespace, entry.name)
                           for key, entry, _, _ in versions if entry.namespace}
             cached: set[tuple[str, str]] = set()
-            decoupled: dict[tuple[str, str], tuple[float, ...]] = {}
+            histograms: dict[tuple[str, str], tuple[float, ...]] = {}
             for key, _, handle, _ in versions:
                 config, v = handle.config, handle.version_str
                 if core.cache is not None and config.uses_response_cache:
                     cached.add((key, v))
-                if options.histogram_latencies and config.decoupled:
-                    decoupled[(key, v)] = config.first_response_buckets
+                if options.histogram_latencies:
+                    histograms[(key, v)] = config.first_response_buckets
             totals = await core.cache_totals()  # None without a cache
             demand = core.demand
             body = endpoint.render(metrics.Scrape(
-                entries, sampler.latest, frozenset(cached), totals, decoupled,
+                entries, sampler.latest, frozenset(cached), totals, histograms,
                 core.faults.snapshot(), core.client.custom_metrics.snapshot(),
                 core.load_durations(), dict(demand.demand_loads) if demand else {},
                 dict(demand.evictions) if demand else {}, namespaces))
