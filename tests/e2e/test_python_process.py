@@ -319,9 +319,10 @@ def test_custom_metrics_from_model_py(tmp_path: Path, start_server: type[ServerP
                  "# HELP py_metrics_last_input The last input seen",
                  f"py_metrics_last_input{{{labels}}} 50",
                  "# TYPE py_metrics_inputs histogram",
-                 f'py_metrics_inputs_bucket{{le="1",{labels}}} 1',
-                 f'py_metrics_inputs_bucket{{le="10",{labels}}} 2',
-                 f'py_metrics_inputs_bucket{{le="+Inf",{labels}}} 3',
+                 # `le` after the series' labels, as prometheus-cpp (Triton) writes it
+                 f'py_metrics_inputs_bucket{{{labels},le="1"}} 1',
+                 f'py_metrics_inputs_bucket{{{labels},le="10"}} 2',
+                 f'py_metrics_inputs_bucket{{{labels},le="+Inf"}} 3',
                  f"py_metrics_inputs_count{{{labels}}} 3"):
         assert line in text, f"{line!r} not in:\n{text}"
     assert server.stop() == 0, server.log()
