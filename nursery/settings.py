@@ -230,6 +230,16 @@ _LATER_FLAGS = {
 }
 
 
+# the deprecated trace flags and what replaces each (tritonserver's warning names it)
+_DEPRECATED_TRACE_FLAGS = {
+    "--trace-file": "--trace-config triton,file=<filepath>",
+    "--trace-level": "--trace-config level=<OFF|TIMESTAMPS|TENSORS>",
+    "--trace-rate": "--trace-config rate=<rate value>",
+    "--trace-count": "--trace-config count=<count value>",
+    "--trace-log-frequency": "--trace-config triton,log-frequency=<log frequency value>",
+}
+
+
 class FlagError(ValueError):
     """A command line the parser refuses, for callers that are not a command line (the
     in-process API): argparse's message, naming the flag."""
@@ -337,11 +347,9 @@ def build_parser(prog: str = "python -m nursery serve",
         "flag is --trace-config=<mode>,<setting>=<value> (mode: triton) or "
         "--trace-config=<setting>=<value> for rate, level, count and mode.",
     )
-    for flag, key in (("--trace-file", "file"), ("--trace-level", "level"),
-                      ("--trace-rate", "rate"), ("--trace-count", "count"),
-                      ("--trace-log-frequency", "log-frequency")):
+    for flag, instead in _DEPRECATED_TRACE_FLAGS.items():
         parser.add_argument(flag, action="append", default=[], metavar="<value>",
-                            help=f"DEPRECATED: use --trace-config {key}=<value>.")
+                            help=f"DEPRECATED: use {instead}.")
     parser.add_argument(
         "--model-control-mode", choices=["none", "poll", "explicit"], default="none",
         type=str.lower,  # Triton reads the mode in any case (L0_model_namespacing: POLL)
@@ -902,15 +910,10 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
             parser.error(f"--{flag.replace('_', '-')} must be positive")
     auto_complete = not args.disable_auto_complete_config and not bool(args.strict_model_config)
     cli_warnings = []
-    for flag, given, instead in (
-            ("--trace-file", args.trace_file, "--trace-config triton,file=<filepath>"),
-            ("--trace-level", args.trace_level, "--trace-config level=<OFF|TIMESTAMPS|TENSORS>"),
-            ("--trace-rate", args.trace_rate, "--trace-config rate=<rate value>"),
-            ("--trace-count", args.trace_count, "--trace-config count=<count value>"),
-            ("--trace-log-frequency", args.trace_log_frequency,
-             "--trace-config triton,log-frequency=<log frequency value>")):
+    for flag, instead in _DEPRECATED_TRACE_FLAGS.items():  # tritonserver's words, per use
         cli_warnings += [f"Warning: '{flag}' has been deprecated and will be removed in future "
-                         f"releases. Please use '{instead} instead."] * len(given or ())
+                         f"releases. Please use '{instead} instead."] * len(
+                             getattr(args, flag[2:].replace("-", "_")))
     if args.strict_model_config is not None:  # tritonserver's words, on stderr
         cli_warnings.append("Warning: '--strict-model-config' has been deprecated! Please use "
                             "'--disable-auto-complete-config' instead.")

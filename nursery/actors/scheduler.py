@@ -118,10 +118,9 @@ async def run(
 ) -> None:
     closing = False
     workers: dict[int, WorkerInbox] = dict(enumerate(instances))  # by placement index
-    outstanding = dict.fromkeys(workers, 0)  # batches sent to each instance and not finished
-    # the requests of each batch sent and not finished, by instance: all but the running
-    # (first) one still wait, and count as pending as Triton counts its queue
-    sent: dict[int, collections.deque[int]] = {}
+    # the batches sent to each instance and not finished, as their request counts: all but
+    # the running (first) one still wait, and count as pending as Triton counts its queue
+    outstanding: dict[int, collections.deque[int]] = {i: collections.deque() for i in workers}
     retired: set[int] = set()  # leaving: closed once idle and no longer held by the policy
     # iterative_sequence: a request without a correlation ID starts a sequence of its own
     iterative = policy if isinstance(policy, SequencePolicy) and policy.schedule.iterative \
@@ -155,9 +154,7 @@ async def run(
                         # a sequence's requests always run: its state depends on each
                         workers[decision.instance].send_nowait(
                             ExecuteBatch(decision.items, rows=decision.rows))
-                        outstanding[decision.instance] += 1
-                        sent.setdefault(decision.instance, collections.deque()).append(
-                            len(decision.items))
+                        outstanding[decision.instance].append(len(decision.items))
                     elif isinstance(decision, Release):
                         worker = workers.get(decision.instance)
                         if worker is not None:
@@ -175,9 +172,7 @@ async def run(
                                 ordering.number(w)
                         workers[decision.instance].send_nowait(
                             ExecuteBatch(live, ordering is not None))
-                        outstanding[decision.instance] += 1
-                        sent.setdefault(decision.instance, collections.deque()).append(
-                            len(live))
+                        outstanding[decision.instance].append(len(live))
                     elif isinstance(decision, Cancel):
                         for w in decision.items:
                             _answer(w, Cancelled(""))
@@ -198,7 +193,6 @@ async def run(
                 for i in [i for i in retired if not outstanding[i] and not policy.holds(i)]:
                     retired.discard(i)
                     del outstanding[i]
-                    sent.pop(i, None)
                     await workers.pop(i).aclose()  # the worker finalizes its instance and ends
                 if closing and workers and policy.pending() == 0 and not any(
                         outstanding.values()):
@@ -233,10 +227,9 @@ async def run(
                         early[message.instance] = early.get(message.instance, 0) + message.slots
                     elif isinstance(message, InstanceReady):
                         i = message.instance
-                        outstanding[i] = max(0, outstanding[i] - message.slots)
-                        done = sent.get(i)
-                        for _ in range(min(message.slots, len(done) if done else 0)):
-                            done.popleft()  # type: ignore[union-attr]
+                        done = outstanding[i]
+                        for _ in range(min(message.slots, len(done))):
+                            done.popleft()
                         if message.report is not None:
                             stats.record_batch(message.report)
                         if ordering is not None:
@@ -254,7 +247,7 @@ async def run(
                             stats.record_failure("CANCELED")
                             _answer(message.work, Cancelled(""))
                     elif isinstance(message, StatsQuery):
-                        waiting = sum(sum(q) - q[0] for q in sent.values() if q)
+                        waiting = sum(sum(q) - q[0] for q in outstanding.values() if q)
                         _answer(message,  # type: ignore[arg-type]
                                 stats.snapshot(policy.pending() + waiting))
                     elif isinstance(message, CloseIntake):
@@ -262,7 +255,7 @@ async def run(
                     elif isinstance(message, UpdateInstances):
                         for i, worker in message.added.items():
                             workers[i] = worker
-                            outstanding[i] = 0
+                            outstanding[i] = collections.deque()
                             policy.add_instance(i)
                             if i in early:
                                 policy.instance_ready(i, now, early.pop(i))

@@ -514,9 +514,9 @@ def _log_options(options: TorchOptions, parameters: Mapping[str, str], model: st
     """Triton's PyTorch backend's lines for a model's parameters, once per model version it
     loads (its ModelState), when the configuration has ``parameters``; tools grep for them."""
     for what, enabled in (("Optimized execution", options.optimized_execution),
-                     ("Cache Cleaning", options.cache_cleaning),
-                     ("Inference Mode", options.inference_mode),
-                     ("cuDNN", options.cudnn)):
+                          ("Cache Cleaning", options.cache_cleaning),
+                          ("Inference Mode", options.inference_mode),
+                          ("cuDNN", options.cudnn)):
         log.info("%s is %s for model instance '%s'", what,
                  "enabled" if enabled else "disabled", model)
     for what, key, on in (("Tensor fuser", "ENABLE_TENSOR_FUSER", options.tensor_fuser),
@@ -533,8 +533,9 @@ class PyTorchFactory:
 
     def __init__(self) -> None:
         # the configuration each model version was last loaded with (its options are logged
-        # once per version load, not once per instance)
-        self._logged: dict[tuple[str, str], int] = {}
+        # once per version load, not once per instance; a weak reference, as an id could be
+        # reused by the next load's configuration)
+        self._logged: dict[tuple[str, str], weakref.ref[ModelConfig]] = {}
         self._logged_lock = threading.Lock()
 
     def auto_complete(self, config: pb.ModelConfig, version_path: Path) -> None:
@@ -562,8 +563,9 @@ class PyTorchFactory:
         if config.parameters:
             version = (config.name, str(version_path))
             with self._logged_lock:
-                first = self._logged.get(version) != id(config)
-                self._logged[version] = id(config)
+                last = self._logged.get(version)
+                first = last is None or last() is not config
+                self._logged[version] = weakref.ref(config)
             if first:
                 _log_options(options, config.parameters, config.name)
         _apply_thread_counts(config.parameters, config.name)
