@@ -9,7 +9,7 @@ from functools import partial
 import trio
 
 from nursery.errors import StartupError, first_error
-from nursery.observability.logs import LogManager, LogSettings
+from nursery.observability.logs import LogManager, log_manager_for
 from nursery.server import serve
 from nursery.settings import Settings, settings_from_args
 
@@ -25,11 +25,7 @@ commands:
 
 def setup_logging(settings: Settings) -> LogManager:
     """Triton's logging flags; the manager also serves the logging extension."""
-    return LogManager(LogSettings(
-        log_file=settings.log_file, log_info=settings.log_info,
-        log_warning=settings.log_warning, log_error=settings.log_error,
-        log_verbose_level=settings.log_verbose, log_format=settings.log_format,
-        escape=settings.log_escape))
+    return log_manager_for(settings)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,10 +41,12 @@ from nursery.observability.metrics import MetricsOptions
 from nursery.observability.system import SystemSampler
 from nursery.observability.tracing import TraceManager
 from nursery.protocol import card_servers
+from nursery.protocol.frontends.supervisor import FrontendProcesses
 from nursery.protocol.grpc.server import serve_grpc
 from nursery.protocol.http.metrics import build_metrics_app
 from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
+from nursery.protocol.listeners import open_listeners
 from nursery.protocol.openai.frontend import OpenAIFrontend
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.protocol.sagemaker import SageMakerFrontend
@@ -194,10 +196,31 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
                         max_input_size=settings.http_max_input_size,
                         max_body_size=settings.http_max_body_size,
                         max_connections=settings.http_max_connections, faults=core.faults,
-                        tls=tls, restrictions=settings.http_restrictions,
+                        tls=tls if not settings.http_frontend_processes else None,
+                        restrictions=settings.http_restrictions,
                         forward=settings.http_forward, **_http_deadlines(settings))
+    if settings.http_frontend_processes:
+        return await _start_frontends(nursery, core, server, settings, shutdown)
     return await _serve_until(nursery, server, settings.http_address, settings.http_port,
                               shutdown, settings.reuse_http_port)
+
+
+async def _start_frontends(nursery: trio.Nursery, core: Core, server: HttpServer,
+                           settings: Settings, shutdown: trio.Event) -> list[str]:
+    """--http-frontend-processes: the engine's HTTP server on a loopback port of its own
+    (what the frontends forward), the public port's sockets opened here and served by the
+    frontend processes. The engine's server closes once the frontends are gone."""
+    gone = trio.Event()
+    inner = await _serve_until(nursery, server, "127.0.0.1", 0, gone)
+    listeners, binds = await open_listeners(settings.http_address, settings.http_port, None,
+                                            settings.reuse_http_port)
+    sockets = [listener for listener in listeners if isinstance(listener, trio.SocketListener)]
+    frontends = FrontendProcesses(core, settings, sockets, int(inner[0].rsplit(":", 1)[1]),
+                          settings.http_frontend_processes)
+    await nursery.start(frontends.run, shutdown, gone)
+    log.info("HTTP port served by %d frontend processes; the engine's own HTTP server is at %s",
+             settings.http_frontend_processes, inner[0])
+    return binds
 
 
 async def _serve_until(nursery: trio.Nursery, server: HttpServer, address: str, port: int,

@@ -91,6 +91,8 @@ class Settings:
     grpc_address: str = "0.0.0.0"
     reuse_http_port: bool = False  # SO_REUSEPORT on the HTTP listeners
     reuse_grpc_port: bool = False  # SO_REUSEPORT on the gRPC listeners
+    # processes that serve the HTTP port beside the engine (0: the engine serves it alone)
+    http_frontend_processes: int = 0
     # gRPC infer responses compressed (gzip) at this level when the client accepts it
     grpc_response_compression: str = "none"  # none | low | medium | high
     metrics_address: str = ""
@@ -514,6 +516,14 @@ def build_parser(prog: str = "python -m nursery serve",
         "'card-servers' extra (pip install \"nursery[card-servers]\"). Both serve the same routes "
         "and answers; the --http-*-timeout-secs and --http-max-connections flags apply to "
         "nursery's own only.",
+    )
+    parser.add_argument(
+        "--http-frontend-processes", type=_non_negative, default=0, metavar="<int>",
+        help="(nursery only) Serve the HTTP port from this many processes beside the engine: "
+        "each parses, decodes and encodes on a core of its own, and hands the decoded "
+        "inference requests to the one engine, which still schedules and batches every "
+        "request of every process. 0 (the default): the engine serves the port alone. Used "
+        "with --http-server=nursery only.",
     )
     parser.add_argument(
         "--grpc-server", choices=["nursery", "grpclib"], default="nursery",
@@ -1029,6 +1039,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         grpc_write_timeout=args.grpc_write_timeout,
         server_id=args.id,
         http_server=args.http_server,
+        http_frontend_processes=args.http_frontend_processes,
         grpc_server=args.grpc_server,
         arrival_log=args.arrival_log,
         inactive=inactive,

@@ -171,3 +171,13 @@ class LogManager:
         if new:
             logging.getLogger("nursery.server").info("log settings changed: %s", new)
         return self.settings
+
+
+def log_manager_for(settings: Any) -> LogManager:
+    """Triton's logging flags of a ``nursery.settings.Settings``; the manager also serves the
+    logging extension."""
+    return LogManager(LogSettings(
+        log_file=settings.log_file, log_info=settings.log_info,
+        log_warning=settings.log_warning, log_error=settings.log_error,
+        log_verbose_level=settings.log_verbose, log_format=settings.log_format,
+        escape=settings.log_escape))

@@ -30,7 +30,7 @@ from nursery.protocol.access import (
 from nursery.protocol.codecs import binary_tensor, deep_json
 from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.protocol.codecs.status import error_body, http_error, overload_answer
-from nursery.shm.system import ShmHold
+from nursery.shm.system import ShmAccess, ShmHold
 from nursery.types import (
     DataType,
     InferenceRequest,
@@ -221,7 +221,7 @@ def restricted(restrictions: Restrictions, raw_path: bytes,
     return None
 
 
-class _Asked:
+class Asked:
     """What the inference route reads from a request's headers."""
 
     __slots__ = ("header_len", "encoding", "accept", "traceparent")
@@ -242,7 +242,7 @@ class _Asked:
                 self.traceparent = value.decode("latin-1")
 
 
-class _Deep(Exception):
+class Deep(Exception):
     """A JSON header that may nest past orjson's depth: parsed off the event loop."""
 
     def __init__(self, json_part: Any) -> None:
@@ -250,13 +250,36 @@ class _Deep(Exception):
         self.json_part = json_part
 
 
-def _decode(handle: ModelHandle, model: str, version: str, asked: _Asked, body: bytes,
+def _decode(handle: ModelHandle, model: str, version: str, asked: Asked, body: bytes,
             max_input_size: int, hold: ShmHold, parsed: Any = None,
             ) -> tuple[InferenceRequest, json_codec.OutputFormat]:
     """The request the body holds, and how its answer is to be written. A JSON header that
-    may nest deeply raises :class:`_Deep` unless ``parsed`` (its parse) is given."""
+    may nest deeply raises :class:`Deep` unless ``parsed`` (its parse) is given."""
     if handle.config.decoupled:
         raise Unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+    try:
+        return decode_body(model, version, asked, body, max_input_size, hold, parsed)
+    except RawBody as raw:
+        request = _raw_request(handle.config, model, version, raw.data)
+        return request, json_codec.OutputFormat({}, True)
+
+
+class RawBody(Exception):
+    """A raw binary body (``Inference-Header-Content-Length: 0``): its one input is named by
+    the model's configuration."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+
+def decode_body(model: str, version: str, asked: Asked, body: bytes, max_input_size: int,
+                shm: ShmAccess, parsed: Any = None,
+                ) -> tuple[InferenceRequest, json_codec.OutputFormat]:
+    """What :func:`_decode` reads without the model's configuration: a KServe body (JSON
+    header, binary tensor blocks) as a request. Raises :class:`RawBody` for a raw binary body
+    and :class:`Deep` for a JSON header that may nest past orjson's depth (unless
+    ``parsed``, its parse, is given)."""
     if asked.encoding is not None:
         body = _decompress(body, asked.encoding, max_input_size)
     header_len = asked.header_len
@@ -270,20 +293,19 @@ def _decode(handle: ModelHandle, model: str, version: str, asked: _Asked, body: 
     if binary is not None and len(json_part) == 0:
         if len(binary) > max_input_size:
             raise raw_too_large(len(binary), max_input_size)
-        request = _raw_request(handle.config, model, version, bytes(binary))
-        return request, json_codec.OutputFormat({}, True)
+        raise RawBody(bytes(binary))
     if len(json_part) > max_input_size:
         raise too_large(len(json_part), max_input_size)
     if parsed is None:
         if not deep_json.shallow(json_part):
-            raise _Deep(json_part)
+            raise Deep(json_part)
         parsed = json_codec.parse_json(json_part)
     return json_codec.decode_request(
-        parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size, hold,
+        parsed, model, version, binary_tensor.BlockReader(binary, model), max_input_size, shm,
     )
 
 
-def _answered(response: InferenceResponse, fmt: json_codec.OutputFormat,
+def answered_response(response: InferenceResponse, fmt: json_codec.OutputFormat,
               accept: bytes | None) -> Response:
     """A model's answer as the route's response (raises NurseryError when it cannot be
     written as asked)."""
@@ -303,12 +325,14 @@ def _answered(response: InferenceResponse, fmt: json_codec.OutputFormat,
     return 200, out_headers, payload
 
 
-def _failed(error: NurseryError, request: InferenceRequest | None, asked: _Asked) -> Response:
+def failed_response(error: NurseryError, request: InferenceRequest | None,
+                    encoding: bytes | None) -> Response:
+    """An error answer; ``encoding``: the request's Content-Encoding, if any."""
     if request_log.isEnabledFor(logging.DEBUG):  # Triton's line at --log-verbose 1
         request_log.debug("[request id: %s] Infer failed: %s",
                           (request.id if request is not None else "") or "<id_unknown>",
                           error.message)
-    unsupported_encoding = isinstance(error, Unsupported) and asked.encoding is not None
+    unsupported_encoding = isinstance(error, Unsupported) and encoding is not None
     extra = [(b"accept-encoding", b"gzip, deflate")] if unsupported_encoding else []
     return error_response(error, extra, request)
 
@@ -327,7 +351,7 @@ async def infer_response(
     (``HTTP_SEND_END``, then the trace is finished); the caller runs it after its send, sent
     or not. Without it the trace ends here, when the response is encoded.
     """
-    asked = _Asked(headers)
+    asked = Asked(headers)
     trace = core.tracer.start(model, asked.traceparent) if core.tracer.active else None
     request: InferenceRequest | None = None
     if trace is not None:  # the server has read the whole request by now
@@ -341,16 +365,16 @@ async def infer_response(
         handle = await core.acquire(model, version)
         try:
             request, fmt = _decode(handle, model, version, asked, body, max_input_size, hold)
-        except _Deep as deep:  # parsed in Python, however deep: off the event loop
+        except Deep as deep:  # parsed in Python, however deep: off the event loop
             parsed = await trio.to_thread.run_sync(json_codec.parse_json, deep.json_part)
             request, fmt = _decode(handle, model, version, asked, body, max_input_size, hold,
                                    parsed)
         forward_headers(forward, headers if sent is None else sent, request)
         request.trace = trace or False  # False: sampled here, not traced
         response = await core.infer(request, handle)
-        return _answered(response, fmt, asked.accept)
+        return answered_response(response, fmt, asked.accept)
     except NurseryError as error:
-        return _failed(error, request, asked)
+        return failed_response(error, request, asked.encoding)
     except trio.Cancelled:  # the client left: nothing is sent
         cancelled = True
         raise
@@ -379,13 +403,13 @@ def infer_now(
     request was abandoned."""
     if core.demand is not None or core.tracer.active:
         return None
-    asked = _Asked(headers)
+    asked = Asked(headers)
     hold = core.shm.hold()  # the request's regions, held until its outputs are written
     try:
         handle = core.resolve(model, version)
         request, fmt = _decode(handle, model, version, asked, body, max_input_size, hold)
         forward_headers(forward, sent, request)
-    except (NurseryError, _Deep):
+    except (NurseryError, Deep):
         hold.release()  # infer_response decodes it again, with a hold of its own
         return None
     request.trace = False  # sampled here, not traced
@@ -393,12 +417,12 @@ def infer_now(
     def answered(answer: Any) -> None:
         if isinstance(answer, NurseryError):
             hold.release()
-            reply(_failed(answer, request, asked))
+            reply(failed_response(answer, request, asked.encoding))
             return
         try:
-            response = _answered(answer, fmt, asked.accept)
+            response = answered_response(answer, fmt, asked.accept)
         except NurseryError as error:
-            response = _failed(error, request, asked)
+            response = failed_response(error, request, asked.encoding)
         finally:
             hold.release()
         reply(response)

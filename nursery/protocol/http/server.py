@@ -74,6 +74,7 @@ from nursery.protocol.http.infer import (
 )
 from nursery.protocol.http.streaming import Streaming, StreamWriter
 from nursery.protocol.listeners import (
+    Listener,
     PlainStream,
     ServerStream,
     open_listeners,
@@ -292,6 +293,13 @@ class HttpServer:
     async def serve(self, host: str, port: int, reuse_port: bool = False,
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         listeners, binds = await open_listeners(host, port, self.tls, reuse_port)
+        await self.serve_on(listeners, binds, task_status)
+
+    async def serve_on(self, listeners: list[Listener], binds: list[str],
+                       task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+                       ) -> None:
+        """:meth:`serve` on listeners opened elsewhere (a frontend process is given the
+        engine's)."""
         async with trio.open_nursery() as connections:
             self._nursery = connections
             sweeper = trio.CancelScope()
@@ -524,8 +532,7 @@ class HttpServer:
 
         conn.pending = _NOT_YET  # an answer given while queueing is written at once
         try:
-            abandon = infer_now(self.core, model, version, head.headers, body,
-                                self.max_input_size, self.forward, head.forwardable(), reply)
+            abandon = self._queue_fast(model, version, head, body, reply)
         except Exception:  # noqa: BLE001 - the task path meets it again, and answers 500
             abandon = None
         if abandon is None:
@@ -535,6 +542,13 @@ class HttpServer:
         if conn.pending is _NOT_YET:
             conn.pending = abandon
         return True
+
+    def _queue_fast(self, model: str, version: str, head: http1.RequestHead, body: bytes,
+                    reply: Callable[[Response], None]) -> Callable[[], None] | None:
+        """Queue a fast-path request (``infer.infer_now``); a frontend process hands it to
+        the engine instead (``protocol/frontend``)."""
+        return infer_now(self.core, model, version, head.headers, body, self.max_input_size,
+                         self.forward, head.forwardable(), reply)
 
     def _written(self, conn: _Connection, keep_alive: bool) -> None:
         """The fast path's answer is out (or cannot be): the connection goes idle, or ends."""
