@@ -13,6 +13,10 @@ settles on this machine while anything else runs); the rounds give the spread.
     python bench/ab_perf.py --base HEAD~5 --protocols http-bin,grpc --models mlp --concurrency 1,16
     python bench/ab_perf.py --base HEAD --batching --protocols grpc --concurrency 1,16,64
     python bench/ab_perf.py --base HEAD --batching --peer-models --models mlp --concurrency 16
+    python bench/ab_perf.py --base HEAD --new-args "--http-frontend-processes 1" --batching \
+        --peer-models --models mlp --protocols http-bin --concurrency 16,64
+
+The server's CPU counts its child processes too (the HTTP frontend processes).
 
 The machine is noisy: only ratios from one run mean anything, and a ratio within the spread of
 the rounds is a tie.
@@ -42,10 +46,22 @@ PEER_BENCH = Path(os.environ.get("TMPDIR", "/tmp")) / "nursery-peer-bench"
 
 
 def server_cpu(pid: int, thread: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid``, or of its thread ``thread`` only."""
+    """CPU seconds (user + system) of process ``pid`` and its running children (the HTTP
+    frontend processes), or of its thread ``thread`` only."""
     path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if thread is None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                child = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(child[1]) == pid:
+                ticks += int(child[11]) + int(child[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -158,6 +174,11 @@ def main() -> None:
                              "model_repository and perf_data under BENCH_DIR, default "
                              f"{PEER_BENCH}; its MLP is 784-1024-1024-10 with ONNX Runtime's "
                              "default threads) instead of scripts/make_models.py's")
+    parser.add_argument("--base-args", default="", metavar="FLAGS",
+                        help="server flags for the base side only (a quoted string)")
+    parser.add_argument("--new-args", default="", metavar="FLAGS",
+                        help="server flags for the working tree's side only, e.g. "
+                             "\"--http-frontend-processes 1\" with --base HEAD")
     parser.add_argument("--quiet", type=float, default=None, metavar="SHARE",
                         help="count a measurement only when other processes used less than "
                              "SHARE (0-1) of the machine's CPU during it; wait and retry "
@@ -192,7 +213,8 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(sides.items()) if r % 2 == 0 else list(reversed(sides.items()))
             for name, root in order:
-                server = ServerProcess(repo, "--allow-metrics", "false",
+                flags = (args.base_args if name == "base" else args.new_args).split()
+                server = ServerProcess(repo, "--allow-metrics", "false", *flags,
                                        log_path=tmp / f"{name}-{r}.log", cwd=root)
                 server.wait_ready()
                 try:
@@ -211,7 +233,8 @@ def main() -> None:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                        capture_output=True)
-    print(f"\nbase {args.base} vs the working tree, {args.rounds} interleaved rounds, "
+    print(f"\nbase {args.base} {args.base_args} vs the working tree {args.new_args}, "
+          f"{args.rounds} interleaved rounds, "
           f"{args.window_ms} ms windows; infer/s median (min-max), server CPU µs/request "
           "median (of it, the trio thread's)"
           + (f"; others' CPU during the counted windows at most {max(quiet.others):.0%}"
