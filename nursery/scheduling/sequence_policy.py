@@ -237,9 +237,10 @@ class SequencePolicy(Generic[W]):
     def requeue(self, item: W, now: float) -> None:
         """Iterative sequences: the model rescheduled ``item``; it runs again in its
         sequence's slot, after what the sequence has queued (neither START nor END now)."""
-        seq = self._by_id.get(self._describe(item).sequence_id)
-        if seq is None:  # its sequence is gone (cancelled, reaped): it cannot run again
-            self._rejected.append((item, "the sequence of a rescheduled request has ended"))
+        corrid = self._describe(item).sequence_id
+        seq = self._by_id.get(corrid)
+        if seq is None:  # its sequence is gone (cancelled, reaped): as a request without START
+            self._rejected.append((item, not_started_message(corrid, self.model)))
             return
         seq.queue.append(_Request(item, False, False, now))
         seq.last = now
@@ -294,6 +295,12 @@ class SequencePolicy(Generic[W]):
                 batches.append(batch)
             elif wait_until is not None:
                 wake_at = wait_until if wake_at is None else min(wake_at, wait_until)
+        if self.schedule.iterative and batches:  # their idle clocks run while they run
+            for batch in batches:
+                for seq in self._running[batch.instance]:
+                    if seq.place is not None:
+                        deadline = seq.last + self._idle
+                        wake_at = deadline if wake_at is None else min(wake_at, deadline)
         if self._released:  # before the batches: a worker drops state, then reuses the slot
             decisions.extend(Release(i, tuple(s)) for i, s in self._released.items())
             self._released = {}
@@ -323,8 +330,13 @@ class SequencePolicy(Generic[W]):
         """Free the slots of sequences idle for too long, or cancelled and done; the nearest
         idle deadline."""
         nearest = math.inf
+        iterative = self.schedule.iterative
         for place, seq in list(self._slots.items()):
-            if seq.queue or seq.running:
+            # an iterative sequence's clock runs from its last request's arrival (or
+            # rescheduling), while that request runs too, as Triton's reaper counts: a model
+            # that holds a request past the idle time loses its sequence, and the request,
+            # rescheduled, is refused as one without START
+            if seq.queue or (seq.running and not iterative):
                 continue
             if seq.cancelled:
                 self._vacate(place, release=seq.dispatched)  # no state if nothing ran

@@ -522,3 +522,45 @@ def test_iterative_requeue_keeps_the_slot_and_completion_ends_the_sequence() -> 
     decisions = policy.poll(0.2).decisions
     assert [type(d) for d in decisions] == [Release, Dispatch]  # state dropped, then 8 runs
     assert policy.place_of(8) == (0, 0)
+
+
+def test_an_iterative_sequence_held_past_the_idle_time_is_reaped_while_it_runs() -> None:
+    """Triton's reaper counts an iterative sequence idle from its last request's arrival,
+    even while that request runs (L0_iterative_sequence's test_reschedule_error): the model
+    holding it past ``max_sequence_idle_microseconds`` loses the sequence, its slot goes to
+    the next one, and the rescheduled request is refused as one without START. A sequence
+    that is not iterative keeps its slot while its request runs."""
+    for iterative in (True, False):
+        schedule = SequenceSchedule(strategy="direct", slots_per_instance=1, max_batch_size=1,
+                                    idle_us=200_000, iterative=iterative)
+        policy = SequencePolicy[Req](schedule, 1, model="m")
+        policy.instance_ready(0, 0.0)
+        first = Req(7, True, False, 1, None)
+        policy.arrive(first, 0.0)
+        [run] = policy.poll(0.0).decisions
+        assert isinstance(run, Dispatch) and run.items == (first,)
+        late = policy.poll(0.3)  # still running at 0.3 s, past the 0.2 s idle time
+        if not iterative:
+            assert late.decisions == [] and late.wake_at is None
+            assert policy.place_of(7) == (0, 0)
+            continue
+        assert [type(d) for d in late.decisions] == [Release]  # the slot's state goes
+        assert policy.place_of(7) is None
+        policy.instance_ready(0, 0.5)
+        policy.requeue(first, 0.5)  # the model rescheduled it after 0.5 s
+        [refused] = policy.poll(0.5).decisions
+        assert isinstance(refused, Reject) and refused.items == (first,)
+        assert refused.reason == ("inference request for sequence 7 to model 'm' must specify "
+                                  "the START flag on the first request of the sequence")
+        assert refused.kind is ErrorKind.INVALID_ARG
+
+
+def test_a_running_iterative_sequence_sets_a_wake_up_at_its_idle_deadline() -> None:
+    schedule = SequenceSchedule(strategy="direct", slots_per_instance=1, max_batch_size=1,
+                                idle_us=200_000, iterative=True)
+    policy = SequencePolicy[Req](schedule, 1, model="m")
+    policy.instance_ready(0, 0.0)
+    policy.arrive(Req(7, True, False, 1, None), 0.0)
+    result = policy.poll(0.0)
+    assert [type(d) for d in result.decisions] == [Dispatch]
+    assert result.wake_at == 0.2  # the actor comes back to reap it on the clock
