@@ -13,6 +13,7 @@ import trio
 
 from nursery.protocol.frontends.link import (
     ANSWER,
+    FAILED,
     INFER,
     Link,
     pack_request,
@@ -95,3 +96,24 @@ async def test_messages_arrive_whole_and_in_order() -> None:
     assert got[7][2] == big
     await a.aclose()
     await b.aclose()
+
+
+async def test_a_message_the_frontend_cannot_take_costs_only_its_request() -> None:
+    """A malformed answer from the engine: that request is answered 500 and counted; the
+    frontend goes on with the next message."""
+    from nursery.protocol.access import OPEN
+    from nursery.protocol.frontends.process import FrontendServer, _Waiting
+    from nursery.protocol.frontends.upstream import Upstream
+
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    link = Link(trio.socket.from_stdlib_socket(left))
+    server = FrontendServer(link, Upstream("127.0.0.1", 9), OPEN, max_input_size=1 << 20)
+    answers: list[tuple[int, object, bytes]] = []
+    for rid in (1, 2):
+        server._waiting[rid] = _Waiting(None, b"", None, None, None, answers.append)  # type: ignore[arg-type]
+    server.delivered((ANSWER, 1, ("not", "a", "response")))
+    assert [a[0] for a in answers] == [500] and server.internal_errors == 1
+    server.delivered((FAILED, 2, (404, [], b'{"error":"gone"}')))
+    assert [a[0] for a in answers] == [500, 404]
+    await link.aclose()
+    right.close()

@@ -63,6 +63,7 @@ from nursery.protocol.http.infer import (
 from nursery.protocol.http.server import HttpServer
 from nursery.protocol.http.streaming import Streaming
 from nursery.protocol.listeners import Listener
+from nursery.protocol.tls import server_context
 from nursery.runtime.supervision import FaultCounter
 from nursery.settings import Settings
 
@@ -159,7 +160,18 @@ class FrontendServer(HttpServer):
         return await self.upstream.forward(head, body)
 
     def delivered(self, message: tuple[Any, ...]) -> None:
-        """A message from the engine."""
+        """A message from the engine; one that cannot be taken costs only itself (logged,
+        counted)."""
+        try:
+            self._deliver(message)
+        except Exception as exc:  # noqa: BLE001 - one message's boundary
+            self._count(exc, "message from the engine")
+            left = self._waiting.pop(message[1], None) if len(message) > 1 else None
+            if left is not None and left.scope is None:  # its client is answered, not left
+                left.reply((500, [(b"content-type", b"application/json")],
+                            b'{"error":"Internal Server Error"}'))
+
+    def _deliver(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == CLOSE:
             self.close()
@@ -172,7 +184,6 @@ class FrontendServer(HttpServer):
             waiting.scope = trio.CancelScope()
             self._nursery.start_soon(self._fall_back, message[1], waiting)
             return
-        del self._waiting[message[1]]
         if kind == ANSWER:
             try:
                 response = answered_response(unpack_response(message[2]), waiting.fmt,
@@ -183,6 +194,7 @@ class FrontendServer(HttpServer):
             response = message[2]
         else:
             return
+        del self._waiting[message[1]]
         waiting.reply(response)
 
     async def _fall_back(self, rid: int, waiting: _Waiting) -> None:
@@ -216,8 +228,6 @@ def _listeners(fds: list[int], settings: Settings) -> list[Listener]:
     out: list[Listener] = []
     tls = None
     if settings.http_tls is not None:
-        from nursery.protocol.tls import server_context
-
         tls = server_context(settings.http_tls, ["http/1.1"], "--http-ssl-cert")
     for fd in fds:
         sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))

@@ -33,6 +33,7 @@ from nursery.core import Core
 from nursery.protocol.frontends.engine_end import EngineEnd
 from nursery.protocol.frontends.link import CLOSE, Link
 from nursery.protocol.frontends.process import SETTINGS_ENV
+from nursery.runtime.supervision import Boundary
 from nursery.settings import Settings
 
 log = logging.getLogger("nursery.http")
@@ -88,11 +89,18 @@ class FrontendProcesses:
         delay = _FIRST_DELAY
         while not shutdown.is_set():
             started = trio.current_time()
-            code = await self._run_one(index, shutdown)
+            code: int | None = None
+            # the engine's side of the link is this boundary's unit: a failure in it ends
+            # (kills) that frontend, which starts again like one that exited
+            boundary = Boundary(self.core.faults, "http-frontend", log,
+                                f"the link of HTTP frontend process {index}")
+            with boundary:
+                code = await self._run_one(index, shutdown)
             if shutdown.is_set():
                 return
             self.restarts += 1
-            self.core.faults.count("http-frontend")
+            if boundary.failure is None:
+                self.core.faults.count("http-frontend")
             if trio.current_time() - started >= _STEADY:
                 delay = _FIRST_DELAY
             log.error("HTTP frontend process %d exited (%s); starting it again in %.1f s",
