@@ -189,6 +189,9 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
                       shutdown: trio.Event, tls: ssl.SSLContext | None = None) -> list[str]:
     """Start the HTTP frontend; it stops accepting and drains once ``shutdown`` is set."""
     if settings.http_server == "hypercorn":
+        if settings.http_frontend_processes:
+            log.warning("--http-frontend-processes is not used with --http-server=hypercorn: "
+                        "the engine serves the HTTP port alone")
         card = card_servers.hypercorn_server()  # the card's server, an optional extra
         binds: list[str] = await nursery.start(card.serve_hypercorn, core, settings, shutdown)
         return binds
