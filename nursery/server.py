@@ -219,7 +219,7 @@ async def _start_frontends(nursery: trio.Nursery, core: Core, server: HttpServer
                                             settings.reuse_http_port)
     sockets = [listener for listener in listeners if isinstance(listener, trio.SocketListener)]
     frontends = FrontendProcesses(core, settings, sockets, int(inner[0].rsplit(":", 1)[1]),
-                          settings.http_frontend_processes)
+                                  settings.http_frontend_processes)
     await nursery.start(frontends.run, shutdown, gone)
     log.info("HTTP port served by %d frontend processes; the engine's own HTTP server is at %s",
              settings.http_frontend_processes, inner[0])

@@ -20,21 +20,14 @@ import tritonclient.http as httpclient
 
 from tests.conftest import ServerProcess, make_models
 from tests.e2e.test_http_fast_path import *  # noqa: F403 - the same tests, collected here
+from tests.e2e.test_http_fast_path import fast_path_repo
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("repo")
-    make_models.write_model(
-        repo, "big", make_models.build_identity("FP32", ["batch", "n"]),
-        make_models.config_text("big", [("INPUT0", "FP32", [-1])], [("OUTPUT0", "FP32", [-1])], 8))
-    make_models.write_model(
-        repo, "slow", make_models.build_identity("FP32", ["batch", "n"]),
-        make_models.config_text("slow", [("INPUT0", "FP32", [-1])], [("OUTPUT0", "FP32", [-1])], 8,
-                                "dynamic_batching { preferred_batch_size: [ 8 ] "
-                                "max_queue_delay_microseconds: 3000000 }\n"))
+    repo = fast_path_repo(tmp_path_factory.mktemp("repo"))
     proc = ServerProcess(repo, "--http-frontend-processes", "1",
                          log_path=tmp_path_factory.mktemp("log") / "server.log")
     proc.wait_ready()

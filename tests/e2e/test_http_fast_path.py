@@ -12,6 +12,7 @@ import socket
 import struct
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,9 +63,8 @@ def _stats(server: ServerProcess, model: str) -> dict:
         return json.load(r)["model_stats"][0]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
-    repo = tmp_path_factory.mktemp("repo")
+def fast_path_repo(repo: Path) -> Path:
+    """``big`` (an identity of any size) and ``slow`` (its batcher holds a lone request)."""
     make_models.write_model(
         repo, "big", make_models.build_identity("FP32", ["batch", "n"]),
         make_models.config_text("big", [("INPUT0", "FP32", [-1])], [("OUTPUT0", "FP32", [-1])], 8))
@@ -74,6 +74,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
         make_models.config_text("slow", [("INPUT0", "FP32", [-1])], [("OUTPUT0", "FP32", [-1])], 8,
                                 "dynamic_batching { preferred_batch_size: [ 8 ] "
                                 "max_queue_delay_microseconds: 3000000 }\n"))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    repo = fast_path_repo(tmp_path_factory.mktemp("repo"))
     proc = ServerProcess(repo, log_path=tmp_path_factory.mktemp("log") / "server.log")
     proc.wait_ready()
     yield proc  # type: ignore[misc]

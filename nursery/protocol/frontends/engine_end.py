@@ -40,7 +40,6 @@ class EngineEnd:
         self.core = core
         self.link = link
         self.waiting: dict[int, Callable[[], None]] = {}
-        self.served = 0
 
     async def run(self) -> None:
         try:
@@ -71,8 +70,7 @@ class EngineEnd:
         if handle.config.decoupled:
             link.send((FALLBACK, rid))
             return
-        request.trace = False  # sampled (tracing is off), not traced
-        waiting = self.waiting
+        waiting = self.waiting  # the request came unpacked with trace=False: not traced
 
         def answered(answer: Any) -> None:
             if waiting.pop(rid, None) is None:
@@ -90,4 +88,3 @@ class EngineEnd:
             return
         if rid in waiting:
             waiting[rid] = abandon
-        self.served += 1

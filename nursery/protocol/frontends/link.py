@@ -103,9 +103,8 @@ def unpack_response(packed: tuple[Any, ...]) -> InferenceResponse:
 class Link:
     """One end of a frontend's link. ``send`` never blocks; ``run_writer`` (a task) sends."""
 
-    def __init__(self, sock: trio.socket.SocketType, eager: bool = True) -> None:
+    def __init__(self, sock: trio.socket.SocketType) -> None:
         self.stream = trio.SocketStream(sock)
-        self.eager = eager
         self._raw = sock._sock  # type: ignore[attr-defined]  # the stdlib socket, non-blocking
         self._sending = False
         self._buf = bytearray()  # what was read of a message not yet whole
@@ -114,15 +113,16 @@ class Link:
         self.closed = False
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """Queue ``message``; it leaves in the writer's next turn. After the link closed,
-        dropped (the other end can no longer take it)."""
+        """Send ``message`` now if nothing is queued before it and the socket takes it whole;
+        otherwise queue it (the rest of it) for the writer. After the link closed, dropped
+        (the other end can no longer take it)."""
         if self.closed:
             return
         data = pickle.dumps(message, protocol=5)
         if len(data) >= MAX_MESSAGE:
             raise ValueError(f"a message of {len(data)} bytes does not fit the link")
         frame = _LENGTH.pack(len(data)) + data
-        if self.eager and not self._queued and not self._sending:  # nothing before it: out now
+        if not self._queued and not self._sending:  # nothing before it: out now
             try:
                 sent = self._raw.send(frame)
             except BlockingIOError:

@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from nursery.errors import NurseryError
+from nursery.errors import InternalError, NurseryError, Unavailable
 from nursery.observability.logs import log_manager_for
 from nursery.protocol.access import OPEN, Restrictions
 from nursery.protocol.codecs import json_tensors as json_codec
@@ -56,6 +56,7 @@ from nursery.protocol.http.infer import (
     Response,
     answered_response,
     decode_body,
+    error_response,
     failed_response,
     forward_headers,
     restricted,
@@ -137,7 +138,6 @@ class FrontendServer(HttpServer):
             forward_headers(self.forward, head.forwardable(), request)
         except (NurseryError, RawBody, Deep, _NotHere):
             return None  # forwarded: the engine decodes it again and answers
-        request.trace = False
         self._next += 1
         rid = self._next
         self._waiting[rid] = _Waiting(head, body, fmt, asked, request, reply)
@@ -168,8 +168,7 @@ class FrontendServer(HttpServer):
             self._count(exc, "message from the engine")
             left = self._waiting.pop(message[1], None) if len(message) > 1 else None
             if left is not None and left.scope is None:  # its client is answered, not left
-                left.reply((500, [(b"content-type", b"application/json")],
-                            b'{"error":"Internal Server Error"}'))
+                left.reply(error_response(InternalError("Internal Server Error")))
 
     def _deliver(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -220,8 +219,7 @@ class FrontendServer(HttpServer):
             if left.scope is not None:
                 left.scope.cancel()
             else:
-                left.reply((503, [(b"content-type", b"application/json")],
-                            b'{"error":"the server\'s engine stopped"}'))
+                left.reply(error_response(Unavailable("the server's engine stopped")))
 
 
 def _listeners(fds: list[int], settings: Settings) -> list[Listener]:
@@ -249,12 +247,10 @@ async def run(settings: Settings, link_fd: int, listen_fds: list[int], engine_po
     listeners = _listeners(listen_fds, settings)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(link.run_writer)
-        serving = trio.CancelScope()
 
         async def serve(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
                         ) -> None:
-            with serving:
-                await server.serve_on(listeners, [], task_status)
+            await server.serve_on(listeners, [], task_status)
             nursery.cancel_scope.cancel()  # drained after CLOSE: the process ends
 
         await nursery.start(serve)  # accepting before a CLOSE can be read

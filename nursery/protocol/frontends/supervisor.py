@@ -55,17 +55,15 @@ def _exit_words(code: int | None) -> str:
 
 
 class FrontendProcesses:
-    """The frontend processes of the HTTP port. :attr:`restarts` counts the restarts."""
+    """The frontend processes of the HTTP port (each restart counts one failure of unit
+    ``http-frontend`` in the server's fault counter)."""
 
     def __init__(self, core: Core, settings: Settings, listeners: Sequence[trio.SocketListener],
                  engine_port: int, count: int) -> None:
         self.core = core
-        self.settings = settings
         self.listeners = list(listeners)
         self.engine_port = engine_port
         self.count = count
-        self.restarts = 0
-        self.pids: dict[int, int] = {}  # index -> pid of the running process
         self._environ = {**os.environ,
                          SETTINGS_ENV: base64.b64encode(pickle.dumps(settings)).decode()}
         # each process's share of --http-max-connections
@@ -98,7 +96,6 @@ class FrontendProcesses:
                 code = await self._run_one(index, shutdown)
             if shutdown.is_set():
                 return
-            self.restarts += 1
             if boundary.failure is None:
                 self.core.faults.count("http-frontend")
             if trio.current_time() - started >= _STEADY:
@@ -124,7 +121,6 @@ class FrontendProcesses:
                 env=self._environ)
         finally:
             theirs.close()
-        self.pids[index] = process.pid
         link = Link(trio.socket.from_stdlib_socket(mine))
         end = EngineEnd(self.core, link)
         try:
@@ -135,7 +131,6 @@ class FrontendProcesses:
                 await process.wait()
                 nursery.cancel_scope.cancel()
         finally:
-            self.pids.pop(index, None)
             if process.returncode is None:
                 process.kill()
                 with trio.CancelScope(shield=True):

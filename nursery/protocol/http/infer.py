@@ -306,7 +306,7 @@ def decode_body(model: str, version: str, asked: Asked, body: bytes, max_input_s
 
 
 def answered_response(response: InferenceResponse, fmt: json_codec.OutputFormat,
-              accept: bytes | None) -> Response:
+                      accept: bytes | None) -> Response:
     """A model's answer as the route's response (raises NurseryError when it cannot be
     written as asked)."""
     head, blocks = json_codec.encode_response(response, fmt)

@@ -546,7 +546,7 @@ class HttpServer:
     def _queue_fast(self, model: str, version: str, head: http1.RequestHead, body: bytes,
                     reply: Callable[[Response], None]) -> Callable[[], None] | None:
         """Queue a fast-path request (``infer.infer_now``); a frontend process hands it to
-        the engine instead (``protocol/frontend``)."""
+        the engine instead (``protocol/frontends``)."""
         return infer_now(self.core, model, version, head.headers, body, self.max_input_size,
                          self.forward, head.forwardable(), reply)
 

@@ -17,24 +17,20 @@ CLIENT_LOG=`pwd`/custom.part.client.log
 if [ -z "$POOL1" ]; then
     SERVER_ARGS="--model-repository=$MODELDIR"
     SERVER_LOG="./custom.part.server.log"
-    run_server
-    if [ "$SERVER_PID" == "0" ]; then cat $SERVER_LOG; exit 1; fi
-    for test in test_one_to_none test_one_to_one test_one_to_many test_no_streaming \
-                test_response_order test_wrong_shape; do
-        python $DECOUPLED_TEST DecoupledTest.$test >>$CLIENT_LOG 2>&1 || RET=1
-    done
-    export TRITONSERVER_DELAY_GRPC_RESPONSE=2000
-    python $DECOUPLED_TEST DecoupledTest.test_one_to_multi_many >>$CLIENT_LOG 2>&1 || RET=1
-    unset TRITONSERVER_DELAY_GRPC_RESPONSE
 else
     SERVER_ARGS="--model-repository=$MODELDIR --grpc-max-response-pool-size=1"
     SERVER_LOG="./custom_pool1.part.server.log"
-    run_server
-    if [ "$SERVER_PID" == "0" ]; then cat $SERVER_LOG; exit 1; fi
-    for test in test_one_to_none test_one_to_one test_one_to_many test_no_streaming \
-                test_response_order test_wrong_shape; do
-        python $DECOUPLED_TEST DecoupledTest.$test >>$CLIENT_LOG 2>&1 || RET=1
-    done
+fi
+run_server
+if [ "$SERVER_PID" == "0" ]; then cat $SERVER_LOG; exit 1; fi
+for test in test_one_to_none test_one_to_one test_one_to_many test_no_streaming \
+            test_response_order test_wrong_shape; do
+    python $DECOUPLED_TEST DecoupledTest.$test >>$CLIENT_LOG 2>&1 || RET=1
+done
+if [ -z "$POOL1" ]; then
+    export TRITONSERVER_DELAY_GRPC_RESPONSE=2000
+    python $DECOUPLED_TEST DecoupledTest.test_one_to_multi_many >>$CLIENT_LOG 2>&1 || RET=1
+    unset TRITONSERVER_DELAY_GRPC_RESPONSE
 fi
 kill $SERVER_PID
 wait $SERVER_PID
