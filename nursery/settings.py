@@ -198,6 +198,24 @@ def _int_bool(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: '{text}'") from None
 
 
+def _check_sized_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The values tritonserver refuses for two sizes nursery accepts without using: a
+    start-up script that passes one Triton stops on must stop here too (L0_sequence_stress
+    starts it with --grpc-infer-thread-count of -1, 0, 1 and 129 and expects each to fail)."""
+    checks = (("grpc_infer_thread_count", 2, 128,
+               "invalid argument for --grpc_infer_thread_count. Must be in the range 2 to 128."),
+              ("grpc_max_response_pool_size", 1, None,
+               "Error: --grpc-max-response-pool-size must be greater than 0."))
+    for name, low, high, words in checks:
+        for text in getattr(args, name) or ():
+            try:
+                value = int(text)
+            except ValueError:
+                parser.error(f"invalid int value for --{name.replace('_', '-')}: '{text}'")
+            if value < low or (high is not None and value > high):
+                parser.error(f'Bad option: "--{name.replace("_", "-")}".\n{words}')
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     parser.add_argument(name, type=_bool, nargs="?", const=True, default=default,
                         metavar="<bool>", help=f"{help} Default is {str(default).lower()}.")
@@ -933,6 +951,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     )
+    _check_sized_flags(parser, args)
     if args.model_config_name == "":  # given, and empty: Triton refuses to start
         parser.error("Error: empty argument for --model-config-name")
     if any(c.isspace() for c in args.model_config_name or ""):

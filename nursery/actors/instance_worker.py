@@ -444,7 +444,6 @@ async def run(
         except BaseException:
             scheduler.close()  # the version's scheduler must not wait for a worker that
             raise              # never started (its inbox ends when every sender closed)
-    batch_done = trio.Event()
     thread = DedicatedThread(f"{config.name}:{version}:{placement.name}", context=client)
     backend: BackendInstance | None = None
     # the sequence slots' state lives with the instance and is touched only on its thread
@@ -461,7 +460,6 @@ async def run(
         _traces(batch, held=False)
         if limiter is not None:
             limiter.release(limit_key)
-            batch_done.set()
         report: BatchReport | None
         try:
             responses, report = result.unwrap()
@@ -571,10 +569,11 @@ async def run(
                         if isinstance(message, ReleaseSlots):
                             accept(message)
                             continue
+                        # asked while the batch before may still run: the limiter grants it
+                        # only after that batch released its resources (one batch at a time
+                        # holds them), and the turn is weighed against the other instances'
                         await limiter.acquire(limit_key)
-                        batch_done = trio.Event()
                         start(message)
-                        await batch_done.wait()  # one batch at a time holding resources
             await all_done.wait()  # answered requests are never dropped (bounded by the
             # version's deadline: past it, the batches still running are abandoned below)
     finally:

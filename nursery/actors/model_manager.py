@@ -86,6 +86,7 @@ from nursery.messages import (
     UnloadModel,
     UnregisterRepository,
 )
+from nursery.observability.logs import TABLE, render_table
 from nursery.runtime.supervision import Boundary, FaultCounter
 from nursery.schema import inference as pb
 
@@ -265,6 +266,22 @@ class _Manager:
         self.repositories = tuple(r for r in self.repositories if r != command.path)
         self.renames.pop(command.path, None)
         return None
+
+    def log_status_table(self) -> None:
+        """The models' table Triton logs once its start-up loads end (Model, Version, Status:
+        READY, or the state and its reason), loaded or not; scripts grep a failed model's
+        reason there as it is, unescaped (L0_rate_limiter)."""
+        rows = []
+        for mid, entry in sorted(self.entries.items(), key=lambda item: (
+                item[0].namespace, item[0].name)):
+            if not entry.versions:
+                rows.append([mid.name, "-", f"UNAVAILABLE: {entry.reason}" if entry.reason
+                             else "Not loaded: No model version was found"])
+            for version, status in sorted(entry.versions.items()):
+                state = status.state.value
+                rows.append([mid.name, str(version),
+                             f"{state}: {status.reason}" if status.reason else state])
+        log.info("", extra={TABLE: render_table(("Model", "Version", "Status"), rows)})
 
     def answer_index(self, ready_only: bool) -> list[IndexEntry] | NurseryError:
         with Boundary(self.faults, "manager", log, "repository index") as boundary:
@@ -979,6 +996,7 @@ async def run(
             # load another model (pb_utils.load_model), as under Triton
             commands.start_soon(intake)
             failed = await manager.load_many(startup_models)
+            manager.log_status_table()
             if failed and exit_on_error:
                 startup_failed = True
                 commands.cancel_scope.cancel()

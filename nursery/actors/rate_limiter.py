@@ -80,6 +80,7 @@ async def run(
             while True:  # a grant nobody waits for is released at once, which may grant more
                 lost = False
                 for key in policy.grants():
+                    log.debug("rate limiter: %s may run", key)
                     reply = waiting.pop(key, None)
                     if reply is None or not mailbox.answer(reply, True):
                         policy.release(key)

@@ -25,9 +25,10 @@ Triton has no flag for it and its logging extension cannot change it.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,6 +41,11 @@ ESCAPE_ENVIRONMENT_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
 # a record with this attribute set (``extra={LIBPROTOBUF: True}``) is written as libprotobuf
 # writes its log lines: ``[libprotobuf ERROR <file>:<line>] <message>``, unescaped
 LIBPROTOBUF = "libprotobuf"
+# a record with this attribute (``extra={TABLE: render_table(...)}``) ends with that table,
+# on lines of its own and never escaped, after its message (the heading, escaped as any
+# message; empty: none): Triton's tables (the model status table at start-up) are so, and
+# scripts grep them, and parse them (L0_logging: border, header, border, rows, border)
+TABLE = "table"
 
 # rapidjson's string escapes: the short forms it has, \u00XX (upper-case hex) for the other
 # control characters; '/' and characters past 0x7f are written as they are
@@ -74,6 +80,49 @@ class LogSettings:
                 "log_verbose_level": self.log_verbose_level, "log_format": self.log_format}
 
 
+def _terminal_width() -> int:
+    """Triton's table printer fits its tables to standard output's terminal, or to 500
+    columns when that is not a terminal."""
+    try:
+        columns = os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 500
+    return columns or 500
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                 width: int | None = None) -> str:
+    """An ASCII table in the layout of Triton's table printer: a leading newline, then
+    border, header, border, rows, border. The columns share the width (``width``: the
+    terminal's) evenly, a narrow column giving what it does not use to the wider ones; a
+    cell longer than its column continues on the next lines of its row."""
+    count = len(headers)
+    widest = [max([len(headers[i]), *(len(row[i]) for row in rows)]) for i in range(count)]
+    usable = (width or _terminal_width()) - 2 * count - (count + 1)
+    shares = [float(usable // count)] * count
+    order = sorted(range(count), key=lambda i: widest[i])  # narrowest first, stable
+    for place, column in enumerate(order):
+        if widest[column] < shares[column]:
+            spare = shares[column] - widest[column]
+            shares[column] = widest[column]
+            rest = order[place + 1:]
+            for other in rest:
+                shares[other] += spare / len(rest)
+    cols = [max(1, int(share)) for share in shares]
+    border = "+" + "+".join("-" * (c + 2) for c in cols) + "+"
+
+    def lines(row: Sequence[str]) -> list[str]:
+        depth = max(1, *((len(cell) + c - 1) // c for cell, c in zip(row, cols, strict=True)))
+        return ["|" + "|".join(f" {cell[j * c:(j + 1) * c]:<{c}} "
+                               for cell, c in zip(row, cols, strict=True)) + "|" for j in range(depth)]
+
+    out = [border, *lines(headers), border]
+    for row in rows:
+        out += lines(row)
+    out.append(border)
+    return "\n" + "\n".join(out)
+
+
 class _Formatter(logging.Formatter):
     def __init__(self, style: str, escape: bool = True) -> None:
         super().__init__()
@@ -90,8 +139,11 @@ class _Formatter(logging.Formatter):
                    f"{record.filename}:{record.lineno}] {message}"
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
-        if self.escape:
+        if self.escape and message:
             message = escape_message(message)
+        table = getattr(record, TABLE, None)
+        if table is not None:
+            message += table
         utc = time.gmtime(record.created)
         where = f"{record.process} {record.filename}:{record.lineno}]"
         if self.style_name == "ISO8601":

@@ -3,18 +3,25 @@
 Each model instance may list resources in ``instance_group { rate_limiter { resources [...]
 priority } }``. An instance runs a batch only once every resource it lists is free, in the
 listed count, on its device (or across the server for a ``global`` resource); the resources
-are held until the batch ends. How many copies exist: ``--rate-limit-resource NAME:COUNT``
-(every device, or the global pool) or ``NAME:COUNT:DEVICE``; otherwise the largest count any
-registered instance asks for, as Triton does. An instance that asks for more than an explicit
-count can never run: registering it fails with Triton's message, so the model fails to load
-instead of deadlocking.
+are held until the batch ends. How many copies exist, as Triton counts them: with no
+``--rate-limit-resource`` flag, the largest count any registered instance asks for; with any,
+only what the flags give (``NAME:COUNT`` for every device, ``NAME:COUNT:DEVICE`` for one; the
+larger of the two where both apply; a global resource takes the largest count given for its
+name), and a resource no flag names has none. An instance whose resources cannot fit can
+never run: registering it fails with Triton's message (naming the largest count any instance
+of that pool asks for), so the model fails to load instead of deadlocking. So does a resource
+that one instance lists as global and another per device.
 
 Who goes next: stride scheduling over the waiting instances. Each instance's *pass* grows by
 its ``priority`` (0 counts as 1) every time it is granted, and the waiting instance with the
-lowest pass goes first (ties: the earlier request), so an instance with priority 2 gets half
-the chances of one with priority 1. An instance that cannot run yet reserves its resources:
-no later request may take them, so large requests are never starved by small ones; requests
-that touch none of the reserved resources still run.
+lowest pass goes first (ties: the lower priority value, then the earlier request), so an
+instance with priority 2 gets half the chances of one with priority 1. An instance may ask
+for its next turn while its batch still runs (its next batch is queued): it is granted only
+after it releases, and then competes with the others by its pass, so a busy instance is not
+passed over because its release reached the limiter before its next request did. An instance
+that cannot run yet reserves its resources: no later request may take them, so large
+requests are never starved by small ones; requests that touch none of the reserved resources
+still run.
 """
 
 from __future__ import annotations
@@ -74,15 +81,26 @@ class RateLimitPolicy:
         return (need.name, GLOBAL if need.is_global else device)
 
     def capacity(self, name: str, device: int) -> int:
-        explicit = self.explicit.get((name, device))
-        if explicit is None and device != GLOBAL:
-            explicit = self.explicit.get((name, None))
-        if explicit is None and device == GLOBAL:
-            explicit = self.explicit.get((name, None))
-        if explicit is not None:
-            return explicit
-        return max((n.count for i in self.instances.values() for n in i.needs
-                    if self._slot(n, i.device) == (name, device)), default=0)
+        if self.explicit:
+            return self._explicit_count(name, device)
+        return self._largest_need(name, device)
+
+    def _explicit_count(self, name: str, device: int) -> int:
+        """Triton's count of a pool once any flag gives counts: the largest that applies,
+        none when no flag names the resource."""
+        if device == GLOBAL:  # a global pool: any device's count for the name
+            counts = [c for (n, _), c in self.explicit.items() if n == name]
+        else:
+            counts = [c for (n, d), c in self.explicit.items()
+                      if n == name and d in (device, None)]
+        return max(counts, default=0)
+
+    def _largest_need(self, name: str, device: int,
+                      extra: tuple[ResourceNeed, ...] = (), extra_device: int = 0) -> int:
+        needs = [(n, i.device) for i in self.instances.values() for n in i.needs]
+        needs += [(n, extra_device) for n in extra]
+        return max((n.count for n, d in needs if self._slot(n, d) == (name, device)),
+                   default=0)
 
     def max_resources(self) -> dict[tuple[str, int], int]:
         """Every pool a registered instance uses and how many copies it has."""
@@ -100,13 +118,22 @@ class RateLimitPolicy:
         for need in needs:
             if need.count < 0:
                 raise RateLimitError(f"resource '{need.name}' asks for a negative count")
-            name, dev = self._slot(need, device)
-            explicit = self.explicit.get((name, dev), self.explicit.get((name, None)))
-            if explicit is not None and explicit < need.count:
+        for need in needs:  # Triton's words for both refusals
+            if any(n.name == need.name and n.is_global != need.is_global
+                   for i in self.instances.values() for n in i.needs):
                 raise RateLimitError(
-                    f"Resource count for '{name}' is limited to {explicit} which will prevent "
-                    f"scheduling of one or more model instances, the minimum required count is "
-                    f"{need.count}")
+                    f'Resource "{need.name}" is present as both global and device-specific '
+                    f"resource in the model configuration.")
+        if self.explicit:
+            for need in needs:
+                name, dev = self._slot(need, device)
+                required = self._largest_need(name, dev, needs, device)
+                available = self._explicit_count(name, dev)
+                if available < required:
+                    raise RateLimitError(
+                        f'Resource count for "{name}" is limited to {available} which will '
+                        f"prevent scheduling of one or more model instances, the minimum "
+                        f"required count is {required}")
         waiting_passes = [i.pass_value for i in self.instances.values()]
         start = min(waiting_passes, default=0.0)  # newcomers do not jump the queue
         self.instances[key] = _Instance(device, needs, max(1, priority), start)
@@ -119,9 +146,10 @@ class RateLimitPolicy:
     # -- requests --------------------------------------------------------------------------
 
     def request(self, key: Hashable) -> None:
-        """``key`` has a batch to run: it waits for a grant."""
+        """``key`` has a batch to run: it waits for a grant (after its release, when its
+        batch before still runs)."""
         inst = self.instances[key]
-        if inst.waiting is None and not inst.running:
+        if inst.waiting is None:
             inst.waiting = self._arrivals
             self._arrivals += 1
 
@@ -145,11 +173,12 @@ class RateLimitPolicy:
 
     def grants(self) -> list[Hashable]:
         """The waiting instances that may run now, each now holding its resources."""
-        waiting = sorted((i.pass_value, i.waiting, k) for k, i in self.instances.items()
-                         if i.waiting is not None)
+        waiting = sorted((i.pass_value, i.priority, i.waiting, k)
+                         for k, i in self.instances.items()
+                         if i.waiting is not None and not i.running)
         reserved: set[tuple[str, int]] = set()
         out: list[Hashable] = []
-        for _, _, key in waiting:
+        for _, _, _, key in waiting:
             inst = self.instances[key]
             slots = {self._slot(n, inst.device) for n in inst.needs}
             if slots & reserved or not self._fits(inst):

@@ -112,6 +112,7 @@ GENERATORS: list[tuple[str, list[str], str]] = [
 # harness sets them to those this machine runs
 GROUP_ENV = {
     "L0_infer": {"BACKENDS": "onnx libtorch python python_dlpack"},
+    # (`custom` is the harness's `sequence` stand-in: `BACKENDS=custom` runs its trials)
     "L0_sequence_batcher": {"BACKENDS": "onnx libtorch python"},
     "L0_batcher": {"BACKENDS": "onnx libtorch python"},
     # `custom` and `custom_string` are the harness's dyna_sequence stand-in
@@ -257,9 +258,6 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
                 path.write_text(new, errors="surrogateescape")
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     (opt / "backends" / "python").mkdir(parents=True, exist_ok=True)
-    # stand-ins for C++ test backends Triton's image builds, as Python-based backends
-    for backend in (HERE / "backends").iterdir():
-        shutil.copytree(backend, opt / "backends" / backend.name, dirs_exist_ok=True)
     link = opt / "qa"
     if link.is_symlink() or link.exists():
         link.unlink()
@@ -276,9 +274,18 @@ def prepare(triton: Path, work: Path, checkouts: Path | None = None) -> None:
 
 
 def write_launchers(work: Path) -> None:
-    """The `tritonserver` stand-in's launcher (this checkout's standin.py) and the shims:
-    written by every run, --reuse too, so a kept tree never runs another checkout's."""
+    """The `tritonserver` stand-in's launcher (this checkout's standin.py), the stand-ins for
+    C++ test backends and the shims: written by every run, --reuse too, so a kept tree never
+    runs another checkout's."""
     opt = work / "opt" / "tritonserver"
+    # stand-ins for C++ test backends Triton's image builds, as Python-based backends
+    for backend in (HERE / "backends").iterdir():
+        shutil.copytree(backend, opt / "backends" / backend.name, dirs_exist_ok=True)
+    # Dockerfile.QA puts the C++ dyna_sequence and sequence backends' libraries into their
+    # models' version folders; the stand-ins need only the folders
+    for custom in ("custom_dyna_sequence_int32", "custom_sequence_int32"):
+        if (work / "qa" / "custom_models" / custom).is_dir():
+            (work / "qa" / "custom_models" / custom / "1").mkdir(exist_ok=True)
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     write_exec(opt / "bin" / "tritonserver",
                f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
@@ -378,13 +385,8 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             missing.append("python_backend/examples/decoupled (--checkouts)")
     else:
         missing.append(f"{test_models} (src/test/models of the server repository)")
-    # Dockerfile.QA puts the C++ dyna_sequence backend's library into this model's version
-    # folder; the harness's dyna_sequence stand-in (a Python-based backend in the backend
-    # directory) needs only the folder
-    dyna = qa / "custom_models" / "custom_dyna_sequence_int32"
-    if dyna.is_dir():
-        (dyna / "1").mkdir(exist_ok=True)
-    # the same for the C++ iterative_sequence backend's model (its stand-in: backends/)
+    # the C++ iterative_sequence backend's model needs only its version folder too (its
+    # stand-in: backends/; the custom_models ones: write_launchers)
     iterative = qa / "L0_iterative_sequence" / "models" / "iterative_sequence"
     if iterative.is_dir():
         (iterative / "1").mkdir(exist_ok=True)
@@ -544,7 +546,8 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     env["PWD"] = str(cwd)
     if group.startswith("L0_backend_python/"):
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
-    env.update(GROUP_ENV.get(group, {}))
+    for name, value in GROUP_ENV.get(group, {}).items():  # one set by the caller wins
+        env[name] = os.environ.get(name, value)
     log_path = results / f"{stem}.log"
     test_sh = "test.sh"
     if script is not None:

@@ -229,7 +229,7 @@ def test_asking_for_more_than_exists_fails_the_load(tmp_path: Path, start_server
     http = httpclient.InferenceServerClient(server.url)
     index = {e["name"]: e for e in http.get_model_repository_index()}
     assert index["greedy"]["state"] == "UNAVAILABLE"
-    assert "Resource count for 'R1' is limited to 1" in index["greedy"]["reason"]
+    assert 'Resource count for "R1" is limited to 1' in index["greedy"]["reason"]
     assert http.is_model_ready("mlp")
     with pytest.raises(InferenceServerException):
         http.infer("greedy", [httpclient.InferInput("INPUT0", [1, 784], "FP32")])

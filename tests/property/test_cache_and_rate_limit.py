@@ -165,12 +165,16 @@ def test_cache_config_parsing() -> None:
 class RateLimitMachine(RuleBasedStateMachine):
     """Instances on two devices asking for shared resources: what is granted never exceeds
     what exists; whenever nothing runs, a waiting instance is granted (no deadlock); a waiting
-    instance is granted within a bounded number of others' grants (no starvation)."""
+    instance is granted within a bounded number of others' grants (no starvation); a running
+    instance that asks for its next turn is never granted before it releases."""
+
+    LIMITS = {"R1": 2, "R2": 3, "G": 2}
 
     def __init__(self) -> None:
         super().__init__()
-        self.policy = RateLimitPolicy({("R1", None): 2})
+        self.policy = RateLimitPolicy({(n, None): c for n, c in self.LIMITS.items()})
         self.running: set[int] = set()
+        self.ahead: set[int] = set()  # running, and asked for the next turn already
         self.waiting: dict[int, int] = {}  # key -> grants given to others since it asked
         self.needs: dict[int, tuple[ResourceNeed, ...]] = {}
         self.devices: dict[int, int] = {}
@@ -184,7 +188,7 @@ class RateLimitMachine(RuleBasedStateMachine):
         if key in self.needs:
             return
         spec = tuple(ResourceNeed(n, c, n == "G") for n, c in needs)
-        too_many = any(n == "R1" and c > 2 for n, c in needs)
+        too_many = any(c > self.LIMITS[n] for n, c in needs)
         if too_many:
             with pytest.raises(RateLimitError):
                 self.policy.register(key, device, spec, priority)
@@ -203,12 +207,23 @@ class RateLimitMachine(RuleBasedStateMachine):
         self.waiting[key] = 0
         self._grant()
 
+    @precondition(lambda self: self.running - self.ahead)
+    @rule(data=st.data())
+    def request_ahead(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.running - self.ahead)))
+        self.policy.request(key)
+        self.ahead.add(key)
+        self._grant()
+
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(sorted(self.running)))
         self.policy.release(key)
         self.running.discard(key)
+        if key in self.ahead:  # from now on it waits as any other
+            self.ahead.discard(key)
+            self.waiting[key] = 0
         self._grant()
 
     def _grant(self) -> None:
@@ -258,16 +273,64 @@ def test_priority_weights_the_turns() -> None:
     assert turns.count("a") == pytest.approx(2 * turns.count("b"), rel=0.05)
 
 
+def test_a_running_instance_asking_ahead_keeps_its_weighted_turns() -> None:
+    """The worker asks for its next turn while its batch runs (L0_rate_limiter's two models,
+    one resource, priorities 1 and 2, each always busy): the release reaches the limiter
+    before a next request would otherwise, and the turns still go 2 to 1."""
+    policy = RateLimitPolicy()
+    policy.register("a", 0, (ResourceNeed("R", 1),), 1)
+    policy.register("b", 0, (ResourceNeed("R", 1),), 2)
+    policy.request("a")
+    policy.request("b")
+    turns = []
+    for _ in range(300):
+        granted = policy.grants()
+        assert len(granted) == 1
+        turns.append(granted[0])
+        policy.request(granted[0])  # its next batch is queued while this one runs
+        assert policy.grants() == []  # never granted before it releases
+        policy.release(granted[0])
+    assert turns.count("a") == pytest.approx(2 * turns.count("b"), rel=0.05)
+
+
 def test_default_capacity_is_the_largest_request_and_explicit_limits_refuse() -> None:
     policy = RateLimitPolicy()
     policy.register("a", 0, (ResourceNeed("R1", 4), ResourceNeed("R2", 4)), 1)
     policy.register("b", 0, (ResourceNeed("R2", 5),), 1)
     assert (policy.capacity("R1", 0), policy.capacity("R2", 0)) == (4, 5)
     strict = RateLimitPolicy({("R1", None): 1})
-    with pytest.raises(RateLimitError, match="Resource count for 'R1' is limited to 1"):
+    with pytest.raises(RateLimitError, match='Resource count for "R1" is limited to 1 which '
+                       "will prevent scheduling of one or more model instances, the minimum "
+                       "required count is 2"):
         strict.register("a", 0, (ResourceNeed("R1", 2),), 1)
     per_device = RateLimitPolicy({("R2", 1): 8, ("R2", None): 5})
     assert (per_device.capacity("R2", 0), per_device.capacity("R2", 1)) == (5, 8)
+
+
+def test_explicit_counts_leave_unnamed_resources_empty_as_triton_does() -> None:
+    """L0_rate_limiter: once any --rate-limit-resource is given, a resource no flag names
+    (or names for another device only) has no copies; the message names the largest count
+    any instance of the pool asks for; a global resource takes the largest count given for
+    its name on any device."""
+    policy = RateLimitPolicy({("R1", 10): 10, ("R2", None): 2})
+    with pytest.raises(RateLimitError, match='"R1" is limited to 0 .* count is 4'):
+        policy.register("a", 0, (ResourceNeed("R1", 4),), 1)
+    policy.register("b", 0, (ResourceNeed("R2", 2, True),), 1)
+    assert policy.capacity("R2", GLOBAL) == 2 and policy.capacity("R1", 10) == 10
+    larger = RateLimitPolicy({("R1", None): 3})
+    larger.register("small", 0, (ResourceNeed("R1", 2),), 1)
+    with pytest.raises(RateLimitError, match='"R1" is limited to 3 .* count is 4'):
+        larger.register("big", 0, (ResourceNeed("R1", 4),), 1)
+    with pytest.raises(RateLimitError, match='"G" is limited to 0'):
+        larger.register("global", 0, (ResourceNeed("G", 1, True),), 1)
+
+
+def test_a_resource_both_global_and_per_device_is_refused() -> None:
+    policy = RateLimitPolicy()
+    policy.register("a", 0, (ResourceNeed("R2", 2, True),), 1)
+    with pytest.raises(RateLimitError, match='^Resource "R2" is present as both global and '
+                       "device-specific resource in the model configuration.$"):
+        policy.register("b", 0, (ResourceNeed("R2", 2),), 1)
     assert parse_resource_flag("R2:8:1") == (("R2", 1), 8)
     with pytest.raises(ValueError, match="expects"):
         parse_resource_flag("R2")

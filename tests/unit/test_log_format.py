@@ -133,3 +133,42 @@ def test_a_config_parse_error_gets_libprotobufs_unescaped_line(
         assert line.endswith('] Error parsing text-format inference.ModelConfig: 3:26: '
                              'Expected integer, got: "invalid_value" (an integer for field '
                              "'max_inflight_requests')")
+
+
+def test_a_table_follows_its_heading_unescaped_in_tritons_layout() -> None:
+    """The model status table Triton logs at start-up: the record's message (escaped, here
+    empty) then the table on lines of its own, as L0_logging's validator parses it (border,
+    header, border, rows, border) and as L0_rate_limiter greps a failed model's reason."""
+    from nursery.observability.logs import TABLE, render_table
+
+    reason = ('UNAVAILABLE: Invalid argument: Resource count for "resource1" is limited to 1 '
+              "which will prevent scheduling of one or more model instances, the minimum "
+              "required count is 4")
+    table = render_table(("Model", "Version", "Status"),
+                         [["simple", "1", "READY"], ["custom_zero_1_float32", "1", reason]])
+    record = _record("")
+    setattr(record, TABLE, table)
+    for escape in (True, False):
+        text = _Formatter("default", escape).format(record)
+        match = DEFAULT.match(text)
+        assert match is not None
+        heading, *lines = match["message"].split("\n")
+        assert heading == ""
+        border = re.compile(r"^\+[-+]+\+$")
+        row = re.compile(r"^\| (?P<row>.*?) \|$")
+        assert border.match(lines[0]) and border.match(lines[2]) and border.match(lines[-1])
+        assert [c.strip() for c in row.match(lines[1])["row"].split("|")] == [
+            "Model", "Version", "Status"]
+        assert f"| custom_zero_1_float32 | 1       | {reason} |" in lines
+        assert len({len(line) for line in lines}) == 1
+
+
+def test_a_narrow_table_wraps_long_cells_over_lines_of_their_row() -> None:
+    from nursery.observability.logs import render_table
+
+    lines = render_table(("Model", "Version", "Status"), [["m", "1", "x" * 100]],
+                         width=60).split("\n")[1:]
+    assert len({len(line) for line in lines}) == 1 and max(map(len, lines)) <= 60
+    cells = [line.split("|")[3].strip() for line in lines[3:-1]]
+    assert "".join(cells) == "x" * 100 and len(cells) > 1
+    assert lines[4].split("|")[1].strip() == ""  # the row's continuation lines

@@ -175,7 +175,8 @@ def test_stand_in_backends_are_python_based_backends():
     """Each stand-in for one of Triton's C++ test backends is <name>/model.py, the layout of a
     Python-based backend in --backend-directory."""
     backends = sorted(p.name for p in (QA / "backends").iterdir())
-    assert backends == ["dyna_sequence", "identity", "iterative_sequence", "repeat", "square"]
+    assert backends == ["dyna_sequence", "identity", "iterative_sequence", "repeat", "sequence",
+                        "square"]
     assert all((QA / "backends" / b / "model.py").is_file() for b in backends)
 
 

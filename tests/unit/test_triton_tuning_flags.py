@@ -126,3 +126,24 @@ def test_every_flag_of_tritons_command_line_is_known():
     parser = build_parser("python -m nursery serve", True)
     known = {o for action in parser._actions for o in action.option_strings}
     assert [f for f in TRITON_FLAGS if f not in known] == []
+
+
+def test_sizes_tritonserver_refuses_stop_the_start():
+    """--grpc-infer-thread-count outside 2..128 and a --grpc-max-response-pool-size below 1
+    stop tritonserver's start (L0_sequence_stress expects it for -1, 0, 1 and 129); nursery
+    accepts both flags without using them, and refuses the same values."""
+    import pytest
+
+    from nursery.settings import FlagError, settings_from_args
+
+    for bad in ("-1", "0", "1", "129", "two"):
+        with pytest.raises(FlagError, match="grpc.infer.thread.count"):
+            settings_from_args([f"--grpc-infer-thread-count={bad}"], raise_errors=True)
+    for bad in ("0", "-3"):
+        with pytest.raises(FlagError, match="greater than 0"):
+            settings_from_args([f"--grpc-max-response-pool-size={bad}"], raise_errors=True)
+    for good in ("2", "128"):
+        assert "--grpc-infer-thread-count" in settings_from_args(
+            [f"--grpc-infer-thread-count={good}"]).inactive
+    assert "--grpc-max-response-pool-size" in settings_from_args(
+        ["--grpc-max-response-pool-size=1"]).inactive
