@@ -98,3 +98,41 @@ async def test_abandoned_grant_is_given_back(autojump_clock: trio.testing.MockCl
             await client.acquire("a")
         client.release("a")
         send.close()
+
+
+async def test_workers_asking_ahead_get_turns_by_priority(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """As an instance worker does: ask for the next batch's grant while the batch before runs
+    (its release comes from the batch's end). With one copy of the resource and both always
+    busy, priority 1 runs twice as often as priority 2 (L0_rate_limiter's cross-model test),
+    and never two at once."""
+    send, inbox = trio.open_memory_channel[Any](math.inf)
+    turns: list[str] = []
+    running: set[str] = set()
+
+    async def batch(client: RateLimiterClient, key: str) -> None:
+        assert not running, f"{key} granted while {running} runs"
+        running.add(key)
+        turns.append(key)
+        await trio.sleep(0.1)
+        running.discard(key)
+        client.release(key)
+
+    async def worker(client: RateLimiterClient, key: str, priority: int,
+                     nursery: trio.Nursery) -> None:
+        await client.register(key, 0, (ResourceNeed("R", 1),), priority)
+        while True:
+            await client.acquire(key)  # asked while its batch before may still run
+            nursery.start_soon(batch, client, key)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(rate_limiter.run, policy=RateLimitPolicy(), inbox=inbox))
+        client = RateLimiterClient(send)
+        async with trio.open_nursery() as workers:
+            workers.start_soon(worker, client, "p1", 1, workers)
+            workers.start_soon(worker, client, "p2", 2, workers)
+            await trio.sleep(30.05)
+            workers.cancel_scope.cancel()
+        assert len(turns) == 301
+        assert turns.count("p1") == pytest.approx(2 * turns.count("p2"), abs=2)
+        send.close()

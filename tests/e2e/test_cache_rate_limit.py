@@ -234,3 +234,28 @@ def test_asking_for_more_than_exists_fails_the_load(tmp_path: Path, start_server
     with pytest.raises(InferenceServerException):
         http.infer("greedy", [httpclient.InferInput("INPUT0", [1, 784], "FP32")])
     http.close()
+    # the start-up table, as Triton's: the reason as it is, unescaped (L0_rate_limiter greps it)
+    rows = [line for line in server.log().splitlines() if line.startswith("| ")]
+    assert any(row.startswith("| greedy ") and 'Resource count for "R1" is limited to 1 which '
+               "will prevent scheduling of one or more model instances, the minimum required "
+               "count is 2" in row for row in rows), rows
+    assert any(row.startswith("| mlp ") and "| READY " in row for row in rows), rows
+
+
+def test_an_unnamed_resource_has_none_once_counts_are_given(tmp_path: Path,
+                                                            start_server: Any) -> None:
+    """With any --rate-limit-resource, a resource the flags do not name (or name for another
+    device only) has no copies, and a resource listed as global by one model and per device
+    by another is refused (L0_rate_limiter's load failures)."""
+    repo = tmp_path / "repo"
+    _slow_model(repo, "other_device", 'resources [ { name: "R1" count: 2 } ]')
+    _slow_model(repo, "unnamed", 'resources [ { name: "R9" count: 1 } ]')
+    server = start_server(repo, "--rate-limit", "execution_count",
+                          "--rate-limit-resource", "R1:10:10", "--exit-on-error=false",
+                          wait=False)
+    server.wait_ready(path="/v2/health/live")
+    http = httpclient.InferenceServerClient(server.url)
+    index = {e["name"]: e for e in http.get_model_repository_index()}
+    assert 'Resource count for "R1" is limited to 0' in index["other_device"]["reason"]
+    assert 'Resource count for "R9" is limited to 0' in index["unnamed"]["reason"]
+    http.close()
