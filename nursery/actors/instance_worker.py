@@ -420,13 +420,16 @@ async def run(
     rate_limiter: RateLimiterClient | None = None,
     client: ModelClient | None = None,
     abandon_grace: float = ABANDON_GRACE,
+    granted: bool = False,
     task_status: trio.TaskStatus[WorkerIntake] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load the instance, then serve batches until the scheduler closes the
     :class:`WorkerIntake` it got from ``task_status.started``; ``slots`` batches may be queued
     on the thread at once (the scheduler never sends more), so the thread can go from one to
     the next without waiting for the trio thread. With a rate limiter and resources listed for
-    this instance, each batch first waits for a grant and runs alone, holding its resources.
+    this instance, each batch first waits for a grant and runs alone, holding its resources;
+    with ``granted`` its scheduler holds the grants instead (asks before it forms a batch,
+    releases when the batch's ``InstanceReady`` comes), and each batch runs at once.
 
     Cancelled (the unload or shutdown deadline passed, or the version failed), the worker
     gives the batches on its thread ``abandon_grace`` seconds more, then abandons the thread:
@@ -438,6 +441,7 @@ async def run(
     needs, priority = resource_needs(config, placement)
     limit_key = (config.name, version, placement.index)
     limiter = rate_limiter if needs else None
+    by_scheduler = granted and limiter is not None  # the scheduler asks and releases
     if limiter is not None:
         try:
             await limiter.register(limit_key, placement.device_id, needs, priority)
@@ -458,7 +462,7 @@ async def run(
         if running.pop(id(batch), None) is None:
             return  # abandoned: its requests were answered already
         _traces(batch, held=False)
-        if limiter is not None:
+        if limiter is not None and not by_scheduler:
             limiter.release(limit_key)
         report: BatchReport | None
         try:
@@ -539,8 +543,8 @@ async def run(
             return None  # no hook: no call to the model at all
         return await check(backend, getattr(backend, "instance_name", placement.name))
 
-    intake = WorkerIntake(accept if limiter is None else queued_send.send_nowait, healthy,
-                          unready)
+    intake = WorkerIntake(accept if limiter is None or by_scheduler else queued_send.send_nowait,
+                          healthy, unready, limit_key if by_scheduler else None)
     try:
         async with scheduler:
             backend = await thread.call(factory.load, config, version_path, placement,
@@ -560,7 +564,7 @@ async def run(
             )
             task_status.started(intake)
             await scheduler.send(InstanceReady(placement.index, slots))
-            if limiter is None:
+            if limiter is None or by_scheduler:
                 await intake.closed.wait()  # the scheduler hands batches straight to the thread
             else:
                 async with trio.open_nursery() as closing:
@@ -668,8 +672,10 @@ class WorkerIntake:
 
     def __init__(self, accept: Callable[[ExecuteBatch | ReleaseSlots], None],
                  healthy: Callable[[], bool] = lambda: True,
-                 unready: Callable[[], Awaitable[str | None]] | None = None) -> None:
+                 unready: Callable[[], Awaitable[str | None]] | None = None,
+                 limit_key: Any = None) -> None:
         self._accept = accept
+        self.limit_key = limit_key  # set: the scheduler holds this instance's grants
         self.healthy = healthy  # the instance can serve now (a dead stub: not until restarted)
         self._unready = unready
         self.closed = trio.Event()

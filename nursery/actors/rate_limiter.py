@@ -111,5 +111,10 @@ class RateLimiterClient:
         await mailbox.ask(self.inbox, lambda reply: AcquireResources(key, reply),
                           gone="the rate limiter has stopped")
 
+    def request(self, key: Hashable, reply: Any) -> bool:
+        """Ask for a grant without waiting: the answer goes to ``reply`` (a reply channel's
+        send end, or an object with its interface); False when the limiter has stopped."""
+        return mailbox.tell(self.inbox, AcquireResources(key, reply))
+
     def release(self, key: Hashable) -> None:
         mailbox.tell(self.inbox, ReleaseResources(key))

@@ -29,6 +29,7 @@ import collections
 import heapq
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -88,6 +89,131 @@ class _Ordering:
             _answer(w, a)
 
 
+class _Grants:
+    """Rate-limiter grants the scheduler holds for the instances whose batches need one
+    (``--rate-limit execution_count``, resources listed, under the dynamic batcher or the
+    default scheduler). Such an instance is ready for the policy only while it holds a grant,
+    so its batch is formed when it may run, from everything queued by then, as Triton keeps
+    filling a batch until an instance is allocated to run it; a batch formed earlier would
+    wait for the grant at the size it had. A busy instance's next grant is asked for before
+    its batch's resources are released, so the release cannot hand the turn to another model
+    only because it reached the limiter first (priorities hold). A grant that comes when
+    nothing is queued any more goes back at once: an idle instance never holds resources."""
+
+    def __init__(self, limiter: Any) -> None:
+        self.limiter = limiter
+        self.keys: dict[int, Any] = {}  # gated instance -> its key with the rate limiter
+        self.parked: set[int] = set()  # idle, no grant, none asked for
+        self.asking: dict[int, _GrantReply] = {}  # a grant asked for, and its reply slot
+        self.holding: set[int] = set()  # granted, ready for the policy, no batch yet
+        self.arrived: list[int] = []  # grants come, not yet taken by the scheduler's loop
+        self.nudge: trio.CancelScope | None = None  # the loop's wait, cut short by a grant
+
+    def add(self, instance: int, worker: Any) -> None:
+        key = getattr(worker, "limit_key", None)
+        if key is not None:
+            self.keys[instance] = key
+
+    def ask(self, instance: int) -> None:
+        """Ask now: the request is in the limiter's inbox before anything sent after it (a
+        release), and its answer lands in :meth:`granted` (no task waits for it)."""
+        if instance in self.asking or instance in self.holding:
+            return
+        self.parked.discard(instance)
+        reply = _GrantReply(self, instance)
+        if self.limiter.request(self.keys[instance], reply):
+            self.asking[instance] = reply
+        else:  # the limiter has stopped (the server is going down): no batch for it
+            self.parked.add(instance)
+
+    def granted(self, instance: int) -> None:
+        self.asking.pop(instance, None)
+        self.arrived.append(instance)
+        if self.nudge is not None:
+            self.nudge.cancel()
+
+    def release(self, instance: int) -> None:
+        self.limiter.release(self.keys[instance])
+
+    def finished(self, instance: int, wanted: bool, was_busy: bool) -> None:
+        """The instance is idle (started, or its batch ended): asks for its next turn when
+        requests wait, before it gives back the resources it held."""
+        if wanted:
+            self.ask(instance)
+        elif instance not in self.asking:
+            self.parked.add(instance)
+        if was_busy:
+            self.release(instance)
+
+    def take(self, policy: SchedulingPolicy[Any], now: float,
+             usable: Callable[[int], bool]) -> None:
+        """The grants that came: each makes its instance ready, or goes back unused."""
+        for instance in self.arrived:
+            if usable(instance) and policy.pending() > 0:
+                self.holding.add(instance)
+                policy.instance_ready(instance, now, 1)
+            else:
+                self.release(instance)
+                if usable(instance):
+                    self.parked.add(instance)
+        self.arrived.clear()
+        if self.parked and policy.pending() > 0:
+            for instance in [i for i in self.parked if usable(i)]:
+                self.ask(instance)
+
+    def settle(self, policy: Any) -> None:
+        """After the policy's decisions: a granted instance that got no batch while nothing
+        is queued gives its grant back."""
+        if policy.pending() == 0:
+            for instance in [i for i in self.holding if policy.withdraw_ready(i)]:
+                self.holding.discard(instance)
+                self.release(instance)
+                self.parked.add(instance)
+
+    def retire(self, instance: int) -> None:
+        self.parked.discard(instance)
+        if instance in self.holding:
+            self.holding.discard(instance)
+            self.release(instance)
+
+    def release_all(self) -> None:
+        """The scheduler ends: every grant it holds goes back, and one still asked for is
+        refused when it comes (the limiter then gives it back)."""
+        for reply in self.asking.values():
+            reply.open_receive_channels = 0
+        self.asking.clear()
+        for instance in {*self.holding, *self.arrived}:
+            self.release(instance)
+        self.holding.clear()
+        self.arrived.clear()
+
+
+class _GrantReply:
+    """The reply slot of one grant asked for, with the interface of a reply channel's send
+    end: the limiter's answer calls the scheduler's :meth:`_Grants.granted` at once, in the
+    limiter's turn; refused (``BrokenResourceError``) once the scheduler has ended, and the
+    limiter then gives the grant back."""
+
+    __slots__ = ("grants", "instance", "open_receive_channels")
+
+    def __init__(self, grants: _Grants, instance: int) -> None:
+        self.grants = grants
+        self.instance = instance
+        self.open_receive_channels = 1
+
+    def send_nowait(self, value: Any) -> None:
+        if not self.open_receive_channels:
+            raise trio.BrokenResourceError
+        self.open_receive_channels = 0
+        self.grants.granted(self.instance)
+
+    def close(self) -> None:
+        pass
+
+    def statistics(self) -> _GrantReply:
+        return self
+
+
 def _arrival(work: InferWork, now: float) -> float:
     """When ``work`` was queued, in trio's time (``now`` less how long ago the core queued it,
     by the monotonic clock its stamp is on)."""
@@ -114,8 +240,11 @@ async def run(
     reject_error: RejectError = Unavailable,
     summaries: bool = False,
     first_response: tuple[float, ...] = (),
+    limiter: Any = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """``limiter``: the rate limiter's client, when this scheduler holds the grants of its
+    instances that list resources (``_Grants``; their workers then run each batch at once)."""
     closing = False
     workers: dict[int, WorkerInbox] = dict(enumerate(instances))  # by placement index
     # the batches sent to each instance and not finished, as their request counts: all but
@@ -143,10 +272,20 @@ async def run(
     async with inbox, trio.open_nursery() as timer_tasks:
         if waker is not None:
             timer_tasks.start_soon(waker.serve)
+        grants = _Grants(limiter) if limiter is not None else None
+        if grants is not None:
+            for i, inbox_of in workers.items():
+                grants.add(i, inbox_of)
+
+        def usable(i: int) -> bool:
+            return i in workers and i not in retired and not closing
+
         try:
             while True:
                 message = None  # the message being handled, if a failure comes
                 now = trio.current_time()
+                if grants is not None and grants.keys:
+                    grants.take(policy, now, usable)
                 poll = policy.poll(now)
                 dropped = False
                 for decision in poll.decisions:
@@ -167,6 +306,8 @@ async def run(
                             policy.instance_ready(decision.instance, now)
                             dropped = True
                             continue
+                        if grants is not None:
+                            grants.holding.discard(decision.instance)  # its grant runs it
                         if ordering is not None:
                             for w in live:
                                 ordering.number(w)
@@ -188,6 +329,8 @@ async def run(
                         for w in decision.items:
                             _answer(w, error)
                         stats.record_failure("REJECTED", len(decision.items))
+                if grants is not None and grants.holding:
+                    grants.settle(policy)
                 if dropped:
                     continue  # the freed place may take the next request at once
                 for i in [i for i in retired if not outstanding[i] and not policy.holds(i)]:
@@ -200,16 +343,23 @@ async def run(
                         await channel.aclose()  # ends the workers, which close their senders
                     workers = {}
                 try:
-                    if poll.wake_at is None:
+                    if poll.wake_at is None and grants is None:
                         message = await inbox.receive()
                     else:
                         message = None
-                        if waker is not None:
+                        if poll.wake_at is not None and waker is not None:
                             waker.arm(poll.wake_at)
-                        with trio.move_on_at(poll.wake_at):
+                        with trio.CancelScope(deadline=(math.inf if poll.wake_at is None
+                                                        else poll.wake_at)) as wait:
+                            if grants is not None:
+                                grants.nudge = wait  # a grant that comes ends the wait
+                                if grants.arrived:
+                                    wait.cancel()
                             message = await inbox.receive()
+                        if grants is not None:
+                            grants.nudge = None
                         if message is None:
-                            continue  # the policy's deadline: poll again
+                            continue  # the policy's deadline, or a grant: poll again
                 except trio.EndOfChannel:
                     return
                 now = trio.current_time()
@@ -228,6 +378,7 @@ async def run(
                     elif isinstance(message, InstanceReady):
                         i = message.instance
                         done = outstanding[i]
+                        was_busy = bool(done)
                         for _ in range(min(message.slots, len(done))):
                             done.popleft()
                         if message.report is not None:
@@ -235,7 +386,10 @@ async def run(
                         if ordering is not None:
                             for work, answer in message.held:
                                 ordering.finish(work, answer)
-                        policy.instance_ready(i, now, message.slots)
+                        if grants is not None and i in grants.keys:
+                            grants.finished(i, usable(i) and policy.pending() > 0, was_busy)
+                        else:
+                            policy.instance_ready(i, now, message.slots)
                         if iterative is not None:
                             for corrid in message.ended:
                                 iterative.end_sequence(corrid)
@@ -257,12 +411,19 @@ async def run(
                             workers[i] = worker
                             outstanding[i] = collections.deque()
                             policy.add_instance(i)
-                            if i in early:
+                            if grants is not None:
+                                grants.add(i, worker)
+                            if i in early and grants is not None and i in grants.keys:
+                                early.pop(i)
+                                grants.finished(i, policy.pending() > 0, False)
+                            elif i in early:
                                 policy.instance_ready(i, now, early.pop(i))
                         for i in message.retired:
                             if i in workers:
                                 retired.add(i)
                                 policy.retire_instance(i)
+                                if grants is not None and i in grants.keys:
+                                    grants.retire(i)
                         mailbox.answer(message.reply, tuple(
                             i for i in message.retired if i in retired and not policy.holds(i)))
                     elif isinstance(message, CacheOutcome):
@@ -282,6 +443,8 @@ async def run(
             raise
         finally:
             timer_tasks.cancel_scope.cancel()
+            if grants is not None:
+                grants.release_all()  # asked-for grants: the limiter gives those back itself
             if waker is not None:
                 waker.close()
             if ordering is not None:

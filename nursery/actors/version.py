@@ -84,6 +84,9 @@ async def serve_version(
                                                  start_delay=delay)
     live: dict[int, _Instance] = {}  # the instances of the current configuration, by index
     next_index = len(placements)
+    # rate-limited instances under the dynamic batcher or the default scheduler: the
+    # scheduler holds their grants, so a batch is formed when it may run
+    granted = rate_limiter is not None and hasattr(choice.policy, "withdraw_ready")
     try:
         with scope:
             async with trio.open_nursery() as version_nursery:
@@ -103,6 +106,7 @@ async def serve_version(
                         warmup=warmup,
                         rate_limiter=rate_limiter,
                         client=client,
+                        granted=granted,
                     )
                     worker = await version_nursery.start(_worker, run, ended)
                     into[placement.index] = _Instance(signature, worker, ended)
@@ -127,6 +131,7 @@ async def serve_version(
                         # a decoupled model's first responses are counted as they are sent
                         first_response=(() if config.decoupled
                                         else config.first_response_buckets),
+                        limiter=rate_limiter if granted else None,
                     )
                 )
 

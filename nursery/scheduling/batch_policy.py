@@ -153,6 +153,11 @@ class DynamicBatchPolicy(FreeInstances, Generic[W]):
         if instance not in self._retired:
             self._free[instance] = None
 
+    def withdraw_ready(self, instance: int) -> bool:
+        """Take back a free instance's readiness (its rate-limiter grant goes back unused);
+        False when it is not free."""
+        return self._free.pop(instance, False) is None
+
     def cancel(self, item: W) -> bool:
         """Remove a queued request (its client went away); False if it is not queued."""
         for level in self._levels.values():

@@ -37,6 +37,11 @@ class FifoPolicy(FreeInstances, Generic[W]):
         free = self._free.pop(instance, 0) + slots
         self._free[instance] = min(free, self.slots)
 
+    def withdraw_ready(self, instance: int) -> bool:
+        """Take back a free instance's places (its rate-limiter grant goes back unused);
+        False when it has none."""
+        return self._free.pop(instance, 0) > 0
+
     def poll(self, now: float) -> Poll[W]:
         decisions: list[Decision[W]] = []
         if self._rejected:

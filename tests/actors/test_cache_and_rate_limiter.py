@@ -136,3 +136,68 @@ async def test_workers_asking_ahead_get_turns_by_priority(
         assert len(turns) == 301
         assert turns.count("p1") == pytest.approx(2 * turns.count("p2"), abs=2)
         send.close()
+
+
+class _Keyed:
+    """A fake worker's inbox as the scheduler holds a rate-limited instance's: its grants are
+    the scheduler's to ask for (``limit_key``)."""
+
+    def __init__(self, send: trio.MemorySendChannel[Any], key: str) -> None:
+        self.send, self.limit_key = send, key
+
+    def send_nowait(self, message: Any) -> None:
+        self.send.send_nowait(message)
+
+    async def aclose(self) -> None:
+        await self.send.aclose()
+
+
+async def test_a_rate_limited_batch_is_formed_when_its_grant_comes(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Two instances of one model that cannot run together (one copy of R, each needs it),
+    dynamic batching with preferred sizes 1-4 (L0_rate_limiter's dynamic-batching case). The
+    idle instance must not take a batch while it waits for the busy one's release: its batch
+    is formed at its grant, from everything queued by then (Triton fills a batch until an
+    instance is allocated to it). Before, it took the second request alone and ran a batch
+    of 1 after the first; now every batch after the first is full. Nothing runs together."""
+    from nursery.actors import scheduler
+    from nursery.messages import CloseIntake, InferWork
+    from nursery.scheduling.batch_policy import BatchConfig, DynamicBatchPolicy
+    from tests.fakes import ExecutionLog, fake_worker, make_work
+
+    limiter_send, limiter_inbox = trio.open_memory_channel[Any](math.inf)
+    log = ExecutionLog()
+    async with trio.open_nursery() as nursery:
+        policy = RateLimitPolicy()
+        await nursery.start(partial(rate_limiter.run, policy=policy, inbox=limiter_inbox))
+        client = RateLimiterClient(limiter_send)
+        async with trio.open_nursery() as serving:
+            intake, inbox = trio.open_memory_channel[Any](1000)
+            keyed = []
+            for i in range(2):
+                await client.register(f"i{i}", 0, (ResourceNeed("R", 1),), 1)
+                send, receive = trio.open_memory_channel[Any](1)
+                keyed.append(_Keyed(send, f"i{i}"))
+                await serving.start(partial(fake_worker, i, receive, intake.clone(), log, 1.0))
+            config = BatchConfig(max_batch_size=4, preferred_batch_sizes=(1, 2, 3, 4))
+            await serving.start(partial(scheduler.run, name="m",
+                                        policy=DynamicBatchPolicy[InferWork](config),
+                                        inbox=inbox, instances=keyed, limiter=client))
+            receivers = []
+            for i in range(13):  # one at once, then one every 0.1 s
+                work, receive = make_work(i)
+                intake.send_nowait(work)
+                receivers.append(receive)
+                await trio.sleep(0.1)
+            for receive in receivers:
+                await receive.receive()
+            intake.send_nowait(CloseIntake())
+            intake.close()
+        spans = sorted((start, end) for _, _, start, end in log.batches)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False))
+        sizes = [len(ids) for _, ids, start, _ in sorted(log.batches, key=lambda b: b[2])]
+        assert sizes[0] == 1 and sizes[1:3] == [4, 4], sizes
+        assert sum(sizes) == 13
+        await trio.sleep(0.01)  # the last release reaches the limiter
+        assert policy.holding() == {}  # every grant given back
+        limiter_send.close()
