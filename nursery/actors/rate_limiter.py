@@ -44,39 +44,47 @@ async def run(
     waiting: dict[Hashable, trio.MemorySendChannel[Any]] = {}
     pools = policy.max_resources()
     task_status.started()
+    def handle(message: Any) -> None:
+        nonlocal pools
+        try:
+            if isinstance(message, AcquireResources):
+                if message.key not in policy.instances:
+                    mailbox.answer(message.reply, True)  # not registered: nothing to limit
+                    return
+                waiting[message.key] = message.reply
+                policy.request(message.key)
+            elif isinstance(message, ReleaseResources):
+                policy.release(message.key)
+            elif isinstance(message, RegisterInstance):
+                try:
+                    policy.register(message.key, message.device, message.needs,
+                                    message.priority)
+                except RateLimitError as exc:
+                    mailbox.answer(message.reply, ConfigError(str(exc)))
+                    return
+                mailbox.answer(message.reply, None)
+            elif isinstance(message, UnregisterInstance):
+                policy.unregister(message.key)
+                waiting.pop(message.key, None)
+            if isinstance(message, (RegisterInstance, UnregisterInstance)):
+                now = policy.max_resources()
+                if now != pools:  # the pools follow the instances registered
+                    pools = now
+                    log.debug("%s", describe_max_resources(pools))
+        except Exception as exc:  # one command is the unit of failure
+            faults.record("ratelimiter", exc, log, "rate limiter command")
+            reply = getattr(message, "reply", None)
+            if reply is not None:  # never leave a worker waiting: it runs unlimited
+                mailbox.answer(reply, None if isinstance(message, RegisterInstance) else True)
+
     async with inbox:
         async for message in inbox:
-            try:
-                if isinstance(message, AcquireResources):
-                    if message.key not in policy.instances:
-                        mailbox.answer(message.reply, True)  # not registered: nothing to limit
-                        continue
-                    waiting[message.key] = message.reply
-                    policy.request(message.key)
-                elif isinstance(message, ReleaseResources):
-                    policy.release(message.key)
-                elif isinstance(message, RegisterInstance):
-                    try:
-                        policy.register(message.key, message.device, message.needs,
-                                        message.priority)
-                    except RateLimitError as exc:
-                        mailbox.answer(message.reply, ConfigError(str(exc)))
-                        continue
-                    mailbox.answer(message.reply, None)
-                elif isinstance(message, UnregisterInstance):
-                    policy.unregister(message.key)
-                    waiting.pop(message.key, None)
-                if isinstance(message, (RegisterInstance, UnregisterInstance)):
-                    now = policy.max_resources()
-                    if now != pools:  # the pools follow the instances registered
-                        pools = now
-                        log.debug("%s", describe_max_resources(pools))
-            except Exception as exc:  # one command is the unit of failure
-                faults.record("ratelimiter", exc, log, "rate limiter command")
-                reply = getattr(message, "reply", None)
-                if reply is not None:  # never leave a worker waiting: it runs unlimited
-                    mailbox.answer(reply, None if isinstance(message, RegisterInstance) else True)
-                continue
+            handle(message)
+            while True:  # everything already sent before deciding: requests that came at
+                try:     # once are weighed together (by pass, then priority), not by arrival
+                    handle(inbox.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
             while True:  # a grant nobody waits for is released at once, which may grant more
                 lost = False
                 for key in policy.grants():
