@@ -252,7 +252,7 @@ def repository_index(repo: RepositoryScan, entries: Mapping[ModelId, ModelEntry]
     if namespacing:
         out: list[IndexEntry] = []
         for mid in sorted(repo.identified(True)):
-            out.extend(_index_rows(mid.name, entries.get(mid), ready_only))
+            out.extend(index_rows(mid.name, entries.get(mid), ready_only))
         return out
     out = []
     for name in sorted({*repo.models, *repo.duplicates}):
@@ -261,11 +261,14 @@ def repository_index(repo: RepositoryScan, entries: Mapping[ModelId, ModelEntry]
                 out.append(IndexEntry(name, None, ModelState.UNAVAILABLE.value,
                                       "model appears in two or more repositories"))
             continue
-        out.extend(_index_rows(name, entries.get(ModelId("", name)), ready_only))
+        out.extend(index_rows(name, entries.get(ModelId("", name)), ready_only))
     return out
 
 
-def _index_rows(name: str, entry: ModelEntry | None, ready_only: bool) -> list[IndexEntry]:
+def index_rows(name: str, entry: ModelEntry | None, ready_only: bool) -> list[IndexEntry]:
+    """The repository index's rows of one model (and the start-up status table's): one per
+    known version with its state, or one without a version (a state and reason only when its
+    load failed before any version was known)."""
     if entry is None or (not entry.versions and not entry.reason):
         return [] if ready_only else [IndexEntry(name)]
     if not entry.versions:

@@ -39,6 +39,7 @@ from nursery.actors.directory import (
     ModelState,
     ModelTable,
     VersionStatus,
+    index_rows,
     repository_index,
 )
 from nursery.actors.model_client import ModelClient
@@ -274,13 +275,11 @@ class _Manager:
         rows = []
         for mid, entry in sorted(self.entries.items(), key=lambda item: (
                 item[0].namespace, item[0].name)):
-            if not entry.versions:
-                rows.append([mid.name, "-", f"UNAVAILABLE: {entry.reason}" if entry.reason
-                             else "Not loaded: No model version was found"])
-            for version, status in sorted(entry.versions.items()):
-                state = status.state.value
-                rows.append([mid.name, str(version),
-                             f"{state}: {status.reason}" if status.reason else state])
+            for row in index_rows(mid.name, entry, ready_only=False):
+                status = ("Not loaded: No model version was found" if row.state is None
+                          else f"{row.state}: {row.reason}" if row.reason else row.state)
+                rows.append([row.name, "-" if row.version is None else str(row.version),
+                             status])
         log.info("", extra={TABLE: render_table(("Model", "Version", "Status"), rows)})
 
     def answer_index(self, ready_only: bool) -> list[IndexEntry] | NurseryError:

@@ -189,10 +189,11 @@ class _Grants:
 
 
 class _GrantReply:
-    """The reply slot of one grant asked for, with the interface of a reply channel's send
-    end: the limiter's answer calls the scheduler's :meth:`_Grants.granted` at once, in the
-    limiter's turn; refused (``BrokenResourceError``) once the scheduler has ended, and the
-    limiter then gives the grant back."""
+    """The reply slot of one grant asked for: the limiter answers it as a reply channel
+    (``send_nowait``, through ``mailbox.answer``), which calls the scheduler's
+    :meth:`_Grants.granted` at once, in the limiter's turn; refused
+    (``BrokenResourceError``) once the scheduler has ended, and the limiter then gives the
+    grant back."""
 
     __slots__ = ("grants", "instance", "open_receive_channels")
 
@@ -206,12 +207,6 @@ class _GrantReply:
             raise trio.BrokenResourceError
         self.open_receive_channels = 0
         self.grants.granted(self.instance)
-
-    def close(self) -> None:
-        pass
-
-    def statistics(self) -> _GrantReply:
-        return self
 
 
 def _arrival(work: InferWork, now: float) -> float:
@@ -415,7 +410,8 @@ async def run(
                                 grants.add(i, worker)
                             if i in early and grants is not None and i in grants.keys:
                                 early.pop(i)
-                                grants.finished(i, policy.pending() > 0, False)
+                                grants.finished(i, usable(i) and policy.pending() > 0,
+                                                False)
                             elif i in early:
                                 policy.instance_ready(i, now, early.pop(i))
                         for i in message.retired:

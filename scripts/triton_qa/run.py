@@ -281,11 +281,13 @@ def write_launchers(work: Path) -> None:
     # stand-ins for C++ test backends Triton's image builds, as Python-based backends
     for backend in (HERE / "backends").iterdir():
         shutil.copytree(backend, opt / "backends" / backend.name, dirs_exist_ok=True)
-    # Dockerfile.QA puts the C++ dyna_sequence and sequence backends' libraries into their
-    # models' version folders; the stand-ins need only the folders
-    for custom in ("custom_dyna_sequence_int32", "custom_sequence_int32"):
-        if (work / "qa" / "custom_models" / custom).is_dir():
-            (work / "qa" / "custom_models" / custom / "1").mkdir(exist_ok=True)
+    # Dockerfile.QA puts the C++ dyna_sequence, sequence and iterative_sequence backends'
+    # libraries into their models' version folders; the stand-ins need only the folders
+    for model in ("custom_models/custom_dyna_sequence_int32",
+                  "custom_models/custom_sequence_int32",
+                  "L0_iterative_sequence/models/iterative_sequence"):
+        if (work / "qa" / model).is_dir():
+            (work / "qa" / model / "1").mkdir(exist_ok=True)
     (opt / "bin").mkdir(parents=True, exist_ok=True)
     write_exec(opt / "bin" / "tritonserver",
                f'#!/bin/bash\nexec "{sys.executable}" "{HERE / "standin.py"}" "$@"\n')
@@ -385,11 +387,6 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
             missing.append("python_backend/examples/decoupled (--checkouts)")
     else:
         missing.append(f"{test_models} (src/test/models of the server repository)")
-    # the C++ iterative_sequence backend's model needs only its version folder too (its
-    # stand-in: backends/; the custom_models ones: write_launchers)
-    iterative = qa / "L0_iterative_sequence" / "models" / "iterative_sequence"
-    if iterative.is_dir():
-        (iterative / "1").mkdir(exist_ok=True)
     return missing
 
 
