@@ -32,7 +32,7 @@ from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import BackendFactory, Backends
 from nursery.config.repository import scan
 from nursery.core import Core, Lifecycle, Services
-from nursery.errors import StartupError, first_error
+from nursery.errors import NurseryError, StartupError, first_error
 from nursery.messages import ManagerCommand
 from nursery.observability.arrival_log import ArrivalLog
 from nursery.observability.custom_metrics import CustomMetrics
@@ -43,7 +43,7 @@ from nursery.observability.tracing import TraceManager
 from nursery.protocol import card_servers
 from nursery.protocol.frontends.supervisor import FrontendProcesses
 from nursery.protocol.grpc.server import serve_grpc
-from nursery.protocol.http.metrics import build_metrics_app
+from nursery.protocol.http.metrics import build_metrics_app, metrics_text
 from nursery.protocol.http.routes import build_routes_app
 from nursery.protocol.http.server import HttpServer
 from nursery.protocol.listeners import open_listeners
@@ -51,6 +51,7 @@ from nursery.protocol.openai.frontend import OpenAIFrontend
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.protocol.sagemaker import SageMakerFrontend
 from nursery.protocol.tls import TlsError, server_context
+from nursery.protocol.vertex_ai import VertexAiFrontend, check_routes, default_model
 from nursery.runtime.heap import settle_heap
 from nursery.runtime.supervision import FaultCounter
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy
@@ -370,6 +371,35 @@ async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings
     return await _serve_until(nursery, server, options.address, options.port, shutdown)
 
 
+async def _start_vertex_ai(nursery: trio.Nursery, core: Core, settings: Settings,
+                           sampler: SystemSampler, options: MetricsOptions,
+                           shutdown: trio.Event) -> list[str]:
+    """The Vertex AI frontend on its own port, under the HTTP port's limits, deadlines,
+    connection cap and restrictions, as Triton's Vertex AI server reuses its HTTP settings.
+    Its routes must be set and its default model ready, else the start fails in Triton's
+    words; it stops accepting and drains once ``shutdown`` is set."""
+    vertex = settings.vertex_ai
+    assert vertex is not None
+    try:
+        check_routes(vertex.predict_route, vertex.health_route)
+        ready = [entry.name for entry in await core.repository_index(ready_only=True)]
+        model = default_model(vertex.default_model, ready)
+    except NurseryError as error:
+        log.error("failed to start Vertex AI service: Invalid argument - %s", error.message)
+        raise StartupError(f"failed to start Vertex AI service: {error.message}") from None
+    frontend = VertexAiFrontend(
+        core, vertex.predict_route, vertex.health_route, model, settings.http_restrictions,
+        settings.http_max_input_size, settings.http_max_body_size,
+        metrics_text(core, sampler, options) if settings.allow_metrics else None)
+    server = HttpServer(core, build_routes_app(core), max_input_size=settings.http_max_input_size,
+                        max_body_size=settings.http_max_body_size,
+                        max_connections=settings.http_max_connections, faults=core.faults,
+                        serve_infer=False, handler=frontend.handle,
+                        limit_body=frontend.body_limit, unit="vertex_ai",
+                        **_http_deadlines(settings))
+    return await _serve_until(nursery, server, vertex.address, vertex.port, shutdown)
+
+
 async def _run_sampler(scope: trio.CancelScope, sampler: SystemSampler, interval: float,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with scope:
@@ -554,6 +584,14 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                                                                  shutdown)
                     for bind in sagemaker_binds:
                         log.info("Started Sagemaker HTTPService at %s",
+                                 bind.removeprefix("http://"))
+                if settings.vertex_ai is not None:
+                    with _port_in_use("Vertex AI", settings.vertex_ai.address,
+                                      settings.vertex_ai.port):
+                        vertex_binds = await _start_vertex_ai(frontends, core, settings,
+                                                              sampler, options, shutdown)
+                    for bind in vertex_binds:
+                        log.info("Started Vertex AI HTTPService at %s",
                                  bind.removeprefix("http://"))
                 if settings.allow_metrics:
                     metrics_binds = []

@@ -82,6 +82,19 @@ class SageMakerSettings:
 
 
 @dataclass(frozen=True)
+class VertexAiSettings:
+    """The Vertex AI frontend (``--allow-vertex-ai``, on by default when ``AIP_MODE`` is
+    ``PREDICTION``): Triton's flags, and the ``AIP_*`` environment variables it reads once at
+    start-up (``nursery/protocol/vertex_ai.py``)."""
+
+    port: int = 8080  # --vertex-ai-port, else AIP_HTTP_PORT, else 8080
+    address: str = "0.0.0.0"  # Triton has no flag for it; nursery follows --http-address
+    default_model: str = ""  # --vertex-ai-default-model ("": the repository's one model)
+    predict_route: str = ""  # AIP_PREDICT_ROUTE (a regular expression; required)
+    health_route: str = ""  # AIP_HEALTH_ROUTE (a regular expression; required)
+
+
+@dataclass(frozen=True)
 class Settings:
     model_repositories: tuple[Path | CloudRoot, ...]
     http_port: int = 8000
@@ -173,6 +186,7 @@ class Settings:
     allow_model_file_upload: bool = False  # --allow-model-file-upload (nursery only)
     openai: OpenAISettings | None = None  # --openai-port: the OpenAI-compatible frontend
     sagemaker: SageMakerSettings | None = None  # --allow-sagemaker: the SageMaker frontend
+    vertex_ai: VertexAiSettings | None = None  # --allow-vertex-ai: the Vertex AI frontend
     # --backend-directory: where Python-based backends live (<dir>/<name>/model.py)
     backend_directory: Path = Path("/opt/tritonserver/backends")
 
@@ -226,13 +240,11 @@ _LATER_FLAGS = {
     "--model-load-thread-count": "parallel model loading settings",
     "--pinned-memory-pool-byte-size": "pinned memory pools",
     "--cuda-memory-pool-byte-size": "CUDA memory pools",
-    "--allow-vertex-ai": "the Vertex AI frontend",
     # thread and pool sizes of Triton's C++ frontends; nursery's tasks need no such sizes
     "--http-thread-count": "HTTP thread pool sizing",
     "--grpc-infer-allocation-pool-size": "gRPC allocation pool sizing",
     "--sagemaker-thread-count": "SageMaker thread pool sizing",
-    "--vertex-ai-port": "the Vertex AI frontend",
-    "--vertex-ai-thread-count": "the Vertex AI frontend",
+    "--vertex-ai-thread-count": "Vertex AI thread pool sizing",
     "--enable-peer-access": "CUDA peer access settings",
     "--min-supported-compute-capability": "GPU compute capability filtering",
     "--repoagent-directory": "repository agents",
@@ -246,7 +258,6 @@ _LATER_FLAGS = {
     "--grpc-max-response-pool-size": "gRPC response pool sizing",
     "--host-policy": "host (NUMA) policies",
     "--model-load-gpu-limit": "GPU memory limits for model loading",
-    "--vertex-ai-default-model": "the Vertex AI frontend",
 }
 
 
@@ -575,6 +586,7 @@ def build_parser(prog: str = "python -m nursery serve",
                             help=f"Accepted for compatibility; {feature} is not active yet.")
     _openai_flags(parser)
     _sagemaker_flags(parser)
+    _vertex_ai_flags(parser)
     return parser
 
 
@@ -613,6 +625,45 @@ def _sagemaker_settings(parser: argparse.ArgumentParser, args: argparse.Namespac
         inference_type=environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", default.inference_type),
         models_root=os.path.abspath(environ.get("NURSERY_SAGEMAKER_MODELS_ROOT",
                                                 default.models_root)))
+
+
+def _vertex_ai_flags(parser: argparse.ArgumentParser) -> None:
+    _bool_flag(parser, "--allow-vertex-ai", False,
+               "Allow the server to listen for Vertex AI requests (true by default when "
+               "AIP_MODE=PREDICTION, and then --allow-http and --allow-grpc are false by "
+               "default).")
+    parser.add_argument("--vertex-ai-port", type=int, default=None, metavar="<int>",
+                        help="The port for the server to listen on for Vertex AI requests. "
+                        "Default is AIP_HTTP_PORT if set, 8080 otherwise.")
+    parser.add_argument("--vertex-ai-default-model", default="", metavar="<string>",
+                        help="The name of the model to use for single-model inference "
+                        "requests (the predict route without a redirect).")
+
+
+def _vertex_ai_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Triton's defaults in a Vertex AI container: ``AIP_MODE=PREDICTION`` turns the Vertex AI
+    frontend on and the HTTP and gRPC ports off unless the flags say otherwise."""
+    if environ.get("AIP_MODE", "") == "PREDICTION":
+        parser.set_defaults(allow_vertex_ai=True, allow_http=False, allow_grpc=False)
+
+
+def _vertex_ai_settings(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                        environ: Mapping[str, str]) -> VertexAiSettings | None:
+    if not args.allow_vertex_ai:
+        return None
+    port = args.vertex_ai_port
+    if port is None:
+        text = environ.get("AIP_HTTP_PORT", "8080")
+        try:
+            port = int(text)
+        except ValueError:
+            parser.error(f"AIP_HTTP_PORT: expected a port number, got '{text}'")
+    if not 0 <= port <= 65535:
+        parser.error("--vertex-ai-port must be a port number")
+    return VertexAiSettings(
+        port=port, address=args.http_address, default_model=args.vertex_ai_default_model,
+        predict_route=environ.get("AIP_PREDICT_ROUTE", ""),
+        health_route=environ.get("AIP_HEALTH_ROUTE", ""))
 
 
 def port_collision(ports: list[tuple[str, str, int, tuple[int, int] | None]]) -> str | None:
@@ -875,8 +926,11 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
     """The settings of a command line. A bad one: argparse's message and exit status 2, or
     with ``raise_errors`` a :class:`FlagError` carrying the message."""
     parser = build_parser(prog, raise_errors)
+    _vertex_ai_defaults(parser, os.environ)
     args = parser.parse_args(argv)
     repos = args.model_repository
+    if not repos and os.environ.get("AIP_STORAGE_URI"):  # a Vertex AI container's models
+        repos = [os.environ["AIP_STORAGE_URI"]]
     if not repos:
         if Path("model_repository").is_dir():
             repos = ["model_repository"]
@@ -972,14 +1026,19 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         backend_config.append((backend, key, value))
     doors = _door_settings(parser, args)
     sagemaker = _sagemaker_settings(parser, args, os.environ)
-    if sagemaker is not None:  # Triton's check; nursery runs it with the SageMaker port only
+    vertex_ai = _vertex_ai_settings(parser, args, os.environ)
+    if sagemaker is not None or vertex_ai is not None:
+        # Triton's check; nursery runs it with the SageMaker or Vertex AI port only
         ports: list[tuple[str, str, int, tuple[int, int] | None]] = [
             (name, address, port, None) for name, address, port, on in (
             ("HTTP", args.http_address, args.http_port, args.allow_http),
             ("GRPC", args.grpc_address, args.grpc_port, args.allow_grpc),
             ("metrics", args.metrics_address or args.http_address, args.metrics_port,
              args.allow_metrics)) if on]
-        ports.append(("SageMaker", sagemaker.address, sagemaker.port, sagemaker.safe_range))
+        if sagemaker is not None:
+            ports.append(("SageMaker", sagemaker.address, sagemaker.port, sagemaker.safe_range))
+        if vertex_ai is not None:
+            ports.append(("Vertex AI", vertex_ai.address, vertex_ai.port, None))
         collision = port_collision(ports)
         if collision is not None:
             parser.error(collision)
@@ -987,6 +1046,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         **doors,
         openai=_openai_settings(parser, args),
         sagemaker=sagemaker,
+        vertex_ai=vertex_ai,
         backend_config=tuple(backend_config),
         backend_directory=Path(os.path.abspath(args.backend_directory)),
         model_repositories=tuple(parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r))

@@ -56,11 +56,9 @@ log = logging.getLogger("nursery.sagemaker")
 BINARY_TYPE = b"application/vnd.sagemaker-triton.binary+json;json-header-size="
 INFERENCE_TYPES = ("infer", "generate", "generate_stream")
 _JSON = [(b"content-type", b"application/json")]
-_INT32_MAX = 2**31 - 1
 # Triton's models route: "/models", an optional "/", an optional name, an optional "/invoke"
 # (so "/modelsabc" names the model "abc", as there)
 _MODELS = re.compile(r"/models/?([^/]+)?(/invoke)?")
-_STOI = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _ENSEMBLE = re.compile(rb'platform:\s*"ensemble"')
 _CONFIG_READ = 1 << 20  # bytes of a config.pbtxt read to tell an ensemble
 _MAX_FOLDERS = 4096  # model folders looked at in a loaded url
@@ -113,32 +111,8 @@ def route(method: bytes, path: str) -> Route:
 
 def header_length(content_type: bytes | None, content_length: int) -> int | None:
     """The size of the JSON header that a SageMaker binary content type declares (None: the
-    content type is not that one, the whole body is JSON). Refusals in Triton's words
-    (``GetInferenceHeaderLength``): the type must start the header value, the size is read
-    as C++'s ``stoi`` reads it (leading blanks, a sign, digits; what follows is ignored) and
-    must lie in [0, content length]."""
-    if content_type is None:
-        return None
-    pos = content_type.find(BINARY_TYPE)
-    if pos < 0:
-        return None
-    shown = content_type.decode("latin-1")
-    if pos != 0:
-        raise InvalidArgument(f"expect MIME type for binary data starts with "
-                              f"'{BINARY_TYPE.decode()}', got: {shown}")
-    rest = content_type[len(BINARY_TYPE):]
-    text = rest.decode("latin-1")
-    digits = _STOI.match(rest)
-    if digits is None:
-        raise InvalidArgument(f"Unable to parse inference header size, got: {text}")
-    value = int(digits.group(1))
-    if not -_INT32_MAX - 1 <= value <= _INT32_MAX:
-        raise InvalidArgument(
-            f"Unable to parse inference header size, value is out of range, got: {text}")
-    if value < 0 or value > content_length:
-        raise InvalidArgument(f"inference header size should be in range (0, "
-                              f"{content_length}), got: {text}")
-    return value
+    content type is not that one, the whole body is JSON); refused in Triton's words."""
+    return binary_tensor.header_size_in_type(content_type, content_length, BINARY_TYPE)
 
 
 def as_kserve(headers: list[tuple[bytes, bytes]], length: int | None,

@@ -462,3 +462,30 @@ def test_model_config_cases_are_rechecked_as_a_machine_without_gpus(tmp_path, ca
     assert "MATCH autofill_noplatform_success/python/gpu_only" in out
     assert "DIFF  autofill_noplatform_success/python/differs" in out and "'count': 4" in out
     assert "1 of 2 match as a machine without GPUs" in out
+
+
+def test_sed_over_a_model_that_cannot_be_generated_here_is_skipped(tmp_path):
+    """L0_lifecycle's `sed` (under `set -e`) over a TensorRT model's files from data/: the
+    missing file is skipped with a log line, a plain sed then writes nothing, `sed -i` does
+    nothing; a script naming such a model is still a script, and any other missing file
+    still fails as sed fails."""
+    triton = _fake_triton(tmp_path)
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    env = run.environment(work, work / "r.jsonl", "")
+    data = work / "data" / "inferenceserver" / "nursery" / "qa_model_repository"
+    (data / "onnx_int32").mkdir(parents=True)
+    (data / "onnx_int32" / "config.pbtxt").write_text("name: plan_int32\n")
+    proc = subprocess.run(
+        ["bash", "-c",
+         f"set -e; cd {tmp_path}; sed '/^version_policy/d' {data}/plan_int32/config.pbtxt > a; "
+         f"sed -i 's/x/y/' models/plan_int32/config.pbtxt; "
+         f"sed 's/plan_int32/simple_int32/' {data}/onnx_int32/config.pbtxt > b; "
+         f"sed -e 's/name/n/' {data}/plan_int32/config.pbtxt {data}/onnx_int32/config.pbtxt > c; "
+         f"echo edited; sed 's/a/b/' {data}/onnx_missing/config.pbtxt || echo refused"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == ["edited", "refused"]
+    assert (tmp_path / "a").read_text() == ""
+    assert (tmp_path / "b").read_text() == "name: simple_int32\n"
+    assert (tmp_path / "c").read_text() == "n: plan_int32\n"
+    assert proc.stderr.count("nursery-qa: skipped: sed") == 3

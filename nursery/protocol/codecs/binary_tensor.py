@@ -7,10 +7,47 @@ Pure functions: no I/O, no trio.
 
 from __future__ import annotations
 
+import re
+
 from nursery.errors import InvalidArgument
 
 HEADER = "Inference-Header-Content-Length"
 HEADER_LOWER = b"inference-header-content-length"
+_STOI = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_INT32_MAX = 2**31 - 1
+
+
+def header_size_in_type(content_type: bytes | None, content_length: int,
+                        mime: bytes) -> int | None:
+    """The JSON header's size declared by a content type of the form ``<mime><size>`` (the
+    SageMaker and Vertex AI frontends' ``...binary+json;json-header-size=``); None when the
+    content type is not that one (the whole body is JSON). Refusals in Triton's words
+    (``GetInferenceHeaderLength``): the type must start the header value, the size is read
+    as C++'s ``stoi`` reads it (leading blanks, a sign, digits; what follows is ignored) and
+    must lie in [0, content length]."""
+    if content_type is None:
+        return None
+    pos = content_type.find(mime)
+    if pos < 0:
+        return None
+    if pos != 0:
+        raise InvalidArgument(f"expect MIME type for binary data starts with "
+                              f"'{mime.decode()}', got: {content_type.decode('latin-1')}")
+    rest = content_type[len(mime):]
+    text = rest.decode("latin-1")
+    digits = _STOI.match(rest)
+    if digits is None:
+        raise InvalidArgument(f"Unable to parse inference header size, got: {text}")
+    number = digits.group(1)
+    # past 20 digits it is out of range, without int()'s cost (or its refusal past 4300)
+    value = int(number) if len(number) <= 20 else _INT32_MAX + 1
+    if not -_INT32_MAX - 1 <= value <= _INT32_MAX:
+        raise InvalidArgument(
+            f"Unable to parse inference header size, value is out of range, got: {text}")
+    if value < 0 or value > content_length:
+        raise InvalidArgument(f"inference header size should be in range (0, "
+                              f"{content_length}), got: {text}")
+    return value
 
 
 def split_body(body: bytes, header_value: bytes | None) -> tuple[memoryview, memoryview | None]:
