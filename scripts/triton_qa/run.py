@@ -172,14 +172,15 @@ SHIMS["go"] = ('if [ "$1" = install ] && [[ "$2" == github.com/grpc-ecosystem/gr
                'echo "nursery-qa: go install $2: the harness\'s stand-in" >&2; exit $?; fi; '
                'echo "nursery-qa: refused: go $* (nothing is fetched at test time)" >&2; exit 1')
 # `cp` of a model that cannot exist here (TensorRT `plan_*`, OpenVINO, TensorFlow: not
-# generated on this machine), from data/ or from a script's own copy of it, is skipped with a
+# generated on this machine; `simple_plan_*`: an ensemble over one, pruned from data/), from
+# data/ or from a script's own copy of it, is skipped with a
 # log line, and the rest of the command runs: scripts copy such models under `set -e`
 # (L0_input_validation, L0_lifecycle, L0_large_payload) and would stop there; the cases that
 # use those models then fail as they should
 SHIMS["cp"] = ('real=$(PATH=/usr/bin:/bin command -v cp); args=(); n=0; skipped=; '
                'for a in "$@"; do '
                'if [[ "$a" != -* ]] && [ ! -e "$a" ] && '
-               '[[ "$(basename "$a")" =~ ^(plan|openvino|graphdef|savedmodel)_ ]]; then '
+               '[[ "$(basename "$a")" =~ ^(simple_)?(plan|openvino|graphdef|savedmodel)_ ]]; then '
                'echo "nursery-qa: skipped: cp $a (a TensorRT, OpenVINO or TensorFlow model, '
                'not generated here)" >&2; skipped=1; continue; fi; '
                'args+=("$a"); [[ "$a" != -* ]] && n=$((n + 1)); done; '
@@ -197,7 +198,7 @@ SHIMS["sed"] = ('real=$(PATH=/usr/bin:/bin command -v sed); args=(); script=; wa
                 '-e*|-f*|--expression=*|--file=*) args+=("$a"); script=1; continue;; '
                 '-*) args+=("$a"); continue;; esac; '
                 'if [ -z "$script" ]; then args+=("$a"); script=1; continue; fi; '
-                'if [ ! -e "$a" ] && [[ "$a" =~ (^|/)(plan|openvino|graphdef|savedmodel)_[^/]*/ ]]; '
+                'if [ ! -e "$a" ] && [[ "$a" =~ (^|/)(simple_)?(plan|openvino|graphdef|savedmodel)_[^/]*/ ]]; '
                 'then echo "nursery-qa: skipped: sed on $a (a TensorRT, OpenVINO or TensorFlow '
                 'model, not generated here)" >&2; skipped=1; continue; fi; '
                 'args+=("$a"); files=$((files + 1)); done; '
@@ -540,6 +541,43 @@ def server_version() -> str:
     return match.group(1) if match else ""
 
 
+# Groups whose test.sh is a row of self-contained sections (each sets its models up, starts a
+# server, runs its cases, stops it) that begin at a top-level marker line, and which stop at
+# the first section that cannot run here (a TensorRT model it copies, edits or loads: under
+# `set -e`, or by its own `exit 1` when its server cannot start). Such a script runs section
+# by section: the text before the first marker once, then each section unchanged in a
+# subshell of its own under `set -e`, so that a section that fails ends itself only (a server
+# it left running is stopped) and the script's status says that one did. Nothing in a section
+# is changed or left out.
+SECTIONED = {"L0_lifecycle": "LOG_IDX=$((LOG_IDX+1))"}
+
+
+def sectioned(script: str, marker: str) -> str:
+    """``script`` run section by section (see :data:`SECTIONED`): the sections start at the
+    lines that are ``marker`` exactly (top level, not indented); the text after the last
+    section's end that is not a section (a final summary) stays in the last one."""
+    lines = script.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == marker]
+    if not starts:
+        return script
+    out = ["".join(lines[:starts[0]]),
+           "\n# nursery-qa: each section below runs in a subshell of its own\n",
+           "NURSERY_QA_RET=0\n"]
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        body = "".join(lines[start:end])
+        # the section's LOG_IDX step is kept in this shell too, so that log names run on
+        # a server the section started and did not stop (it failed half way) is stopped
+        out += [f"{marker}\nset +e\n(\nset -e\n"
+                "trap 'for p in $(jobs -p); do kill $p; wait $p; done 2>/dev/null' EXIT\n",
+                body.replace(marker, "true # (the section's LOG_IDX step, made above)", 1),
+                "\nexit ${RET:-0}\n)\n",
+                f'if [ $? -ne 0 ]; then NURSERY_QA_RET=1; echo "nursery-qa: section {n + 1} '
+                'of the script failed or stopped"; fi\nset -e\n']
+    out.append("exit $NURSERY_QA_RET\n")
+    return "".join(out)
+
+
 def run_group(work: Path, group: str, python_mode: str, timeout: float,
               netns: bool | tuple[str, ...], checkouts: Path | None = None,
               clients: Path | None = None, script: Path | None = None) -> dict:
@@ -568,6 +606,10 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     if script is not None:
         test_sh = "nursery_part.sh"
         shutil.copyfile(script, folder / test_sh)
+    elif group in SECTIONED:
+        test_sh = "nursery_sections.sh"
+        (folder / test_sh).write_text(sectioned((folder / "test.sh").read_text(),
+                                                SECTIONED[group]))
     command = ["bash", test_sh]
     if netns:  # True, or the unshare flags beside --net (PIDNS)
         extra = netns if isinstance(netns, tuple) else ()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,13 +256,14 @@ def test_cp_of_a_model_that_cannot_be_generated_here_is_skipped(tmp_path):
     out.mkdir()
     proc = subprocess.run(
         ["bash", "-c", f"set -e; cp -r {data}/plan_int32 {data}/onnx_int32 {out}/.; "
-                       f"cp -r {data}/openvino_int32 {out}/.; echo copied; "
+                       f"cp -r {data}/openvino_int32 {data}/simple_plan_int32 {out}/.; "
+                       "echo copied; "
                        f"cp -r {data}/onnx_missing {out}/. || echo refused"],
         env=env, capture_output=True, text=True, timeout=60)
     assert proc.stdout.splitlines() == ["copied", "refused"]
     assert (out / "onnx_int32" / "config.pbtxt").read_text() == "x"
     assert sorted(p.name for p in out.iterdir()) == ["onnx_int32"]
-    assert proc.stderr.count("nursery-qa: skipped: cp") == 2
+    assert proc.stderr.count("nursery-qa: skipped: cp") == 3
 
 
 def test_clients_see_the_version_the_server_reports(tmp_path):
@@ -489,3 +491,28 @@ def test_sed_over_a_model_that_cannot_be_generated_here_is_skipped(tmp_path):
     assert (tmp_path / "b").read_text() == "name: simple_int32\n"
     assert (tmp_path / "c").read_text() == "n: plan_int32\n"
     assert proc.stderr.count("nursery-qa: skipped: sed") == 3
+
+
+def test_a_sectioned_script_runs_each_section_whatever_the_one_before_did(tmp_path):
+    """L0_lifecycle's way: a section that fails (`set -e`, its own `exit 1`, a server left
+    running) ends itself only; the next sections run with the header's variables, the log
+    index runs on, and the script's status says that one failed."""
+    marker = "LOG_IDX=$((LOG_IDX+1))"
+    script = "\n".join([
+        "set -e", "RET=0", "LOG_IDX=0", "echo header",
+        marker, "echo one $LOG_IDX", "false", "echo not reached",
+        marker, "echo two $LOG_IDX", "sleep 300 &", "SERVER_PID=$!", "exit 1",
+        marker, "  " + marker, "echo three $LOG_IDX", "RET=1",
+        marker, "echo four $LOG_IDX", "if [ $RET -eq 0 ]; then echo fine; fi", "exit $RET", ""])
+    text = run.sectioned(script, marker)
+    path = tmp_path / "s.sh"
+    path.write_text(text)
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 30  # the section's sleeping "server" was stopped
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith("nursery-qa")]
+    # an indented marker is the section's own (not a split): section three counts it
+    assert lines == ["header", "one 1", "two 2", "three 4", "four 4", "fine"]
+    assert proc.stdout.count("nursery-qa: section") == 3  # one, two, three
+    assert proc.returncode == 1
+    assert run.sectioned("echo x\n", marker) == "echo x\n"
