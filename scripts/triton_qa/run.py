@@ -198,7 +198,8 @@ SHIMS["sed"] = ('real=$(PATH=/usr/bin:/bin command -v sed); args=(); script=; wa
                 '-e*|-f*|--expression=*|--file=*) args+=("$a"); script=1; continue;; '
                 '-*) args+=("$a"); continue;; esac; '
                 'if [ -z "$script" ]; then args+=("$a"); script=1; continue; fi; '
-                'if [ ! -e "$a" ] && [[ "$a" =~ (^|/)(simple_)?(plan|openvino|graphdef|savedmodel)_[^/]*/ ]]; '
+                'if [ ! -e "$a" ] && '
+                '[[ "$a" =~ (^|/)(simple_)?(plan|openvino|graphdef|savedmodel)_[^/]*/ ]]; '
                 'then echo "nursery-qa: skipped: sed on $a (a TensorRT, OpenVINO or TensorFlow '
                 'model, not generated here)" >&2; skipped=1; continue; fi; '
                 'args+=("$a"); files=$((files + 1)); done; '
@@ -208,10 +209,16 @@ SHIMS["sed"] = ('real=$(PATH=/usr/bin:/bin command -v sed); args=(); script=; wa
 # downloads the OpenTelemetry Collector at test time) writes a tarball holding the harness's
 # stand-in collector (tools/otelcol.py) under the name curl would give it; the script's `tar -xvf`
 # then unpacks `otelcol` as it would. Every other curl runs as it is (localhost only here)
-SHIMS["curl"] = ('real=$(PATH=/usr/bin:/bin command -v curl); url=; out=; prev=; '
+SHIMS["curl"] = ('real=$(PATH=/usr/bin:/bin command -v curl); url=; out=; prev=; unit=; '
                  'for a in "$@"; do case "$a" in '
-                 '*opentelemetry-collector-releases*/otelcol_*.tar.gz) url=$a;; esac; '
+                 '*opentelemetry-collector-releases*/otelcol_*.tar.gz) url=$a;; '
+                 '*/minio-service/*/minio.service) unit=$a;; esac; '
                  '[ "$prev" = -o ] || [ "$prev" = --output ] && out=$a; prev=$a; done; '
+                 # MinIO's systemd unit (L0_storage_S3_local's `curl -O`, then moved into
+                 # /etc/systemd/system and never started): a unit naming the stand-in
+                 'if [ -n "$unit" ]; then printf \'[Service]\\nExecStart=/usr/local/bin/minio '
+                 'server $MINIO_OPTS $MINIO_VOLUMES\\n\' > "${out:-minio.service}" && echo '
+                 '"nursery-qa: curl $unit: a unit naming the stand-in MinIO" >&2; exit $?; fi; '
                  'if [ -z "$url" ]; then exec "$real" "$@"; fi; '
                  '[ -n "$out" ] || out=$(basename "$url"); tmp=$(mktemp -d) && '
                  'printf \'#!/bin/bash\\nexec "%s" "%s" "$@"\\n\' "$NURSERY_QA_PYTHON" '
@@ -219,6 +226,20 @@ SHIMS["curl"] = ('real=$(PATH=/usr/bin:/bin command -v curl); url=; out=; prev=;
                  'tar -czf "$out" -C "$tmp" otelcol && rm -r "$tmp" && '
                  'echo "nursery-qa: curl $url: the harness\'s stand-in collector (tools/otelcol.py)"'
                  ' >&2; exit $?')
+# `wget` of MinIO's server binary (L0_storage_S3_local) writes the harness's stand-in
+# (tools/minio.py: moto's S3 server) under the name wget would give it; every other wget is
+# refused (nothing is fetched at test time)
+SHIMS["wget"] = ('url=; out=; prev=; for a in "$@"; do '
+                 '[ "$prev" = -O ] && out=$a; case "$a" in http*://*) url=$a;; esac; prev=$a; '
+                 'done; case "$url" in *dl.min.io/server/minio/*/minio) '
+                 'printf \'#!/bin/bash\\nexec "%s" "%s" "$@"\\n\' "$NURSERY_QA_PYTHON" '
+                 '"$NURSERY_QA_TOOLS/minio.py" > "${out:-minio}" && echo "nursery-qa: wget $url: '
+                 'the harness\'s stand-in MinIO (tools/minio.py)" >&2; exit $?;; esac; '
+                 'echo "nursery-qa: refused: wget $* (nothing is fetched at test time)" >&2; exit 1')
+# awscli-local's `awslocal` (pip-installed by L0_storage_S3_local; the pip shim skips that):
+# the AWS CLI with awslocal's default region, the script giving the endpoint itself
+SHIMS["awslocal"] = ('export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}; '
+                     'exec "$NURSERY_QA_PYTHON" -m awscli "$@"')
 SHIMS["service"] = ('if [ "$1" = nginx ] && [ "$2" = stop ]; then '
                     'kill "$(cat "$NURSERY_QA_WORK/nginx.pid" 2>/dev/null)" 2>/dev/null; exit 0; '
                     'fi; echo "nursery-qa: skipped: service $*" >&2; exit 0')
@@ -251,6 +272,28 @@ def shell_cases(text: str) -> list[dict]:
 
 # a private PID namespace (and /proc) per group beside the network namespace, where allowed
 PIDNS = ("--pid", "--fork", "--mount-proc")
+
+# System folders a group's script writes into as if it owned the container (L0_storage_S3_local
+# moves MinIO into /usr/local/bin and makes /usr/local/share/minio and /etc/minio): in the
+# group's mount namespace each is an overlay whose writes land under the work folder
+# (overlays/<group>/, emptied at each run), so the machine's own folders are never touched
+PRIVATE_DIRS = {"L0_storage_S3_local": ("/usr/local/bin", "/usr/local/share", "/etc")}
+
+
+def overlay_mounts(work: Path, group: str) -> str:
+    """The shell commands that mount the group's private overlays (see :data:`PRIVATE_DIRS`),
+    each followed by ``&&``; "" for a group without any."""
+    commands = []
+    root = work / "overlays" / group_file(group)
+    if root.exists():
+        shutil.rmtree(root)
+    for n, target in enumerate(PRIVATE_DIRS.get(group, ())):
+        upper, scratch = root / str(n) / "upper", root / str(n) / "work"
+        upper.mkdir(parents=True)
+        scratch.mkdir(parents=True)
+        commands.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={upper},"
+                        f"workdir={scratch} {target} && ")
+    return "".join(commands)
 
 
 def group_file(group: str) -> str:
@@ -569,7 +612,8 @@ def sectioned(script: str, marker: str) -> str:
         # the section's LOG_IDX step is kept in this shell too, so that log names run on
         # a server the section started and did not stop (it failed half way) is stopped
         out += [f"{marker}\nset +e\n(\nset -e\n"
-                "trap 'for p in $(jobs -p); do kill $p; wait $p; done 2>/dev/null' EXIT\n",
+                "trap 'for p in $(jobs -p); do kill $p || true; wait $p || true; done "
+                "2>/dev/null' EXIT\n",
                 body.replace(marker, "true # (the section's LOG_IDX step, made above)", 1),
                 "\nexit ${RET:-0}\n)\n",
                 f'if [ $? -ne 0 ]; then NURSERY_QA_RET=1; echo "nursery-qa: section {n + 1} '
@@ -584,6 +628,9 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     """``script``: one of ours (``parts/``) run in the group's folder instead of its test.sh,
     for a group whose test.sh cannot run here as a whole; its results are kept apart
     (``<group>+<script name>``)."""
+    if PRIVATE_DIRS.get(group) and not isinstance(netns, tuple):
+        sys.exit(f"{group}: writes into {', '.join(PRIVATE_DIRS[group])}, which needs a mount "
+                 "namespace of its own (unshare --pid --mount-proc); not run here")
     results = work / "results"
     results.mkdir(exist_ok=True)
     stem = group_file(group) + (f"+{script.stem}" if script is not None else "")
@@ -617,6 +664,8 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
         # leak probes (shm_util.py) look there for Triton's Python-backend pools, and a real
         # Triton elsewhere on the machine would otherwise put its pools in their view
         private_shm = "mount -t tmpfs tmpfs /dev/shm && " if extra else ""
+        if extra:
+            private_shm += overlay_mounts(work, group)
         command = ["unshare", "--net", *extra, "--", "bash", "-c",
                    f"ip link set lo up && {private_shm}exec bash {test_sh}"]
     started = time.time()

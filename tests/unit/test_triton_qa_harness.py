@@ -503,7 +503,9 @@ def test_a_sectioned_script_runs_each_section_whatever_the_one_before_did(tmp_pa
         marker, "echo one $LOG_IDX", "false", "echo not reached",
         marker, "echo two $LOG_IDX", "sleep 300 &", "SERVER_PID=$!", "exit 1",
         marker, "  " + marker, "echo three $LOG_IDX", "RET=1",
-        marker, "echo four $LOG_IDX", "if [ $RET -eq 0 ]; then echo fine; fi", "exit $RET", ""])
+        # a job that ended with an error is no failure of the section
+        marker, "echo four $LOG_IDX", "(exit 3) &", "sleep 0.5",
+        "if [ $RET -eq 0 ]; then echo fine; fi", "exit $RET", ""])
     text = run.sectioned(script, marker)
     path = tmp_path / "s.sh"
     path.write_text(text)
@@ -516,3 +518,46 @@ def test_a_sectioned_script_runs_each_section_whatever_the_one_before_did(tmp_pa
     assert proc.stdout.count("nursery-qa: section") == 3  # one, two, three
     assert proc.returncode == 1
     assert run.sectioned("echo x\n", marker) == "echo x\n"
+
+
+def test_the_minio_download_gets_a_stand_in_s3_server(tmp_path):
+    """L0_storage_S3_local's `wget .../minio`, `curl -O .../minio.service` and `awslocal`: the
+    stand-in serves S3 on the address the script gives it (buckets made and filled with the
+    AWS CLI), and any other wget is refused."""
+    import socket
+
+    triton = _fake_triton(tmp_path)
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    env = run.environment(work, work / "r.jsonl", "")
+    env.update(AWS_ACCESS_KEY_ID="minio", AWS_SECRET_ACCESS_KEY="miniostorage")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.pbtxt").write_text("name: \"m\"\n")
+    endpoint = f"--endpoint-url=http://127.0.0.1:{port}"
+    script = (
+        "set -e; wget https://dl.min.io/server/minio/release/linux-amd64/minio; chmod +x minio; "
+        "curl -O https://raw.githubusercontent.com/minio/minio-service/master/linux-systemd/"
+        "minio.service; test -s minio.service; "
+        f"./minio server -C conf --address 127.0.0.1:{port} vol & pid=$!; "
+        f"for i in $(seq 50); do awslocal {endpoint} s3 ls >/dev/null 2>&1 && break; "
+        "sleep 0.2; done; "
+        f"awslocal {endpoint} s3 mb s3://demo-bucket1.0 && "
+        f"awslocal {endpoint} s3 sync models s3://demo-bucket1.0 >/dev/null; "
+        f"awslocal {endpoint} s3 ls s3://demo-bucket1.0/m/; kill $pid; wait $pid; "
+        "wget https://example.invalid/x || echo refused")
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["config.pbtxt", "refused"], proc.stdout
+    assert "nursery-qa: refused: wget" in proc.stderr
+
+
+def test_private_folders_are_overlays_under_the_work_folder(tmp_path):
+    commands = run.overlay_mounts(tmp_path, "L0_storage_S3_local")
+    assert commands.count("mount -t overlay") == len(run.PRIVATE_DIRS["L0_storage_S3_local"])
+    assert "lowerdir=/etc," in commands and f"upperdir={tmp_path}/overlays/" in commands
+    assert (tmp_path / "overlays" / "L0_storage_S3_local" / "0" / "upper").is_dir()
+    assert run.overlay_mounts(tmp_path, "L0_http") == ""
