@@ -155,7 +155,10 @@ def test_bad_roots_and_bad_objects_cost_only_their_models(
     assert http.is_model_ready("mlp")
     assert not http.is_model_ready("evil")
     log = server.log()
-    assert f"failed to poll model repository '{missing}': NoSuchBucket" in log
+    # Triton's check of the bucket first (a HEAD: no body, the status kept)
+    assert (f"failed to poll model repository '{missing}': Unable to create S3 filesystem "
+            "client. Check account credentials. Exception: '' Message: 'No response body.' "
+            "(HTTP 404 Not Found)") in log
     assert "failed to poll model repository 's3://': malformed URL: no bucket name" in log
     assert f"object '{cloud.url}/evil//etc/passwd' is not a plain path" in log
     index = {m["name"]: m for m in http.get_model_repository_index()}

@@ -115,7 +115,9 @@ def test_unknown_bucket_is_an_unreadable_repository(cloud: Cloud) -> None:
     found = scan([parse_root(url)])
     (reason,) = found.unreadable.values()
     assert reason.startswith(f"failed to poll model repository '{url}': ")
-    assert any(w in reason for w in ("NoSuchBucket", "NotFound", "ContainerNotFound"))
+    # S3: Triton's HEAD of the bucket first, whose answer has no body but its status
+    assert any(w in reason for w in ("NoSuchBucket", "NotFound", "ContainerNotFound",
+                                     "(HTTP 404 Not Found)"))
 
 
 def test_empty_path_is_an_unreadable_repository(cloud: Cloud) -> None:
@@ -231,7 +233,8 @@ def _check_credentials(port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     forget_stores()
     (reason,) = scan([root]).unreadable.values()
-    assert "InvalidAccessKeyId" in reason, reason
+    assert ("Unable to create S3 filesystem client. Check account credentials. Exception: '' "
+            "Message: 'No response body.' (HTTP 403 Forbidden)") in reason, reason
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", good["key_id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", good["secret_key"])
     forget_stores()
@@ -248,7 +251,7 @@ def _check_credentials(port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     forget_stores()
     assert set(scan([root]).models) == {"m"}
     (reason,) = scan([parse_root(second.url)]).unreadable.values()
-    assert "InvalidAccessKeyId" in reason, reason
+    assert "Check account credentials" in reason, reason
     creds.write_text(json.dumps({"s3": {"s3://elsewhere": good}}))
     forget_stores()
     (reason,) = scan([root]).unreadable.values()

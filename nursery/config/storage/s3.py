@@ -18,6 +18,7 @@ from nursery.config.storage.credentials import from_file
 from nursery.config.storage.url import CloudRoot
 
 CHUNK = 1 << 20
+_CHECK = "Unable to create S3 filesystem client. Check account credentials. "
 
 
 def _boto() -> tuple[Any, Any, Any]:
@@ -76,6 +77,22 @@ class S3Store:
                     max_pool_connections=16))
         except self._errors.BotoCoreError as exc:
             raise StorageError(describe(exc)) from None
+        self._check_bucket()
+
+    def _check_bucket(self) -> None:
+        """Whether the bucket answers these credentials (a HEAD of the bucket), as Triton
+        checks before it reads anything; refused in Triton's words (a HEAD answer has no
+        body: the AWS SDK's "No response body."), then the HTTP status."""
+        try:
+            self.client.head_bucket(Bucket=self.root.bucket)
+        except self._errors.ClientError as exc:
+            error = exc.response.get("Error") or {}
+            status = " ".join(str(error.get(k) or "") for k in ("Code", "Message")).strip()
+            raise StorageError(f"{_CHECK}Exception: '' Message: 'No response body.' (HTTP "
+                               f"{status or 'error'})") from None
+        except self._errors.BotoCoreError as exc:
+            raise StorageError(f"{_CHECK}Exception: '{type(exc).__name__}' Message: "
+                               f"'{exc}'") from None
 
     def list(self) -> list[ObjectInfo]:
         prefix = f"{self.root.prefix}/" if self.root.prefix else ""
