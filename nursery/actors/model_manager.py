@@ -418,11 +418,14 @@ class _Manager:
                      for loc in repo.copies.get(name, ())
                      if namespace is None or namespace_of(loc.repository, True) == namespace]
         elif name in repo.duplicates:
+            # Triton's words (it refuses both copies), then where the copies are
             where = ", ".join(str(p) for p in repo.duplicates[name])
-            reason = f"model '{name}' appears in more than one repository ({where})"
-            self._set_model_failure(ModelId("", name), f"Invalid argument: {reason}")
-            log.error("failed to load '%s': %s", name, reason)
-            return NurseryError(reason, ErrorKind.INVALID_ARG)
+            log.error("failed to poll model '%s': not unique across all model repositories",
+                      name)
+            reason = (f"failed to load '{name}', failed to poll from model repository: not "
+                      f"unique across all model repositories ({where})")
+            self._set_model_failure(ModelId("", name), f"Internal: {reason}")
+            return NurseryError(reason, ErrorKind.INTERNAL)
         else:
             one_location = repo.models.get(name)
             found = [] if one_location is None else [(ModelId("", name), one_location)]
@@ -485,7 +488,7 @@ class _Manager:
             config, versions = await trio.to_thread.run_sync(
                 partial(read_model_config, location.path, name, backends=self.backends,
                         auto_complete=self.auto_complete,
-                        proto=override, config_name=self.config_name),
+                        proto=override, config_name=self.config_name, warn_versions=True),
                 limiter=self.config_limiter,
             )
         except NurseryError as exc:

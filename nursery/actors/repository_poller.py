@@ -5,7 +5,9 @@ modification times; for a bucket, each object's size and ETag or generation from
 nothing downloaded; read off the trio thread), diffs it against the previous one (pure,
 ``repository.diff``) and sends the ModelManager what changed: added and changed models are
 loaded (a failed reload leaves the old version serving; a model that failed to load is tried
-again every poll), removed models are unloaded.
+again every poll), removed models are unloaded. Without ``--model-namespacing``, a model whose
+name comes to be in two repositories counts as removed (Triton serves neither copy) and as
+added once one copy is left.
 
 A repository that cannot be read (missing, say, with ``--exit-on-error=false``) is logged as
 Triton logs it, when it becomes unreadable; its models count as unchanged until it can be read
@@ -55,6 +57,11 @@ def _take(repositories: tuple[Root, ...], last: dict[ModelId, ModelFingerprint] 
     unreadable.clear()
     unreadable.update(found.unreadable)
     current = snapshot(found, namespacing)
+    if last is not None and not namespacing:
+        for name in sorted(found.duplicates):  # it is unloaded; Triton's words
+            if ModelId("", name) in last:
+                log.error("failed to poll model '%s': not unique across all model repositories",
+                          name)
     if found.unreadable and last is not None:
         current = {**{n: f for n, f in last.items() if n not in current}, **current}
     return current

@@ -292,9 +292,11 @@ def read_config_proto(model_path: Path, model_name: str, auto_complete: bool,
         raw = path.read_bytes()
     except FileNotFoundError:
         if not auto_complete:
+            # Triton's words (its file system's), then why nothing else stood in for it
             raise ConfigError(
-                f"model '{model_name}': {filename} is missing and auto-complete is "
-                "disabled (--disable-auto-complete-config / --strict-model-config=true)"
+                f"failed to open text file for read {path}: No such file or directory "
+                f"(model '{model_name}': {filename} is missing and auto-complete is disabled: "
+                "--disable-auto-complete-config / --strict-model-config=true)"
             ) from None
         return pb.ModelConfig()
     except OSError as exc:
@@ -316,9 +318,12 @@ def read_model_config(
     auto_complete: bool = True,
     proto: pb.ModelConfig | None = None,
     config_name: str = "",
+    warn_versions: bool = False,
 ) -> tuple[ModelConfig, list[int]]:
     """The frozen configuration of a model folder and the versions its policy selects.
     ``config_name``: read ``configs/<name>.pbtxt`` where the folder has it (config_file).
+    ``warn_versions``: log Triton's warning for each folder that is not a version (a load's
+    reading, not a tool's).
 
     ``backends`` finds the backend a configuration names (an unknown one fails the model), whose
     factory then auto-completes the configuration from the model file (the caller's registry,
@@ -331,7 +336,7 @@ def read_model_config(
     with config_boundary(model_name):
         return _read_model_config(model_path, model_name, backends=backends,
                                   auto_complete=auto_complete, proto=proto,
-                                  config_name=config_name)
+                                  config_name=config_name, warn_versions=warn_versions)
 
 
 def _read_model_config(
@@ -342,6 +347,7 @@ def _read_model_config(
     auto_complete: bool,
     proto: pb.ModelConfig | None,
     config_name: str = "",
+    warn_versions: bool = False,
 ) -> tuple[ModelConfig, list[int]]:
     if proto is None:
         proto = read_config_proto(model_path, model_name, auto_complete, config_name)
@@ -350,7 +356,7 @@ def _read_model_config(
         # a folder that serves under another name (a registered repository's mapping, the
         # SageMaker multi-model endpoint's) takes that name, as in Triton
         proto.name = model_name
-    versions_on_disk = available_versions(model_path)
+    versions_on_disk = available_versions(model_path, warn=warn_versions)
     with config_boundary(model_name, "backend"):
         _fill_backend(proto, model_path, versions_on_disk, where)
     with config_boundary(model_name, "version_policy"):

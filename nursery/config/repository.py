@@ -189,13 +189,10 @@ def fingerprint(model_path: Path) -> ModelFingerprint:
 
 def snapshot(found: RepositoryScan, namespacing: bool = False
              ) -> dict[ModelId, ModelFingerprint]:
-    """Every model of a scan and its files, by identifier (without namespacing, duplicates
-    are included under their name, each with the empty namespace)."""
-    out = {mid: model_fingerprint(loc) for mid, loc in found.identified(namespacing).items()}
-    if not namespacing:
-        for name in found.duplicates:
-            out[ModelId("", name)] = ModelFingerprint((("<duplicate>", 0, 0),))
-    return out
+    """Every model of a scan and its files, by identifier. Without namespacing a name found
+    in more than one repository is left out: Triton serves neither copy, so a model that
+    becomes a duplicate is unloaded, and loaded again once one copy is left."""
+    return {mid: model_fingerprint(loc) for mid, loc in found.identified(namespacing).items()}
 
 
 K = TypeVar("K", str, ModelId)

@@ -7,6 +7,7 @@ load the storage code.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -14,19 +15,34 @@ import betterproto
 
 from nursery.schema import inference as pb
 
+log = logging.getLogger("nursery.config")
 
-def available_versions(model_path: Path) -> list[int]:
-    """Numbered version folders of a model, ascending (non-numeric folders are ignored)."""
+# a model folder's folders that are not versions (Triton skips them without a word)
+_NOT_VERSIONS = frozenset({"warmup", "initial_state", "configs", "__pycache__"})
+
+
+def available_versions(model_path: Path, warn: bool = False) -> list[int]:
+    """Numbered version folders of a model, ascending. Other folders are ignored, with
+    Triton's warning when ``warn`` (a load): a number with leading zeros ("003"), or a name
+    that is not a number."""
     versions = []
     try:
         entries = list(os.scandir(model_path))
     except OSError:
         return []
-    for entry in entries:
-        if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+    for entry in sorted(entries, key=lambda e: e.name):
+        if not entry.is_dir() or entry.name in _NOT_VERSIONS:
+            continue
+        if entry.name.isascii() and entry.name.isdigit():
+            if len(entry.name) > 1 and entry.name.startswith("0"):
+                if warn:
+                    log.warning("ignore version directory '%s' which contains leading zeros "
+                                "in its directory name", entry.name)
+                continue
             versions.append(int(entry.name))
-        elif entry.is_dir() and entry.name == "0":
-            versions.append(0)
+        elif warn:
+            log.warning("ignore version directory '%s' which fails to convert to integral "
+                        "number", entry.name)
     return sorted(versions)
 
 

@@ -596,11 +596,14 @@ SECTIONED = {"L0_lifecycle": "LOG_IDX=$((LOG_IDX+1))"}
 
 
 def sectioned(script: str, marker: str) -> str:
-    """``script`` run section by section (see :data:`SECTIONED`): the sections start at the
-    lines that are ``marker`` exactly (top level, not indented); the text after the last
-    section's end that is not a section (a final summary) stays in the last one."""
+    """``script`` run section by section (see :data:`SECTIONED`): a section starts at a line
+    that is ``marker`` exactly (top level, not indented) followed by a blank line (a marker
+    followed by more of its section's commands, as L0_lifecycle's second server of its
+    "No Port Collision Test", is not a split); the text after the last section (a final
+    summary) stays in the last one."""
     lines = script.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == marker]
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == marker
+              and i + 1 < len(lines) and not lines[i + 1].strip()]
     if not starts:
         return script
     out = ["".join(lines[:starts[0]]),

@@ -208,6 +208,33 @@ async def test_without_namespacing_a_name_in_two_repositories_is_refused(
         assert await h.index() == [("e", None), ("f", None), ("m", "UNAVAILABLE")]
 
 
+async def test_without_namespacing_the_poller_unloads_a_name_that_becomes_a_duplicate(
+        tmp_path: Path) -> None:
+    """Poll mode without namespacing (L0_lifecycle's multiple-repository polling): a served m
+    copied into the second repository is unloaded (Triton serves neither copy), and loaded
+    from the second once the first copy is gone."""
+    a, b = _repositories(tmp_path)
+    shutil.move(b / "m", tmp_path / "b_m")
+    async with _manager((a, b), ["m"], namespacing=False, poll=0.05) as h:
+        assert await h.answer("m") == 2
+        shutil.move(tmp_path / "b_m", b / "m")
+
+        async def unloaded() -> bool:
+            try:
+                await h.answer("m")
+            except NurseryError:
+                return ("m", "UNAVAILABLE") in await h.index()
+            return False
+
+        await _until(unloaded)
+        shutil.rmtree(a / "m")
+
+        async def from_b() -> bool:
+            return await h.answer("m") == 3
+
+        await _until(from_b)
+
+
 async def test_the_poller_loads_and_unloads_each_namespace_on_its_own(tmp_path: Path) -> None:
     """Poll mode (L0_model_namespacing's poll dynamic_resolution): a's m leaving its
     repository unloads only a's m, and e's step then takes b's; its return loads a's m

@@ -9,6 +9,7 @@ import pytest
 from nursery.backends.base import get_factory
 from nursery.config.json_form import config_to_json
 from nursery.config.model import read_model_config
+from nursery.config.versions import available_versions
 from nursery.errors import ConfigError
 from tests.conftest import make_models
 
@@ -71,8 +72,12 @@ def test_partial_config_completed(tmp_path: Path) -> None:
 
 def test_auto_complete_disabled_requires_config(tmp_path: Path) -> None:
     folder = _write(tmp_path, "m", None)
-    with pytest.raises(ConfigError, match="config.pbtxt is missing and auto-complete is disabled"):
+    with pytest.raises(ConfigError, match="config.pbtxt is missing and auto-complete is disabled"
+                       ) as caught:
         read_model_config(folder, "m", backends=get_factory, auto_complete=False)
+    # Triton's words first (L0_lifecycle greps them)
+    assert str(caught.value).startswith(
+        f"failed to open text file for read {folder / 'config.pbtxt'}: No such file or directory")
 
 
 @pytest.mark.parametrize(
@@ -271,3 +276,16 @@ def test_config_json_takes_bare_keys_as_protobufs_parser_does() -> None:
     for bad in ('{name: }', '{"name": "m",}', "{'name': 'm'}", b'{\xff: 1}'):
         with pytest.raises(ConfigJsonError, match="failed to parse the config JSON"):
             config_from_json(bad)
+
+
+def test_folders_that_are_not_versions_are_ignored_with_triton_s_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "m"
+    for name in ("1", "003", "0", "x1", "warmup", "7"):
+        (folder / name).mkdir(parents=True)
+    assert available_versions(folder) == [0, 1, 7]
+    assert not caplog.records  # a tool's reading says nothing
+    assert available_versions(folder, warn=True) == [0, 1, 7]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignore version directory '003' which contains leading zeros in its directory name",
+        "ignore version directory 'x1' which fails to convert to integral number"]

@@ -97,8 +97,10 @@ def test_snapshots_by_identifier_tell_which_repository_changed(tmp_path: Path) -
     assert changes.removed == (ModelId(str(a), "m"),)
     assert changes.changed == (ModelId(str(b), "m"),)
     assert changes.added == ()
-    plain = snapshot(scan((a, b)))  # without namespacing: names, a duplicate marked as such
+    plain = snapshot(scan((a, b)))  # without namespacing: names (m is in b alone now)
     assert set(plain) == {ModelId("", "m"), ModelId("", "x"), ModelId("", "y")}
+    shutil.copytree(b / "m", a / "m")  # a duplicate again: left out
+    assert set(snapshot(scan((a, b)))) == {ModelId("", "x"), ModelId("", "y")}
 
 
 def test_the_index_lists_each_repositorys_model_with_its_own_state(tmp_path: Path) -> None:

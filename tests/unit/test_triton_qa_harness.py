@@ -500,11 +500,12 @@ def test_a_sectioned_script_runs_each_section_whatever_the_one_before_did(tmp_pa
     marker = "LOG_IDX=$((LOG_IDX+1))"
     script = "\n".join([
         "set -e", "RET=0", "LOG_IDX=0", "echo header",
-        marker, "echo one $LOG_IDX", "false", "echo not reached",
-        marker, "echo two $LOG_IDX", "sleep 300 &", "SERVER_PID=$!", "exit 1",
-        marker, "  " + marker, "echo three $LOG_IDX", "RET=1",
+        marker, "", "echo one $LOG_IDX", "false", "echo not reached",
+        marker, "", "echo two $LOG_IDX", "sleep 300 &", "SERVER_PID=$!", "exit 1",
+        marker, "", "  " + marker, "echo three $LOG_IDX", marker, "echo three $LOG_IDX",
+        "RET=1",
         # a job that ended with an error is no failure of the section
-        marker, "echo four $LOG_IDX", "(exit 3) &", "sleep 0.5",
+        marker, "", "echo four $LOG_IDX", "(exit 3) &", "sleep 0.5",
         "if [ $RET -eq 0 ]; then echo fine; fi", "exit $RET", ""])
     text = run.sectioned(script, marker)
     path = tmp_path / "s.sh"
@@ -513,8 +514,9 @@ def test_a_sectioned_script_runs_each_section_whatever_the_one_before_did(tmp_pa
     proc = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60)
     assert time.monotonic() - started < 30  # the section's sleeping "server" was stopped
     lines = [line for line in proc.stdout.splitlines() if not line.startswith("nursery-qa")]
-    # an indented marker is the section's own (not a split): section three counts it
-    assert lines == ["header", "one 1", "two 2", "three 4", "four 4", "fine"]
+    # an indented marker, and one followed by more commands, are the section's own (not
+    # splits): section three counts them
+    assert lines == ["header", "one 1", "two 2", "three 4", "three 5", "four 4", "fine"]
     assert proc.stdout.count("nursery-qa: section") == 3  # one, two, three
     assert proc.returncode == 1
     assert run.sectioned("echo x\n", marker) == "echo x\n"
