@@ -1049,8 +1049,9 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         vertex_ai=vertex_ai,
         backend_config=tuple(backend_config),
         backend_directory=Path(os.path.abspath(args.backend_directory)),
-        model_repositories=tuple(parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r))
-                                 for r in repos),
+        # a repository given twice is one repository (Triton keeps them in a set)
+        model_repositories=tuple(dict.fromkeys(
+            parse_root(r) if is_cloud_url(r) else Path(os.path.abspath(r)) for r in repos)),
         cloud_cache_directory=(os.path.abspath(args.cloud_cache_directory)
                                if args.cloud_cache_directory else ""),
         model_load_on_demand=args.model_load_on_demand,

@@ -868,7 +868,8 @@ class _Manager:
     async def unload(self, name: str, dependents: bool = False,
                      namespace: str | None = None) -> NurseryError | None:
         """Unload every version of ``name`` (with namespacing: of every model of that name,
-        or only ``namespace``'s). With ``dependents`` (Triton's ``unload_dependents``), then
+        or only ``namespace``'s), and the loaded ensembles that use it once no version of it
+        is left. With ``dependents`` (Triton's ``unload_dependents``), then
         also the models an ensemble was made of that were loaded only along with an ensemble
         and that no ensemble still loaded uses, recursively."""
         ids = {m for m in (*self.present, *self.entries, *(m for m, _ in self.live))
@@ -891,6 +892,17 @@ class _Manager:
         async with trio.open_nursery() as nursery:
             for mid, version in versions:
                 nursery.start_soon(self._unload_version, mid, version)
+        if versions and not self.stopping and not any(m.name == name for m, _ in self.live):
+            # Triton's dependency graph: an ensemble whose step's model has no loaded version
+            # left is not valid, and goes too (it is not loaded again by itself later)
+            users = sorted({m for (m, _), live in self.live.items()
+                            if live.handle.config.ensemble is not None and m.name != name
+                            and name in live.handle.config.ensemble.models()})
+            for ensemble in users:
+                log.error("Invalid argument: ensemble '%s' depends on '%s' which has no "
+                          "loaded version.", ensemble.name, name)
+                await self.unload(ensemble.name, namespace=ensemble.namespace
+                                  if self.namespacing else None)
         if dependents:
             still_used = set()
             for live in self.live.values():

@@ -164,6 +164,7 @@ def model_fingerprint(location: ModelLocation) -> ModelFingerprint:
 
 
 def fingerprint(model_path: Path) -> ModelFingerprint:
+    """A model folder's files (path, size, modification time) and folders (by name)."""
     entries: list[tuple[str, int, int | str]] = []
     stack = [model_path]
     while stack and len(entries) < MAX_FILES_PER_MODEL:
@@ -178,6 +179,9 @@ def fingerprint(model_path: Path) -> ModelFingerprint:
             try:
                 if entry.is_dir():
                     stack.append(Path(entry.path))
+                    # a folder counts by its name: a new version folder is a change even while
+                    # empty (a Python-based backend's versions need no file), as in Triton
+                    entries.append((os.path.relpath(entry.path, model_path) + "/", 0, 0))
                     continue
                 st = entry.stat()  # follows symlinks: a replaced target counts as a change
             except OSError:

@@ -212,6 +212,18 @@ async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFac
         assert (await h.core.infer(make_request(3))).outputs[0].data[0, 0] == 6
 
 
+async def test_a_new_empty_version_folder_is_a_change(tmp_path: Path,
+                                                    factory: FakeFactory) -> None:
+    """L0_lifecycle's reload of its identity model: a version folder made empty (the backend
+    needs no file in it) is a change, so the load serves it and the old version goes."""
+    folder = write_fake_model(tmp_path, "m")
+    async with _manager(tmp_path, factory, ["m"]) as h:
+        (folder / "2").mkdir()
+        assert await h.command(messages.LoadModel, "m") is None
+        assert h.state("m", 2) == (ModelState.READY, "")
+        assert h.state("m", 1)[0] is ModelState.UNAVAILABLE
+
+
 async def test_an_instance_update_refused_by_the_rate_limiter_leaves_nothing_running(
         tmp_path: Path, factory: FakeFactory) -> None:
     """An added instance whose resources the pools cannot hold is refused before it starts;

@@ -208,6 +208,25 @@ async def test_without_namespacing_a_name_in_two_repositories_is_refused(
         assert await h.index() == [("e", None), ("f", None), ("m", "UNAVAILABLE")]
 
 
+async def test_unloading_a_step_s_model_unloads_the_ensembles_that_use_it(
+        tmp_path: Path) -> None:
+    """L0_lifecycle's model control: unloading the model an ensemble is made of unloads the
+    ensemble too (Triton's dependency graph finds it not valid); loading the model again does
+    not bring the ensemble back."""
+    a = tmp_path / "a"
+    write_fake_model(a, "m")
+    write_fake_model(a, "e", _ensemble("m"))
+    async with _manager((a,), ["e"], namespacing=False) as h:
+        assert await h.answer("e") == 2
+        assert await h.command(messages.UnloadModel, "m") is None
+        assert ("e", "UNAVAILABLE") in await h.index()
+        with pytest.raises(NurseryError):
+            await h.answer("e")
+        assert await h.command(messages.LoadModel, "m") is None
+        assert await h.answer("m") == 2
+        assert ("e", "UNAVAILABLE") in await h.index()
+
+
 async def test_without_namespacing_the_poller_unloads_a_name_that_becomes_a_duplicate(
         tmp_path: Path) -> None:
     """Poll mode without namespacing (L0_lifecycle's multiple-repository polling): a served m

@@ -204,8 +204,10 @@ def test_ping_settings_and_not_http2(server: ServerProcess,
 
 
 def test_draining_on_shutdown(tmp_path: Path, start_server: type[ServerProcess]) -> None:
-    """SIGTERM: the request in flight is answered, a new inference RPC is refused with
-    UNAVAILABLE, then the server exits cleanly."""
+    """SIGTERM: the port closes and the connection gets GOAWAY at once (a new call finds
+    the port closed, as with Triton: L0_lifecycle's test_shutdown_dynamic), the request in
+    flight is answered, the log counts it down in Triton's words, then the server exits
+    cleanly."""
     server = start_server(_slow_repo(tmp_path / "repo"))
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     results: list[object] = []
@@ -222,7 +224,10 @@ def test_draining_on_shutdown(tmp_path: Path, start_server: type[ServerProcess])
     with pytest.raises(InferenceServerException) as err:
         client.infer("slow", _slow_input())
     assert "UNAVAILABLE" in str(err.value.status())
+    assert "failed to connect to all addresses" in err.value.message()
+    assert "Connection refused" in err.value.message()
     assert done.wait(10)
     assert results[0].as_numpy("OUTPUT0")[0, 0] == 9  # type: ignore[attr-defined]
     client.close()
     assert server.wait_exit(30) == 0
+    assert "Found 1 gRPC service connections and inference handlers" in server.log()

@@ -168,3 +168,13 @@ def test_demand_flags(tmp_path: Path) -> None:
                 ["--model-control-mode=explicit", "--model-load-on-demand-timeout-secs", "0"]):
         with pytest.raises(SystemExit):
             settings_from_args(["--model-repository", str(tmp_path), *bad])
+
+
+def test_a_repository_given_twice_is_one(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton keeps its repositories in a set (L0_lifecycle's config override case gives the
+    same folder twice and expects its model to load)."""
+    monkeypatch.delenv("AIP_STORAGE_URI", raising=False)
+    a, b = tmp_path / "a", tmp_path / "b"
+    settings = settings_from_args([f"--model-repository={a}", f"--model-repository={b}",
+                                   f"--model-repository={a}/", f"--model-repository={a}"])
+    assert settings.model_repositories == (a, b)

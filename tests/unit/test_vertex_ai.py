@@ -181,3 +181,4 @@ def test_port_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIP_HTTP_PORT", "eighty")
     with pytest.raises(FlagError, match="AIP_HTTP_PORT"):
         settings_from_args(["--allow-vertex-ai=true"], raise_errors=True)
+

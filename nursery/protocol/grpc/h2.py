@@ -989,6 +989,18 @@ class H2Server:
                 await trio.serve_listeners(self._connection, listeners,
                                            handler_nursery=connections)
 
+    async def stop_accepting(self) -> None:
+        """The start of a graceful stop, as gRPC's ``Server::Shutdown``: the listeners close
+        and every connection gets GOAWAY with the last stream it took, so the streams in
+        flight finish and a client's next call goes to a new connection (refused: the port
+        is closed)."""
+        self.closing = True
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for conn in list(self.connections):
+            with trio.move_on_after(1):  # a peer that reads nothing does not hold us up
+                await conn.goaway(NO_ERROR, "server shutting down")
+
     async def close(self) -> None:
         """Stop accepting; send GOAWAY everywhere; cancel what is still open; the
         connections then close."""

@@ -542,6 +542,19 @@ def h2_server_for(app: GrpcApp, settings: Settings,
     )
 
 
+async def _wait_for_rpcs(draining: Draining, exit_timeout: float) -> None:
+    """Until the RPCs in flight are done, saying each second how many are left, in Triton's
+    words, for as long as the exit timeout lasts."""
+    left = int(exit_timeout)
+    while draining.active and left > 0:
+        log.info("Timeout %d: Found %d gRPC service connections and inference handlers",
+                 left, draining.active)
+        with trio.move_on_after(1):
+            await draining.idle.wait()
+        left -= 1
+    await draining.idle.wait()
+
+
 async def serve_lean(
     core: Core,
     host: str,
@@ -551,9 +564,10 @@ async def serve_lean(
     tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The gRPC port on the lean server; shutdown as the grpclib server's
-    (``grpclib_server.py``): refuse new inference RPCs, let those in flight finish, then
-    GOAWAY and close. ``settings`` gives the port's limits, keepalive, restricted groups and
+    """The gRPC port on the lean server; shutdown as Triton's gRPC server's graceful stop:
+    the port closes and every connection gets GOAWAY at once (a client's next call then
+    finds the port closed), new inference RPCs are refused, those in flight finish, then
+    the connections close. ``settings`` gives the port's limits, keepalive, restricted groups and
     forwarded headers (the defaults when None); ``tls``: the port speaks TLS only."""
     draining = Draining()
     options = settings if settings is not None else Settings(model_repositories=())
@@ -573,7 +587,8 @@ async def serve_lean(
         try:
             await shutdown.wait()
             draining.draining = True
-            await draining.idle.wait()
+            await server.stop_accepting()
+            await _wait_for_rpcs(draining, options.exit_timeout_secs)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await server.close()
