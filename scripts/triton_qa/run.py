@@ -339,6 +339,13 @@ def write_launchers(work: Path) -> None:
     """The `tritonserver` stand-in's launcher (this checkout's standin.py), the stand-ins for
     C++ test backends and the shims: written by every run, --reuse too, so a kept tree never
     runs another checkout's."""
+    # L0_lifecycle copies the identity backend's library (Triton's image puts it in the
+    # group's folder) into its identity model's version folders; the harness's identity
+    # stand-in is a Python-based backend that reads no library, so an empty placeholder of
+    # that name keeps the script's copies (and the version folders they make) as Triton's
+    lifecycle = work / "qa" / "L0_lifecycle"
+    if lifecycle.is_dir() and not (lifecycle / "libtriton_identity.so").exists():
+        (lifecycle / "libtriton_identity.so").write_bytes(b"")
     opt = work / "opt" / "tritonserver"
     # stand-ins for C++ test backends Triton's image builds, as Python-based backends
     for backend in (HERE / "backends").iterdir():
