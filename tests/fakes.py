@@ -113,12 +113,15 @@ class FakeFactory:
         self.executions: list[tuple[int, int]] = []
         self.closed: list[int] = []
         self.load_threads: list[int] = []
+        self.load_delay = 0.0  # seconds each instance's load takes (on its loading thread)
 
     def auto_complete(self, config: Any, version_path: Path) -> None:
         pass
 
     def load(self, config: Any, version_path: Path, placement: InstancePlacement) -> FakeInstance:
         self.load_threads.append(threading.get_ident())
+        if self.load_delay:
+            time.sleep(self.load_delay)
         if self.fail_load:
             raise InternalError(self.fail_load)
         if version_path.name in self.fail_versions:

@@ -147,7 +147,8 @@ class _Manager:
         self.summaries = summaries  # versions keep latency samples for the summary metrics
         self.faults = faults or FaultCounter()
         self.locks: dict[str, _ModelLock] = {}  # per model, while a command holds or awaits it
-        self.loads: dict[str, trio.CancelScope] = {}  # load commands running, by model
+        # load commands running, by model: each one's scope, and an event set when it ends
+        self.loads: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
         self.restarts: dict[ModelId, list[float]] = {}  # when each model's failed versions restarted
         self.restarting: set[trio.CancelScope] = set()  # restarts in progress
         self.stopping = False  # unload_all has begun: nothing is started any more
@@ -201,8 +202,13 @@ class _Manager:
     async def _command(self, command: LoadModel | UnloadModel) -> NurseryError | None:
         name = command.name
         if isinstance(command, UnloadModel):
-            scope = self.loads.get(name)
-            if scope is not None:  # an unload stops a load still in progress (hung, perhaps)
+            running = self.loads.get(name)
+            if running is not None:
+                # as in Triton, the unload waits for a load in progress to finish; past the
+                # unload timeout (a hung initialize) it stops the load instead
+                scope, ended = running
+                with trio.move_on_after(self.unload_timeout):
+                    await ended.wait()
                 scope.cancel()
             async with self._lock(name):
                 return await self.unload(name, command.unload_dependents, command.namespace)
@@ -212,14 +218,17 @@ class _Manager:
         async with self._lock(name):
             self.dependency_only.discard(name)  # asked for by name now
             with trio.CancelScope() as scope:
-                self.loads[name] = scope
+                ended = trio.Event()
+                self.loads[name] = (scope, ended)
                 try:
                     return await self.load(name, command.config, command.files,
                                            namespace=command.namespace)
                 finally:
-                    if self.loads.get(name) is scope:
+                    ended.set()
+                    if self.loads.get(name, (None,))[0] is scope:
                         del self.loads[name]
-            return Unavailable(f"load of model '{name}' was stopped by an unload of it")
+            return Unavailable(f"load of model '{name}' was stopped by an unload of it: it "
+                               "did not finish within the unload timeout")
 
     @asynccontextmanager
     async def _lock(self, name: str) -> AsyncIterator[None]:

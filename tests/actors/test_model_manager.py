@@ -212,6 +212,27 @@ async def test_reload_failure_keeps_old_version(tmp_path: Path, factory: FakeFac
         assert (await h.core.infer(make_request(3))).outputs[0].data[0, 0] == 6
 
 
+async def test_an_unload_waits_for_the_load_in_progress(tmp_path: Path,
+                                                      factory: FakeFactory) -> None:
+    """L0_lifecycle's concurrent load and unload: the unload waits for the load to finish
+    (both succeed, the model ends unloaded), as in Triton; only past the unload timeout
+    would it stop the load."""
+    write_fake_model(tmp_path, "m")
+    factory.load_delay = 0.5
+    async with _manager(tmp_path, factory, []) as h:
+        results: dict[str, Any] = {}
+
+        async def run(kind: str, make: Any) -> None:
+            results[kind] = await h.command(make, "m")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "load", messages.LoadModel)
+            await trio.sleep(0.1)
+            nursery.start_soon(run, "unload", messages.UnloadModel)
+        assert results == {"load": None, "unload": None}
+        assert h.state("m")[0] is ModelState.UNAVAILABLE
+
+
 async def test_a_new_empty_version_folder_is_a_change(tmp_path: Path,
                                                     factory: FakeFactory) -> None:
     """L0_lifecycle's reload of its identity model: a version folder made empty (the backend
