@@ -122,6 +122,8 @@ GROUP_ENV = {
     "L0_dyna_implicit_state": {"BACKENDS": "onnx"},
     # its large-offset case loads an add_sub model per backend (default adds plan, openvino)
     "L0_shared_memory": {"BACKENDS": "python onnx libtorch"},
+    # (the default adds `plan`; its later sections set BACKENDS themselves)
+    "L0_storage_S3_local": {"BACKENDS": "onnx libtorch"},
     # batch inputs of ragged models (the default adds `plan`)
     "L0_batch_input": {"BACKENDS": "onnx libtorch"},
     # its per-backend warm-up checks (the default adds `plan`)
@@ -352,9 +354,12 @@ def write_launchers(work: Path) -> None:
         shutil.copytree(backend, opt / "backends" / backend.name, dirs_exist_ok=True)
     # Dockerfile.QA puts the C++ dyna_sequence, sequence and iterative_sequence backends'
     # libraries into their models' version folders; the stand-ins need only the folders
+    # (and makes the version folders of L0_perf_*'s identity models, which need no file)
     for model in ("custom_models/custom_dyna_sequence_int32",
                   "custom_models/custom_sequence_int32",
-                  "L0_iterative_sequence/models/iterative_sequence"):
+                  "L0_iterative_sequence/models/iterative_sequence",
+                  "L0_perf_nomodel/custom_models/custom_zero_1_float32",
+                  "L0_perf_pyclients/custom_models/custom_zero_1_int32"):
         if (work / "qa" / model).is_dir():
             (work / "qa" / model / "1").mkdir(exist_ok=True)
     (opt / "bin").mkdir(parents=True, exist_ok=True)
