@@ -525,14 +525,16 @@ def test_a_sectioned_script_runs_each_section_whatever_the_one_before_did(tmp_pa
 def test_the_minio_download_gets_a_stand_in_s3_server(tmp_path):
     """L0_storage_S3_local's `wget .../minio`, `curl -O .../minio.service` and `awslocal`: the
     stand-in serves S3 on the address the script gives it (buckets made and filled with the
-    AWS CLI), and any other wget is refused."""
+    AWS CLI) to requests signed with MinIO's credentials only, and any other wget is
+    refused."""
     import socket
 
     triton = _fake_triton(tmp_path)
     work = tmp_path / "work"
     run.prepare(triton, work)
     env = run.environment(work, work / "r.jsonl", "")
-    env.update(AWS_ACCESS_KEY_ID="minio", AWS_SECRET_ACCESS_KEY="miniostorage")
+    env.update(AWS_ACCESS_KEY_ID="minio", AWS_SECRET_ACCESS_KEY="miniostorage",
+               MINIO_ACCESS_KEY="minio", MINIO_SECRET_KEY="miniostorage")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -548,12 +550,14 @@ def test_the_minio_download_gets_a_stand_in_s3_server(tmp_path):
         "sleep 0.2; done; "
         f"awslocal {endpoint} s3 mb s3://demo-bucket1.0 && "
         f"awslocal {endpoint} s3 sync models s3://demo-bucket1.0 >/dev/null; "
-        f"awslocal {endpoint} s3 ls s3://demo-bucket1.0/m/; kill $pid; wait $pid; "
+        f"awslocal {endpoint} s3 ls s3://demo-bucket1.0/m/; "
+        f"AWS_SECRET_ACCESS_KEY=wrong awslocal {endpoint} s3 ls s3://demo-bucket1.0/m/ "
+        "2>/dev/null || echo denied; kill $pid; wait $pid; "
         "wget https://example.invalid/x || echo refused")
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-2:] == ["config.pbtxt", "refused"], proc.stdout
+    assert proc.stdout.split()[-3:] == ["config.pbtxt", "denied", "refused"], proc.stdout
     assert "nursery-qa: refused: wget" in proc.stderr
 
 
