@@ -130,6 +130,14 @@ GROUP_ENV = {
     "L0_warmup": {"BACKENDS": "onnx libtorch"},
 }
 
+# Dockerfile.QA copies a few groups under a second name whose runs exchange tensors through
+# system shared memory (the scripts read TEST_SYSTEM_SHARED_MEMORY); the harness makes the
+# same copies and sets that variable for them, beside the group's own variables
+SHM_VARIANTS = {"L0_infer_shm": "L0_infer", "L0_batcher_shm": "L0_batcher",
+                "L0_sequence_batcher_shm": "L0_sequence_batcher"}
+GROUP_ENV.update({variant: {**GROUP_ENV.get(base, {}), "TEST_SYSTEM_SHARED_MEMORY": "1"}
+                  for variant, base in SHM_VARIANTS.items()})
+
 # Dockerfile.QA's copies of docs/examples/model_repository into qa folders, by group
 EXAMPLE_MODELS = {
     "L0_grpc": ("simple", "simple_dyna_sequence", "simple_int8", "simple_identity",
@@ -345,6 +353,9 @@ def write_launchers(work: Path) -> None:
     # group's folder) into its identity model's version folders; the harness's identity
     # stand-in is a Python-based backend that reads no library, so an empty placeholder of
     # that name keeps the script's copies (and the version folders they make) as Triton's
+    for variant, base in SHM_VARIANTS.items():
+        if (work / "qa" / base).is_dir() and not (work / "qa" / variant).exists():
+            shutil.copytree(work / "qa" / base, work / "qa" / variant, symlinks=True)
     lifecycle = work / "qa" / "L0_lifecycle"
     if lifecycle.is_dir() and not (lifecycle / "libtriton_identity.so").exists():
         (lifecycle / "libtriton_identity.so").write_bytes(b"")

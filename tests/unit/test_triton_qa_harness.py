@@ -567,3 +567,17 @@ def test_private_folders_are_overlays_under_the_work_folder(tmp_path):
     assert "lowerdir=/etc," in commands and f"upperdir={tmp_path}/overlays/" in commands
     assert (tmp_path / "overlays" / "L0_storage_S3_local" / "0" / "upper").is_dir()
     assert run.overlay_mounts(tmp_path, "L0_http") == ""
+
+
+def test_shared_memory_variants_are_copies_with_their_variable(tmp_path):
+    """Dockerfile.QA's L0_batcher_shm and the like: the group copied under the second name,
+    run with TEST_SYSTEM_SHARED_MEMORY=1 beside the group's own variables."""
+    triton = _fake_triton(tmp_path)
+    (triton / "qa" / "L0_batcher").mkdir()
+    (triton / "qa" / "L0_batcher" / "test.sh").write_text("exit 0\n")
+    work = tmp_path / "work"
+    run.prepare(triton, work)
+    assert (work / "qa" / "L0_batcher_shm" / "test.sh").read_text() == "exit 0\n"
+    assert not (work / "qa" / "L0_infer_shm").exists()  # no L0_infer in this checkout
+    assert run.GROUP_ENV["L0_batcher_shm"] == {**run.GROUP_ENV["L0_batcher"],
+                                                "TEST_SYSTEM_SHARED_MEMORY": "1"}
