@@ -381,6 +381,31 @@ def export_torch_mlp(max_batch_size: int = 64) -> Any:
     return torch.export.export(module, (torch.zeros(2, 784),), dynamic_shapes=({0: batch},))
 
 
+def write_torch_aoti_scale(repo: Path, name: str, config: str, max_batch_size: int = 8) -> Path:
+    """An AOTInductor package (``model.pt2``, compiled for this machine's CPU: about half a
+    minute) of ``x * 2 + 1`` over a ``[batch, 4]`` FP32 input, with ``config`` beside it."""
+    torch = _torch_quietly()
+
+    class Scale(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x * 2 + 1
+
+    import warnings
+
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(config)
+    with warnings.catch_warnings():  # torch's own deprecations inside export and compile
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        batch = torch.export.Dim("batch", min=1, max=max_batch_size)
+        program = torch.export.export(Scale(), (torch.zeros(2, 4),),
+                                      dynamic_shapes=({0: batch},))
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(folder / "1" / "model.pt2"))
+    return folder
+
+
 def write_torch_models(repo: Path) -> None:
     """add_sub_torch (index names, dynamic batching, two instances), mlp_torch (forward
     argument names) and mlp_torch_pt2 (an exported program)."""

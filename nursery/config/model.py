@@ -35,6 +35,7 @@ import betterproto
 from nursery.config import pbtext
 from nursery.config.json_form import config_to_json
 from nursery.config.platforms import (
+    AOTI_FILENAME,
     BACKEND_TO_PLATFORM,
     DEFAULT_FILENAMES,
     PLATFORM_FILENAMES,
@@ -455,6 +456,12 @@ def _fill_backend(
                 f"{proto.name} (known: {', '.join(sorted(PLATFORM_TO_BACKEND))}, ensemble)"
             )
         proto.backend = backend
+    if not proto.backend and not proto.platform and not proto.default_model_filename and (
+            detect_backend(version_paths) is None
+            and any((p / AOTI_FILENAME).is_file() for p in version_paths)):
+        # Triton: a version folder holding model.pt2 (and no model.pt) is an AOTInductor
+        # package for the PyTorch backend
+        proto.backend, proto.platform = "pytorch", "torch_aoti"
     if not proto.backend:
         if proto.default_model_filename:
             for path in version_paths:
@@ -490,7 +497,10 @@ def _fill_backend(
                 proto.platform = BACKEND_TO_PLATFORM[detected]
     if not proto.platform and proto.backend == "tensorflow":
         proto.platform = tensorflow_platform(proto.default_model_filename, version_paths)
-    # (Triton gives LibTorch a default_model_filename only when it fills the platform itself)
+    # (Triton gives LibTorch a default_model_filename only when it fills the platform itself;
+    # an AOTInductor package's is model.pt2 whoever named the platform)
+    if not proto.default_model_filename and proto.platform == "torch_aoti":
+        proto.default_model_filename = AOTI_FILENAME
     if not proto.default_model_filename and not (proto.backend == "pytorch" and proto.platform):
         default = PLATFORM_FILENAMES.get(proto.platform) or DEFAULT_FILENAMES.get(proto.backend)
         if default:

@@ -9,6 +9,7 @@ from pathlib import Path
 PLATFORM_TO_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
+    "torch_aoti": "pytorch",  # an AOTInductor package (model.pt2) on the PyTorch backend
     "tensorrt_plan": "tensorrt",
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
@@ -19,7 +20,8 @@ BACKEND_TO_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_li
                        "tensorrt": "tensorrt_plan"}
 # a platform's own default model file, where its backend has several
 PLATFORM_FILENAMES = {"tensorflow_savedmodel": "model.savedmodel",
-                      "tensorflow_graphdef": "model.graphdef"}
+                      "tensorflow_graphdef": "model.graphdef", "torch_aoti": "model.pt2"}
+AOTI_FILENAME = PLATFORM_FILENAMES["torch_aoti"]
 DEFAULT_FILENAMES = {
     "onnxruntime": "model.onnx",
     "pytorch": "model.pt",

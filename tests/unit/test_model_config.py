@@ -289,3 +289,34 @@ def test_folders_that_are_not_versions_are_ignored_with_triton_s_warning(
     assert [r.getMessage() for r in caplog.records] == [
         "ignore version directory '003' which contains leading zeros in its directory name",
         "ignore version directory 'x1' which fails to convert to integral number"]
+
+
+_AOTI_IO = ('max_batch_size: 0\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+            'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+
+
+@pytest.mark.parametrize(("given", "platform", "filename"), [
+    ('platform: "torch_aoti"\n', "torch_aoti", "model.pt2"),  # Triton's way to name one
+    ('backend: "pytorch"\nplatform: "torch_aoti"\n', "torch_aoti", "model.pt2"),
+    ("", "torch_aoti", "model.pt2"),  # a version folder holding model.pt2 alone
+    ('platform: "torch_aoti"\ndefault_model_filename: "m.pt2"\n', "torch_aoti", "m.pt2"),
+])
+def test_an_aoti_package_is_triton_s_torch_aoti_platform(tmp_path: Path, given: str,
+                                                          platform: str, filename: str) -> None:
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / filename).write_bytes(b"PK")
+    (folder / "config.pbtxt").write_text(given + _AOTI_IO)
+    config, versions = read_model_config(folder, "m", backends=get_factory, auto_complete=False)
+    assert (config.backend, config.platform, config.default_model_filename, versions) == (
+        "pytorch", platform, filename, [1])
+
+
+def test_torch_aoti_on_another_backend_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('platform: "torch_aoti"\nbackend: "onnxruntime"\n'
+                                         + _AOTI_IO)
+    with pytest.raises(ConfigError, match="unexpected 'platform' and 'backend' pair, "
+                       "got:torch_aoti, onnxruntime"):
+        read_model_config(folder, "m", backends=get_factory, auto_complete=False)
