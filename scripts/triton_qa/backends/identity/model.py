@@ -12,7 +12,9 @@ with the request's batch size in front for a batching model), and otherwise an e
 ("failed to get input 'INPUT<i>'"). The model parameters `execute_delay_ms` (each execution
 sleeps that long, times `instance_wise_delay_multiplier` times the instance's index when that
 is set) and `creation_delay_sec` (the model takes that long to load) are honoured; its tracing
-and metrics extras are not.
+and metrics extras are not. A KIND_GPU instance is refused with "GPU instances not supported",
+as the backend built without GPU support (Triton's qa image's, which L0_lifecycle's reload
+case counts on) refuses it.
 """
 import json
 import re
@@ -33,6 +35,8 @@ def _index(name, prefix):
 
 class TritonPythonModel:
     def initialize(self, args):
+        if args.get("model_instance_kind") == "GPU":
+            raise pb_utils.TritonModelException("GPU instances not supported")
         config = json.loads(args["model_config"])
         creation_delay = _parameter(config, "creation_delay_sec")
         if creation_delay:
