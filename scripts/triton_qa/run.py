@@ -65,6 +65,9 @@ GENERATORS: list[tuple[str, list[str], str]] = [
     ("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
     ("gen_qa_models.py", ["--libtorch"], "qa_model_repository"),
     ("gen_qa_models.py", ["--openvino"], "qa_model_repository"),
+    # AOTInductor packages (torch_aoti), compiled for this machine's CPU (minutes)
+    ("gen_qa_models.py", ["--torch-aoti"], "qa_model_repository"),
+    ("gen_qa_implicit_models.py", ["--torch-aoti"], "qa_sequence_implicit_model_repository"),
     ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
     ("gen_qa_models.py", ["--libtorch", "--variable"], "qa_variable_model_repository"),
     ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
