@@ -202,14 +202,20 @@ class _Manager:
     async def _command(self, command: LoadModel | UnloadModel) -> NurseryError | None:
         name = command.name
         if isinstance(command, UnloadModel):
+            # as in Triton, the unload waits for the loads in progress that involve the model
+            # (its own, and an ensemble's that loads it as a step); past the unload timeout
+            # (a hung initialize) it stops its own load instead
             running = self.loads.get(name)
-            if running is not None:
-                # as in Triton, the unload waits for a load in progress to finish; past the
-                # unload timeout (a hung initialize) it stops the load instead
-                scope, ended = running
-                with trio.move_on_after(self.unload_timeout):
+            involved = [self.loads[m.name][1] for m, models in self.ensembles_waiting.items()
+                        if name in models and m.name != name and m.name in self.loads]
+            with trio.move_on_after(self.unload_timeout):
+                for ended in [*([running[1]] if running else []), *involved]:
                     await ended.wait()
-                scope.cancel()
+                step = self.loading.get(name)
+                if step is not None:
+                    await step.wait()
+            if running is not None:
+                running[0].cancel()
             async with self._lock(name):
                 return await self.unload(name, command.unload_dependents, command.namespace)
         refused = load_name_problem(name)

@@ -233,6 +233,35 @@ async def test_an_unload_waits_for_the_load_in_progress(tmp_path: Path,
         assert h.state("m")[0] is ModelState.UNAVAILABLE
 
 
+async def test_an_unload_of_a_step_waits_for_the_ensemble_loading_it(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """L0_lifecycle's concurrent load and unload, second part: an ensemble's load loads its
+    step's model; an unload of that model meanwhile waits for the ensemble's load, then
+    unloads the model and with it the ensemble, which it has left not valid."""
+    write_fake_model(tmp_path, "m")
+    write_fake_model(tmp_path, "e", (
+        'platform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "m" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } '
+        'output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }\n'))
+    factory.load_delay = 0.5
+    async with _manager(tmp_path, factory, []) as h:
+        results: dict[str, Any] = {}
+
+        async def run(kind: str, make: Any, name: str) -> None:
+            results[kind] = await h.command(make, name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "load", messages.LoadModel, "e")
+            await trio.sleep(0.1)
+            nursery.start_soon(run, "unload", messages.UnloadModel, "m")
+        assert results == {"load": None, "unload": None}
+        assert h.state("m")[0] is ModelState.UNAVAILABLE
+        assert h.state("e")[0] is ModelState.UNAVAILABLE
+
+
 async def test_a_new_empty_version_folder_is_a_change(tmp_path: Path,
                                                     factory: FakeFactory) -> None:
     """L0_lifecycle's reload of its identity model: a version folder made empty (the backend
