@@ -181,6 +181,10 @@ class _Manager:
         # models loaded only because an ensemble needed them (never asked for by name):
         # what unloading an ensemble with unload_dependents takes along
         self.dependency_only: set[str] = set()
+        # ensembles unloaded because a step's model lost its last version, with the names of
+        # those models: Triton's dependency graph keeps them, and loads them again when the
+        # models are back (an explicit unload or load of the ensemble forgets it)
+        self.orphaned: dict[ModelId, set[str]] = {}
 
     # -- commands (each in its own task) ----------------------------------------------------
 
@@ -216,25 +220,33 @@ class _Manager:
                     await step.wait()
             if running is not None:
                 running[0].cancel()
+            for ensemble in [m for m in self.orphaned if m.name == name]:
+                del self.orphaned[ensemble]  # unloaded by name: it stays unloaded
             async with self._lock(name):
                 return await self.unload(name, command.unload_dependents, command.namespace)
         refused = load_name_problem(name)
         if refused is not None:
             return refused
+        result: NurseryError | None = Unavailable(
+            f"load of model '{name}' was stopped by an unload of it: it did not finish within "
+            "the unload timeout")
         async with self._lock(name):
             self.dependency_only.discard(name)  # asked for by name now
+            for ensemble in [m for m in self.orphaned if m.name == name]:
+                del self.orphaned[ensemble]  # loaded by name now
             with trio.CancelScope() as scope:
                 ended = trio.Event()
                 self.loads[name] = (scope, ended)
                 try:
-                    return await self.load(name, command.config, command.files,
-                                           namespace=command.namespace)
+                    result = await self.load(name, command.config, command.files,
+                                             namespace=command.namespace)
                 finally:
                     ended.set()
                     if self.loads.get(name, (None,))[0] is scope:
                         del self.loads[name]
-            return Unavailable(f"load of model '{name}' was stopped by an unload of it: it "
-                               "did not finish within the unload timeout")
+        if result is None and self.orphaned:
+            await self._restore_orphans(name)
+        return result
 
     @asynccontextmanager
     async def _lock(self, name: str) -> AsyncIterator[None]:
@@ -918,6 +930,7 @@ class _Manager:
                           "loaded version.", ensemble.name, name)
                 await self.unload(ensemble.name, namespace=ensemble.namespace
                                   if self.namespacing else None)
+                self.orphaned.setdefault(ensemble, set()).add(name)
         if dependents:
             still_used = set()
             for live in self.live.values():
@@ -928,6 +941,21 @@ class _Manager:
                 log.info("unloading '%s' with '%s' (unload_dependents)", model, name)
                 await self.unload(model, dependents=True)
         return None
+
+    async def _restore_orphans(self, name: str) -> None:
+        """Load again the ensembles that ``name`` losing its last version unloaded, once each
+        has all its missing steps back (Triton's graph re-checks them when a step returns)."""
+        for ensemble, missing in list(self.orphaned.items()):
+            missing.discard(name)
+            if missing or self.orphaned.get(ensemble) is not missing:
+                continue
+            del self.orphaned[ensemble]
+            async with self._lock(ensemble.name):
+                error = await self.load(ensemble.name, namespace=ensemble.namespace
+                                        if self.namespacing else None)
+            if error is not None:
+                log.error("failed to load '%s' again with '%s': %s", ensemble.name, name,
+                          error.message)
 
     async def _unload_version(self, mid: ModelId, version: int) -> None:
         live = self.live.get((mid, version))

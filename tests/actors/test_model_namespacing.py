@@ -211,8 +211,8 @@ async def test_without_namespacing_a_name_in_two_repositories_is_refused(
 async def test_unloading_a_step_s_model_unloads_the_ensembles_that_use_it(
         tmp_path: Path) -> None:
     """L0_lifecycle's model control: unloading the model an ensemble is made of unloads the
-    ensemble too (Triton's dependency graph finds it not valid); loading the model again does
-    not bring the ensemble back."""
+    ensemble too (Triton's dependency graph finds it not valid); the model's return brings
+    the ensemble back, unless the ensemble was unloaded by name meanwhile."""
     a = tmp_path / "a"
     write_fake_model(a, "m")
     write_fake_model(a, "e", _ensemble("m"))
@@ -222,6 +222,10 @@ async def test_unloading_a_step_s_model_unloads_the_ensembles_that_use_it(
         assert ("e", "UNAVAILABLE") in await h.index()
         with pytest.raises(NurseryError):
             await h.answer("e")
+        assert await h.command(messages.LoadModel, "m") is None
+        assert await h.answer("e") == 2  # back with its step
+        assert await h.command(messages.UnloadModel, "m") is None
+        assert await h.command(messages.UnloadModel, "e") is None  # by name: it stays out
         assert await h.command(messages.LoadModel, "m") is None
         assert await h.answer("m") == 2
         assert ("e", "UNAVAILABLE") in await h.index()
