@@ -219,6 +219,20 @@ def _extra_position(name: str, forward_args: Sequence[str]) -> int:
     return index
 
 
+def _aoti_position(name: str, leaves: Mapping[str, int], what: str, model: str) -> int:
+    """An input's or output's leaf in an AOTInductor package: by its call-specification name,
+    else by ``<name>__<index>``."""
+    if name in leaves:
+        return leaves[name]
+    index = _index_of(name)
+    if index is None or index >= len(leaves):
+        raise ConfigError(
+            f"{what} '{name}' of model '{model}' is not one the AOTInductor package has "
+            f"({', '.join(sorted(leaves, key=lambda n: leaves[n]))}) and does not follow the "
+            "<name>__<index> naming convention.")
+    return index
+
+
 def output_positions(names: Sequence[str], model: str) -> list[int]:
     return _indexed_positions(
         names, model,
@@ -267,6 +281,40 @@ class _Loaded:
     module: Any  # a callable: ScriptModule or the exported program's module
     arg_names: list[str]
     arg_kinds: list[str]  # "TensorType", "ListType", "DictType", ...
+    # an AOTInductor package: its call specification's leaves by Triton's torch_aoti names
+    # ("ARGS[0]", "ARGS[2][option1]", "KWARGS[x]"; "RESULT", "RESULT[AAA]", "RESULT[BBB][0]")
+    aoti_inputs: dict[str, int] | None = None
+    aoti_outputs: dict[str, int] | None = None
+
+
+def _path_name(prefix: str, path: Sequence[Any]) -> str:
+    parts = []
+    for key in path:
+        for attr in ("idx", "key", "name"):  # pytree's SequenceKey, MappingKey, GetAttrKey
+            if hasattr(key, attr):
+                parts.append(f"[{getattr(key, attr)}]")
+                break
+    return prefix + "".join(parts)
+
+
+def aoti_names(runner: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """The leaves of an AOTInductor package's call specification by the names Triton's
+    torch_aoti models use: ``ARGS`` / ``KWARGS`` then each level's index or key in brackets
+    for the inputs, ``RESULT`` likewise for the outputs (``RESULT`` alone for one tensor)."""
+    pytree = _torch().utils._pytree
+    in_text, out_text = runner.loader.get_call_spec()
+    in_spec, out_spec = pytree.treespec_loads(in_text), pytree.treespec_loads(out_text)
+    inputs = {}
+    structure = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
+    for path, leaf in pytree.tree_flatten_with_path(structure)[0]:
+        first = path[0] if path else None
+        prefix = "KWARGS" if getattr(first, "idx", 0) == 1 else "ARGS"
+        inputs[_path_name(prefix, path[1:])] = leaf
+    outputs = {}
+    result = pytree.tree_unflatten(list(range(out_spec.num_leaves)), out_spec)
+    for path, leaf in pytree.tree_flatten_with_path(result)[0]:
+        outputs[_path_name("RESULT", path)] = leaf
+    return inputs, outputs
 
 
 def _load_module(path: Path, device: Any, options: TorchOptions, model: str) -> _Loaded:
@@ -278,7 +326,8 @@ def _load_module(path: Path, device: Any, options: TorchOptions, model: str) -> 
                 if _is_aoti_package(path):
                     runner = torch._inductor.aoti_load_package(
                         str(path), device_index=device.index if device.type == "cuda" else -1)
-                    return _Loaded(runner, [], [])  # positional: config order or __<index>
+                    named_in, named_out = aoti_names(runner)
+                    return _Loaded(runner, [], [], named_in, named_out)
                 program = torch.export.load(str(path))
                 module = program.module()
                 if device.type != "cpu":
@@ -330,7 +379,20 @@ class PyTorchInstance:
                 extra_types.setdefault(target, batch_input.datatype)
         extras = [n for n in extra_types if n not in names]
         self._dict_input = loaded.arg_kinds == ["DictType"]
-        if not self._dict_input:
+        self._aoti = loaded.aoti_inputs is not None
+        if loaded.aoti_inputs is not None:
+            # an AOTInductor package: its call specification's names (Triton's torch_aoti
+            # naming), else <name>__<index> as the leaf's index; every leaf given once
+            self._in_pos = {n: _aoti_position(n, loaded.aoti_inputs, "input", config.name)
+                            for n in names + extras}
+            expected = len(loaded.aoti_inputs)
+            expected_names = loaded.aoti_inputs
+            if sorted(self._in_pos.values()) != list(range(expected)):
+                raise ConfigError(
+                    f"unable to load model '{config.name}', configuration expects inputs "
+                    f"{', '.join(names + extras)}, the AOTInductor package takes "
+                    f"{', '.join(sorted(expected_names, key=lambda n: expected_names[n]))}")
+        elif not self._dict_input:
             for name, kind in zip(loaded.arg_names, loaded.arg_kinds, strict=True):
                 if kind == "DictType":
                     raise ConfigError(
@@ -357,13 +419,19 @@ class PyTorchInstance:
             self._in_pos = {n: i for i, n in enumerate(names + extras)}
         self._n_args = len(names) + len(extras)
         out_names = [s.name for s in config.outputs]
-        self._out_pos = dict(zip(out_names, output_positions(out_names, config.name),
-                                 strict=True))
+        if loaded.aoti_outputs is not None:
+            self._out_pos = {n: _aoti_position(n, loaded.aoti_outputs, "output", config.name)
+                             for n in out_names}
+        else:
+            self._out_pos = dict(zip(out_names, output_positions(out_names, config.name),
+                                     strict=True))
         self._specs: dict[str, TensorSpec] = {s.name: s for s in (*config.inputs, *config.outputs)}
         for name in extras:
             self._specs[name] = TensorSpec(name, extra_types[name], ())
         for state in seq.states if seq is not None else ():
-            index = _index_of(state.output_name)  # Triton enforces <name>__<index> for these
+            # Triton enforces <name>__<index> for these (an AOTInductor package: its names)
+            index = (loaded.aoti_outputs.get(state.output_name, _index_of(state.output_name))
+                     if loaded.aoti_outputs is not None else _index_of(state.output_name))
             if index is None:
                 raise ConfigError(f"output state '{state.output_name}' does not follow "
                                   "<name>__<index> naming convention.")
@@ -470,10 +538,14 @@ class PyTorchInstance:
                         f"model '{self._model}': the PyTorch backend needs every input; "
                         f"missing {', '.join(missing)}")
             try:
-                result = self._module(*args)
+                if self._aoti:  # the call specification's leaves in, its leaves out
+                    outputs = list(self._module.loader.boxed_run(args))
+                else:
+                    outputs = _flatten_outputs(self._module(*args))
+            except InternalError:
+                raise
             except Exception as exc:  # TorchScript raises its own error types
                 raise InternalError(f"PyTorch execute failure: {exc}") from exc
-            outputs = _flatten_outputs(result)
             count = len(outputs)
             arrays = {}
             for name in output_names:

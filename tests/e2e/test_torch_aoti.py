@@ -1,6 +1,7 @@
 """An AOTInductor package served as Triton serves it: ``platform: "torch_aoti"`` and a
 ``model.pt2`` made by ``torch._inductor.aoti_compile_and_package`` (compiled here on the CPU,
-about half a minute), inferred over HTTP and gRPC with tritonclient, batched."""
+about half a minute), its input and output named by its call specification as Triton names
+them (``ARGS[0]``, ``RESULT``), inferred over HTTP and gRPC with tritonclient, batched."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ CONFIG = """
 name: "scale_aoti"
 platform: "torch_aoti"
 max_batch_size: 8
-input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+input [ { name: "ARGS[0]" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "RESULT" data_type: TYPE_FP32 dims: [ 4 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 1000 }
 """
 
@@ -39,11 +40,11 @@ def test_an_aoti_package_serves_over_http_and_grpc(aoti_server: ServerProcess) -
     config = http.get_model_config("scale_aoti")
     assert (config["platform"], config["backend"], config["default_model_filename"]) == (
         "torch_aoti", "pytorch", "model.pt2")
-    tensor = httpclient.InferInput("INPUT__0", list(data.shape), "FP32")
+    tensor = httpclient.InferInput("ARGS[0]", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
     result = http.infer("scale_aoti", [tensor])
-    assert result.as_numpy("OUTPUT__0").tolist() == (data * 2 + 1).tolist()
+    assert result.as_numpy("RESULT").tolist() == (data * 2 + 1).tolist()
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{aoti_server.grpc_port}")
-    one = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+    one = grpcclient.InferInput("ARGS[0]", [1, 4], "FP32")
     one.set_data_from_numpy(data[:1])
-    assert grpc.infer("scale_aoti", [one]).as_numpy("OUTPUT__0").tolist() == [[1, 3, 5, 7]]
+    assert grpc.infer("scale_aoti", [one]).as_numpy("RESULT").tolist() == [[1, 3, 5, 7]]
