@@ -47,7 +47,7 @@ from nursery.actors.version import Resize, Started, serve_ensemble, serve_versio
 from nursery.backends.base import Backends
 from nursery.config import pbtext
 from nursery.config.ensemble_check import check_wiring
-from nursery.config.model import ModelConfig, read_model_config
+from nursery.config.model import ModelConfig, config_file, read_model_config
 from nursery.config.namespaces import ModelId, by_name, step_model
 from nursery.config.repository import (
     ModelFingerprint,
@@ -165,6 +165,10 @@ class _Manager:
         self.config_limiter = trio.CapacityLimiter(4)
         # what each model's folder held when it last loaded, to reload only on change
         self.loaded_from: dict[ModelId, ModelFingerprint | None] = {}
+        # the configuration a load request overrode a model's with, and when (time.time_ns()):
+        # a later load without one keeps it, unless the folder's own configuration file is
+        # newer (Triton's rule); forgotten at unload
+        self.overrides: dict[ModelId, tuple[pb.ModelConfig, int]] = {}
         # what each model's folder held when it last loaded from it (config overrides too):
         # a version whose own files did not change since may be updated in place
         self.folders: dict[ModelId, ModelFingerprint | None] = {}
@@ -492,6 +496,14 @@ class _Manager:
         current = folder = None
         if not overridden:
             folder = await trio.to_thread.run_sync(model_fingerprint, location)
+        retained = None
+        if override is None and not overridden and mid in self.overrides:
+            kept, at = self.overrides[mid]
+            if location.remote is None and _mtime_ns(
+                    location.path / config_file(location.path, self.config_name)) > at:
+                del self.overrides[mid]  # the file changed since: it wins again
+            else:
+                retained = kept
         if override is None and not overridden:
             current = folder
             if current == self.loaded_from.get(mid) and self._serving_id(mid) and not force:
@@ -501,6 +513,9 @@ class _Manager:
                     # Triton polls an ensemble's models with it: those added since load
                     return await self._load_steps(mid, entry.config.ensemble.models())
                 return None  # nothing changed since it loaded: nothing to do
+        given = override
+        if retained is not None:
+            override = retained
         remote = location.remote
         if remote is not None:  # a model in a bucket: served only from a complete download
             try:
@@ -564,7 +579,9 @@ class _Manager:
         async with trio.open_nursery() as nursery:
             for version in dropped:  # the new version policy no longer selects these
                 nursery.start_soon(self._unload_version, mid, version)
-        self.loaded_from[mid] = current
+        self.loaded_from[mid] = folder if given is not None and not overridden else current
+        if given is not None and not overridden:
+            self.overrides[mid] = (given, time.time_ns())
         self.folders[mid] = folder
         if remote is not None:  # every version now serves from this copy: drop older ones
             await trio.to_thread.run_sync(mirror.prune, self.cloud_base(remote.root), remote)
@@ -909,6 +926,7 @@ class _Manager:
                 composing |= set(plan.models())
         for mid in ids:  # unloading what is not loaded succeeds, as in Triton
             self.loaded_from.pop(mid, None)
+            self.overrides.pop(mid, None)
             self.folders.pop(mid, None)
             self.restarts.pop(mid, None)
         if ids & self.present:
@@ -980,6 +998,13 @@ class _Manager:
             async with trio.open_nursery() as nursery:
                 for name in sorted(group):
                     nursery.start_soon(self.unload, name)
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 async def run(

@@ -181,6 +181,10 @@ def message_from_json(data: Any, cls: type[M], where: str) -> M:
                            else _json_scalar(v, value_type, info.cls, f"{here}[{k}]"))
             setattr(message, info.name, out)
         elif info.repeated:
+            if isinstance(value, dict | str | int | float) and not isinstance(value, list):
+                # as protobuf's C++ JSON reader that Triton uses: one value where an array
+                # belongs is an array of that one (L0_lifecycle's instance_group object)
+                value = [value]
             if not isinstance(value, list):
                 raise ConfigJsonError(f"{here}: expected an array, got {json_type(value)}")
             if info.proto_type == "message":

@@ -20,6 +20,7 @@ from nursery.actors import model_manager, rate_limiter
 from nursery.actors.directory import Directory, ModelState
 from nursery.actors.rate_limiter import RateLimiterClient
 from nursery.backends.base import Backends
+from nursery.config.json_form import config_from_json
 from nursery.core import Core
 from nursery.errors import InternalError, NotFound, Unavailable
 from nursery.scheduling.rate_limit_policy import RateLimitPolicy
@@ -260,6 +261,34 @@ async def test_an_unload_of_a_step_waits_for_the_ensemble_loading_it(
         assert results == {"load": None, "unload": None}
         assert h.state("m")[0] is ModelState.UNAVAILABLE
         assert h.state("e")[0] is ModelState.UNAVAILABLE
+
+
+async def test_a_config_override_is_kept_until_the_folder_s_own_is_newer(
+        tmp_path: Path, factory: FakeFactory) -> None:
+    """L0_lifecycle's config overwrite: a load without a configuration keeps the one a load
+    request gave, until the folder's config.pbtxt is newer than it (Triton's rule)."""
+    folder = write_fake_model(tmp_path, "m")
+    async with _manager(tmp_path, factory, ["m"]) as h:
+        def max_batch() -> int:
+            entry = h.directory.table.models["m"]
+            assert entry.config is not None
+            return entry.config.max_batch_size
+
+        assert max_batch() == 8
+        send, receive = trio.open_memory_channel[Any](1)
+        override = config_from_json(
+            '{"backend": "fake", "max_batch_size": 4, "input": [{"name": "INPUT0", '
+            '"data_type": "TYPE_FP32", "dims": [2]}], "output": [{"name": "OUTPUT0", '
+            '"data_type": "TYPE_FP32", "dims": [2]}]}')
+        await h.commands.send(messages.LoadModel("m", send, config=override))
+        assert await receive.receive() is None
+        assert max_batch() == 4
+        assert await h.command(messages.LoadModel, "m") is None
+        assert max_batch() == 4  # kept
+        await trio.sleep(0.01)
+        (folder / "config.pbtxt").touch()
+        assert await h.command(messages.LoadModel, "m") is None
+        assert max_batch() == 8  # the folder's, newer
 
 
 async def test_a_new_empty_version_folder_is_a_change(tmp_path: Path,

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from nursery.backends.base import get_factory
-from nursery.config.json_form import config_to_json
+from nursery.config.json_form import ConfigJsonError, config_from_json, config_to_json
 from nursery.config.model import read_model_config
 from nursery.config.versions import available_versions
 from nursery.errors import ConfigError
+from nursery.schema import inference as pb
 from tests.conftest import make_models
 
 
@@ -320,3 +321,16 @@ def test_torch_aoti_on_another_backend_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unexpected 'platform' and 'backend' pair, "
                        "got:torch_aoti, onnxruntime"):
         read_model_config(folder, "m", backends=get_factory, auto_complete=False)
+
+
+def test_one_value_where_an_array_belongs_is_an_array_of_one() -> None:
+    """Triton reads a load request's JSON configuration with protobuf's C++ reader, which
+    takes an object (or scalar) for a repeated field as a one-element array
+    (L0_lifecycle's instance load cases send `"instance_group": {...}`)."""
+    config = config_from_json('{"instance_group": {"kind": "KIND_CPU", "count": 3}, '
+                              '"input": {"name": "x", "data_type": "TYPE_FP32", "dims": 4}}')
+    assert [(g.count, g.kind) for g in config.instance_group] == [
+        (3, pb.ModelInstanceGroupKind.KIND_CPU)]
+    assert config.input[0].dims == [4]
+    with pytest.raises(ConfigJsonError, match="instance_group.0.: expected an object"):
+        config_from_json('{"instance_group": true}')
