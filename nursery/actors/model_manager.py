@@ -579,6 +579,7 @@ class _Manager:
         async with trio.open_nursery() as nursery:
             for version in dropped:  # the new version policy no longer selects these
                 nursery.start_soon(self._unload_version, mid, version)
+        log.info("successfully loaded '%s'", mid)  # once per load, as Triton says it
         self.loaded_from[mid] = folder if given is not None and not overridden else current
         if given is not None and not overridden:
             self.overrides[mid] = (given, time.time_ns())
@@ -673,7 +674,7 @@ class _Manager:
             return error if isinstance(error, NurseryError) else NurseryError(reason, ErrorKind.INTERNAL)
         self.live[(mid, version)] = _Live(handle, control, scope, done, resize)
         self._set(mid, version, ModelState.READY, "", handle, time.perf_counter() - started)
-        log.info("successfully loaded '%s' version %d", name, version)
+        log.info("loaded '%s' version %d", name, version)
         if old is not None:  # the new version serves; the old one drains
             self.nursery.start_soon(self._drain, old)
         return None
