@@ -53,6 +53,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -621,12 +622,13 @@ def server_version() -> str:
 SECTIONED = {"L0_lifecycle": "LOG_IDX=$((LOG_IDX+1))"}
 
 
-def sectioned(script: str, marker: str) -> str:
+def sectioned(script: str, marker: str, only: Sequence[str] = ()) -> str:
     """``script`` run section by section (see :data:`SECTIONED`): a section starts at a line
     that is ``marker`` exactly (top level, not indented) followed by a blank line (a marker
     followed by more of its section's commands, as L0_lifecycle's second server of its
     "No Port Collision Test", is not a split); the text after the last section (a final
-    summary) stays in the last one."""
+    summary) stays in the last one. ``only``: the sections whose text names one of these
+    (a case, say) run, the others are left out (``--sections``: a re-run of a few)."""
     lines = script.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == marker
               and i + 1 < len(lines) and not lines[i + 1].strip()]
@@ -638,6 +640,9 @@ def sectioned(script: str, marker: str) -> str:
     for n, start in enumerate(starts):
         end = starts[n + 1] if n + 1 < len(starts) else len(lines)
         body = "".join(lines[start:end])
+        if only and not any(name in body for name in only):
+            out.append(f"{marker}\n")  # left out; its log index still counts
+            continue
         # the section's LOG_IDX step is kept in this shell too, so that log names run on
         # a server the section started and did not stop (it failed half way) is stopped
         out += [f"{marker}\nset +e\n(\nset -e\n"
@@ -653,7 +658,8 @@ def sectioned(script: str, marker: str) -> str:
 
 def run_group(work: Path, group: str, python_mode: str, timeout: float,
               netns: bool | tuple[str, ...], checkouts: Path | None = None,
-              clients: Path | None = None, script: Path | None = None) -> dict:
+              clients: Path | None = None, script: Path | None = None,
+              sections: Sequence[str] = ()) -> dict:
     """``script``: one of ours (``parts/``) run in the group's folder instead of its test.sh,
     for a group whose test.sh cannot run here as a whole; its results are kept apart
     (``<group>+<script name>``)."""
@@ -662,7 +668,8 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
                  "namespace of its own (unshare --pid --mount-proc); not run here")
     results = work / "results"
     results.mkdir(exist_ok=True)
-    stem = group_file(group) + (f"+{script.stem}" if script is not None else "")
+    stem = group_file(group) + (f"+{script.stem}" if script is not None else "") + (
+        "+sections" if sections else "")
     record = results / f"{stem}.cases.jsonl"
     record.unlink(missing_ok=True)
     folder = work / "qa" / group
@@ -685,7 +692,7 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
     elif group in SECTIONED:
         test_sh = "nursery_sections.sh"
         (folder / test_sh).write_text(sectioned((folder / "test.sh").read_text(),
-                                                SECTIONED[group]))
+                                                SECTIONED[group], sections))
     command = ["bash", test_sh]
     if netns:  # True, or the unshare flags beside --net (PIDNS)
         extra = netns if isinstance(netns, tuple) else ()
@@ -805,6 +812,10 @@ def main() -> None:
     parser.add_argument("--script", type=Path,
                         help="run this script (scripts/triton_qa/parts/) in the group's folder "
                         "instead of its test.sh; results under <group>+<script name>")
+    parser.add_argument("--sections", default="",
+                        help="comma-separated names (cases): run only the sections of a "
+                        "sectioned group's script that name one; results under "
+                        "<group>+sections")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the prepared tree (and what earlier runs left in it)")
     args = parser.parse_args()
@@ -839,7 +850,8 @@ def main() -> None:
             continue
         out = run_group(work, group, args.python_mode, args.timeout, netns,
                         args.checkouts.resolve() if args.checkouts else None, clients,
-                        args.script.resolve() if args.script else None)
+                        args.script.resolve() if args.script else None,
+                        [n for n in args.sections.split(",") if n])
         s = out["summary"]
         print(f"{group}: test.sh exit {out['exit']}{' (timed out)' if out['timed_out'] else ''}"
               f", cases run {s['run']}, passed {s['passed']}, failed {s['failed']}, "

@@ -581,3 +581,12 @@ def test_shared_memory_variants_are_copies_with_their_variable(tmp_path):
     assert not (work / "qa" / "L0_infer_shm").exists()  # no L0_infer in this checkout
     assert run.GROUP_ENV["L0_batcher_shm"] == {**run.GROUP_ENV["L0_batcher"],
                                                 "TEST_SYSTEM_SHARED_MEMORY": "1"}
+
+
+def test_a_sectioned_script_can_run_only_the_sections_naming_a_case():
+    marker = "LOG_IDX=$((LOG_IDX+1))"
+    script = "\n".join(["RET=0", "LOG_IDX=0", marker, "", "echo one $LOG_IDX", marker, "",
+                        "echo two test_x $LOG_IDX", ""])
+    proc = subprocess.run(["bash", "-c", run.sectioned(script, marker, ["test_x"])],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[:1] == ["two test_x 2"], proc.stdout
