@@ -12,6 +12,12 @@ A single ``Dict[str, Tensor]`` argument gets every input by name. Outputs are ma
 ``<name>__<index>`` into the returned tensor / tuple, else by config order. BYTES tensors are
 ``List[str]`` (one dimension, as in Triton).
 
+An AOTInductor package (Triton's ``platform: "torch_aoti"``) is called with the flat leaves of
+its call specification: inputs and outputs are named as Triton's torch_aoti models name them,
+``ARGS`` / ``KWARGS`` / ``RESULT`` followed by each level's index or key in brackets
+(``ARGS[2][option1]``, ``RESULT[BBB][0]``; ``RESULT`` alone for one tensor), else
+``<name>__<index>`` gives the leaf.
+
 ``KIND_GPU`` instances run on their device, on a CUDA stream the instance creates on its own
 thread at load and uses for every copy and every kernel; outputs come back through pinned
 host memory and one stream synchronize. Without a usable CUDA build of torch the instance
