@@ -65,10 +65,13 @@ def gpu_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if HAVE["ort"]:
         make_models.write_model(repo, "mlp_ort_gpu", make_models.build_mlp(), _gpu(
             make_models.config_text("mlp_ort_gpu", *mlp_io, 64,
-                                    "dynamic_batching { max_queue_delay_microseconds: 500 }\n")))
+                                    "dynamic_batching { max_queue_delay_microseconds: 20000 }\n")))
+    # a 20 ms batching window: tritonclient's async HTTP client submits about one request per
+    # 10 ms (measured on the 2-core machine: 48 in 518 ms), so a shorter one batches nothing
+    # whatever the server does
     make_models.write_torch_model(repo, "mlp_torch_gpu", make_models.build_torch_mlp(), _gpu(
         make_models.torch_config("mlp_torch_gpu", *mlp_io, 64,
-                                 "dynamic_batching { max_queue_delay_microseconds: 500 }\n"),
+                                 "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"),
         count=2))
     make_models.write_torch_model(repo, "mlp_torch_pt2_gpu", make_models.export_torch_mlp(),
                                   _gpu(make_models.torch_config("mlp_torch_pt2_gpu", *mlp_io, 64)),
