@@ -1002,14 +1002,10 @@ class H2Server:
                 await conn.goaway(NO_ERROR, "server shutting down")
 
     async def close(self) -> None:
-        """Stop accepting; send GOAWAY everywhere; cancel what is still open; the
-        connections then close."""
-        self.closing = True
-        if self._accepting is not None:
-            self._accepting.cancel()
+        """Stop accepting; send GOAWAY everywhere (once: after ``stop_accepting`` it was
+        sent); cancel what is still open; the connections then close."""
+        await self.stop_accepting()
         for conn in list(self.connections):
-            with trio.move_on_after(1):  # a peer that reads nothing does not hold us up
-                await conn.goaway(NO_ERROR, "server shutting down")
             conn.close_streams()
             conn.scope.cancel()
 
