@@ -15,7 +15,7 @@ import math
 import signal
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -43,9 +43,10 @@ from nursery.observability.tracing import TraceManager
 from nursery.protocol import card_servers
 from nursery.protocol.frontends.supervisor import FrontendProcesses
 from nursery.protocol.grpc.server import serve_grpc
+from nursery.protocol.http import http1
 from nursery.protocol.http.metrics import build_metrics_app, metrics_text
 from nursery.protocol.http.routes import build_routes_app
-from nursery.protocol.http.server import HttpServer
+from nursery.protocol.http.server import Handler, HttpServer
 from nursery.protocol.listeners import open_listeners
 from nursery.protocol.openai.frontend import OpenAIFrontend
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
@@ -352,6 +353,19 @@ async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
     return await _serve_until(nursery, server, options.address, options.port, shutdown)
 
 
+def _http_frontend_server(core: Core, settings: Settings, handler: Handler,
+                          limit_body: Callable[[http1.RequestHead], int], unit: str
+                          ) -> HttpServer:
+    """nursery's HTTP/1.1 server for a frontend of its own (SageMaker's, Vertex AI's) under
+    the HTTP port's input and body sizes, connection cap and deadlines, as Triton's frontends
+    reuse its HTTP settings; ``handler`` answers every request."""
+    return HttpServer(core, build_routes_app(core), max_input_size=settings.http_max_input_size,
+                      max_body_size=settings.http_max_body_size,
+                      max_connections=settings.http_max_connections, faults=core.faults,
+                      serve_infer=False, handler=handler, limit_body=limit_body, unit=unit,
+                      **_http_deadlines(settings))
+
+
 async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings,
                            shutdown: trio.Event) -> list[str]:
     """The SageMaker frontend on its own port (nursery's HTTP/1.1 server with the SageMaker
@@ -362,12 +376,7 @@ async def _start_sagemaker(nursery: trio.Nursery, core: Core, settings: Settings
     assert options is not None
     frontend = SageMakerFrontend(core, options, settings.http_restrictions,
                                  settings.http_max_input_size, settings.http_max_body_size)
-    server = HttpServer(core, build_routes_app(core), max_input_size=settings.http_max_input_size,
-                        max_body_size=settings.http_max_body_size,
-                        max_connections=settings.http_max_connections, faults=core.faults,
-                        serve_infer=False, handler=frontend.handle,
-                        limit_body=frontend.body_limit, unit="sagemaker",
-                        **_http_deadlines(settings))
+    server = _http_frontend_server(core, settings, frontend.handle, frontend.body_limit, "sagemaker")
     return await _serve_until(nursery, server, options.address, options.port, shutdown)
 
 
@@ -391,12 +400,7 @@ async def _start_vertex_ai(nursery: trio.Nursery, core: Core, settings: Settings
         core, vertex.predict_route, vertex.health_route, model, settings.http_restrictions,
         settings.http_max_input_size, settings.http_max_body_size,
         metrics_text(core, sampler, options) if settings.allow_metrics else None)
-    server = HttpServer(core, build_routes_app(core), max_input_size=settings.http_max_input_size,
-                        max_body_size=settings.http_max_body_size,
-                        max_connections=settings.http_max_connections, faults=core.faults,
-                        serve_infer=False, handler=frontend.handle,
-                        limit_body=frontend.body_limit, unit="vertex_ai",
-                        **_http_deadlines(settings))
+    server = _http_frontend_server(core, settings, frontend.handle, frontend.body_limit, "vertex_ai")
     return await _serve_until(nursery, server, vertex.address, vertex.port, shutdown)
 
 

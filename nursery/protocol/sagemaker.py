@@ -42,12 +42,19 @@ import trio
 
 from nursery.core import Core
 from nursery.errors import ErrorKind, InvalidArgument, NurseryError
-from nursery.protocol.access import Restrictions, http_refusal_message
+from nursery.protocol.access import Restrictions
 from nursery.protocol.codecs import binary_tensor
 from nursery.protocol.codecs.status import error_body
 from nursery.protocol.http import http1
 from nursery.protocol.http.generate import generate_response
-from nursery.protocol.http.infer import AfterSend, Response, error_response, infer_response
+from nursery.protocol.http.infer import (
+    AfterSend,
+    Response,
+    category_refusal,
+    error_response,
+    infer_response,
+    typed_body_limit,
+)
 from nursery.protocol.http.streaming import Streaming
 from nursery.settings import SageMakerSettings
 
@@ -246,19 +253,7 @@ class SageMakerFrontend:
         self.models: dict[str, str] = {}
 
     def body_limit(self, head: http1.RequestHead) -> int:
-        """An inference body with binary tensor data may reach the hard cap (its JSON header
-        is checked against the input size once read); any other body: the input size."""
-        if head.method == b"POST" and (head.header(b"content-type") or b"").startswith(
-                BINARY_TYPE):
-            return self.max_body_size
-        return self.max_input_size
-
-    def _refused(self, category: str, head: http1.RequestHead) -> Response | None:
-        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head.headers]
-        key = self.restrictions.refusal(category, pairs)
-        if key is None:
-            return None
-        return 403, list(_JSON), error_body(http_refusal_message(key))
+        return typed_body_limit(head, BINARY_TYPE, self.max_input_size, self.max_body_size)
 
     async def handle(self, head: http1.RequestHead, body: bytes,
                      after: AfterSend | None = None) -> Response | Streaming:
@@ -270,7 +265,7 @@ class SageMakerFrontend:
         if where.kind == "invocations":
             return await self._invocations(head, body, after)
         if where.kind in ("list", "get", "load", "unload"):
-            refused = self._refused("model-repository", head)
+            refused = category_refusal(self.restrictions, "model-repository", head.headers)
             if refused is not None:
                 return refused
         if where.kind == "list":
@@ -380,7 +375,7 @@ class SageMakerFrontend:
         target = (head.header(b"x-amzn-sagemaker-target-model") or b"").decode(
             "latin-1") or name
         log.info("Invoking SageMaker TargetModel: %s", target)
-        refused = self._refused("inference", head)
+        refused = category_refusal(self.restrictions, "inference", head.headers)
         if refused is not None:
             return refused
         try:
@@ -397,7 +392,7 @@ class SageMakerFrontend:
         return status, headers, payload
 
     async def _ping(self, head: http1.RequestHead) -> Response:
-        refused = self._refused("health", head)
+        refused = category_refusal(self.restrictions, "health", head.headers)
         if refused is not None:
             return refused
         if head.method != b"GET":
@@ -410,7 +405,7 @@ class SageMakerFrontend:
 
     async def _invocations(self, head: http1.RequestHead, body: bytes,
                            after: AfterSend | None) -> Response | Streaming:
-        refused = self._refused("inference", head)
+        refused = category_refusal(self.restrictions, "inference", head.headers)
         if refused is not None:
             return refused
         kind = self.options.inference_type

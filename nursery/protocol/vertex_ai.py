@@ -37,11 +37,17 @@ from dataclasses import dataclass
 from nursery.core import Core
 from nursery.errors import InvalidArgument, NurseryError
 from nursery.observability.exposition import CONTENT_TYPE
-from nursery.protocol.access import Restrictions, http_group, http_refusal_message
+from nursery.protocol.access import Restrictions, http_group
 from nursery.protocol.codecs import binary_tensor
-from nursery.protocol.codecs.status import error_body
 from nursery.protocol.http import http1
-from nursery.protocol.http.infer import AfterSend, Response, error_response, infer_response
+from nursery.protocol.http.infer import (
+    AfterSend,
+    Response,
+    category_refusal,
+    error_response,
+    infer_response,
+    typed_body_limit,
+)
 from nursery.protocol.http.metrics import MetricsText
 from nursery.protocol.http.routes import RouteRequest, answer, find_route, no_route
 
@@ -169,19 +175,7 @@ class VertexAiFrontend:
         self.metrics = metrics  # None with --allow-metrics=false: the redirect answers 400
 
     def body_limit(self, head: http1.RequestHead) -> int:
-        """An inference body with binary tensor data may reach the hard cap (its JSON header
-        is checked against the input size once read); any other body: the input size."""
-        if head.method == b"POST" and (head.header(b"content-type") or b"").startswith(
-                BINARY_TYPE):
-            return self.max_body_size
-        return self.max_input_size
-
-    def _refused(self, category: str | None, head: http1.RequestHead) -> Response | None:
-        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in head.headers]
-        key = self.restrictions.refusal(category, pairs)
-        if key is None:
-            return None
-        return 403, list(_JSON), error_body(http_refusal_message(key))
+        return typed_body_limit(head, BINARY_TYPE, self.max_input_size, self.max_body_size)
 
     async def handle(self, head: http1.RequestHead, body: bytes,
                      after: AfterSend | None = None) -> Response:
@@ -208,7 +202,7 @@ class VertexAiFrontend:
         return 400, [], b""
 
     async def _route(self, head: http1.RequestHead, body: bytes, where: Target) -> Response:
-        refused = self._refused(http_group(where.path), head)
+        refused = category_refusal(self.restrictions, http_group(where.path), head.headers)
         if refused is not None:
             return refused
         found = find_route(where.path, where.method)
@@ -222,7 +216,7 @@ class VertexAiFrontend:
 
     async def _infer(self, head: http1.RequestHead, body: bytes, where: Target,
                      after: AfterSend | None) -> Response:
-        refused = self._refused("inference", head)
+        refused = category_refusal(self.restrictions, "inference", head.headers)
         if refused is not None:
             return refused
         try:

@@ -30,6 +30,7 @@ from nursery.protocol.access import (
 from nursery.protocol.codecs import binary_tensor, deep_json
 from nursery.protocol.codecs import json_tensors as json_codec
 from nursery.protocol.codecs.status import error_body, http_error, overload_answer
+from nursery.protocol.http import http1
 from nursery.shm.system import ShmAccess, ShmHold
 from nursery.types import (
     DataType,
@@ -215,10 +216,37 @@ def restricted(restrictions: Restrictions, raw_path: bytes,
     raw = raw_path.split(b"?", 1)[0].decode("latin-1")
     pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
     for path in (raw, unquote(raw)):
-        key = restrictions.refusal(http_group(path), pairs)
-        if key is not None:
-            return 403, list(_JSON_HEADERS), error_body(http_refusal_message(key))
+        answer = _refusal(restrictions, http_group(path), pairs)
+        if answer is not None:
+            return answer
     return None
+
+
+def category_refusal(restrictions: Restrictions, category: str | None,
+                     headers: list[tuple[bytes, bytes]]) -> Response | None:
+    """:func:`restricted` for a request whose group is known (``category``): the SageMaker
+    and Vertex AI frontends, whose routes are not the HTTP port's paths."""
+    pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+    return _refusal(restrictions, category, pairs)
+
+
+def _refusal(restrictions: Restrictions, category: str | None,
+             pairs: list[tuple[str, str]]) -> Response | None:
+    key = restrictions.refusal(category, pairs)
+    if key is None:
+        return None
+    return 403, list(_JSON_HEADERS), error_body(http_refusal_message(key))
+
+
+def typed_body_limit(head: http1.RequestHead, mime: bytes, max_input_size: int,
+                     max_body_size: int) -> int:
+    """The body limit of a frontend whose binary tensor data is announced by a content type
+    (``<mime><header size>``: SageMaker's, Vertex AI's): such a POST may reach the hard cap
+    (its JSON header is checked against the input size once read); any other body: the
+    input size."""
+    if head.method == b"POST" and (head.header(b"content-type") or b"").startswith(mime):
+        return max_body_size
+    return max_input_size
 
 
 class Asked:
