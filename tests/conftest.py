@@ -18,7 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 ROOT = Path(__file__).resolve().parent.parent
 PERF_ANALYZER = ROOT / ".tools" / "perf_analyzer" / "perf_analyzer"
@@ -45,6 +47,24 @@ def _ephemeral_range() -> tuple[int, int]:
 
 _EPHEMERAL = _ephemeral_range()
 _handed_out: set[int] = set()
+
+
+# the bundled add_sub's inputs in the e2e tests of the frontends that serve it (SageMaker,
+# Vertex AI): one row of 16
+ADD_SUB_DATA = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+
+def add_sub_body(binary_in: bool, binary_out: bool) -> tuple[bytes, int | None]:
+    """A KServe inference body for add_sub as tritonclient builds it: INPUT0 as binary data
+    or JSON, INPUT1 as JSON, OUTPUT0 asked for as binary data or JSON, OUTPUT1 as JSON; and
+    the JSON header's size (None when nothing is binary)."""
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(ADD_SUB_DATA, binary_data=binary_in)
+    inputs[1].set_data_from_numpy(ADD_SUB_DATA, binary_data=False)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
+               httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    return httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
 
 
 def free_port() -> int:

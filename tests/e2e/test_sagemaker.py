@@ -16,11 +16,11 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, ServerProcess, free_port
+from tests.conftest import ADD_SUB_DATA, ROOT, ServerProcess, add_sub_body, free_port
 
 REPO = ROOT / "model_repository"
 BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size="
-DATA = np.arange(16, dtype=np.float32).reshape(1, 16)
+DATA = ADD_SUB_DATA
 
 
 def _start(start_server: type[ServerProcess], monkeypatch: pytest.MonkeyPatch, *extra: str,
@@ -35,17 +35,6 @@ def _start(start_server: type[ServerProcess], monkeypatch: pytest.MonkeyPatch, *
     return server, f"http://127.0.0.1:{port}"
 
 
-def _body(binary_in: bool, binary_out: bool) -> tuple[bytes, int | None]:
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
-              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
-    inputs[0].set_data_from_numpy(DATA, binary_data=binary_in)
-    inputs[1].set_data_from_numpy(DATA, binary_data=False)
-    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
-               httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
-    body, length = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
-    return body, length
-
-
 def test_ping_and_invocations(start_server: type[ServerProcess],
                               monkeypatch: pytest.MonkeyPatch) -> None:
     server, url = _start(start_server, monkeypatch)
@@ -55,7 +44,7 @@ def test_ping_and_invocations(start_server: type[ServerProcess],
     assert requests.post(f"{url}/ping", timeout=10).status_code == 405
 
     # plain JSON, as the KServe route takes it
-    body, _ = _body(False, False)
+    body, _ = add_sub_body(False, False)
     r = requests.post(f"{url}/invocations", data=body,
                       headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 200, r.text
@@ -66,14 +55,14 @@ def test_ping_and_invocations(start_server: type[ServerProcess],
     assert answer["outputs"][1]["data"] == [0.0] * 16
 
     # a binary input, its JSON header's size in SageMaker's content type
-    body, length = _body(True, False)
+    body, length = add_sub_body(True, False)
     r = requests.post(f"{url}/invocations", data=body,
                       headers={"Content-Type": f"{BINARY}{length}"}, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == (DATA * 2).ravel().tolist()
 
     # a binary output: the answer's content type says where its JSON header ends
-    body, _ = _body(False, True)
+    body, _ = add_sub_body(False, True)
     r = requests.post(f"{url}/invocations", data=body,
                       headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 200, r.text
@@ -83,7 +72,7 @@ def test_ping_and_invocations(start_server: type[ServerProcess],
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA * 2)
 
     # malformed content types cost their own request (400), not the server
-    body, length = _body(True, False)
+    body, length = add_sub_body(True, False)
     for content_type in (f"additional-string/{BINARY}{length}", f"{BINARY}abc{length}",
                          f"{BINARY}-123", f"{BINARY}12345"):
         r = requests.post(f"{url}/invocations", data=body,
@@ -127,7 +116,7 @@ def test_restricted_api_applies(start_server: type[ServerProcess],
                         timeout=10).status_code == 200
     assert requests.get(f"{url}/models", headers={"X-SM-Auth": "wrong"},
                         timeout=10).status_code == 403
-    body, _ = _body(False, False)
+    body, _ = add_sub_body(False, False)
     assert requests.post(f"{url}/invocations", data=body, timeout=30).status_code == 403
     # the multi-model invoke: a model not in the table is 404 before the restriction
     assert requests.post(f"{url}/models/x/invoke", data=body, timeout=30).status_code == 404
@@ -157,7 +146,7 @@ def test_invocations_body_past_the_limit(start_server: type[ServerProcess],
     r = requests.post(f"{url}/invocations", data=json.dumps({"pad": "x" * 10000}),
                       headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 400
-    body, _ = _body(False, False)
+    body, _ = add_sub_body(False, False)
     assert requests.post(f"{url}/invocations", data=body, timeout=30).status_code == 200
 
 
@@ -183,7 +172,7 @@ def test_multi_model_endpoint(start_server: type[ServerProcess],
     assert requests.get(f"{url}/models", timeout=10).json() == {"models": [entry]}
     assert requests.get(f"{url}/models/mme_add", timeout=10).json() == entry
 
-    body, _ = _body(False, True)
+    body, _ = add_sub_body(False, True)
     r = requests.post(f"{url}/models/mme_add/invoke", data=body,
                       headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 200, r.text
@@ -249,7 +238,7 @@ def test_trace_context_propagates(start_server: type[ServerProcess],
             {"model_name": "mme_add", "url": str(root / "123456789abcdefghi" / "model")}))
         assert r.status_code == 200, r.text
         trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-        body, _ = _body(False, False)
+        body, _ = add_sub_body(False, False)
         for path, span in (("/invocations", "00f067aa0ba902b7"),
                            ("/models/mme_add/invoke", "00f067aa0ba902b8")):
             r = requests.post(f"{url}{path}", data=body, timeout=30, headers={

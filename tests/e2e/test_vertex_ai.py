@@ -15,12 +15,12 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, ServerProcess, free_port
+from tests.conftest import ADD_SUB_DATA, ROOT, ServerProcess, add_sub_body, free_port
 
 REPO = ROOT / "model_repository"
 BINARY = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 REDIRECT = "X-Vertex-Ai-Triton-Redirect"
-DATA = np.arange(16, dtype=np.float32).reshape(1, 16)
+DATA = ADD_SUB_DATA
 
 
 def _routes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,17 +35,6 @@ def _start(start_server: type[ServerProcess], *extra: str) -> tuple[ServerProces
     server = start_server(REPO, "--model-control-mode=explicit", "--load-model=add_sub",
                           "--allow-vertex-ai=true", f"--vertex-ai-port={port}", *extra)
     return server, f"http://127.0.0.1:{port}"
-
-
-def _body(binary_in: bool, binary_out: bool) -> tuple[bytes, int | None]:
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
-              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
-    inputs[0].set_data_from_numpy(DATA, binary_data=binary_in)
-    inputs[1].set_data_from_numpy(DATA, binary_data=False)
-    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out),
-               httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
-    body, length = httpclient.InferenceServerClient.generate_request_body(inputs, outputs=outputs)
-    return body, length
 
 
 def _post(url: str, redirect: str | None = None, **headers: str) -> requests.Response:
@@ -64,7 +53,7 @@ def test_predict_health_and_redirects(start_server: type[ServerProcess],
     assert requests.post(f"{url}/health", timeout=10).status_code == 405
 
     # the default model (the one ready model), plain JSON
-    body, _ = _body(False, False)
+    body, _ = add_sub_body(False, False)
     r = requests.post(f"{url}/predict", data=body, headers={"Content-Type": "application/json"},
                       timeout=30)
     assert r.status_code == 200, r.text
@@ -73,7 +62,7 @@ def test_predict_health_and_redirects(start_server: type[ServerProcess],
     assert requests.get(f"{url}/predict", timeout=10).status_code == 405
 
     # a binary input, its JSON header's size in Vertex AI's content type
-    body, length = _body(True, False)
+    body, length = add_sub_body(True, False)
     r = requests.post(f"{url}/predict", data=body, headers={"Content-Type": f"{BINARY}{length}"},
                       timeout=30)
     assert r.status_code == 200, r.text
@@ -87,7 +76,7 @@ def test_predict_health_and_redirects(start_server: type[ServerProcess],
     assert r.json()["error"].startswith("failed to parse the request JSON buffer")
 
     # a binary output: announced as on the KServe port
-    body, _ = _body(False, True)
+    body, _ = add_sub_body(False, True)
     r = requests.post(f"{url}/predict", data=body, timeout=30)
     assert r.status_code == 200, r.text
     result = httpclient.InferenceServerClient.parse_response_body(
@@ -95,7 +84,7 @@ def test_predict_health_and_redirects(start_server: type[ServerProcess],
     assert result.as_numpy("OUTPUT0").tolist() == (DATA * 2).tolist()
 
     # malformed content types: 400 with Triton's words, and the server stays up
-    body, length = _body(True, False)
+    body, length = add_sub_body(True, False)
     for content_type, words in [
         (f"additional-string/{BINARY}{length}", "expect MIME type for binary data starts with"),
         (f"{BINARY}additional-string{length}", "Unable to parse inference header size"),
@@ -110,7 +99,7 @@ def test_predict_health_and_redirects(start_server: type[ServerProcess],
     assert requests.get(f"{url}/health", timeout=10).status_code == 200
 
     # redirects to the KServe endpoints
-    body, _ = _body(False, False)
+    body, _ = add_sub_body(False, False)
     r = requests.post(f"{url}/predict", data=body, headers={REDIRECT: "v2/models/add_sub/infer"},
                       timeout=30)
     assert r.status_code == 200 and r.json()["model_name"] == "add_sub"
@@ -158,7 +147,7 @@ def test_restricted_apis_and_input_size(start_server: type[ServerProcess],
     _, url = _start(start_server, "--http-max-input-size=400",
                     "--http-restricted-api=metadata,model-config,model-repository,statistics,"
                     "shared-memory:X-Vertex-Restricted=secret")
-    body, _ = _body(False, False)  # about 330 bytes
+    body, _ = add_sub_body(False, False)  # about 330 bytes
     assert requests.post(f"{url}/predict", data=body, timeout=30).status_code == 200
     large = np.arange(64, dtype=np.float32).reshape(1, 64)
     big = httpclient.InferInput("INPUT0", [1, 64], "FP32")
@@ -238,7 +227,7 @@ def test_a_vertex_ai_container(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
-        body, _ = _body(False, False)
+        body, _ = add_sub_body(False, False)
         r = requests.post(f"{url}/predict", data=body, timeout=30)
         assert r.status_code == 200 and r.json()["model_name"] == "add_sub"
         text = log_path.read_text()

@@ -27,6 +27,13 @@ standin = _load("standin")
 run = _load("run")
 
 
+def _prepared(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The prepared tree of the fake checkout, and the environment its scripts run in."""
+    work = tmp_path / "work"
+    run.prepare(_fake_triton(tmp_path), work)
+    return work, run.environment(work, work / "r.jsonl", "")
+
+
 def test_flags_pass_through_unchanged():
     argv = ["--model-repository=/m", "--log-verbose", "1", "--backend-config=python,x=1",
             "--exit-timeout-secs=120", "--http-thread-count=4", "--allow-model-file-upload=0"]
@@ -127,10 +134,7 @@ def test_a_group_runs_in_the_prepared_tree_and_its_cases_are_counted(tmp_path):
 
 def test_the_stand_in_script_runs_nursery_with_the_mapped_flags(tmp_path):
     """The stand-in execs `python -m nursery serve`; `--help` shows it arrived there."""
-    triton = _fake_triton(tmp_path)
-    work = tmp_path / "work"
-    run.prepare(triton, work)
-    env = run.environment(work, work / "r.jsonl", "")
+    work, env = _prepared(tmp_path)
     proc = subprocess.run([str(work / "opt" / "tritonserver" / "bin" / "tritonserver"),
                            "--allow-client-shm=true", "--help"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
@@ -228,10 +232,7 @@ def test_tritons_default_backend_directory_is_the_trees_unless_one_is_given():
 def test_go_install_of_the_health_probe_gets_the_stand_in(tmp_path):
     """L0_grpc's `go install .../grpc-health-probe@latest`: the shim writes the harness's
     probe to $GOPATH/bin, which answers like the Go tool when nothing listens."""
-    triton = _fake_triton(tmp_path)
-    work = tmp_path / "work"
-    run.prepare(triton, work)
-    env = run.environment(work, work / "r.jsonl", "")
+    work, env = _prepared(tmp_path)
     proc = subprocess.run(
         ["bash", "-c", "go install github.com/grpc-ecosystem/grpc-health-probe@latest && "
                        "$GOPATH/bin/grpc-health-probe -addr=127.0.0.1:9; echo rc=$?; "
@@ -245,10 +246,7 @@ def test_cp_of_a_model_that_cannot_be_generated_here_is_skipped(tmp_path):
     """A script's `cp` (under `set -e`) of a TensorRT / OpenVINO / TensorFlow model from data/
     is skipped with a log line, the other sources are copied, and any other missing source
     still fails as cp fails."""
-    triton = _fake_triton(tmp_path)
-    work = tmp_path / "work"
-    run.prepare(triton, work)
-    env = run.environment(work, work / "r.jsonl", "")
+    work, env = _prepared(tmp_path)
     data = work / "data" / "inferenceserver" / "nursery" / "qa_model_repository"
     (data / "onnx_int32").mkdir(parents=True)
     (data / "onnx_int32" / "config.pbtxt").write_text("x")
@@ -354,10 +352,7 @@ def test_the_collector_download_gets_the_stand_in_collector(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    triton = _fake_triton(tmp_path)
-    work = tmp_path / "work"
-    run.prepare(triton, work)
-    env = run.environment(work, work / "r.jsonl", "")
+    work, env = _prepared(tmp_path)
     here = tmp_path / "group"
     here.mkdir()
     url = ("https://github.com/open-telemetry/opentelemetry-collector-releases/releases/"
@@ -471,10 +466,7 @@ def test_sed_over_a_model_that_cannot_be_generated_here_is_skipped(tmp_path):
     missing file is skipped with a log line, a plain sed then writes nothing, `sed -i` does
     nothing; a script naming such a model is still a script, and any other missing file
     still fails as sed fails."""
-    triton = _fake_triton(tmp_path)
-    work = tmp_path / "work"
-    run.prepare(triton, work)
-    env = run.environment(work, work / "r.jsonl", "")
+    work, env = _prepared(tmp_path)
     data = work / "data" / "inferenceserver" / "nursery" / "qa_model_repository"
     (data / "onnx_int32").mkdir(parents=True)
     (data / "onnx_int32" / "config.pbtxt").write_text("name: plan_int32\n")
@@ -529,10 +521,7 @@ def test_the_minio_download_gets_a_stand_in_s3_server(tmp_path):
     refused."""
     import socket
 
-    triton = _fake_triton(tmp_path)
-    work = tmp_path / "work"
-    run.prepare(triton, work)
-    env = run.environment(work, work / "r.jsonl", "")
+    work, env = _prepared(tmp_path)
     env.update(AWS_ACCESS_KEY_ID="minio", AWS_SECRET_ACCESS_KEY="miniostorage",
                MINIO_ACCESS_KEY="minio", MINIO_SECRET_KEY="miniostorage")
     with socket.socket() as s:
