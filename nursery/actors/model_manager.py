@@ -224,8 +224,7 @@ class _Manager:
                     await step.wait()
             if running is not None:
                 running[0].cancel()
-            for ensemble in [m for m in self.orphaned if m.name == name]:
-                del self.orphaned[ensemble]  # unloaded by name: it stays unloaded
+            self._forget_orphan(name)  # unloaded by name: it stays unloaded
             async with self._lock(name):
                 return await self.unload(name, command.unload_dependents, command.namespace)
         refused = load_name_problem(name)
@@ -236,8 +235,7 @@ class _Manager:
             "the unload timeout")
         async with self._lock(name):
             self.dependency_only.discard(name)  # asked for by name now
-            for ensemble in [m for m in self.orphaned if m.name == name]:
-                del self.orphaned[ensemble]  # loaded by name now
+            self._forget_orphan(name)  # loaded by name now
             with trio.CancelScope() as scope:
                 ended = trio.Event()
                 self.loads[name] = (scope, ended)
@@ -940,7 +938,7 @@ class _Manager:
                 nursery.start_soon(self._unload_version, mid, version)
         if versions and not self.stopping and not any(m.name == name for m, _ in self.live):
             # Triton's dependency graph: an ensemble whose step's model has no loaded version
-            # left is not valid, and goes too (it is not loaded again by itself later)
+            # left is not valid, and goes too, until that model is back (_restore_orphans)
             users = sorted({m for (m, _), live in self.live.items()
                             if live.handle.config.ensemble is not None and m.name != name
                             and name in live.handle.config.ensemble.models()})
@@ -960,6 +958,11 @@ class _Manager:
                 log.info("unloading '%s' with '%s' (unload_dependents)", model, name)
                 await self.unload(model, dependents=True)
         return None
+
+    def _forget_orphan(self, name: str) -> None:
+        """An ensemble asked for by name is no longer waiting for its steps to come back."""
+        for ensemble in [m for m in self.orphaned if m.name == name]:
+            del self.orphaned[ensemble]
 
     async def _restore_orphans(self, name: str) -> None:
         """Load again the ensembles that ``name`` losing its last version unloaded, once each
