@@ -234,9 +234,13 @@ def _aoti_position(name: str, leaves: Mapping[str, int], what: str, model: str) 
     if index is None or index >= len(leaves):
         raise ConfigError(
             f"{what} '{name}' of model '{model}' is not one the AOTInductor package has "
-            f"({', '.join(sorted(leaves, key=lambda n: leaves[n]))}) and does not follow the "
-            "<name>__<index> naming convention.")
+            f"({_leaf_names(leaves)}) and does not follow the <name>__<index> naming "
+            "convention.")
     return index
+
+
+def _leaf_names(leaves: Mapping[str, int]) -> str:
+    return ", ".join(sorted(leaves, key=lambda n: leaves[n]))
 
 
 def output_positions(names: Sequence[str], model: str) -> list[int]:
@@ -391,13 +395,11 @@ class PyTorchInstance:
             # naming), else <name>__<index> as the leaf's index; every leaf given once
             self._in_pos = {n: _aoti_position(n, loaded.aoti_inputs, "input", config.name)
                             for n in names + extras}
-            expected = len(loaded.aoti_inputs)
-            expected_names = loaded.aoti_inputs
-            if sorted(self._in_pos.values()) != list(range(expected)):
+            if sorted(self._in_pos.values()) != list(range(len(loaded.aoti_inputs))):
                 raise ConfigError(
                     f"unable to load model '{config.name}', configuration expects inputs "
                     f"{', '.join(names + extras)}, the AOTInductor package takes "
-                    f"{', '.join(sorted(expected_names, key=lambda n: expected_names[n]))}")
+                    f"{_leaf_names(loaded.aoti_inputs)}")
         elif not self._dict_input:
             for name, kind in zip(loaded.arg_names, loaded.arg_kinds, strict=True):
                 if kind == "DictType":
@@ -436,7 +438,8 @@ class PyTorchInstance:
             self._specs[name] = TensorSpec(name, extra_types[name], ())
         for state in seq.states if seq is not None else ():
             # Triton enforces <name>__<index> for these (an AOTInductor package: its names)
-            index = (loaded.aoti_outputs.get(state.output_name, _index_of(state.output_name))
+            index = (_aoti_position(state.output_name, loaded.aoti_outputs, "output state",
+                                    config.name)
                      if loaded.aoti_outputs is not None else _index_of(state.output_name))
             if index is None:
                 raise ConfigError(f"output state '{state.output_name}' does not follow "
