@@ -207,7 +207,7 @@ async def _start_http(nursery: trio.Nursery, core: Core, settings: Settings,
     if settings.http_frontend_processes:
         return await _start_frontends(nursery, core, server, settings, shutdown)
     return await _serve_until(nursery, server, settings.http_address, settings.http_port,
-                              shutdown, settings.reuse_http_port)
+                              shutdown, settings.reuse_http_port, settings.exit_timeout_secs)
 
 
 async def _start_frontends(nursery: trio.Nursery, core: Core, server: HttpServer,
@@ -229,15 +229,22 @@ async def _start_frontends(nursery: trio.Nursery, core: Core, server: HttpServer
 
 
 async def _serve_until(nursery: trio.Nursery, server: HttpServer, address: str, port: int,
-                       shutdown: trio.Event, reuse_port: bool = False) -> list[str]:
+                       shutdown: trio.Event, reuse_port: bool = False,
+                       exit_timeout: float | None = None) -> list[str]:
     """``server`` on ``address:port`` in ``nursery`` until ``shutdown`` is set, then closed:
-    it stops accepting and drains; returns its binds once it listens."""
+    it stops accepting and drains; returns its binds once it listens. ``exit_timeout`` (the
+    inference port, as Triton's HTTP server stops): the connections open at the shutdown
+    stay served until their clients close them, for at most that long (``HttpServer.drain``);
+    None: idle ones close at once."""
     async def run(task_status: trio.TaskStatus[list[str]]) -> None:
         async with trio.open_nursery() as inner:
             binds = await inner.start(server.serve, address, port, reuse_port)
             task_status.started(binds)
             await shutdown.wait()
-            server.close()
+            if exit_timeout is None:
+                server.close()
+            else:
+                await server.drain(exit_timeout)
         # serve() returned: nothing accepted any more, every connection finished
 
     return await nursery.start(run)  # type: ignore[no-any-return]

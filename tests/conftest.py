@@ -10,9 +10,11 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,6 +94,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The tests' tritonclient HTTP clients, so that stopping a server first closes the ones still
+# open to it, as a client program closes its own before the server goes away. The server
+# serves every connection open at its shutdown until its client closes it (Triton's HTTP
+# stop), so a client a test left open would hold each stop for the whole exit timeout.
+# Only the clients of the thread that stops the server: one another thread is using (a request
+# left hanging on purpose) is that thread's to close.
+_HTTP_CLIENTS: weakref.WeakKeyDictionary[httpclient.InferenceServerClient, int] = \
+    weakref.WeakKeyDictionary()
+_client_init = httpclient.InferenceServerClient.__init__
+
+
+def _tracked_init(self: httpclient.InferenceServerClient, *args: object, **kwargs: object) -> None:
+    _client_init(self, *args, **kwargs)
+    _HTTP_CLIENTS[self] = threading.get_ident()
+
+
+httpclient.InferenceServerClient.__init__ = _tracked_init  # type: ignore[method-assign]
+
+
+def close_clients_of(port: int) -> None:
+    """Close the tritonclient HTTP clients this thread opened to ``port`` and left open."""
+    me = threading.get_ident()
+    for client, thread in list(_HTTP_CLIENTS.items()):
+        if thread == me and client._parsed_url.port == port:
+            del _HTTP_CLIENTS[client]
+            client.close()
+
+
 class ServerProcess:
     """``python -m nursery serve`` in a subprocess on free loopback ports."""
 
@@ -158,6 +188,7 @@ class ServerProcess:
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
+            close_clients_of(self.http_port)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import ROOT, free_port, make_models, wait_for_file
+from tests.conftest import ROOT, close_clients_of, free_port, make_models, wait_for_file
 
 # a Python model whose execute waits (at most 60 s) for a file named by its input's path
 GATED_MODEL = '''
@@ -83,6 +83,7 @@ class Process:
     """`tritonserver <flags>` (optionally under `unshare`) with its log in a file."""
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str], prefix: list[str]):
+        self.http_ports = [int(a.split("=", 1)[1]) for a in args if a.startswith("--http-port=")]
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([*prefix, sys.executable, "-c", TRITONSERVER, *args],
@@ -105,6 +106,8 @@ class Process:
 
     def stop(self) -> int:
         if self.proc.poll() is None:
+            for port in self.http_ports:
+                close_clients_of(port)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(60)
@@ -259,3 +262,46 @@ def test_sigterm_drains_not_ready_but_live_as_pid_1(tmp_path: Path, tritonserver
     assert server.proc.wait(60) == 0, server.log()
     assert _status(f"{base}/v2/health/live") is None  # the port is closed
     assert "server stopped" in server.log()
+
+
+def test_sigint_keeps_serving_a_live_connection_until_its_client_closes_it(
+        tmp_path: Path, tritonserver) -> None:  # type: ignore[no-untyped-def]
+    """Triton's HTTP stop (its L0_lifecycle `test_shutdown_with_live_connection`): after
+    SIGINT, a keep-alive connection opened before it still serves inference; the log counts
+    it down once ("Timeout 30: Found 1 HTTP service connections", never restarted); once its
+    client closes it, the server goes on to unload and exits 0. A connection opened after the
+    signal gets the probes only."""
+    repo = tmp_path / "models"
+    make_models.write_add_sub(repo)
+    http = free_port()
+    server = tritonserver(f"--model-repository={repo}", f"--http-port={http}",
+                          "--http-address=127.0.0.1", "--allow-grpc=false",
+                          "--allow-metrics=false")
+    base = f"http://127.0.0.1:{http}"
+    server.wait_status(f"{base}/v2/health/ready", 200)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+              httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(data)
+    inputs[1].set_data_from_numpy(data)
+    assert (client.infer("add_sub", inputs).as_numpy("OUTPUT0") == 2 * data).all()
+    server.proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while "Timeout 29: Found 1 HTTP service connections" not in server.log():
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.05)
+    # the live connection: still served, and still kept alive
+    assert (client.infer("add_sub", inputs).as_numpy("OUTPUT1") == 0 * data).all()
+    assert (client.infer("add_sub", inputs).as_numpy("OUTPUT0") == 2 * data).all()
+    # a new one: the probes only
+    assert _status(f"{base}/v2/health/live") == 200
+    assert _status(f"{base}/v2/health/ready") == 400
+    assert _status(f"{base}/v2/models/add_sub/infer", "POST", b"{}") == 503
+    assert server.proc.poll() is None
+    client.close()
+    assert server.proc.wait(30) == 0, server.log()
+    log = server.log()
+    assert log.count("Timeout 30: ") == 1, log
+    assert "Waiting for in-flight requests to complete." in log
+    assert "Timeout 25: " not in log, log  # it went on as soon as the client closed

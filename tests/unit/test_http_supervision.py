@@ -157,3 +157,52 @@ async def test_outer_boundary_holds_when_the_inner_one_fails(
         await first.aclose()
         await second.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_drain_serves_the_open_connections_until_their_clients_close_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Triton's HTTP stop: the connections open at the drain, idle ones too, keep being
+    served and kept alive; the log counts them down once a second; the drain ends as soon as
+    the last one closes."""
+    caplog.set_level(logging.INFO, logger="nursery.http_stop")
+    async with trio.open_nursery() as nursery:
+        server, port = await _start(nursery)
+        busy = await trio.open_tcp_stream("127.0.0.1", port)
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
+        for stream in (busy, idle):
+            assert (await _get(stream, b"/ok")).startswith(b"HTTP/1.1 200")
+        ended = trio.Event()
+
+        async def drain() -> None:
+            await server.drain(30)
+            ended.set()
+
+        nursery.start_soon(drain)
+        await trio.sleep(0.1)
+        for _ in range(2):  # served, and still kept alive
+            answer = await _get(busy, b"/ok")
+            assert answer.startswith(b"HTTP/1.1 200") and b"close" not in answer.lower()
+        await busy.aclose()
+        await trio.sleep(0.1)
+        assert not ended.is_set()  # the idle one holds it
+        await idle.aclose()
+        with trio.fail_after(5):
+            await ended.wait()
+    lines = [r.getMessage() for r in caplog.records if r.name == "nursery.http_stop"]
+    assert lines[0] == "Timeout 30: Found 2 HTTP service connections", lines
+    assert all("Timeout 30" not in line for line in lines[1:]), lines
+
+
+async def test_drain_ends_at_the_exit_timeout_and_closes_what_is_left() -> None:
+    """A client that never closes holds the drain for the exit timeout, no longer: then its
+    idle connection is closed (the client reads the end of the stream)."""
+    async with trio.open_nursery() as nursery:
+        server, port = await _start(nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        assert (await _get(stream, b"/ok")).startswith(b"HTTP/1.1 200")
+        start = trio.current_time()
+        with trio.fail_after(10):
+            await server.drain(2)
+            assert await stream.receive_some(10) == b""
+        assert trio.current_time() - start >= 1.5  # it waited for the client, then ended
+        await stream.aclose()

@@ -89,6 +89,8 @@ log = logging.getLogger("nursery.http")
 # one line per request at --log-verbose 1, as Triton's HTTP server logs (L0_logging counts them);
 # not under nursery.http, whose own debug lines wait for --log-verbose 2
 request_log = logging.getLogger("nursery.http_requests")
+# the shutdown's countdown, at the server's level (not under nursery.http's either)
+stop_log = logging.getLogger("nursery.http_stop")
 
 # how Triton's HTTP server prints a request's method: libevhtp's method number
 _EVHTP_METHODS = {b"GET": 0, b"HEAD": 1, b"POST": 2, b"PUT": 3, b"DELETE": 4, b"OPTIONS": 8,
@@ -277,11 +279,14 @@ class HttpServer:
         self.limit_body = limit_body  # a handler's body limit for a request head
         # the unit its unexpected errors count under (nursery_internal_errors_total)
         self.unit = unit or ("http" if serve_infer else "metrics")
-        self.closing = False
+        self.closing = False  # no new connection takes traffic (probes apart)
+        self.ending = False  # idle connections close; every answer says "connection: close"
         self.internal_errors = 0
         self.refused_connections = 0
         self._connections: set[_Connection] = set()
-        self._draining: set[_Connection] = set()  # busy when close() came: the drain's wait
+        # open when close() came (busy ones only, unless it held them): the drain's wait
+        self._draining: set[_Connection] = set()
+        self._drained = trio.Event()
         self._refusing = 0
         self._accepting: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None  # the connections' (a slow answer's writer)
@@ -332,19 +337,47 @@ class HttpServer:
                             and _client_gone(conn.stream)):
                         request.cancel()
 
-    def close(self) -> None:
+    def close(self, hold: bool = False) -> None:
         """Stop serving: idle connections close now, busy ones after their response. Until
         those responses are sent (the drain), the inference port still accepts connections
         for the health probes only (``/v2/health/live`` 200, ``/v2/health/ready`` 400, so
         that Kubernetes sees a live pod that takes no traffic; anything else: 503); then it
-        stops accepting. The metrics port stops accepting at once."""
+        stops accepting. The metrics port stops accepting at once.
+
+        ``hold`` (see :meth:`drain`): the connections open now, idle ones too, stay served
+        as before, kept alive, until their clients close them or :meth:`end` comes."""
         self.closing = True
+        self._draining = {c for c in self._connections
+                          if not c.late and (hold or c.phase != _IDLE)}
+        if not hold:
+            self.end()
+        if not self._draining:
+            self._drained.set()
+        if not self.serve_infer or not self._draining:
+            self._stop_accepting()
+
+    def end(self) -> None:
+        """The drain's last step: idle connections close now, busy ones after their
+        response (which says ``connection: close``)."""
+        self.ending = True
         for conn in list(self._connections):
             if conn.phase == _IDLE:
                 conn.scope.cancel()
-        self._draining = {c for c in self._connections if c.phase != _IDLE and not c.late}
-        if not self.serve_infer or not self._draining:
-            self._stop_accepting()
+
+    async def drain(self, exit_timeout: float, service: str = "HTTP") -> None:
+        """Stop as Triton's HTTP server does: no new connection takes traffic (the probes
+        apart, as in :meth:`close`), the ones open now keep being served, keep-alive and
+        all, and each second while some are open and the exit timeout lasts the log says
+        ``Timeout N: Found C HTTP service connections``; then :meth:`end`."""
+        self.close(hold=True)
+        left = int(exit_timeout)
+        while self._draining and left > 0:
+            stop_log.info("Timeout %d: Found %d %s service connections", left,
+                          len(self._draining), service)
+            with trio.move_on_after(1):
+                await self._drained.wait()
+            left -= 1
+        self.end()
 
     def _stop_accepting(self) -> None:
         if self._accepting is not None:
@@ -400,6 +433,7 @@ class HttpServer:
             if conn in self._draining:
                 self._draining.discard(conn)
                 if not self._draining:  # the drain is over: no more probes either
+                    self._drained.set()
                     self._stop_accepting()
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -443,7 +477,7 @@ class HttpServer:
                     await self._send(stream, head, error, keep_alive=False)
                     await self._linger(conn, head, len(buf))
                 return
-            keep_alive = head.keep_alive and not self.closing
+            keep_alive = head.keep_alive and not self.ending and not conn.late
             if conn.late and head.path.split(b"?", 1)[0] not in _PROBES:
                 conn.phase = _SENDING
                 await self._send(stream, head, _SHUTTING_DOWN, keep_alive=False)
@@ -556,7 +590,7 @@ class HttpServer:
         if conn.written is not None:
             conn.written.set()
             conn.written = None
-        if keep_alive and not self.closing:
+        if keep_alive and not self.ending:
             conn.phase = _IDLE
             conn.deadline = trio.current_time() + self.keep_alive_timeout
         else:
@@ -667,7 +701,7 @@ class HttpServer:
                 conn.phase = _HEAD
                 conn.deadline = trio.current_time() + self.head_timeout
         else:
-            if self.closing and not conn.late:
+            if self.ending and not conn.late:
                 return None
             parsed = None
             if conn.served:
