@@ -48,6 +48,7 @@ from nursery.protocol.grpc.h2 import (
     timeout_seconds,
 )
 from nursery.protocol.grpc.service import Draining, HealthService, InferenceService
+from nursery.runtime.countdown import count_down
 from nursery.runtime.supervision import split_unexpected
 from nursery.scheduling.start_delay import env_count
 from nursery.schema import inference as pb
@@ -545,13 +546,10 @@ def h2_server_for(app: GrpcApp, settings: Settings,
 async def _wait_for_rpcs(draining: Draining, exit_timeout: float) -> None:
     """Until the RPCs in flight are done, saying each second how many are left, in Triton's
     words, for as long as the exit timeout lasts."""
-    left = int(exit_timeout)
-    while draining.active and left > 0:
-        log.info("Timeout %d: Found %d gRPC service connections and inference handlers",
-                 left, draining.active)
-        with trio.move_on_after(1):
-            await draining.idle.wait()
-        left -= 1
+    await count_down(exit_timeout, lambda: draining.active, draining.idle,
+                     lambda left, count: log.info(
+                         "Timeout %d: Found %d gRPC service connections and inference "
+                         "handlers", left, count))
     await draining.idle.wait()
 
 

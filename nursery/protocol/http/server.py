@@ -82,6 +82,7 @@ from nursery.protocol.listeners import (
     send_eof,
     socket_of,
 )
+from nursery.runtime.countdown import count_down
 from nursery.runtime.supervision import FaultCounter, describe, split_unexpected
 from nursery.settings import DEFAULT_HTTP_MAX_BODY_SIZE
 
@@ -370,13 +371,10 @@ class HttpServer:
         all, and each second while some are open and the exit timeout lasts the log says
         ``Timeout N: Found C HTTP service connections``; then :meth:`end`."""
         self.close(hold=True)
-        left = int(exit_timeout)
-        while self._draining and left > 0:
-            stop_log.info("Timeout %d: Found %d %s service connections", left,
-                          len(self._draining), service)
-            with trio.move_on_after(1):
-                await self._drained.wait()
-            left -= 1
+        await count_down(exit_timeout, lambda: len(self._draining), self._drained,
+                         lambda left, count: stop_log.info(
+                             "Timeout %d: Found %d %s service connections", left, count,
+                             service))
         self.end()
 
     def _stop_accepting(self) -> None:
