@@ -10,7 +10,9 @@ TorchScript on CUDA (mlp_torch_gpu), each KIND_GPU on GPU 0 with dynamic batchin
 Starts `python -m nursery serve` on it and runs perf_analyzer (HTTP, binary tensors) at the
 given concurrency against each; then calls each runtime directly in this process with batches
 of that concurrency, which is the ceiling batching through the server could reach. Prints one
-table row per runtime: infer/s through nursery, infer/s direct, and their ratio.
+table row per runtime: infer/s through nursery, infer/s direct, and their ratio. A runtime
+whose package is missing (onnxruntime-gpu's CUDA provider, tensorrt with cupy, a CUDA build
+of torch) gets a row saying so and the others are measured.
 """
 
 from __future__ import annotations
@@ -42,7 +44,27 @@ def _make_models() -> Any:
     return module
 
 
-def build_repo(repo: Path, mm: Any) -> bytes:
+def available() -> dict[str, str]:
+    """Each runtime's model name -> '' where it can run here, else what is missing."""
+    have: dict[str, str] = {}
+    try:
+        import onnxruntime
+        ort_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    except ImportError:
+        ort_cuda = False
+    have["mlp_ort_gpu"] = "" if ort_cuda else "onnxruntime-gpu (CUDA provider) not installed"
+    trt = all(importlib.util.find_spec(m) is not None for m in ("tensorrt", "cupy"))
+    have["mlp_trt"] = "" if trt else "tensorrt or cupy not installed"
+    try:
+        import torch
+        torch_cuda = torch.cuda.is_available()
+    except ImportError:
+        torch_cuda = False
+    have["mlp_torch_gpu"] = "" if torch_cuda else "torch with CUDA not installed"
+    return have
+
+
+def build_repo(repo: Path, mm: Any, have: dict[str, str]) -> bytes | None:
     io = ([("INPUT0", "FP32", [784])], [("OUTPUT0", "FP32", [10])])
     batching = "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
     gpu = "instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0 ] } ]\n"
@@ -51,10 +73,14 @@ def build_repo(repo: Path, mm: Any) -> bytes:
         return text.replace("instance_group [ { count: 1, kind: KIND_CPU } ]\n", gpu)
 
     onnx_model = mm.build_mlp()
-    mm.write_model(repo, "mlp_ort_gpu", onnx_model,
-                   on_gpu(mm.config_text("mlp_ort_gpu", *io, 64, batching)))
-    mm.write_torch_model(repo, "mlp_torch_gpu", mm.build_torch_mlp(),
-                         on_gpu(mm.torch_config("mlp_torch_gpu", *io, 64, batching)))
+    if not have["mlp_ort_gpu"]:
+        mm.write_model(repo, "mlp_ort_gpu", onnx_model,
+                       on_gpu(mm.config_text("mlp_ort_gpu", *io, 64, batching)))
+    if not have["mlp_torch_gpu"]:
+        mm.write_torch_model(repo, "mlp_torch_gpu", mm.build_torch_mlp(),
+                             on_gpu(mm.torch_config("mlp_torch_gpu", *io, 64, batching)))
+    if have["mlp_trt"]:
+        return None
     engine = mm.build_trt_engine(onnx_model)
     (repo / "mlp_trt" / "1").mkdir(parents=True)
     (repo / "mlp_trt" / "1" / "model.plan").write_bytes(engine)
@@ -103,7 +129,8 @@ def direct_torch(mm: Any, x: np.ndarray, seconds: float) -> float:
     return _rate(run, len(x), seconds)
 
 
-def direct_trt(engine_bytes: bytes, x: np.ndarray, seconds: float) -> float:
+def direct_trt(engine_bytes: bytes | None, x: np.ndarray, seconds: float) -> float:
+    assert engine_bytes is not None
     import cupy as cp
     import tensorrt as trt
 
@@ -132,24 +159,33 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5)
     args = parser.parse_args()
     mm = _make_models()
+    have = available()
+    runnable = [m for m, missing in have.items() if not missing]
+    if not runnable:
+        raise SystemExit("no GPU runtime here: " + "; ".join(have.values())
+                         + " (pip install -e '.[gpu]' and a CUDA build of torch)")
     x = np.random.default_rng(0).standard_normal((args.concurrency, 784)).astype(np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
-        engine = build_repo(repo, mm)
+        engine = build_repo(repo, mm, have)
         server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
         try:
             server.wait_ready(timeout=300)
             served = {m: through_nursery(server, m, args.concurrency, args.seconds)
-                      for m in ("mlp_ort_gpu", "mlp_trt", "mlp_torch_gpu")}
+                      for m in runnable}
         finally:
             server.stop()
-    direct = {"mlp_ort_gpu": direct_ort(mm.build_mlp(), x, args.seconds),
-              "mlp_trt": direct_trt(engine, x, args.seconds),
-              "mlp_torch_gpu": direct_torch(mm, x, args.seconds)}
+    runs = {"mlp_ort_gpu": lambda: direct_ort(mm.build_mlp(), x, args.seconds),
+            "mlp_trt": lambda: direct_trt(engine, x, args.seconds),
+            "mlp_torch_gpu": lambda: direct_torch(mm, x, args.seconds)}
+    direct = {m: runs[m]() for m in runnable}
     print(f"| runtime | nursery infer/s (c={args.concurrency}, batching) | direct infer/s "
           f"(batch {args.concurrency}) | nursery / direct |")
     print("|---|---|---|---|")
-    for model in served:
+    for model, missing in have.items():
+        if missing:
+            print(f"| {model} | {missing} | | |")
+            continue
         print(f"| {model} | {served[model]:,.0f} | {direct[model]:,.0f} | "
               f"{served[model] / direct[model]:.2f} |")
 
