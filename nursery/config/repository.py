@@ -86,7 +86,7 @@ def scan(repositories: tuple[Root, ...] | list[Root],
             continue
         names = (renames or {}).get(Path(repo), {})
         for entry in entries:
-            if entry.name.startswith(".") or not entry.is_dir():
+            if not entry.is_dir():  # a hidden folder is a model too, as in Triton
                 continue
             name = names.get(entry.name, entry.name)
             location = ModelLocation(name, Path(entry.path), Path(repo))
@@ -108,14 +108,15 @@ def scan(repositories: tuple[Root, ...] | list[Root],
 def scan_bucket(root: CloudRoot) -> list[ModelLocation]:
     """The model folders of a bucket, from one listing of its objects (nothing downloaded).
     Objects directly under the root, and first components that cannot be a model name
-    (hidden, ``..``, empty: a key with ``//``), are not models and are skipped."""
+    (``.``, ``..``, empty: a key with ``//``), are not models and are skipped; a hidden
+    folder is a model, as in Triton."""
     objects = open_store(root).list()
     if not objects:
         raise StorageError(f"no object under {root}: the bucket path is empty or missing")
     by_model: dict[str, list[ObjectInfo]] = {}
     for obj in objects:
         first, slash, rest = obj.rel.partition("/")
-        if not slash or first.startswith(".") or check_model_name(first) is not None:
+        if not slash or check_model_name(first) is not None:
             continue
         files = by_model.setdefault(first, [])
         if rest:  # "m/" alone is the model folder's own marker: the folder, nothing in it
@@ -227,13 +228,13 @@ MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems: a model folder's name ca
 def check_model_name(name: str) -> str | None:
     """Why ``name`` cannot be a model name (a single, plain path component), or None. A
     backslash is a plain character of a folder name here, as for Triton on Linux (a Python
-    model so named is then refused by its backend, as Triton's refuses it)."""
+    model so named is then refused by its backend, as Triton's refuses it), and so is a
+    leading dot: Triton's repository lists every folder but ``.`` and ``..`` (``...`` and
+    ``..my_model`` are models; its L0_mlflow deploys them)."""
     if not name:
         return "the model name is empty"
     if name in (".", "..") or "/" in name or "\0" in name:
         return f"'{name}' is not a valid model name: it must be a single folder name"
-    if name.startswith("."):
-        return f"'{name}' is not a valid model name: it must not start with '.'"
     if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
         return (f"'{name[:64]}...' is not a valid model name: it is longer than "
                 f"{MAX_NAME_BYTES} bytes, the longest folder name a file system allows")

@@ -29,12 +29,12 @@ def _upload_add_sub(cloud: Cloud, tmp_path: Path, name: str = "add_sub") -> Path
 def test_scan_lists_models_without_downloading(cloud: Cloud, tmp_path: Path) -> None:
     _upload_add_sub(cloud, tmp_path)
     cloud.put_bytes("README.md", b"not a model: a file at the top")
-    cloud.put_bytes(".hidden/config.pbtxt", b"")
+    cloud.put_bytes(".hidden/config.pbtxt", b"")  # a model folder, as in Triton
     cloud.put_bytes("add_sub/", b"")  # a console's "folder": the model folder's marker
     root = parse_root(cloud.url)
     found = scan([root])
     assert not found.unreadable
-    assert set(found.models) == {"add_sub"}
+    assert set(found.models) == {"add_sub", ".hidden"}
     location = found.models["add_sub"]
     assert location.remote is not None
     assert sorted(o.rel for o in location.remote.files) == ["1/model.onnx", "config.pbtxt"]

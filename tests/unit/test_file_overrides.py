@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from nursery.config.repository import check_model_name, override_relative_path, write_override
+from nursery.config.repository import (
+    check_model_name,
+    override_relative_path,
+    scan,
+    write_override,
+)
 from nursery.errors import InternalError
 
 
@@ -38,11 +43,22 @@ def test_write_override_keeps_files_inside(tmp_path: Path) -> None:
     assert not (tmp_path / "escape").exists()
 
 
-@pytest.mark.parametrize("name", ["model", "model\\test", "model;test", "a b", "TestModel123"])
+@pytest.mark.parametrize("name", ["model", "model\\test", "model;test", "a b", "TestModel123",
+                                  # Triton's L0_mlflow deploys these
+                                  "...", "..my_model", "model..1", ".hidden"])
 def test_model_names_that_are_one_folder(name: str) -> None:
     assert check_model_name(name) is None
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b", ".hidden"])
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b", "../x"])
 def test_model_names_that_are_not(name: str) -> None:
     assert check_model_name(name) is not None
+
+
+def test_a_hidden_folder_is_a_model_as_in_triton(tmp_path: Path) -> None:
+    """Triton's repository lists every folder but ``.`` and ``..``: its L0_mlflow deploys
+    models named ``...`` and ``..my_model``; a file at the top is no model."""
+    for name in ("...", "..my_model", ".hidden", "plain"):
+        (tmp_path / name / "1").mkdir(parents=True)
+    (tmp_path / ".file").write_text("not a folder")
+    assert set(scan([tmp_path]).models) == {"...", "..my_model", ".hidden", "plain"}
