@@ -828,6 +828,8 @@ def main() -> None:
         parser.error(f"{args.triton_server} does not look like Triton's server repository "
                      "(no qa/common/util.sh)")
     os.environ["NURSERY_QA_CASE_LIMIT"] = str(args.case_limit)  # read by the pytest hook
+    # the server repository's other folders (L0_mlflow's part copies deploy/mlflow-triton-plugin)
+    os.environ["NURSERY_QA_TRITON_SERVER"] = str(args.triton_server.resolve())
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not (args.reuse and (work / "qa").exists()):
