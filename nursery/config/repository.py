@@ -109,9 +109,11 @@ def scan_bucket(root: CloudRoot) -> list[ModelLocation]:
     """The model folders of a bucket, from one listing of its objects (nothing downloaded).
     Objects directly under the root, and first components that cannot be a model name
     (``.``, ``..``, empty: a key with ``//``), are not models and are skipped; a hidden
-    folder is a model, as in Triton."""
+    folder is a model, as in Triton. A path in a bucket with nothing under it is no
+    repository; the root of a bucket that exists (listed without error) is one, however
+    empty, as for Triton's file systems (a server then starts with no model)."""
     objects = open_store(root).list()
-    if not objects:
+    if not objects and root.prefix:
         raise StorageError(f"no object under {root}: the bucket path is empty or missing")
     by_model: dict[str, list[ObjectInfo]] = {}
     for obj in objects:

@@ -127,6 +127,15 @@ def test_empty_path_is_an_unreadable_repository(cloud: Cloud) -> None:
     assert "no object under" in reason
 
 
+def test_an_empty_bucket_root_is_a_repository_without_models(cloud: Cloud) -> None:
+    """Triton's file systems take the root of a bucket that exists as a folder, however
+    empty (its L0_storage_S3 starts a server on an empty bucket first); a path in it with
+    nothing under it is none (above)."""
+    root = cloud.url.rsplit("/models", 1)[0]
+    found = scan([parse_root(root)])
+    assert not found.unreadable and not found.models
+
+
 @pytest.mark.parametrize("key", ["evil/1/../../../../etc/passwd", "evil//etc/passwd",
                                  "evil/./config.pbtxt"])
 def test_keys_that_climb_out_fail_their_model(key: str, s3_port: int, tmp_path: Path,
