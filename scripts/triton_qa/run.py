@@ -130,6 +130,8 @@ GROUP_ENV = {
     "L0_storage_S3_local": {"BACKENDS": "onnx libtorch"},
     # (the default adds `plan`), run with parts/L0_storage_azure.sh against Azurite
     "L0_storage_azure": {"BACKENDS": "onnx libtorch"},
+    # (the default adds `plan`), run with parts/L0_storage_S3.sh against moto's S3
+    "L0_storage_S3": {"BACKENDS": "onnx libtorch"},
     # batch inputs of ragged models (the default adds `plan`)
     "L0_batch_input": {"BACKENDS": "onnx libtorch"},
     # its per-backend warm-up checks (the default adds `plan`)

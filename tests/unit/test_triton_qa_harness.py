@@ -550,6 +550,44 @@ def test_the_minio_download_gets_a_stand_in_s3_server(tmp_path):
     assert "nursery-qa: refused: wget" in proc.stderr
 
 
+def test_the_stand_in_s3_server_accepts_the_temporary_credentials_its_sts_issued(tmp_path):
+    """L0_storage_S3's temporary-credential run (`aws sts get-session-token`, then requests
+    signed with what it issued and its session token) and its access-decline run (the issued
+    key with a wrong secret): served, then refused with 403, as by AWS."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MINIO_ACCESS_KEY": "k", "MINIO_SECRET_KEY": "secret-k",
+           "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "secret-k",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "HOME": str(tmp_path)}
+    server = subprocess.Popen([sys.executable, str(run.HERE / "tools" / "minio.py"), "server",
+                               "--address", f"127.0.0.1:{port}"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def aws(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "awscli", *args], env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)
+    try:
+        for _ in range(100):
+            if aws("s3", "mb", "s3://bucket-one").returncode == 0:
+                break
+            time.sleep(0.2)
+        issued = json.loads(aws("sts", "get-session-token").stdout)["Credentials"]
+        temporary = {"AWS_ACCESS_KEY_ID": issued["AccessKeyId"],
+                     "AWS_SECRET_ACCESS_KEY": issued["SecretAccessKey"],
+                     "AWS_SESSION_TOKEN": issued["SessionToken"]}
+        assert aws("s3", "ls", "s3://bucket-one", **temporary).returncode == 0
+        declined = aws("s3", "ls", "s3://bucket-one", **{**temporary, "AWS_SESSION_TOKEN": "",
+                                                        "AWS_SECRET_ACCESS_KEY": "[Invalid]"})
+        assert declined.returncode != 0 and "SignatureDoesNotMatch" in declined.stderr
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 def test_private_folders_are_overlays_under_the_work_folder(tmp_path):
     commands = run.overlay_mounts(tmp_path, "L0_storage_S3_local")
     assert commands.count("mount -t overlay") == len(run.PRIVATE_DIRS["L0_storage_S3_local"])

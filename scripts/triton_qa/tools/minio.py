@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import io
 import os
 import re
 import signal
@@ -83,12 +84,32 @@ def signature_ok(environ: dict[str, Any], key_id: str, secret: str) -> bool:
     return hmac.compare_digest(expected, signature)
 
 
+_ISSUED = re.compile(rb"<AccessKeyId>([^<]+)</AccessKeyId>\s*<SecretAccessKey>([^<]+)"
+                     rb"</SecretAccessKey>")
+
+
 def checked(app: Callable[..., Iterable[bytes]], key_id: str, secret: str
             ) -> Callable[..., Iterable[bytes]]:
-    """``app`` behind MinIO's check: a request not signed with these credentials gets 403."""
+    """``app`` behind MinIO's check: a request not signed with these credentials, or with
+    temporary ones this server's STS issued (``aws sts get-session-token``: Triton's
+    L0_storage_S3), gets 403."""
+    keys = {key_id: secret}
+
     def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if signature_ok(environ, key_id, secret):
-            return app(environ, start_response)
+        match = _AUTH.search(environ.get("HTTP_AUTHORIZATION", ""))
+        known = keys.get(match.group(1)) if match else None
+        if match and "HTTP_X_AMZ_CONTENT_SHA256" not in environ:  # STS: the form is signed
+            size = int(environ.get("CONTENT_LENGTH") or 0)
+            form = environ["wsgi.input"].read(size) if size else b""
+            environ["wsgi.input"] = io.BytesIO(form)
+            environ["HTTP_X_AMZ_CONTENT_SHA256"] = hashlib.sha256(form).hexdigest()
+        if known is not None and signature_ok(environ, match.group(1), known):  # type: ignore[union-attr]
+            if match.group(4) != "sts":  # type: ignore[union-attr]
+                return app(environ, start_response)
+            body = b"".join(app(environ, start_response))
+            for issued_id, issued_secret in _ISSUED.findall(body):
+                keys[issued_id.decode()] = issued_secret.decode()
+            return [body]
         body = b"" if environ.get("REQUEST_METHOD") == "HEAD" else _DENIED
         start_response("403 Forbidden", [("Content-Type", "application/xml"),
                                          ("Content-Length", str(len(body)))])

@@ -1,0 +1,23 @@
+# Sourced by the part scripts of groups that use an S3 bucket (L0_mlflow, L0_storage_S3):
+# an S3 server on a free loopback port, stopped when the script exits (the harness's MinIO
+# stand-in, tools/minio.py: moto's S3 and STS, serving only requests signed with these
+# credentials or with temporary ones its STS issued, as AWS refuses a wrong key), and the AWS
+# CLI pointed at it. AWS_ENDPOINT_URL is read by boto3 and botocore everywhere: the AWS CLI
+# (the `awscli` package, run as `aws` by an exported shell function, since only the package
+# is installed here), Triton's clients and nursery's S3 repository alike. HOME is the group
+# folder's own, so that `aws configure set` writes ~/.aws there, not in this machine's home.
+port=$("$NURSERY_QA_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+MINIO_ACCESS_KEY=nursery-qa MINIO_SECRET_KEY=nursery-qa "$NURSERY_QA_PYTHON" \
+  "$NURSERY_QA_TOOLS/minio.py" server --address "127.0.0.1:$port" \
+  > "$PWD/../${PWD##*/}.s3.log" 2>&1 &
+NURSERY_QA_S3=$!
+trap 'kill $NURSERY_QA_S3 2>/dev/null; wait $NURSERY_QA_S3 2>/dev/null' EXIT
+for _ in $(seq 100); do
+  "$NURSERY_QA_PYTHON" -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2>/dev/null && break
+  sleep 0.2
+done
+mkdir -p "$PWD/home"
+export HOME="$PWD/home" AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=nursery-qa \
+  AWS_SECRET_ACCESS_KEY=nursery-qa AWS_DEFAULT_REGION=us-east-1 CI_JOB_ID="${CI_JOB_ID:-nursery}"
+aws() { "$NURSERY_QA_PYTHON" -m awscli "$@"; }
+export -f aws
