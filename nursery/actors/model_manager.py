@@ -172,7 +172,8 @@ class _Manager:
         # what each model's folder held when it last loaded from it (config overrides too):
         # a version whose own files did not change since may be updated in place
         self.folders: dict[ModelId, ModelFingerprint | None] = {}
-        self.override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
+        # where load requests' 'file:' overrides are written: made on first use, removed at exit
+        self._override_root: Path | None = None
         # where models of buckets are made local: --cloud-cache-directory, else a temporary
         # folder per cloud (made on first use, under Triton's mount directory) removed at exit
         self.cloud_cache = Path(cloud_cache) if cloud_cache else None
@@ -265,6 +266,20 @@ class _Manager:
             entry.users -= 1
             if not entry.users:
                 del self.locks[name]
+
+    @property
+    def override_root(self) -> Path:
+        if self._override_root is None:
+            self._override_root = Path(tempfile.mkdtemp(prefix="nursery-overrides-"))
+        return self._override_root
+
+    def remove_temporary_folders(self) -> None:
+        """The overrides' folder and the buckets' temporary copies (not a
+        --cloud-cache-directory, which is the user's)."""
+        if self._override_root is not None:
+            shutil.rmtree(self._override_root, ignore_errors=True)
+        for folder in self.cloud_temp.values():
+            shutil.rmtree(folder, ignore_errors=True)
 
     def scan_repositories(self) -> RepositoryScan:
         """Every model folder of the repositories (registered ones too, their folders under
@@ -1088,13 +1103,10 @@ async def run(
                 commands.cancel_scope.cancel()
             else:
                 task_status.started(failed)
-        if startup_failed:
-            await manager.unload_all()
-            raise StartupError("failed to load all models")
         await manager.unload_all()
-        shutil.rmtree(manager.override_root, ignore_errors=True)
-        for folder in manager.cloud_temp.values():
-            shutil.rmtree(folder, ignore_errors=True)
+        manager.remove_temporary_folders()  # a failed start-up leaves none behind either
+        if startup_failed:
+            raise StartupError("failed to load all models")
 
 
 def load_name_problem(name: str) -> NurseryError | None:

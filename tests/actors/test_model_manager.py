@@ -435,3 +435,35 @@ async def test_nested_ensembles_load_and_only_real_cycles_are_refused(
         assert await h.command(messages.UnloadModel, "outer2") is None
         assert await h.command(messages.LoadModel, "outer2") is None
         assert h.state("inner") == (ModelState.READY, "")
+
+
+async def test_the_overrides_folder_is_made_only_when_used_and_removed_at_exit(
+    tmp_path: Path, factory: FakeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager makes its temporary folder for 'file:' overrides on the first load that
+    writes one, and removes it when it stops; a start-up that fails leaves none either."""
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    repo = tmp_path / "repo"
+    write_fake_model(repo, "m")
+    async with _manager(repo, factory, ["m"]) as h:
+        assert list(temp.iterdir()) == []  # nothing made for a manager that writes nothing
+        send, receive = trio.open_memory_channel[Any](1)
+        override = config_from_json(
+            '{"backend": "fake", "max_batch_size": 4, "input": [{"name": "INPUT0", '
+            '"data_type": "TYPE_FP32", "dims": [2]}], "output": [{"name": "OUTPUT0", '
+            '"data_type": "TYPE_FP32", "dims": [2]}]}')
+        await h.commands.send(messages.LoadModel("m2", send, config=override,
+                                                 files={"1/weights.bin": b"w"}))
+        assert await receive.receive() is None
+        assert [p.name[:18] for p in temp.iterdir()] == ["nursery-overrides-"]
+    assert list(temp.iterdir()) == []
+    factory.fail_load = "nope"
+    with pytest.raises(BaseException) as err:  # noqa: PT011 - trio wraps it in a group
+        async with _manager(repo, factory, ["m"], exit_on_error=True):
+            pass
+    assert isinstance(errors.first_error(err.value), errors.StartupError)
+    assert list(temp.iterdir()) == []
