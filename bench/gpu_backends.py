@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The MLP on the GPU: ONNX Runtime CUDA vs TensorRT vs PyTorch, through nursery and called
-directly in-process (needs a GPU and the 'gpu' extra; never run yet, see README).
+directly in-process (needs a GPU; first run to its end on the lent H200, bench/README.md).
 
     python bench/gpu_backends.py [--concurrency 16] [--seconds 5]
 
