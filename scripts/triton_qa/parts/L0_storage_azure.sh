@@ -13,16 +13,14 @@ if [ ! -x "$AZURITE" ]; then
   echo "nursery-qa: Azurite is not installed (bash scripts/install_azurite.sh)" >&2
   exit 1
 fi
-port=$("$NURSERY_QA_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+source "$NURSERY_QA_ROOT/scripts/triton_qa/parts/lib/loopback.sh"
+port=$(free_port)
 rm -rf azurite-data && mkdir azurite-data
 "$AZURITE" --blobHost 127.0.0.1 --blobPort "$port" --location azurite-data --silent \
   --skipApiVersionCheck --loose > azurite-data/azurite.log 2>&1 &
 azurite=$!
 trap 'kill $azurite 2>/dev/null; wait $azurite 2>/dev/null' EXIT
-for _ in $(seq 100); do
-  "$NURSERY_QA_PYTHON" -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2>/dev/null && break
-  sleep 0.2
-done
+wait_port "$port"
 export AZURE_STORAGE_CONNECTION_STRING="$(PYTHONPATH="$NURSERY_QA_ROOT" "$NURSERY_QA_PYTHON" -c \
   "from tests.cloud_servers import azurite_connection; print(azurite_connection($port))")"
 export AZURE_STORAGE_ACCOUNT=devstoreaccount1

@@ -6,16 +6,14 @@
 # (the `awscli` package, run as `aws` by an exported shell function, since only the package
 # is installed here), Triton's clients and nursery's S3 repository alike. HOME is the group
 # folder's own, so that `aws configure set` writes ~/.aws there, not in this machine's home.
-port=$("$NURSERY_QA_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+source "$NURSERY_QA_ROOT/scripts/triton_qa/parts/lib/loopback.sh"
+port=$(free_port)
 MINIO_ACCESS_KEY=nursery-qa MINIO_SECRET_KEY=nursery-qa "$NURSERY_QA_PYTHON" \
   "$NURSERY_QA_TOOLS/minio.py" server --address "127.0.0.1:$port" \
   > "$PWD/../${PWD##*/}.s3.log" 2>&1 &
 NURSERY_QA_S3=$!
 trap 'kill $NURSERY_QA_S3 2>/dev/null; wait $NURSERY_QA_S3 2>/dev/null' EXIT
-for _ in $(seq 100); do
-  "$NURSERY_QA_PYTHON" -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2>/dev/null && break
-  sleep 0.2
-done
+wait_port "$port"
 mkdir -p "$PWD/home"
 export HOME="$PWD/home" AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_ACCESS_KEY_ID=nursery-qa \
   AWS_SECRET_ACCESS_KEY=nursery-qa AWS_DEFAULT_REGION=us-east-1 CI_JOB_ID="${CI_JOB_ID:-nursery}"
