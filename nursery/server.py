@@ -488,9 +488,9 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
         if handle_signals:
             watcher = await root.start(_watch_signals, shutdown, settings.exit_timeout_secs)
         cache: trio.MemorySendChannel[Any] | None = None
-        if settings.cache_size:
+        if settings.cache is not None:
             cache, cache_inbox = trio.open_memory_channel[Any](math.inf)
-            await root.start(partial(response_cache.run, budget=settings.cache_size,
+            await root.start(partial(response_cache.run, config=settings.cache,
                                      inbox=cache_inbox, faults=faults))
         limiter: RateLimiterClient | None = None
         if settings.rate_limit == "execution_count":

@@ -27,7 +27,7 @@ from nursery.protocol.access import (
     parse_restrictions,
 )
 from nursery.protocol.tls import TlsFiles
-from nursery.scheduling.cache_store import parse_cache_config
+from nursery.scheduling.cache_store import CacheConfig, parse_cache_config
 from nursery.scheduling.model_budget import Budget, parse_budget
 from nursery.scheduling.rate_limit_policy import parse_resource_flag
 
@@ -144,7 +144,7 @@ class Settings:
     trace: TraceSettings = field(default_factory=TraceSettings)
     rate_limit: str = "off"  # --rate-limit off|execution_count
     rate_limit_resources: tuple[tuple[tuple[str, int | None], int], ...] = ()
-    cache_size: int | None = None  # --cache-config local,size=N: the response cache's bytes
+    cache: CacheConfig | None = None  # --cache-config: the response cache (None: none)
     http_max_input_size: int = DEFAULT_HTTP_MAX_INPUT_SIZE
     http_max_body_size: int = DEFAULT_HTTP_MAX_BODY_SIZE
     http_head_timeout: float = DEFAULT_HTTP_HEAD_TIMEOUT
@@ -350,8 +350,11 @@ def build_parser(prog: str = "python -m nursery serve",
     parser.add_argument(
         "--cache-config", action="append", default=[], metavar="<string>",
         help="Specify a cache-specific configuration setting. The format of this flag is "
-        "--cache-config=<cache_name>,<setting>=<value>. This server has the 'local' cache: "
-        "--cache-config local,size=<bytes> enables a response cache of that many bytes.",
+        "--cache-config=<cache_name>,<setting>=<value>. This server has the 'local' cache "
+        "(--cache-config local,size=<bytes>: a response cache of that many bytes in this "
+        "process) and the 'redis' cache (--cache-config redis,host=<host> --cache-config "
+        "redis,port=<port>, and optionally user, password, db, connect_timeout, "
+        "socket_timeout, pool_size, wait_timeout, tls_enabled, cert, key, cacert, sni).",
     )
     parser.add_argument(
         "--rate-limit", choices=["off", "execution_count"], default="off", type=str.lower,
@@ -970,13 +973,12 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         trace = settings_from_config(tuple(trace_entries))
     except ValueError as exc:
         parser.error(str(exc))
-    cache_entries = list(args.cache_config)
-    if args.response_cache_byte_size is not None:
-        cache_entries.append(f"local,size={args.response_cache_byte_size}")
     try:
-        cache_size = parse_cache_config(cache_entries)
+        cache = parse_cache_config(list(args.cache_config), args.response_cache_byte_size)
     except ValueError as exc:
         parser.error(str(exc))
+    if cache is not None and cache.name == "local" and not cache.size:
+        cache = None  # a local cache of 0 bytes keeps nothing
     resources = []
     for entry in args.rate_limit_resource:
         try:
@@ -1002,6 +1004,12 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         if args.disable_auto_complete_config and not args.strict_model_config:
             cli_warnings.append("Warning: Overriding deprecated '--strict-model-config' from "
                                 "False to True in favor of '--disable-auto-complete-config'!")
+    if args.response_cache_byte_size is not None:  # tritonserver's words, on stderr
+        cli_warnings.append(
+            "Warning: '--response-cache-byte-size' has been deprecated! This will default to "
+            "the 'local' cache implementation with the provided byte size for its config. "
+            "Please use '--cache-config' instead. The equivalent --cache-config CLI args "
+            f"would be: '--cache-config=local,size={args.response_cache_byte_size}'")
     inactive = tuple(
         flag for flag in _LATER_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None
     )
@@ -1095,7 +1103,7 @@ def settings_from_args(argv: list[str], *, prog: str = "python -m nursery serve"
         metrics_interval_ms=args.metrics_interval_ms,
         metrics_config=tuple(metrics_config),
         trace=trace,
-        cache_size=cache_size or None,
+        cache=cache,
         rate_limit=args.rate_limit,
         rate_limit_resources=tuple(resources),
         http_max_input_size=args.http_max_input_size,

@@ -3,7 +3,9 @@ to upload a model repository to them through each cloud's own SDK.
 
 - S3: moto's standalone server (``ThreadedMotoServer``, in this process);
 - GCS: gcp-storage-emulator (in this process; ``STORAGE_EMULATOR_HOST`` points at it);
-- Azure: Azurite's blob service (node, installed by scripts/install_azurite.sh, a subprocess).
+- Azure: Azurite's blob service (node, installed by scripts/install_azurite.sh, a subprocess);
+- Redis (the response cache's ``--cache-config redis,...``): ``redis-server``, installed by
+  scripts/install_redis.sh, a subprocess (:func:`redis_server`).
 
 Each is a context manager yielding a :class:`Cloud`: the URL of a repository in a fresh
 bucket, the environment a client (nursery or a test) needs to reach it, and ``put`` /
@@ -238,3 +240,34 @@ def silent_server() -> Iterator[int]:
         listener.bind(("127.0.0.1", 0))
         listener.listen(64)
         yield int(listener.getsockname()[1])
+
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+@contextmanager
+def redis_server(workdir: Path, port: int | None = None,
+                 password: str | None = None) -> Iterator[int]:
+    """A real Redis server on a free loopback port (or ``port``), with no persistence;
+    ``password``: its ``requirepass``."""
+    if not Path(REDIS_SERVER).exists():
+        raise RuntimeError("redis-server is not installed: run scripts/install_redis.sh (the "
+                           "project's install step, .ci/run)")
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(workdir), "--logfile",
+            str(workdir / f"redis-{port}.log")]
+    if password:
+        args += ["--requirepass", password]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait_port(port, proc)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -42,7 +42,14 @@ from nursery.actors import mailbox
 from nursery.config.model import ModelConfig, TensorSpec
 from nursery.errors import Cancelled, InternalError, InvalidArgument, NurseryError, Unavailable
 from nursery.execution.classification import classify_response
-from nursery.messages import CancelWork, CloseIntake, InferWork, Part, StatsQuery
+from nursery.messages import (
+    CacheOutcome,
+    CancelWork,
+    CloseIntake,
+    InferWork,
+    Part,
+    StatsQuery,
+)
 from nursery.observability.stats import BatchReport, StatsAccumulator
 from nursery.observability.tracing import child_of
 from nursery.runtime.supervision import Boundary, FaultCounter
@@ -639,6 +646,11 @@ async def _intake(inbox: trio.MemoryReceiveChannel[Any], serve: Callable[..., An
                 # nothing waits in an ensemble: its requests are its steps' pending ones, as
                 # Triton reports it (the ensemble's own pending count stays 0; L0_metrics)
                 _answer(message, stats.snapshot(0))
+            elif isinstance(message, CacheOutcome):
+                # ``response_cache { enable: true }`` on the ensemble itself: the model
+                # client asked the cache for the whole request (Triton caches an ensemble's
+                # top-level answer and counts its hits and misses on the ensemble)
+                stats.record_cache(message.hit, message.cache_ns, message.request_ns)
             elif isinstance(message, CloseIntake):
                 closing = True
 

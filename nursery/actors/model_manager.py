@@ -873,6 +873,10 @@ class _Manager:
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
         decoupled = check_wiring(config, steps)
+        if decoupled and config.proto.response_cache.enable:  # Triton's words
+            raise ConfigError(f"{where}: Response Cache does not currently support model "
+                              f"'{config.name}' with 'decoupled' transaction policy. Please "
+                              "disable the response cache.")
         # what tensors need between batching and non-batching models (Triton's
         # ReshapeTensorDims), from the step models as they are loaded now
         # (an output's configured shape is its reshape where it has one, as in Triton; the

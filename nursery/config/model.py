@@ -688,7 +688,8 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
                         "in Triton core.", control.metric_identifier.family)
     if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
         raise ConfigError(f"{where}: Response Cache does not currently support model "
-                          f"'{proto.name}' with 'decoupled' transaction policy.")
+                          f"'{proto.name}' with 'decoupled' transaction policy. Please "
+                          "disable the response cache.")
     return ModelConfig(
         name=proto.name,
         platform=proto.platform,

@@ -30,7 +30,7 @@ async def _ask(inbox: trio.MemorySendChannel[Any], make: Any) -> Any:
 async def test_cache_actor_hits_misses_and_budget() -> None:
     send, inbox = trio.open_memory_channel[Any](math.inf)
     async with trio.open_nursery() as nursery:
-        await nursery.start(partial(response_cache.run, budget=1000, inbox=inbox))
+        await nursery.start(partial(response_cache.run_local, budget=1000, inbox=inbox))
         out = np.arange(10, dtype=np.float32)
         response = InferenceResponse("m", "1", [Tensor("Y", DataType.FP32, (10,), out)])
         assert await _ask(send, lambda r: CacheLookup(b"k1", r)) is None

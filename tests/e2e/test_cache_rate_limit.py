@@ -146,9 +146,12 @@ def test_budget_holds_under_a_flood_and_concurrent_hits_are_right(
 def test_cache_config_errors(tmp_path: Path, start_server: Any) -> None:
     repo = tmp_path / "repo"
     make_models.write_mlp(repo)
-    bad = start_server(repo, "--cache-config", "redis,host=x", wait=False)
+    bad = start_server(repo, "--cache-config", "memcached,host=x", wait=False)
     assert bad.wait_exit() == 2
-    assert "cache implementation 'redis' is not available" in bad.log()
+    assert "cache implementation 'memcached' is not available" in bad.log()
+    half = start_server(repo, "--cache-config", "redis,host=x", wait=False)  # no port
+    assert half.wait_exit() == 2
+    assert "Must at a minimum specify 'host' and 'port'" in half.log()
 
 
 # -- rate limiter ------------------------------------------------------------------------------

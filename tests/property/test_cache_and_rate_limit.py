@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nursery.scheduling.cache_store import LruStore, parse_cache_config, request_key
+from nursery.scheduling.cache_store import (
+    CacheConfig,
+    LruStore,
+    entry_fields,
+    parse_cache_config,
+    request_key,
+    response_from_fields,
+)
 from nursery.scheduling.rate_limit_policy import (
     GLOBAL,
     RateLimitError,
@@ -20,7 +27,7 @@ from nursery.scheduling.rate_limit_policy import (
     ResourceNeed,
     parse_resource_flag,
 )
-from nursery.types import DataType, InferenceRequest, RequestedOutput, Tensor
+from nursery.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 # -- the key -----------------------------------------------------------------------------------
 
@@ -153,10 +160,70 @@ TestLru.settings = settings(max_examples=60, stateful_step_count=40, deadline=No
 
 def test_cache_config_parsing() -> None:
     assert parse_cache_config([]) is None
-    assert parse_cache_config(["local,size=1048576"]) == 1048576
-    for bad in (["redis,host=x"], ["local,bytes=1"], ["local,size=many"], ["local"]):
-        with pytest.raises(ValueError, match="cache|local|size"):
+    assert parse_cache_config(["local,size=1048576"]) == CacheConfig("local", size=1048576)
+    assert parse_cache_config([], 8192) == CacheConfig("local", size=8192)  # the old flag
+    for bad in (["redis,host=x"], ["local,bytes=1"], ["local,size=many"], ["local"],
+                ["memcached,size=1"], [",size=1"], ["local,size="]):
+        with pytest.raises(ValueError, match="cache|local|size|host"):
             parse_cache_config(bad)
+
+
+def test_cache_config_errors_in_tritons_words() -> None:
+    with pytest.raises(ValueError, match="multiple cache configurations, but only a single"):
+        parse_cache_config(["local,size=8192", "redis,key=value"])
+    with pytest.raises(ValueError, match="Incompatible flags --response-cache-byte-size and "
+                                         "--cache-config both provided"):
+        parse_cache_config(["local,size=1"], 12345)
+    with pytest.raises(ValueError, match="Must at a minimum specify 'host' and 'port'"):
+        parse_cache_config(["redis,port=localhost"])
+
+
+def test_redis_cache_options() -> None:
+    config = parse_cache_config(
+        ["redis,host=cache.example", "redis,port=6380", "redis,db=2", "redis,pool_size=4",
+         "redis,wait_timeout=50", "redis,password=a=b,c", "redis,flavour=x"], environ={})
+    assert config is not None and config.name == "redis" and config.redis is not None
+    redis = config.redis
+    assert (redis.host, redis.port, redis.db, redis.pool_size, redis.wait_timeout) == (
+        "cache.example", 6380, 2, 4, 50)
+    assert redis.password == "a=b,c"  # the value runs to the end of the entry
+    assert redis.ignored == ("flavour",)  # Triton ignores what it does not read; so does this
+    assert "a=b,c" not in repr(redis)
+    assert (redis.connect_timeout, redis.socket_timeout, redis.tls_enabled) == (0, 0, False)
+    # numbers are read as C's atoi reads them, as Triton's Redis cache does
+    odd = parse_cache_config(["redis,host=h", "redis,port=nonexistent"], environ={})
+    assert odd is not None and odd.redis is not None and odd.redis.port == 0
+    # credentials from the environment unless the flags give them
+    env = {"TRITONCACHE_REDIS_USERNAME": "alice", "TRITONCACHE_REDIS_PASSWORD": "s3cret"}
+    both = parse_cache_config(["redis,host=h", "redis,port=1"], environ=env)
+    assert both is not None and both.redis is not None
+    assert (both.redis.user, both.redis.password) == ("alice", "s3cret")
+    flag = parse_cache_config(["redis,host=h", "redis,port=1", "redis,password=p"],
+                              environ=env)
+    assert flag is not None and flag.redis is not None and flag.redis.password == "p"
+
+
+@given(st.dictionaries(st.sampled_from(["0.name", "outputs", "format", "0.data", "0.shape",
+                                         "parameters", "model", "version", "0.datatype"]),
+                       st.binary(max_size=24)))
+def test_damaged_redis_entries_are_refused_not_crashed_on(fields: dict[str, bytes]) -> None:
+    try:
+        response_from_fields({k.encode(): v for k, v in fields.items()})
+    except ValueError:
+        pass
+
+
+def test_redis_entry_round_trip() -> None:
+    response = InferenceResponse("m", "3", [
+        Tensor("A", DataType.FP32, (1, 2), np.arange(2, dtype=np.float32).reshape(1, 2)),
+        Tensor("S", DataType.BYTES, (2,), np.array([b"x", b"\x00yz"], dtype=object)),
+        Tensor("E", DataType.INT8, (), np.array(5, np.int8))], "id-1", {"p": 1, "q": "r"})
+    back = response_from_fields(entry_fields(response))
+    assert (back.model_name, back.model_version, back.id, back.parameters) == (
+        "m", "3", "", {"p": 1, "q": "r"})
+    for a, b in zip(response.outputs, back.outputs, strict=True):
+        assert (a.name, a.datatype, a.shape) == (b.name, b.datatype, b.shape)
+        assert a.data.tolist() == b.data.tolist() and not b.data.flags.writeable
 
 
 # -- the rate limiter's policy -----------------------------------------------------------------
