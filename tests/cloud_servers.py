@@ -246,10 +246,12 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 @contextmanager
-def redis_server(workdir: Path, port: int | None = None,
-                 password: str | None = None) -> Iterator[int]:
+def redis_server(workdir: Path, port: int | None = None, password: str | None = None,
+                 tls: tuple[Path, Path, Path] | None = None,
+                 client_certs: bool = False) -> Iterator[int]:
     """A real Redis server on a free loopback port (or ``port``), with no persistence;
-    ``password``: its ``requirepass``."""
+    ``password``: its ``requirepass``; ``tls``: (certificate, key, CA) to serve TLS only on
+    that port, asking clients for a certificate the CA signed when ``client_certs``."""
     if not Path(REDIS_SERVER).exists():
         raise RuntimeError("redis-server is not installed: run scripts/install_redis.sh (the "
                            "project's install step, .ci/run)")
@@ -260,6 +262,10 @@ def redis_server(workdir: Path, port: int | None = None,
             str(workdir / f"redis-{port}.log")]
     if password:
         args += ["--requirepass", password]
+    if tls is not None:
+        args += ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(tls[0]),
+                 "--tls-key-file", str(tls[1]), "--tls-ca-cert-file", str(tls[2]),
+                 "--tls-auth-clients", "yes" if client_certs else "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         _wait_port(port, proc)

@@ -215,7 +215,7 @@ class Connection:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                 ssl.SSLError) as exc:
             self.broken = True
-            raise RedisError(f"the connection to Redis failed: {exc}") from None
+            raise RedisError(f"the connection to Redis failed: {_reason(exc)}") from None
         except RedisError:
             self.broken = True
             raise
@@ -227,6 +227,17 @@ class Connection:
         self.broken = True
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self._stream)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first words in ``exc`` or what caused it (trio wraps a TLS failure in a
+    BrokenResourceError that has none of its own)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return type(exc).__name__
 
 
 async def _connect(host: str, port: int) -> trio.SocketStream:

@@ -160,6 +160,37 @@ def test_start_up_failures_in_tritons_words(tmp_path: Path, start_server: Any) -
                              "add_sub_cached") == (1, 0)  # the first server's answer
 
 
+def test_redis_over_tls_with_a_client_certificate(tmp_path: Path, start_server: Any) -> None:
+    from tests.e2e.test_security import Authority
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca = Authority(pki, "redis-test-ca")
+    served, client = ca.issue("redis", server=True), ca.issue("nursery", server=False)
+    repo = _repo(tmp_path)
+    tls = ("tls_enabled=true", f"cacert={ca.path}")
+    with redis_server(tmp_path / "redis", tls=(served.cert, served.key, ca.path),
+                      client_certs=True) as port:
+        # no certificate of its own: Redis ends the handshake, and the start fails
+        text = _failed_start(repo, *_redis_flags(port, *tls))
+        assert "Failed to initialize RedisCache: the connection to Redis failed: " in text
+        assert "certificate required" in text
+        # without the CA, the server's certificate is not trusted
+        assert "certificate verify failed" in _failed_start(
+            repo, *_redis_flags(port, "tls_enabled=true"))
+        # plain TCP to a TLS port: no PING answer, the connection closed
+        assert "Failed to initialize RedisCache" in _failed_start(
+            repo, *_redis_flags(port, "socket_timeout=2000"))
+        server = start_server(repo, *_redis_flags(
+            port, *tls, f"cert={client.cert}", f"key={client.key}"))
+        http = httpclient.InferenceServerClient(server.url)
+        first = _infer(http, httpclient, "add_sub_cached", 5)
+        again = _infer(http, httpclient, "add_sub_cached", 5)
+        np.testing.assert_array_equal(first["OUTPUT0"], again["OUTPUT0"])
+        assert _cache_counts(http, "add_sub_cached") == (1, 1)
+        assert "TLS" in server.log()
+
+
 # -- the ensemble's own response cache (local) ----------------------------------------------
 
 
