@@ -56,6 +56,7 @@ from nursery.errors import (
 from nursery.messages import Part
 from nursery.observability.logs import LogManager, LogSettings
 from nursery.protocol.codecs import stats as stats_codec
+from nursery.protocol.http.metrics import metrics_text
 from nursery.server import Running, serve
 from nursery.settings import Settings, settings_from_args
 from nursery.types import DataType, InferenceRequest, RequestedOutput, tensor_of
@@ -102,6 +103,13 @@ class _Holder:
     cancelled: bool = False
 
 
+class _Relay:
+    """An inbox that hands each item to a function, on the server's thread."""
+
+    def __init__(self, deliver: Callable[[Any], None]) -> None:
+        self.put = deliver
+
+
 class _Inbox:
     """Where answers from the server's thread arrive, in the caller's world: a plain
     thread's queue, or an event of the caller's trio or asyncio loop. ``put`` is called on
@@ -145,7 +153,7 @@ class Server:
     """
 
     def __init__(self, model_repository: str | os.PathLike[str] | Sequence[Any] | None = None,
-                 **flags: Any) -> None:
+                 *, exclusive: bool = True, **flags: Any) -> None:
         self._closed = True  # until started
         repos = model_repository
         if repos is None:
@@ -166,7 +174,8 @@ class Server:
             raise
         self._factory = CallableFactory()
         self._claims: list[str] = []
-        self._claim(self.settings.model_repositories[:-1])
+        if exclusive:
+            self._claim(self.settings.model_repositories[:-1])
         self._log_manager: LogManager | None = None
         if any(k in flags for k in _LOG_FLAGS):
             s = self.settings
@@ -296,7 +305,7 @@ class Server:
     # -- the bridge ------------------------------------------------------------------------
 
     def _spawn(self, async_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-               inbox: _Inbox) -> _Holder:
+               inbox: _Inbox | _Relay) -> _Holder:
         """Run ``async_fn(*args)`` on the server's thread; its outcome goes to ``inbox``."""
         if self._closed or self._token is None:
             raise Unavailable(CLOSED)
@@ -315,7 +324,7 @@ class Server:
         return holder
 
     async def _run_call(self, async_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-                        inbox: _Inbox, holder: _Holder) -> None:
+                        inbox: _Inbox | _Relay, holder: _Holder) -> None:
         result: outcome.Outcome[Any] = outcome.Error(Unavailable(CLOSED))
         try:
             with trio.CancelScope() as scope:
@@ -433,7 +442,7 @@ class Server:
                                 priority, timeout_us)
         return await self._acall(self._infer, request)  # type: ignore[no-any-return]
 
-    async def _stream(self, request: InferenceRequest, inbox: _Inbox) -> None:
+    async def _stream(self, request: InferenceRequest, inbox: _Inbox | _Relay) -> None:
         core = self._core
         handle = await core.acquire(request.model_name, request.model_version)
         del handle  # resolved (and loaded on demand) before the stream starts
@@ -493,6 +502,17 @@ class Server:
             if not finished:
                 self._cancel(holder)
 
+    def submit_stream(self, request: InferenceRequest,
+                      deliver: Callable[[Any], None]) -> Callable[[], None]:
+        """Start one request now (any model, decoupled or not); ``deliver`` is called on the
+        server's thread with each :class:`~nursery.messages.Part` of its answer as it comes
+        (the last one ``final``), then once with the call's outcome (``outcome.Value`` or,
+        when it failed before answering, ``outcome.Error``). It must not block. Returns the
+        function that cancels the request. The face the ``tritonserver`` package is built
+        on."""
+        relay = _Relay(deliver)
+        return partial(self._cancel, self._spawn(self._stream, (request, relay), relay))
+
     # -- health, metadata, statistics ------------------------------------------------------
 
     def live(self) -> bool:
@@ -541,6 +561,18 @@ class Server:
         async def index() -> list[dict[str, Any]]:
             return [e.as_json() for e in await self._core.repository_index(ready)]
         return self._call(index)  # type: ignore[no-any-return]
+
+    def metrics_text(self) -> str:
+        """One scrape of the server's metrics, Prometheus text (what the metrics port
+        answers, without opening one)."""
+        async def scrape() -> str:
+            running = self._running
+            if running is None or running.frontends is None:
+                raise Unavailable(CLOSED)
+            fronts = running.frontends
+            text = metrics_text(fronts.core, fronts.sampler, fronts.options)
+            return (await text()).decode()
+        return self._call(scrape)  # type: ignore[no-any-return]
 
     # -- the repository --------------------------------------------------------------------
 
@@ -628,22 +660,47 @@ class Server:
     # -- frontends -------------------------------------------------------------------------
 
     def _serve_frontend(self, kind: str, port: int, address: str | None) -> list[str]:
+        return self.start_frontend(kind, port, address).addresses
+
+    def start_frontend(self, kind: str, port: int, address: str | None = None) -> Frontend:
+        """Start the ``kind`` frontend ("http", "grpc" or "metrics") on ``address:port``;
+        it serves until :meth:`Frontend.stop` or the server's close."""
         settings = self.settings
         default = {"http": settings.http_address, "grpc": settings.grpc_address,
                    "metrics": settings.metrics_address}[kind]
         where = default if address is None else address
+        own_stop = trio.Event()
+        ended = trio.Event()
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+            running, stop = self._running, self._front_stop
+            if running is None or running.frontends is None or stop is None:
+                raise Unavailable(CLOSED)
+            try:
+                with scope:
+                    async with trio.open_nursery() as own:
+                        relay = trio.CancelScope()
+                        own.start_soon(_relay_event, stop, own_stop, relay)
+                        binds = await running.frontends.start(own, kind, own_stop, where, port)
+                        task_status.started(binds)
+                        await own_stop.wait()
+                        relay.cancel()  # the frontend's tasks are all that is left to end
+                        own.cancel_scope.deadline = (trio.current_time()
+                                                     + settings.exit_timeout_secs)
+            finally:
+                ended.set()
 
         async def start() -> list[str]:
-            running, fronts, stop = self._running, self._fronts, self._front_stop
-            if running is None or running.frontends is None or fronts is None or stop is None:
+            if self._fronts is None:
                 raise Unavailable(CLOSED)
-            return await running.frontends.start(fronts, kind, stop, where, port)
+            return await self._fronts.start(run)  # type: ignore[no-any-return]
         binds: list[str] = self._call(start)
         for bind in binds:
             log.info("Started %s at %s", {"http": "HTTPService", "grpc":
                                           "GRPCInferenceService",
                                           "metrics": "Metrics Service"}[kind], bind)
-        return binds
+        return Frontend(self, kind, binds, own_stop, ended)
 
     def serve_http(self, port: int = 8000, address: str | None = None) -> list[str]:
         """Serve KServe v2 HTTP (and Triton's extensions) on ``address:port`` (port 0: a
@@ -657,6 +714,37 @@ class Server:
     def serve_metrics(self, port: int = 8002, address: str | None = None) -> list[str]:
         """Serve Prometheus metrics on ``address:port``; the addresses it listens on."""
         return self._serve_frontend("metrics", port, address)
+
+
+async def _relay_event(source: trio.Event, target: trio.Event,
+                       scope: trio.CancelScope) -> None:
+    with scope:
+        await source.wait()
+        target.set()
+
+
+class Frontend:
+    """One frontend started on an in-process server (:meth:`Server.start_frontend`)."""
+
+    def __init__(self, server: Server, kind: str, addresses: list[str], stop: trio.Event,
+                 ended: trio.Event) -> None:
+        self.server, self.kind, self.addresses = server, kind, addresses
+        self._stop, self._ended = stop, ended
+
+    @property
+    def running(self) -> bool:
+        return not self._ended.is_set() and not self.server.closed
+
+    def stop(self) -> None:
+        """Stop accepting, let its connections drain (at most ``exit_timeout_secs``) and
+        return once its port is closed."""
+        if self.server.closed or self._ended.is_set():
+            return
+
+        async def stop() -> None:
+            self._stop.set()
+            await self._ended.wait()
+        self.server._call(stop)
 
 
 def _arrays(response: Any) -> dict[str, np.ndarray]:
@@ -696,4 +784,4 @@ def _close_all() -> None:
             log.exception("closing a nursery.Server at exit failed")
 
 
-__all__ = ["Server"]
+__all__ = ["Frontend", "Server"]

@@ -14,8 +14,8 @@ server; nothing is fetched. For each run the harness builds a tree under `--work
   `python -m nursery serve` (standin.py); `opt/tritonserver/backends/` (empty, for scripts that
   put Python-based backends there); `opt/tritonserver/qa` -> `qa/`.
 - the models Triton's Dockerfile.QA copies into a few qa folders from the server repository
-  (docs/examples, src/test/models) and python_backend's examples (container_models); its
-  C++ test backends are not built.
+  (docs/examples, src/test/models), python_backend's examples (container_models) and the
+  core repository's python/test (L0_python_api); its C++ test backends are not built.
 - `data/inferenceserver/<version>/`: the model repositories Triton's CI generates. `--generate`
   fills the ones Triton's own generators make for ONNX and LibTorch (see GENERATORS); the rest
   stay absent, and a script copying from them fails as it would.
@@ -453,6 +453,13 @@ def container_models(triton: Path, work: Path, checkouts: Path | None) -> list[s
                        f'exec python3 "$(dirname "$0")/{name}.py" "$@"\n')
     else:
         missing.append("client/src/python/examples (--checkouts): qa/clients")
+    # L0_python_api's clients: the core repository's python/test (Dockerfile.QA copies it
+    # into the group's folder), run against nursery's `tritonserver` / `tritonfrontend`
+    api_tests = (checkouts / "core" / "python" / "test") if checkouts else None
+    if api_tests and api_tests.is_dir() and (qa / "L0_python_api").is_dir():
+        shutil.copytree(api_tests, qa / "L0_python_api", dirs_exist_ok=True)
+    elif (qa / "L0_python_api").is_dir():
+        missing.append("core/python/test (--checkouts): L0_python_api's test_api.py")
     test_models = triton / "src" / "test" / "models"
     decoupled = qa / "L0_decoupled" / "models"
     if test_models.is_dir():
@@ -565,6 +572,21 @@ def client_site(work: Path, version: str) -> Path:
                                  "--target", str(target), package]).returncode
             if rc != 0:
                 print(f"clients: pip could not install {package}", file=sys.stderr)
+    return target
+
+
+# what L0_python_api's script pip-installs (pytest-asyncio 0.23.8 there; a release that
+# runs on this machine's pytest here), into a folder of its own that only that group sees
+ASYNCIO_PLUGIN = "pytest-asyncio>=1.1,<2"
+
+
+def asyncio_site(work: Path) -> Path:
+    target = work / "clients" / "pytest-asyncio"
+    if not (target / "pytest_asyncio").is_dir():
+        rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                             "--target", str(target), ASYNCIO_PLUGIN]).returncode
+        if rc != 0:
+            print(f"clients: pip could not install {ASYNCIO_PLUGIN}", file=sys.stderr)
     return target
 
 
@@ -688,6 +710,11 @@ def run_group(work: Path, group: str, python_mode: str, timeout: float,
         env["MODELDIR"] = str(work / "qa" / "L0_backend_python")
     for name, value in GROUP_ENV.get(group, {}).items():  # one set by the caller wins
         env[name] = os.environ.get(name, value)
+    if group == "L0_python_api":
+        # Triton's image installs its in-process packages; nursery's `tritonserver` and
+        # `tritonfrontend` are at its repository's root
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(asyncio_site(work)),
+                                             env["PYTHONPATH"]])
     log_path = results / f"{stem}.log"
     test_sh = "test.sh"
     if script is not None:
