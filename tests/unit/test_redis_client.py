@@ -111,3 +111,26 @@ async def test_connect_failures_say_where_and_why() -> None:
     with pytest.raises(RedisError, match="failed to connect to Redis .*(Name or service not "
                                          "known|Temporary failure in name resolution)"):
         await Connection.open(RedisOptions(host="no-such-host.invalid", port=6379))
+
+
+async def test_a_redis_that_never_answers_costs_the_timeouts_not_a_hang() -> None:
+    from tests.cloud_servers import silent_server
+
+    with silent_server() as port:
+        with pytest.raises(RedisError, match="did not answer within 200 ms"):
+            await Connection.open(_options(port, socket_timeout=200))
+
+
+async def test_callers_wait_for_a_free_connection_at_most_wait_timeout(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis") as port:
+        pool = Pool(_options(port, pool_size=1, wait_timeout=100))
+        await pool.start()
+        try:
+            async with trio.open_nursery() as n:
+                n.start_soon(pool.call, b"BLPOP", b"never", b"1")  # holds the one connection
+                await trio.sleep(0.05)
+                with pytest.raises(RedisError, match="no connection to Redis free within 100"):
+                    await pool.call(b"PING")
+            assert await pool.call(b"PING") == b"PONG"  # free again once BLPOP timed out
+        finally:
+            await pool.aclose()
