@@ -424,12 +424,15 @@ async def serve(
     log_manager: LogManager | None = None,
     backends: Mapping[str, BackendFactory] | None = None,
     settle: bool = True,
+    custom_metrics: CustomMetrics | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT/SIGTERM (with ``handle_signals``) or the reported ``shutdown``
     event. ``backends``: backends beside the built-in ones, by name (the in-process API's
     bound callables). ``settle``: freeze the start-up heap (``runtime/heap.py``); a server
-    embedded in another program leaves that program's heap alone."""
+    embedded in another program leaves that program's heap alone. ``custom_metrics``: the
+    registry of user-defined metric families (default: the server's own), which the
+    ``tritonserver`` package shares across its servers as Triton's are process-wide."""
     _report_inactive(settings)
     try:
         card_servers.check_selected(settings)
@@ -462,7 +465,7 @@ async def serve(
             raise StartupError(f"failed to load all models: {unreadable[0]}")
         await _serve(settings, names, tracer, arrival_log, log_manager, options, shutdown,
                      handle_signals, task_status, tls, backends, settle, tokenizer,
-                     failed_to_initialize=bool(unreadable))
+                     failed_to_initialize=bool(unreadable), custom_metrics=custom_metrics)
     finally:
         tracer.close()  # traces buffered for log_frequency 0 are written now
         if arrival_log is not None:
@@ -476,7 +479,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                  handle_signals: bool, task_status: trio.TaskStatus[Running],
                  tls: _Tls, extra_backends: Mapping[str, BackendFactory] | None,
                  settle: bool, tokenizer: Tokenizer | None = None,
-                 failed_to_initialize: bool = False) -> None:
+                 failed_to_initialize: bool = False,
+                 custom_metrics: CustomMetrics | None = None) -> None:
     """``failed_to_initialize``: a repository could not be read and --exit-on-error is off;
     as Triton's server in its FAILED_TO_INITIALIZE state, this one then serves (metadata, the
     models it could load) but is neither live nor ready."""
@@ -501,7 +505,8 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
             limiter = RateLimiterClient(limits_send)
         # the one way requests reach models: frontends (through the core), ensembles, BLS
         client = ModelClient(directory, tracer=tracer, cache=cache, arrival_log=arrival_log,
-                             custom_metrics=CustomMetrics())
+                             custom_metrics=custom_metrics if custom_metrics is not None
+                             else CustomMetrics())
         lifecycle = Lifecycle(live=not failed_to_initialize)
         core = Core(Services(directory, client, commands, faults=faults,
                              shm=SharedMemoryRegistry(allow_client=settings.allow_client_shm),

@@ -4,8 +4,8 @@ A program written for Triton's ``tritonserver`` package runs unchanged: ``Server
 starts a ``nursery.Server`` in this process, ``server.model(name).infer(inputs=...)`` and
 ``async_infer`` iterate its responses, ``Tensor`` exchanges memory with numpy, PyTorch and
 CuPy through DLPack, and ``tritonfrontend`` opens its HTTP, gRPC and metrics ports. What it
-does not have: the C API binding (``tritonserver._c``), custom output allocators and
-custom metrics families; see docs/embedding.md.
+does not have: the C API binding (``tritonserver._c``) and custom output allocators; see
+docs/embedding.md.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from tritonserver._errors import (
     UnknownError,
     UnsupportedError,
 )
+from tritonserver._metrics import Metric, MetricFamily, MetricKind
 from tritonserver._tensor import DataType, DLDeviceType, MemoryBuffer, MemoryType, Tensor
 
 for _error in (AlreadyExistsError, CancelledError, InternalError, InvalidArgumentError,
@@ -54,7 +55,8 @@ __all__ = [
     "REQUEST_FLAG_SEQUENCE_END", "REQUEST_FLAG_SEQUENCE_START", "AlreadyExistsError",
     "AsyncResponseIterator", "CancelledError", "DLDeviceType", "DataType",
     "InferenceRequest", "InferenceResponse", "InstanceGroupKind", "InternalError",
-    "InvalidArgumentError", "LogFormat", "MemoryBuffer", "MemoryType", "MetricFormat",
+    "InvalidArgumentError", "LogFormat", "MemoryBuffer", "MemoryType", "Metric",
+    "MetricFamily", "MetricFormat", "MetricKind",
     "Model", "ModelBatchFlag", "ModelControlMode", "ModelDictionary", "ModelLoadDeviceLimit",
     "ModelTxnPropertyFlag", "NotFoundError", "Options", "RateLimitMode",
     "RateLimiterResource", "ResponseIterator", "Server", "Tensor", "TritonError",

@@ -29,6 +29,7 @@ from tritonserver._errors import (
     UnavailableError,
     triton_error,
 )
+from tritonserver._metrics import REGISTRY
 from tritonserver._tensor import MemoryType, Tensor, parse_device
 
 
@@ -227,7 +228,8 @@ class Server:
 
         try:
             # several servers of a process may serve one repository, as Triton's may
-            self._server = Embedded(model_repository=repos, exclusive=False, **flags)
+            self._server = Embedded(model_repository=repos, exclusive=False,
+                                    custom_metrics=REGISTRY, **flags)
         except StartupError as exc:
             raise InternalError(str(exc).removeprefix("creating server: ")) from None
         except ValueError as exc:

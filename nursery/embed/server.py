@@ -54,6 +54,7 @@ from nursery.errors import (
     first_error,
 )
 from nursery.messages import Part
+from nursery.observability.custom_metrics import CustomMetrics
 from nursery.observability.logs import LogManager, LogSettings
 from nursery.protocol.codecs import stats as stats_codec
 from nursery.protocol.http.metrics import metrics_text
@@ -153,7 +154,8 @@ class Server:
     """
 
     def __init__(self, model_repository: str | os.PathLike[str] | Sequence[Any] | None = None,
-                 *, exclusive: bool = True, **flags: Any) -> None:
+                 *, exclusive: bool = True, custom_metrics: CustomMetrics | None = None,
+                 **flags: Any) -> None:
         self._closed = True  # until started
         repos = model_repository
         if repos is None:
@@ -173,6 +175,7 @@ class Server:
             shutil.rmtree(self._private, ignore_errors=True)
             raise
         self._factory = CallableFactory()
+        self._custom_metrics = custom_metrics
         self._claims: list[str] = []
         if exclusive:
             self._claim(self.settings.model_repositories[:-1])
@@ -257,7 +260,8 @@ class Server:
         async with trio.open_nursery() as root:
             running: Running = await root.start(partial(
                 serve, self.settings, handle_signals=False, log_manager=self._log_manager,
-                backends={BACKEND: self._factory}, settle=False))
+                backends={BACKEND: self._factory}, settle=False,
+                custom_metrics=self._custom_metrics))
             self._running = running
             async with trio.open_nursery() as calls:
                 self._calls = calls

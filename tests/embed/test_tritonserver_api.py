@@ -223,3 +223,29 @@ def test_explicit_mode_load_with_a_configuration(tmp_path: Path) -> None:
     with pytest.raises(tritonserver.UnavailableError):
         server.ready() or server.model("add_sub").ready()
     assert sys.modules["tritonserver"] is tritonserver
+
+
+def test_custom_metrics_appear_in_the_servers_metrics(server: tritonserver.Server) -> None:
+    requests = tritonserver.MetricFamily(tritonserver.MetricKind.COUNTER, "app_requests_total",
+                                         "requests the application made")
+    depth = tritonserver.MetricFamily(tritonserver.MetricKind.GAUGE, "app_queue_depth",
+                                      "items waiting")
+    latency = tritonserver.MetricFamily(tritonserver.MetricKind.HISTOGRAM, "app_latency_ms",
+                                        "latency")
+    counter = tritonserver.Metric(requests, {"route": "a"})
+    counter.increment(2)
+    counter.increment(1.5)
+    assert counter.value == 3.5 and counter.kind == tritonserver.MetricKind.COUNTER
+    gauge = tritonserver.Metric(depth)
+    gauge.set_value(7)
+    tritonserver.Metric(latency, {"route": "a"}, buckets=[1.0, 10.0]).observe(4.0)
+    text = server.metrics()
+    assert 'app_requests_total{route="a"} 3.5' in text
+    assert "app_queue_depth 7" in text
+    assert 'app_latency_ms_bucket{route="a",le="10"} 1' in text
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        counter.increment(-1)  # a counter only increases
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        counter.set_value(1)
+    with pytest.raises(tritonserver.AlreadyExistsError):
+        tritonserver.MetricFamily(tritonserver.MetricKind.GAUGE, "app_requests_total", "x")
