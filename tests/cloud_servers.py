@@ -66,6 +66,22 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes] | None = None,
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+@contextmanager
+def _listening(proc: subprocess.Popen[bytes], port: int) -> Iterator[int]:
+    """``port`` once the server ``proc`` listens on it; the server ended on exit (terminated,
+    killed after 10 s)."""
+    try:
+        _wait_port(port, proc)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def bucket_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
@@ -190,15 +206,9 @@ def azurite_server(workdir: Path) -> Iterator[int]:
          str(workdir), "--silent", "--skipApiVersionCheck", "--loose"],
         stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_port(port, proc)
-        yield port
+        with _listening(proc, port):
+            yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -267,13 +277,5 @@ def redis_server(workdir: Path, port: int | None = None, password: str | None = 
                  "--tls-key-file", str(tls[1]), "--tls-ca-cert-file", str(tls[2]),
                  "--tls-auth-clients", "yes" if client_certs else "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        _wait_port(port, proc)
+    with _listening(proc, port):
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

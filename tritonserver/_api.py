@@ -170,6 +170,8 @@ class Options:
             "allow_gpu_metrics": self.gpu_metrics,
             "allow_cpu_metrics": self.cpu_metrics,
             "metrics_interval_ms": int(self.metrics_interval),
+            # the program itself loads models here: Triton's API takes `file:` contents
+            "allow_model_file_upload": True,
         }
         if self.startup_models:
             flags["load_model"] = list(self.startup_models)

@@ -113,7 +113,6 @@ async def run_local(
                     break
 
 
-
 async def run_redis(
     *,
     options: RedisOptions,

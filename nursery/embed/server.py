@@ -675,23 +675,21 @@ class Server:
         where = default if address is None else address
         own_stop = trio.Event()
         ended = trio.Event()
-        scope = trio.CancelScope()
 
         async def run(task_status: trio.TaskStatus[list[str]]) -> None:
             running, stop = self._running, self._front_stop
             if running is None or running.frontends is None or stop is None:
                 raise Unavailable(CLOSED)
             try:
-                with scope:
-                    async with trio.open_nursery() as own:
-                        relay = trio.CancelScope()
-                        own.start_soon(_relay_event, stop, own_stop, relay)
-                        binds = await running.frontends.start(own, kind, own_stop, where, port)
-                        task_status.started(binds)
-                        await own_stop.wait()
-                        relay.cancel()  # the frontend's tasks are all that is left to end
-                        own.cancel_scope.deadline = (trio.current_time()
-                                                     + settings.exit_timeout_secs)
+                async with trio.open_nursery() as own:
+                    relay = trio.CancelScope()
+                    own.start_soon(_relay_event, stop, own_stop, relay)
+                    binds = await running.frontends.start(own, kind, own_stop, where, port)
+                    task_status.started(binds)
+                    await own_stop.wait()
+                    relay.cancel()  # the frontend's tasks are all that is left to end
+                    own.cancel_scope.deadline = (trio.current_time()
+                                                 + settings.exit_timeout_secs)
             finally:
                 ended.set()
 

@@ -218,6 +218,15 @@ def test_explicit_mode_load_with_a_configuration(tmp_path: Path) -> None:
         assert model.ready() and model.config()["max_batch_size"] == 4
         server.unload("add_sub", wait_until_unloaded=True, timeout=30)
         assert not server.model("add_sub").ready()
+        # a model whose files come with the load, as Triton's API takes them
+        onnx_bytes = (tmp_path / "add_sub" / "1" / "model.onnx").read_bytes()
+        config = {"backend": "onnxruntime", "max_batch_size": 8}
+        uploaded = server.load("uploaded", {"config": json.dumps(config),
+                                            "file:1/model.onnx": onnx_bytes})
+        assert uploaded.ready()
+        (response,) = list(uploaded.infer(inputs=_inputs()))
+        np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT1"]),
+                                      _inputs()["INPUT0"] - 1)
     finally:
         server.stop()
     with pytest.raises(tritonserver.UnavailableError):
