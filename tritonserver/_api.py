@@ -326,6 +326,15 @@ class Server:
                 raise UnavailableError("Timeout before unloaded")
             time.sleep(polling_interval)
 
+    def register_model_repository(self, repository_path: str,
+                                  name_mapping: dict[str, str] | None = None) -> None:
+        """Serve one more repository (explicit model control): its models are then loaded
+        by name; ``name_mapping`` gives a folder another model name."""
+        self._do("register_repository", repository_path, name_mapping)
+
+    def unregister_model_repository(self, repository_path: str) -> None:
+        self._do("unregister_repository", repository_path)
+
     def metrics(self, metric_format: MetricFormat = MetricFormat.PROMETHEUS) -> str:
         return self._do("metrics_text")  # type: ignore[no-any-return]
 

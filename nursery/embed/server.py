@@ -599,6 +599,21 @@ class Server:
             await self._core.load_model(model, override, dict(files) if files else None)
         self._call(load)
 
+    def register_repository(self, path: str | os.PathLike[str],
+                            names: Mapping[str, str] | None = None) -> None:
+        """Serve one more model repository (explicit mode, as Triton's registration), its
+        folders ``names`` maps (folder -> model name) serving under those names."""
+        pairs = tuple((str(folder), str(name)) for folder, name in (names or {}).items())
+
+        async def register() -> None:
+            await self._core.register_repository(Path(path), pairs)
+        self._call(register)
+
+    def unregister_repository(self, path: str | os.PathLike[str]) -> None:
+        async def unregister() -> None:
+            await self._core.unregister_repository(Path(path))
+        self._call(unregister)
+
     def unload(self, model: str, *, unload_dependents: bool = False) -> None:
         async def unload() -> None:
             await self._core.unload_model(model, unload_dependents)

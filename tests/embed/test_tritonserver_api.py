@@ -227,6 +227,17 @@ def test_explicit_mode_load_with_a_configuration(tmp_path: Path) -> None:
         (response,) = list(uploaded.infer(inputs=_inputs()))
         np.testing.assert_array_equal(np.from_dlpack(response.outputs["OUTPUT1"]),
                                       _inputs()["INPUT0"] - 1)
+        # one more repository, one of its folders under another name
+        extra = tmp_path.parent / f"{tmp_path.name}-extra"
+        make_models.write_add_sub(extra, max_batch_size=8, name="adder")
+        server.register_model_repository(str(extra), {"adder": "renamed"})
+        assert server.load("renamed").ready()
+        (response,) = list(server.model("renamed").infer(inputs=_inputs()))
+        assert response.error is None
+        server.unload("renamed", wait_until_unloaded=True, timeout=30)
+        server.unregister_model_repository(str(extra))
+        with pytest.raises(tritonserver.TritonError):
+            server.load("renamed")
     finally:
         server.stop()
     with pytest.raises(tritonserver.UnavailableError):
