@@ -43,6 +43,32 @@ from nursery.scheduling.cache_store import (
 log = logging.getLogger("nursery.cache")
 
 
+class _Counts:
+    """The cache's counters (Triton's ``nv_cache_*`` figures), whichever store it keeps."""
+
+    def __init__(self) -> None:
+        self.lookups = self.hits = self.misses = self.inserts = 0
+        self.lookup_ns = self.insert_ns = 0
+
+    def looked_up(self, hit: bool, ns: int) -> None:
+        self.lookups += 1
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+        self.lookup_ns += ns
+
+    def inserted(self, stored: bool, ns: int) -> None:
+        self.inserts += stored
+        self.insert_ns += ns
+
+    def totals(self, **store: int) -> CacheTotals:
+        """With ``store``: the local store's entries, bytes, budget and evictions."""
+        return CacheTotals(lookups=self.lookups, hits=self.hits, misses=self.misses,
+                           inserts=self.inserts, lookup_ns=self.lookup_ns,
+                           insert_ns=self.insert_ns, **store)
+
+
 async def run(
     *,
     config: CacheConfig,
@@ -68,7 +94,7 @@ async def run_local(
 ) -> None:
     faults = faults or FaultCounter()
     store = LruStore(budget)
-    lookups = hits = misses = inserts = lookup_ns = insert_ns = 0
+    counts = _Counts()
     log.info("response cache: local, %d bytes", budget)
     task_status.started()
     async with inbox:
@@ -79,29 +105,22 @@ async def run_local(
                     if isinstance(message, CacheLookup):
                         t0 = time.monotonic_ns()
                         found = store.get(message.key)
-                        lookups += 1
-                        if found is None:
-                            misses += 1
-                        else:
-                            hits += 1
-                        lookup_ns += time.monotonic_ns() - t0
+                        counts.looked_up(found is not None, time.monotonic_ns() - t0)
                         mailbox.answer(message.reply, found)
                     elif isinstance(message, CacheInsert):
                         t0 = time.monotonic_ns()
                         response = message.response  # already the cache's own read-only copy
                         size = entry_size(message.key, response)
-                        if store.put(message.key, response, size):
-                            inserts += 1
-                        else:  # Triton's line (L0_response_cache greps it)
+                        stored = store.put(message.key, response, size)
+                        if not stored:  # Triton's line (L0_response_cache greps it)
                             log.error("Failed to insert key [%s] into response cache: Cache "
                                       "entry of %d bytes is larger than the whole cache (%d "
                                       "bytes)", message.key.hex(), size, store.budget)
-                        insert_ns += time.monotonic_ns() - t0
+                        counts.inserted(stored, time.monotonic_ns() - t0)
                     elif isinstance(message, CacheStatsQuery):
-                        mailbox.answer(message.reply, CacheTotals(
+                        mailbox.answer(message.reply, counts.totals(
                             entries=len(store), bytes_used=store.used, budget=store.budget,
-                            lookups=lookups, hits=hits, misses=misses, evictions=store.evictions,
-                            inserts=inserts, lookup_ns=lookup_ns, insert_ns=insert_ns))
+                            evictions=store.evictions))
                 except Exception as exc:  # one command is the unit of failure
                     faults.record("cache", exc, log, "response cache command")
                     reply = getattr(message, "reply", None)
@@ -128,12 +147,11 @@ async def run_redis(
         raise StartupError(f"Failed to initialize RedisCache: {exc}") from None
     if options.ignored:
         log.warning("response cache: redis ignores the setting(s) %s", ", ".join(options.ignored))
-    lookups = hits = misses = inserts = lookup_ns = insert_ns = 0
+    counts = _Counts()
     log.info("response cache: redis at %s:%d (db %d, %d connection(s)%s)", options.host,
              options.port, options.db, options.pool_size, ", TLS" if options.tls_enabled else "")
 
     async def lookup(message: CacheLookup) -> None:
-        nonlocal lookups, hits, misses, lookup_ns
         found = None
         t0 = time.monotonic_ns()
         key = redis_key(message.key)
@@ -146,29 +164,24 @@ async def run_redis(
         except Exception as exc:  # one lookup is the unit of failure
             faults.record("cache", exc, log, "response cache lookup")
         finally:
-            lookups += 1
-            if found is None:
-                misses += 1
-            else:
-                hits += 1
-            lookup_ns += time.monotonic_ns() - t0
+            counts.looked_up(found is not None, time.monotonic_ns() - t0)
             mailbox.answer(message.reply, found)
 
     async def insert(message: CacheInsert) -> None:
-        nonlocal inserts, insert_ns
         t0 = time.monotonic_ns()
         key = redis_key(message.key)
+        stored = False
         try:
             fields = entry_fields(message.response)
             await pool.call(b"HSET", key, *(x for pair in fields.items() for x in pair))
-            inserts += 1
+            stored = True
         except (RedisError, TypeError, ValueError) as exc:
             log.error("Failed to insert key [%s] into response cache: Failed to insert key: "
                       "%s. %s", key.decode(), key.decode(), exc)
         except Exception as exc:  # one insert is the unit of failure
             faults.record("cache", exc, log, "response cache insert")
         finally:
-            insert_ns += time.monotonic_ns() - t0
+            counts.inserted(stored, time.monotonic_ns() - t0)
 
     task_status.started()
     try:
@@ -180,9 +193,7 @@ async def run_redis(
                     elif isinstance(message, CacheInsert):
                         commands.start_soon(insert, message)
                     elif isinstance(message, CacheStatsQuery):
-                        mailbox.answer(message.reply, CacheTotals(
-                            lookups=lookups, hits=hits, misses=misses, inserts=inserts,
-                            lookup_ns=lookup_ns, insert_ns=insert_ns))
+                        mailbox.answer(message.reply, counts.totals())
                 except Exception as exc:  # one command is the unit of failure
                     faults.record("cache", exc, log, "response cache command")
                     if isinstance(message, CacheLookup):

@@ -52,8 +52,7 @@ def encode_command(*args: bytes | str | int) -> bytes:
     return b"".join(parts)
 
 
-_NEED_MORE = object()
-INCOMPLETE: Any = _NEED_MORE  # what ReplyReader.next gives until a whole reply is in
+INCOMPLETE = object()  # what ReplyReader.next gives until a whole reply is in
 
 
 class ReplyReader:
@@ -75,7 +74,7 @@ class ReplyReader:
     def next(self) -> Any:
         start = self._pos
         value = self._parse()
-        if value is _NEED_MORE:
+        if value is INCOMPLETE:
             self._pos = start
         return value
 
@@ -84,15 +83,15 @@ class ReplyReader:
         if end < 0:
             if len(self._buffer) - self._pos > MAX_LINE:
                 raise RedisError("protocol error: a reply line longer than 64 KiB")
-            return _NEED_MORE
+            return INCOMPLETE
         line = bytes(self._buffer[self._pos:end])
         self._pos = end + 2
         return line
 
     def _parse(self) -> Any:
         line = self._line()
-        if line is _NEED_MORE:
-            return _NEED_MORE
+        if line is INCOMPLETE:
+            return INCOMPLETE
         assert isinstance(line, bytes)
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -108,7 +107,7 @@ class ReplyReader:
             if size > MAX_BULK:
                 raise RedisError(f"protocol error: a bulk reply of {size} bytes")
             if len(self._buffer) - self._pos < size + 2:
-                return _NEED_MORE
+                return INCOMPLETE
             data = bytes(self._buffer[self._pos:self._pos + size])
             if self._buffer[self._pos + size:self._pos + size + 2] != b"\r\n":
                 raise RedisError("protocol error: a bulk reply without its CRLF")
@@ -123,8 +122,8 @@ class ReplyReader:
             items = []
             for _ in range(count):
                 item = self._parse()
-                if item is _NEED_MORE:
-                    return _NEED_MORE
+                if item is INCOMPLETE:
+                    return INCOMPLETE
                 items.append(item)
             return items
         raise RedisError(f"protocol error: unexpected reply {line[:32]!r}")
