@@ -47,7 +47,12 @@ from nursery.actors.version import Resize, Started, serve_ensemble, serve_versio
 from nursery.backends.base import Backends
 from nursery.config import pbtext
 from nursery.config.ensemble_check import check_wiring
-from nursery.config.model import ModelConfig, config_file, read_model_config
+from nursery.config.model import (
+    ModelConfig,
+    config_file,
+    decoupled_cache_refusal,
+    read_model_config,
+)
 from nursery.config.namespaces import ModelId, by_name, step_model
 from nursery.config.repository import (
     ModelFingerprint,
@@ -873,10 +878,8 @@ class _Manager:
                     + (f". Model '{step.model_name}' loading failed with error: {failure}"
                        if failure else f": {exc.message}")) from None
         decoupled = check_wiring(config, steps)
-        if decoupled and config.proto.response_cache.enable:  # Triton's words
-            raise ConfigError(f"{where}: Response Cache does not currently support model "
-                              f"'{config.name}' with 'decoupled' transaction policy. Please "
-                              "disable the response cache.")
+        if decoupled and config.proto.response_cache.enable:
+            raise decoupled_cache_refusal(where, config.name)
         # what tensors need between batching and non-batching models (Triton's
         # ReshapeTensorDims), from the step models as they are loaded now
         # (an output's configured shape is its reshape where it has one, as in Triton; the

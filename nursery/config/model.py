@@ -623,6 +623,13 @@ def _tensor_specs(
     return tuple(specs)
 
 
+def decoupled_cache_refusal(where: str, name: str) -> ConfigError:
+    """Triton's refusal of ``response_cache`` on a decoupled model (an ensemble with a
+    decoupled step is one)."""
+    return ConfigError(f"{where}: Response Cache does not currently support model '{name}' "
+                       "with 'decoupled' transaction policy. Please disable the response cache.")
+
+
 def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
     if proto.max_batch_size < 0:
         raise ConfigError(
@@ -687,9 +694,7 @@ def _freeze(proto: pb.ModelConfig, model_path: Path, where: str) -> ModelConfig:
             log.warning("Metric family '%s' in 'metric_identifier' is not a customizable metric "
                         "in Triton core.", control.metric_identifier.family)
     if proto.response_cache.enable and proto.model_transaction_policy.decoupled:
-        raise ConfigError(f"{where}: Response Cache does not currently support model "
-                          f"'{proto.name}' with 'decoupled' transaction policy. Please "
-                          "disable the response cache.")
+        raise decoupled_cache_refusal(where, proto.name)
     return ModelConfig(
         name=proto.name,
         platform=proto.platform,
