@@ -206,24 +206,19 @@ class Options:
         return [os.fspath(r) for r in repos], flags
 
 
-class _Unstarted:
-    def __getattr__(self, name: str) -> Any:
-        raise InvalidArgumentError("Server not started")
-
-
 class Server:
     """An in-process server (``tritonserver.Server(options)`` or
     ``tritonserver.Server(model_repository=...)``), started by :meth:`start`."""
 
     def __init__(self, options: Options | None = None, **kwargs: Any) -> None:
         self.options = options if options is not None else Options(**kwargs)
-        self._server: Any = _Unstarted()
+        self._server: Any = None  # the nursery.Server, once started
 
     def start(self, wait_until_ready: bool = False, polling_interval: float = 0.1,
               timeout: float | None = None) -> Server:
         """Start the server (its start-up models loaded); with ``wait_until_ready``, wait
         until it is ready (UnavailableError after ``timeout`` seconds)."""
-        if not isinstance(self._server, _Unstarted):
+        if self._server is not None:
             raise InvalidArgumentError("Server already started")
         repos, flags = self.options._flags()
         from nursery.embed import Server as Embedded  # the server's packages, on first use
@@ -247,9 +242,8 @@ class Server:
 
     def stop(self) -> None:
         """Stop the frontends started on it, drain and unload the models."""
-        server = self._server
-        if not isinstance(server, _Unstarted):
-            server.close()
+        if self._server is not None:
+            self._server.close()
 
     def __del__(self) -> None:  # an unreferenced server stops, as Triton's object does
         try:
@@ -257,10 +251,13 @@ class Server:
         except Exception:  # noqa: BLE001, S110 - interpreter teardown
             pass
 
-    def _embedded(self) -> Any:
-        server = self._server
-        if isinstance(server, _Unstarted):
+    def _started(self) -> Any:
+        if self._server is None:
             raise InvalidArgumentError("Server not started")
+        return self._server
+
+    def _embedded(self) -> Any:
+        server = self._started()
         if server.closed:
             raise UnavailableError("Server is stopped")
         return server
@@ -272,16 +269,10 @@ class Server:
             raise triton_error(exc) from None
 
     def live(self) -> bool:
-        server = self._server
-        if isinstance(server, _Unstarted):
-            raise InvalidArgumentError("Server not started")
-        return not server.closed and bool(self._do("live"))
+        return not self._started().closed and bool(self._do("live"))
 
     def ready(self) -> bool:
-        server = self._server
-        if isinstance(server, _Unstarted):
-            raise InvalidArgumentError("Server not started")
-        return not server.closed and bool(self._do("ready"))
+        return not self._started().closed and bool(self._do("ready"))
 
     def metadata(self) -> dict[str, Any]:
         return self._do("server_metadata")  # type: ignore[no-any-return]

@@ -678,9 +678,6 @@ class Server:
 
     # -- frontends -------------------------------------------------------------------------
 
-    def _serve_frontend(self, kind: str, port: int, address: str | None) -> list[str]:
-        return self.start_frontend(kind, port, address).addresses
-
     def start_frontend(self, kind: str, port: int, address: str | None = None) -> Frontend:
         """Start the ``kind`` frontend ("http", "grpc" or "metrics") on ``address:port``;
         it serves until :meth:`Frontend.stop` or the server's close."""
@@ -722,15 +719,15 @@ class Server:
     def serve_http(self, port: int = 8000, address: str | None = None) -> list[str]:
         """Serve KServe v2 HTTP (and Triton's extensions) on ``address:port`` (port 0: a
         free one) until the server closes; the addresses it listens on."""
-        return self._serve_frontend("http", port, address)
+        return self.start_frontend("http", port, address).addresses
 
     def serve_grpc(self, port: int = 8001, address: str | None = None) -> list[str]:
         """Serve KServe v2 gRPC on ``address:port``; the addresses it listens on."""
-        return self._serve_frontend("grpc", port, address)
+        return self.start_frontend("grpc", port, address).addresses
 
     def serve_metrics(self, port: int = 8002, address: str | None = None) -> list[str]:
         """Serve Prometheus metrics on ``address:port``; the addresses it listens on."""
-        return self._serve_frontend("metrics", port, address)
+        return self.start_frontend("metrics", port, address).addresses
 
 
 async def _relay_event(source: trio.Event, target: trio.Event,
