@@ -119,11 +119,6 @@ class MemoryBuffer:
         return MemoryBuffer(int(array.__array_interface__["data"][0]), MemoryType.CPU, 0,
                             int(array.nbytes), owner if array is owner else array)
 
-    @staticmethod
-    def _from_host(array: np.ndarray) -> MemoryBuffer:
-        return MemoryBuffer(int(array.__array_interface__["data"][0]), MemoryType.CPU, 0,
-                            int(array.nbytes), array)
-
 
 def _host_view(obj: Any) -> np.ndarray:
     if hasattr(obj, "__dlpack__"):
@@ -232,7 +227,7 @@ class Tensor:
             return Tensor.from_bytes_array(array)
         array = np.ascontiguousarray(array)
         return Tensor(_FROM_NUMPY[array.dtype], list(array.shape),
-                      MemoryBuffer._from_host(array))
+                      MemoryBuffer.from_dlpack(array))
 
     # -- BYTES -------------------------------------------------------------------------------
 
@@ -244,7 +239,7 @@ class Tensor:
                 for v in values.reshape(-1).tolist()]
         data = np.frombuffer(serialize_bytes_tensor(np.array(flat, dtype=object)),
                              dtype=np.uint8)
-        return Tensor(DataType.BYTES, list(values.shape), MemoryBuffer._from_host(data))
+        return Tensor(DataType.BYTES, list(values.shape), MemoryBuffer.from_dlpack(data))
 
     from_string_array = from_bytes_array
 
@@ -277,7 +272,7 @@ class Tensor:
             import cupy  # a GPU tensor came from cupy; back to the host
 
             host = cupy.asnumpy(cupy.from_dlpack(self.memory_buffer.owner))
-            return Tensor(self.data_type, list(self.shape), MemoryBuffer._from_host(host))
+            return Tensor(self.data_type, list(self.shape), MemoryBuffer.from_dlpack(host))
         try:
             import cupy
         except ImportError:
