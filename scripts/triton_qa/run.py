@@ -553,14 +553,20 @@ def prune_ensembles(data: Path) -> list[Path]:
 CLIENT_PACKAGES = (("sseclient-py", "sseclient"), ("psutil", "psutil"))
 
 
+def _pip_into(target: Path, requirement: str) -> bool:
+    """``requirement`` installed into the folder ``target`` (no dependencies); whether pip
+    succeeded."""
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--target", str(target), requirement]).returncode == 0
+
+
 def client_site(work: Path, version: str) -> Path:
     """A folder holding tritonclient ``version`` (installed there once with pip, without its
     dependencies: the machine's grpcio, numpy, ... serve), for the clients' PYTHONPATH."""
     target = work / "clients" / version
     if not (target / "tritonclient").is_dir():
-        rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                             "--target", str(target), f"tritonclient=={version}"]).returncode
-        if rc != 0 or not (target / "tritonclient").is_dir():
+        if not _pip_into(target, f"tritonclient=={version}") \
+                or not (target / "tritonclient").is_dir():
             sys.exit(f"--tritonclient {version}: pip could not install tritonclient=={version} "
                      f"into {target}")
     # what Triton's client scripts pip-install in their container (L0_sagemaker's
@@ -568,9 +574,7 @@ def client_site(work: Path, version: str) -> Path:
     # the machine
     for package, module in CLIENT_PACKAGES:
         if not any((target / name).exists() for name in (module, module + ".py")):
-            rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                                 "--target", str(target), package]).returncode
-            if rc != 0:
+            if not _pip_into(target, package):
                 print(f"clients: pip could not install {package}", file=sys.stderr)
     return target
 
@@ -583,9 +587,7 @@ ASYNCIO_PLUGIN = "pytest-asyncio>=1.1,<2"
 def asyncio_site(work: Path) -> Path:
     target = work / "clients" / "pytest-asyncio"
     if not (target / "pytest_asyncio").is_dir():
-        rc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                             "--target", str(target), ASYNCIO_PLUGIN]).returncode
-        if rc != 0:
+        if not _pip_into(target, ASYNCIO_PLUGIN):
             print(f"clients: pip could not install {ASYNCIO_PLUGIN}", file=sys.stderr)
     return target
 
