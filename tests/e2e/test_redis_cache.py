@@ -8,6 +8,7 @@ answer cached, hits and misses counted on the ensemble), with the local cache.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -113,8 +114,6 @@ def test_a_redis_that_goes_away_costs_the_cache_not_the_answers(
 
 def _failed_start(repo: Path, *flags: str, env: dict[str, str] | None = None) -> str:
     """Start a server that must not start; its output."""
-    import os
-
     out = subprocess.run(
         [sys.executable, "-m", "nursery", "serve", "--model-repository", str(repo),
          "--http-port", str(free_port()), "--grpc-port", str(free_port()),
@@ -126,7 +125,8 @@ def _failed_start(repo: Path, *flags: str, env: dict[str, str] | None = None) ->
     return out.stdout + out.stderr
 
 
-def test_start_up_failures_in_tritons_words(tmp_path: Path, start_server: Any) -> None:
+def test_start_up_failures_in_tritons_words(tmp_path: Path, start_server: Any,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     repo = _repo(tmp_path)
     closed = free_port()
     text = _failed_start(repo, *_redis_flags(closed))
@@ -146,13 +146,10 @@ def test_start_up_failures_in_tritons_words(tmp_path: Path, start_server: Any) -
         # the right password, on the command line or from the environment
         flagged = start_server(repo, *_redis_flags(port, "password=redis123!"))
         assert "redis123!" not in flagged.log()
-        import os
-        os.environ["TRITONCACHE_REDIS_USERNAME"] = "default"
-        os.environ["TRITONCACHE_REDIS_PASSWORD"] = "redis123!"
-        try:
+        with monkeypatch.context() as env:  # the server process inherits them
+            env.setenv("TRITONCACHE_REDIS_USERNAME", "default")
+            env.setenv("TRITONCACHE_REDIS_PASSWORD", "redis123!")
             from_env = start_server(repo, *_redis_flags(port))
-        finally:
-            del os.environ["TRITONCACHE_REDIS_USERNAME"], os.environ["TRITONCACHE_REDIS_PASSWORD"]
         for server in (flagged, from_env):
             client = httpclient.InferenceServerClient(server.url)
             _infer(client, httpclient, "add_sub_cached", 7)
