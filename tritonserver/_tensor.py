@@ -138,7 +138,7 @@ class _View:
     def __init__(self, tensor: Tensor) -> None:
         self.tensor = tensor
         dtype = _numpy_dtype(tensor.data_type)
-        shape = tuple(int(d) for d in tensor.shape)
+        shape = tuple([int(d) for d in tensor.shape])
         if tensor.data_type is DataType.BYTES:
             shape = (tensor.memory_buffer.size,)
         self.__array_interface__ = {
@@ -287,4 +287,4 @@ class Tensor:
         if self.data_type is DataType.BYTES:
             return self.to_bytes_array()
         host = self.to_host()
-        return np.asarray(_View(host)).reshape(tuple(int(d) for d in host.shape))
+        return np.asarray(_View(host)).reshape(tuple([int(d) for d in host.shape]))

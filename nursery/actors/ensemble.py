@@ -142,7 +142,7 @@ def _step_request(plan: EnsemblePlan, index: int, request: InferenceRequest,
         step.model_name, step.version_str,
         {n: _shaped(n, t, plan.step_input_shape(index, n, t.shape))
          for n, t in inputs.items() if t is not None},
-        tuple(RequestedOutput(o) for o in step.output_map), request.id,
+        tuple([RequestedOutput(o) for o in step.output_map]), request.id,
         request.parameters, request.priority, request.timeout_us,
         trace=child_of(request.trace), sequence_id=request.sequence_id,
         sequence_start=request.sequence_start, sequence_end=request.sequence_end,

@@ -124,7 +124,7 @@ def _report(batch: ExecuteBatch, succeeded: bool, t0: int, t1: int, t2: int,
         compute_infer_ns=t2 - t1,
         compute_output_ns=t3 - t2,
         finished_ms=time.time_ns() // 1_000_000,
-        enqueued_ns=tuple(w.enqueued_ns for w in batch.work),
+        enqueued_ns=tuple([w.enqueued_ns for w in batch.work]),
         started_ns=t0,
         ended_ns=t3,
         rows=len(batch.rows) if batch.rows else 0,  # padding rows included
@@ -480,9 +480,9 @@ async def run(
         rescheduled: tuple[InferWork, ...] = ()
         ended: tuple[Any, ...] = ()
         if iterative:  # a rescheduled request runs again; any other ends its sequence
-            rescheduled = tuple(w for w, a in pairs if isinstance(a, Rescheduled))
-            ended = tuple(w.request.sequence_id for w, a in pairs
-                          if not isinstance(a, Rescheduled))
+            rescheduled = tuple([w for w, a in pairs if isinstance(a, Rescheduled)])
+            ended = tuple([w.request.sequence_id for w, a in pairs
+                          if not isinstance(a, Rescheduled)])
             pairs = [(w, a) for w, a in pairs if not isinstance(a, Rescheduled)]
         if batch.ordered:
             held = tuple(pairs)  # the scheduler releases them in arrival order

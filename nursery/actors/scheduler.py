@@ -294,7 +294,7 @@ async def run(
                         if worker is not None:
                             worker.send_nowait(ReleaseSlots(decision.slots))
                     elif isinstance(decision, Dispatch):
-                        live = tuple(w for w in decision.items if not w.abandoned())
+                        live = tuple([w for w in decision.items if not w.abandoned()])
                         if len(live) != len(decision.items):
                             stats.record_failure("CANCELED", len(decision.items) - len(live))
                         if not live:  # nobody waits for these: the place stays free

@@ -414,7 +414,7 @@ class Server:
                 raise InvalidArgument(f"input '{name}': {exc.message}") from None
         return InferenceRequest(
             model_name=model, model_version=str(version or ""), inputs=tensors,
-            requested_outputs=tuple(RequestedOutput(o) for o in (outputs or ())),
+            requested_outputs=tuple([RequestedOutput(o) for o in (outputs or ())]),
             id=request_id, parameters=dict(parameters or {}), priority=priority,
             timeout_us=timeout_us)
 

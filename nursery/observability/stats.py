@@ -69,7 +69,7 @@ class _Window:
         cutoff = now - SUMMARY_MAX_AGE_S
         while self.samples and self.samples[0][0] < cutoff:
             self.samples.popleft()
-        return LatencySummary(tuple(us for _, us in self.samples), self.sum_us, self.count)
+        return LatencySummary(tuple([us for _, us in self.samples]), self.sum_us, self.count)
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,7 +236,7 @@ class DynamicBatchPolicy(FreeInstances, Generic[W]):
         else:
             return None, oldest + self._delay
         self._remove_front(take)
-        return tuple(e.item for e in pending[:take]), None
+        return tuple([e.item for e in pending[:take]]), None
 
     def _remove_front(self, count: int) -> None:
         """Drop the first ``count`` entries in scan order (they form the batch)."""

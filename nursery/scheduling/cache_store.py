@@ -140,7 +140,7 @@ def response_from_fields(fields: Mapping[bytes, bytes]) -> InferenceResponse:
             name = fields[b"%d.name" % i].decode()
             datatype = DataType.from_protocol(fields[b"%d.datatype" % i].decode())
             text = fields[b"%d.shape" % i].decode()
-            shape = tuple(int(d) for d in text.split(",")) if text else ()
+            shape = tuple([int(d) for d in text.split(",")]) if text else ()
             data = tensor_from_bytes(fields[b"%d.data" % i], datatype, shape, name)
             data.setflags(write=False)
             outputs.append(Tensor(name, datatype, shape, data))

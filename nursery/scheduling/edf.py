@@ -146,7 +146,7 @@ class EarliestDeadlinePolicy(FreeInstances, Generic[W]):
         oldest = min(self._queue[i].enqueued for i in chosen)
         send_at = min(oldest + self._delay, head.deadline - self._delay)
         if not grows or size in self._preferred or self._delay == 0 or now >= send_at:
-            items = tuple(self._queue[i].item for i in chosen)
+            items = tuple([self._queue[i].item for i in chosen])
             for i in reversed(chosen):
                 self._pop(i)
             return items, None

@@ -277,7 +277,7 @@ class LatencyObjectivePolicy(FreeInstances, Generic[W]):
             instance = next(iter(self._free))
             del self._free[instance]
             self._running[instance] = (now, sum(e.rows for e in batch))
-            decisions.append(Dispatch(instance, tuple(e.item for e in batch)))
+            decisions.append(Dispatch(instance, tuple([e.item for e in batch])))
         if self._count:
             nearest = min(e.deadline for e in self._entries())
             wake_at = nearest if wake_at is None else min(wake_at, nearest)

@@ -201,9 +201,9 @@ def _put_request(w: _Writer, request: InferenceRequest) -> tuple[Any, ...]:
 def _get_request(r: _Reader, value: tuple[Any, ...]) -> InferenceRequest:
     (model, version, inputs, outputs, rid, params, seq, start, end, priority, timeout,
      trace) = value
-    tensors = {t.name: t for t in (r.tensor(d) for d in inputs)}
+    tensors = {t.name: t for t in [r.tensor(d) for d in inputs]}
     return InferenceRequest(model, version, tensors,
-                            requested_outputs=tuple(RequestedOutput(n, k) for n, k in outputs),
+                            requested_outputs=tuple([RequestedOutput(n, k) for n, k in outputs]),
                             id=rid, parameters=params, sequence_id=seq, sequence_start=start,
                             sequence_end=end, priority=priority, timeout_us=timeout,
                             trace=_get_trace(trace))

@@ -617,7 +617,7 @@ class InferenceRequest:
             model_name=self._model_name,
             model_version="" if self._model_version in (-1, None) else str(self._model_version),
             inputs=inputs,
-            requested_outputs=tuple(RequestedOutput(n) for n in self._requested),
+            requested_outputs=tuple([RequestedOutput(n) for n in self._requested]),
             id=self._request_id,
             parameters=dict(self._parameters),
             # the correlation ID and the sequence flags, as Triton's BLS sets them on the

@@ -169,7 +169,7 @@ def decode_request(message: pb.ModelInferRequest | InferRequest,
             raise InvalidArgument(
                 f"invalid datatype '{tensor.datatype}' for input '{name}' of model '{model}'"
             ) from None
-        shape = tuple(int(d) for d in tensor.shape)
+        shape = tuple([int(d) for d in tensor.shape])
         if any(d < 0 for d in shape):
             raise InvalidArgument(
                 f"input '{name}' of model '{model}' has a negative dimension in shape "

@@ -73,8 +73,8 @@ def pack_request(request: InferenceRequest) -> tuple[Any, ...]:
     return (request.model_name, request.model_version, request.id, request.parameters,
             request.priority, request.timeout_us, request.sequence_id, request.sequence_start,
             request.sequence_end, request.model_namespace,
-            tuple((o.name, o.classification) for o in request.requested_outputs),
-            tuple(_pack_tensor(t) for t in request.inputs.values()))
+            tuple([(o.name, o.classification) for o in request.requested_outputs]),
+            tuple([_pack_tensor(t) for t in request.inputs.values()]))
 
 
 def unpack_request(packed: tuple[Any, ...]) -> InferenceRequest:
@@ -85,13 +85,13 @@ def unpack_request(packed: tuple[Any, ...]) -> InferenceRequest:
         tensor = _unpack_tensor(item)
         tensors[tensor.name] = tensor
     return InferenceRequest(
-        model, version, tensors, tuple(RequestedOutput(n, c) for n, c in outputs), rid,
+        model, version, tensors, tuple([RequestedOutput(n, c) for n, c in outputs]), rid,
         parameters, priority, timeout_us, False, sequence_id, start, end, namespace)
 
 
 def pack_response(response: InferenceResponse) -> tuple[Any, ...]:
     return (response.model_name, response.model_version, response.id, response.parameters,
-            tuple(_pack_tensor(t) for t in response.outputs))
+            tuple([_pack_tensor(t) for t in response.outputs]))
 
 
 def unpack_response(packed: tuple[Any, ...]) -> InferenceResponse:

@@ -155,7 +155,7 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
             "deduced because there are more than one variable-sized dimension"
         )
     if variable:
-        known = element_count(tuple(d for d in dims if d != -1)) * spec.datatype.itemsize
+        known = element_count(tuple([d for d in dims if d != -1])) * spec.datatype.itemsize
         if known == 0 or len(body) % known:
             raise InvalidArgument(
                 f"raw input of {len(body)} bytes does not fit input '{spec.name}' of model '{model}'"
@@ -169,7 +169,7 @@ def _raw_request(config: ModelConfig, model: str, version: str, body: bytes) -> 
     )
     return InferenceRequest(
         model, version, {spec.name: Tensor(spec.name, spec.datatype, shape, data)},
-        requested_outputs=tuple(RequestedOutput(o.name) for o in config.outputs),
+        requested_outputs=tuple([RequestedOutput(o.name) for o in config.outputs]),
     )
 
 
