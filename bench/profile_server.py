@@ -47,11 +47,11 @@ def write_repo(repo: Path, batching: bool) -> None:
 
 
 def pa_args(server: ServerProcess, protocol: str, model: str, concurrency: int,
-            window_ms: int, trials: int) -> list[str]:
+            window_ms: int, trials: int, data: str = "zero") -> list[str]:
     url = server.url if protocol != "grpc" else f"127.0.0.1:{server.grpc_port}"
     args = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", "grpc" if protocol == "grpc" else "http",
             "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
-            "--stability-percentage", "999", "--max-trials", str(trials), "--input-data", "zero"]
+            "--stability-percentage", "999", "--max-trials", str(trials), "--input-data", data]
     if protocol == "http":
         args += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     return args
@@ -107,6 +107,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--name", default="")
+    parser.add_argument("--peer-models", type=Path, metavar="BENCH_DIR",
+                        help="serve the peer sweep's models (its model_repository, ONNX Runtime's "
+                             "default threads) with its perf_data inputs, as bench/peer.sh does")
     parser.add_argument("--summarize", type=Path, help="only summarize an existing samples.txt")
     args = parser.parse_args()
     if args.summarize:
@@ -117,17 +120,23 @@ def main() -> None:
     out = ROOT / "bench" / "profiles" / name
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="nursery-profile-"))
-    write_repo(tmp / "repo", args.batching)
-    server = ServerProcess(tmp / "repo", "--allow-metrics", "false", log_path=tmp / "server.log")
+    data = "zero"
+    if args.peer_models:
+        repo = args.peer_models / "model_repository"
+        data = str(args.peer_models / "perf_data" / f"{args.model}.json")
+    else:
+        repo = tmp / "repo"
+        write_repo(repo, args.batching)
+    server = ServerProcess(repo, "--allow-metrics", "false", log_path=tmp / "server.log")
     server.wait_ready()
     env = {**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER.parent / "lib")}
     try:
         # warm up, then sample while a long perf_analyzer run keeps the load on
-        subprocess.run(pa_args(server, args.protocol, args.model, args.concurrency, 1000, 3),
+        subprocess.run(pa_args(server, args.protocol, args.model, args.concurrency, 1000, 3, data),
                        capture_output=True, timeout=120, env=env)
         before, served, t0 = server_cpu(server.proc.pid), _successes(server, args.model), time.monotonic()
         load = subprocess.Popen(pa_args(server, args.protocol, args.model, args.concurrency,
-                                        (args.seconds + 4) * 1000 // 3, 3),
+                                        (args.seconds + 4) * 1000 // 3, 3, data),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         time.sleep(1.0)
         subprocess.run(["py-spy", "record", "-p", str(server.proc.pid), "-d", str(args.seconds),
