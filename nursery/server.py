@@ -343,13 +343,16 @@ def _openai_tokenizer(settings: Settings) -> Tokenizer | None:
 
 
 async def _start_openai(nursery: trio.Nursery, core: Core, settings: Settings,
-                        shutdown: trio.Event, tokenizer: Tokenizer | None) -> list[str]:
+                        shutdown: trio.Event, tokenizer: Tokenizer | None,
+                        sampler: SystemSampler, metrics_options: MetricsOptions) -> list[str]:
     """The OpenAI-compatible frontend on its own port (nursery's HTTP/1.1 server with the
-    OpenAI handler); it stops accepting once ``shutdown`` is set."""
+    OpenAI handler; its /metrics is the metrics port's text); it stops accepting once
+    ``shutdown`` is set."""
     options = settings.openai
     assert options is not None
+    text = metrics_text(core, sampler, metrics_options) if settings.allow_metrics else None
     try:
-        frontend = OpenAIFrontend(core, options, tokenizer)
+        frontend = OpenAIFrontend(core, options, tokenizer, text)
     except TokenizerError as exc:
         raise StartupError(str(exc)) from None
     server = HttpServer(core, build_routes_app(core), max_input_size=options.max_input_size,
@@ -591,7 +594,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                         log.info("Started HTTPService at %s", bind.removeprefix("http://"))
                 if settings.openai is not None:
                     for bind in await _start_openai(frontends, core, settings, shutdown,
-                                                    tokenizer):
+                                                    tokenizer, sampler, options):
                         log.info("Started OpenAI-compatible frontend at %s", bind)
                 if settings.sagemaker is not None:
                     with _port_in_use("Sagemaker", settings.sagemaker.address,

@@ -26,6 +26,7 @@ from nursery.protocol.access import (
     compile_forward_pattern,
     parse_restrictions,
 )
+from nursery.protocol.openai import restrictions
 from nursery.protocol.tls import TlsFiles
 from nursery.scheduling.cache_store import CacheConfig, parse_cache_config
 from nursery.scheduling.model_budget import Budget, parse_budget
@@ -62,6 +63,8 @@ class OpenAISettings:
     backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
     tool_call_parser: str = ""  # --tool-call-parser llama3|hermes|mistral: tool calls in chat answers
     max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
+    # --openai-restricted-api <APIs> <header> <value>, each occurrence as given
+    restricted_apis: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -727,13 +730,21 @@ def _openai_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--openai-max-input-size", type=int, default=1 << 26, metavar="<int>",
                        help="The largest OpenAI request body in bytes. Default is 67108864 "
                        "(64 MiB, Triton's frontend's --http-max-input-size).")
+    group.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],
+                       metavar=("APIs", "Restricted Key", "Restricted Value"),
+                       help="Restrict access to groups of the OpenAI routes: '<API_1>,<API_2>,... "
+                       "<restricted-key> <restricted-value>' (APIs: inference, "
+                       "model-repository, metrics, health), e.g. 'inference,model-repository "
+                       "admin-key admin-value': those routes then answer 401 unless the request "
+                       "carries that header with that value. May be given once per group of "
+                       "APIs. Default: every route open.")
 
 
 def _openai_settings(parser: argparse.ArgumentParser,
                      args: argparse.Namespace) -> OpenAISettings | None:
     if args.openai_port is None:
         for flag in ("tokenizer", "lora_separator", "chat_template", "backend",
-                     "tool_call_parser"):
+                     "tool_call_parser", "openai_restricted_api"):
             if getattr(args, flag):
                 parser.error(f"--{flag.replace('_', '-')} needs --openai-port")
         return None
@@ -743,6 +754,10 @@ def _openai_settings(parser: argparse.ArgumentParser,
         parser.error("--default-max-tokens must be positive")
     if args.openai_max_input_size <= 0:
         parser.error("--openai-max-input-size must be positive")
+    try:  # Triton's frontend refuses these at start-up, in these words
+        restrictions.parse(args.openai_restricted_api)
+    except restrictions.RestrictionError as exc:
+        parser.error(f"--openai-restricted-api: {exc}")
     if args.tokenizer and not os.path.isdir(args.tokenizer):
         parser.error(f"--tokenizer: '{args.tokenizer}' is not a folder (a tokenizer is read "
                      "from a local folder; nothing is downloaded)")
@@ -756,6 +771,8 @@ def _openai_settings(parser: argparse.ArgumentParser,
         backend=args.backend,
         tool_call_parser=args.tool_call_parser,
         max_input_size=args.openai_max_input_size,
+        restricted_apis=tuple([(apis, key, value)
+                               for apis, key, value in args.openai_restricted_api]),
     )
 
 

@@ -1,16 +1,20 @@
 """The OpenAI-compatible API (``--openai-port``), served by nursery's HTTP/1.1 server.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
-``GET /v1/models``, ``GET /v1/models/{model}``. Each request becomes one Triton request per
-choice (``n``), built by ``mapping.py`` with Triton's OpenAI-frontend conventions, and goes to
-the model the way every frontend's does: ``Core.acquire``, then the model client
-(``ModelClient.stream``: every response of a decoupled model as it comes). ``stream: true``
-answers Server-Sent Events (``chat.completion.chunk`` / ``text_completion``) ending with
+``GET /v1/models``, ``GET /v1/models/{model}``, ``POST /v1/models/{model}/load`` and
+``/unload`` (``--model-control-mode=explicit`` only), ``GET /metrics`` (the metrics port's
+text) and ``GET /health/ready``, each group of them behind a header of its own where
+``--openai-restricted-api`` says so (``restrictions.py``). Each generation request becomes
+one Triton request per choice (``n``), built by ``mapping.py`` with Triton's OpenAI-frontend
+conventions, and goes to the model the way every frontend's does: ``Core.acquire``, then the
+model client (``ModelClient.stream``: every response of a decoupled model as it comes).
+``stream: true`` answers Server-Sent Events (``chat.completion.chunk`` / ``text_completion``) ending with
 ``data: [DONE]``; the status is sent with the first event, so an error the model gives before
 its first response is still a plain JSON error with its status. A client that disconnects
 cancels its requests (the request's cancel scope, ``protocol/http/streaming.py``).
 
-Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (the model management
+and health routes answer ``{"detail": ...}``, as Triton's frontend does there): 400
 ``invalid_request_error`` for a bad request (Triton's frontend messages where it has one), 404
 ``model_not_found`` for an unknown model, and the model's own error with the status the KServe
 port would give it. The request's supervision boundary is here too: anything unexpected costs
@@ -24,7 +28,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,7 @@ from nursery.messages import Part
 from nursery.protocol.http import http1
 from nursery.protocol.http.infer import AfterSend, Response
 from nursery.protocol.http.streaming import SSE_TYPE, Streaming, StreamWriter, sse_event
-from nursery.protocol.openai import mapping, tools
+from nursery.protocol.openai import mapping, restrictions, tools
 from nursery.protocol.openai.requests import ApiError, Fields, conversation, dumps, from_nursery
 from nursery.protocol.openai.tokenizer import Tokenizer, TokenizerError, load_chat_template
 from nursery.runtime.supervision import describe
@@ -53,6 +57,16 @@ _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", SSE_TYPE), (b"cache-control", b"no-cache")]
 DONE = b"data: [DONE]\n\n"
 OWNED_BY = "Triton Inference Server"
+_EXPLICIT_ONLY = "Model load/unload requires --model-control-mode=explicit"
+# the restricted group of each route nursery serves (beside Triton's prefix rule)
+_ROUTE_GROUPS = {"/v1/chat/completions": "inference", "/v1/completions": "inference",
+                 "/v1/embeddings": "inference", "/v1/models": "model-repository",
+                 "/metrics": "metrics", "/health/ready": "health", "/health": "health"}
+
+
+def _detail(status: int, message: str) -> Response:
+    """An error in the shape Triton's frontend gives its model management and health routes."""
+    return status, list(_JSON), dumps({"detail": message})
 
 
 # -- one choice's run --------------------------------------------------------------------------
@@ -148,9 +162,15 @@ class OpenAIFrontend:
     """The handler of the OpenAI port's every request."""
 
     def __init__(self, core: Core, options: OpenAISettings,
-                 tokenizer: Tokenizer | None = None) -> None:
+                 tokenizer: Tokenizer | None = None,
+                 metrics: Callable[[], Awaitable[bytes]] | None = None) -> None:
         self.core = core
         self.options = options
+        self.metrics = metrics  # the metrics port's text; None with --allow-metrics=false
+        self.restrictions = restrictions.parse(options.restricted_apis)
+        if self.restrictions:
+            log.info("API restrictions enabled. Restricted API endpoints: %s",
+                     self.restrictions.summary())
         self.chat_template = load_chat_template(options.chat_template)
         # --tokenizer: one tokenizer for every model (Triton's frontend); the server reads it
         # before anything starts and hands it over
@@ -175,6 +195,9 @@ class OpenAIFrontend:
                      after: AfterSend | None = None) -> Response | Streaming:
         """One request (``after``: the HTTP server's hook for a written answer; unused)."""
         try:
+            refused = self._restricted(head)
+            if refused is not None:
+                return refused
             return await self._route(head, body)
         except ApiError as error:
             return error.response()
@@ -184,6 +207,22 @@ class OpenAIFrontend:
             self.core.faults.record("openai", exc, log,
                                     f"an OpenAI request ({head.path[:200].decode('latin-1')})")
             return ApiError(500, f"Internal Server Error: {describe(exc)}").response()
+
+    def _restricted(self, head: http1.RequestHead) -> Response | None:
+        """401 in Triton's words for a request to a restricted group without its header."""
+        if not self.restrictions:
+            return None
+        raw = unquote(head.path.decode("latin-1"))
+        path = raw.rstrip("/")
+        group = _ROUTE_GROUPS.get(path)
+        if group is None and path.startswith("/v1/models/"):
+            group = "model-repository"
+        need = self.restrictions.required(head.method.decode("latin-1"), raw, group)
+        if need is None or self.restrictions.allows(need, head.header(need[0].lower().encode())):
+            return None
+        return 401, list(_JSON), dumps({"error": {
+            "message": self.restrictions.message(need), "type": "authentication_error",
+            "code": "invalid_auth"}})
 
     async def _route(self, head: http1.RequestHead, body: bytes) -> Response | Streaming:
         path = unquote(head.path.decode("latin-1")).rstrip("/")
@@ -195,6 +234,13 @@ class OpenAIFrontend:
             if method != "POST":
                 raise ApiError(405, f"Method Not Allowed ({method} {path})")
             return await routes[path](self._json(body))  # type: ignore[no-any-return]
+        if path.startswith("/v1/models/") and method == "POST":
+            name, _, action = path[len("/v1/models/"):].rpartition("/")
+            if action == "load" and name and "/" not in name:
+                return await self._load(name)
+            if action == "unload" and name and "/" not in name:
+                return await self._unload(name)
+            raise ApiError(404, f"Invalid URL ({method} {path})", "unknown_url")
         if path == "/v1/models" or path.startswith("/v1/models/"):
             if method not in ("GET", "HEAD"):
                 raise ApiError(405, f"Method Not Allowed ({method} {path})")
@@ -206,9 +252,51 @@ class OpenAIFrontend:
                     return 200, list(_JSON), dumps(model)
             raise ApiError(404, f"Unknown model: {name}", "model_not_found", "model")
         if path == "/health/ready" or path == "/health":
-            return (200, [(b"content-type", b"text/plain")], b"") if self.core.accepting \
-                else ApiError(503, "not ready").response()
+            if not self.core.accepting:  # Triton's frontend's status and words
+                return _detail(400, "Attached inference engine is not ready for inference "
+                               "requests.")
+            return 200, [(b"content-type", b"text/plain")], b""
+        if path == "/metrics" and method in ("GET", "HEAD"):
+            if self.metrics is None:
+                raise ApiError(500, "Metrics are off (--allow-metrics=false)", "metrics_off")
+            return 200, [(b"content-type", b"text/plain; charset=utf-8")], await self.metrics()
         raise ApiError(404, f"Invalid URL ({method} {path})", "unknown_url")
+
+    # model management (Triton's frontend: explicit control mode only) ------------------------
+
+    async def _load(self, name: str) -> Response:
+        """Load ``name`` and answer once it is ready, with its model object."""
+        if self.core.services.control_mode != "explicit":
+            return _detail(400, _EXPLICIT_ONLY)
+        if self._loaded(name):
+            return _detail(400, f"Model '{name}' is already loaded")
+        try:
+            await self.core.load_model(name)
+        except NurseryError as error:
+            status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
+            return _detail(status, f"Failed to load model '{name}': {error.message}")
+        return 200, list(_JSON), dumps({"id": name, "object": "model",
+                                        "created": int(time.time()), "owned_by": OWNED_BY})
+
+    async def _unload(self, name: str) -> Response:
+        """Unload ``name``; in-flight requests finish first (the core's unload drains)."""
+        if self.core.services.control_mode != "explicit":
+            return _detail(400, _EXPLICIT_ONLY)
+        if not self._loaded(name):
+            return _detail(400, f"Unknown model: {name}")
+        try:
+            await self.core.unload_model(name)
+        except NurseryError as error:
+            status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
+            return _detail(status, f"Failed to unload model '{name}': {error.message}")
+        return 200, list(_JSON), dumps({"status": "success", "model": name})
+
+    def _loaded(self, name: str) -> bool:
+        try:
+            entry = self.core.directory.entry(name)
+        except NurseryError:  # a name several repositories hold (--model-namespacing)
+            return True
+        return entry is not None and entry.latest is not None
 
     @staticmethod
     def _json(body: bytes) -> dict[str, Any]:
