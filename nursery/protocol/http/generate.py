@@ -13,7 +13,9 @@ parameter. ``id`` is the request's id (and, as in Triton, also a parameter).
 The answer is ``{"id" (when given), "model_name", "model_version", <each output by name>,
 <each response parameter>}`` with the keys in Triton's (sorted) order, a one-element output
 unwrapped from its array; a BYTES response parameter is refused. ``/generate`` wants exactly
-one response (a decoupled model may send it with or without the final flag);
+one response (a decoupled model may send it with or without the final flag); a model that
+sends none or several gets Triton's answer, status 200 with an ``{"error": ...}`` body (Triton
+has sent the status with the first response when it counts them);
 ``/generate_stream`` writes one Server-Sent Event per response (``data: {...}\\n\\n``, no
 ``[DONE]``) with the status of the first response, an error after that as
 ``data: {"error": "..."}``. Errors before inference are plain JSON with their 4xx/5xx status.
@@ -247,8 +249,8 @@ async def _collect(core: Core, request: InferenceRequest) -> Response:
     await core.client.stream(request, on_part)
     if failed:
         return error_response(failed[0])
-    if len(responses) != 1:
-        return error_response(InternalError(ONE_RESPONSE))
+    if len(responses) != 1:  # Triton has sent its 200 with the first response by then
+        return 200, list(_JSON), http_error(InternalError(ONE_RESPONSE))[1]
     try:
         return 200, list(_JSON), encode(responses[0])
     except NurseryError as error:
