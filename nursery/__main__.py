@@ -17,6 +17,8 @@ USAGE = """usage: python -m nursery serve [flags]
 
 commands:
   serve    serve a Triton-style model repository (see `python -m nursery serve --help`)
+  openai   the same server under the command line of Triton's OpenAI frontend
+           (openai_frontend/main.py; `python -m nursery openai --help`)
   simulate replay scheduling policies on a virtual clock (`python -m nursery simulate --help`)
   analyze  find a model's best configuration: profile, simulate, verify
            (`python -m nursery analyze --help`)
@@ -42,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from nursery.analyze.cli import main as analyze_main
 
         return analyze_main(rest)
+    if command == "openai":  # Triton's OpenAI frontend's command line (openai_frontend/main.py)
+        from nursery.protocol.openai.cli import main as openai_main
+
+        return openai_main(rest, run)
     if command != "serve":
         print(f"unknown command '{command}'\n\n{USAGE}", end="", file=sys.stderr)
         return 2
@@ -49,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_command(rest: list[str], prog: str = "python -m nursery serve") -> int:
-    settings = settings_from_args(rest, prog=prog)
+    return run(settings_from_args(rest, prog=prog))
+
+
+def run(settings: Settings) -> int:
+    """Serve ``settings`` until stopped: the exit status."""
     for warning in settings.cli_warnings:
         print(warning, file=sys.stderr)
     try:

@@ -612,7 +612,7 @@ async def _serve(settings: Settings, names: list[str], tracer: TraceManager,
                     for bind in vertex_binds:
                         log.info("Started Vertex AI HTTPService at %s",
                                  bind.removeprefix("http://"))
-                if settings.allow_metrics:
+                if settings.allow_metrics and settings.open_metrics_port:
                     metrics_binds = []
                     inherited = not settings.allow_http and settings.metrics_address in (
                         "", settings.http_address)

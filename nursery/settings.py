@@ -65,6 +65,8 @@ class OpenAISettings:
     max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
     # --openai-restricted-api <APIs> <header> <value>, each occurrence as given
     restricted_apis: tuple[tuple[str, str, str], ...] = ()
+    # --max-tool-call-parse-bytes: a streamed chat's text the tool-call parser reads, at most
+    max_tool_call_parse_bytes: int = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,9 @@ class Settings:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # the metrics port itself (off for Triton's OpenAI frontend's command line, whose metrics
+    # are served at /metrics on the OpenAI port only)
+    open_metrics_port: bool = True
     http_address: str = "0.0.0.0"
     grpc_address: str = "0.0.0.0"
     reuse_http_port: bool = False  # SO_REUSEPORT on the HTTP listeners
@@ -727,6 +732,11 @@ def _openai_flags(parser: argparse.ArgumentParser) -> None:
                        "text: 'llama3' (JSON calls), 'hermes' (<tool_call> blocks) or "
                        "'mistral' ([TOOL_CALLS] and a JSON list). Needed for requests with "
                        "tools and an \"auto\" tool_choice.")
+    group.add_argument("--max-tool-call-parse-bytes", type=int, default=128 * 1024,
+                       metavar="<int>",
+                       help="The most output (characters of text) the streaming tool-call "
+                       "parser reads per request; past it the stream ends with finish_reason "
+                       "'length' and the model's inference is cancelled. Default is 131072.")
     group.add_argument("--openai-max-input-size", type=int, default=1 << 26, metavar="<int>",
                        help="The largest OpenAI request body in bytes. Default is 67108864 "
                        "(64 MiB, Triton's frontend's --http-max-input-size).")
@@ -754,6 +764,8 @@ def _openai_settings(parser: argparse.ArgumentParser,
         parser.error("--default-max-tokens must be positive")
     if args.openai_max_input_size <= 0:
         parser.error("--openai-max-input-size must be positive")
+    if args.max_tool_call_parse_bytes <= 0:
+        parser.error("--max-tool-call-parse-bytes must be positive")
     try:  # Triton's frontend refuses these at start-up, in these words
         restrictions.parse(args.openai_restricted_api)
     except restrictions.RestrictionError as exc:
@@ -771,6 +783,7 @@ def _openai_settings(parser: argparse.ArgumentParser,
         backend=args.backend,
         tool_call_parser=args.tool_call_parser,
         max_input_size=args.openai_max_input_size,
+        max_tool_call_parse_bytes=args.max_tool_call_parse_bytes,
         restricted_apis=tuple([(apis, key, value)
                                for apis, key, value in args.openai_restricted_api]),
     )

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -126,7 +126,10 @@ class ServerProcess:
     """``python -m nursery serve`` in a subprocess on free loopback ports."""
 
     def __init__(self, repo: Path | str | list[Path | str], *extra: str, log_path: Path,
-                 cwd: Path = ROOT, openai: bool = False) -> None:
+                 cwd: Path = ROOT, openai: bool = False,
+                 command: Callable[[ServerProcess], list[str]] | None = None) -> None:
+        """``command``: the whole command line instead of ``nursery serve``'s, made once the
+        free ports are chosen (``python -m nursery openai``'s, for one)."""
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
@@ -143,6 +146,8 @@ class ServerProcess:
             *(["--openai-port", str(self.openai_port)] if self.openai_port else []),
             *extra,
         ]
+        if command is not None:
+            self.args = command(self)
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -233,9 +238,10 @@ def start_server(tmp_path: Path) -> Iterator[type[ServerProcess]]:
     started: list[ServerProcess] = []
 
     def start(repo: Path | str | list[Path | str], *extra: str,
-              wait: bool = True, openai: bool = False) -> ServerProcess:
+              wait: bool = True, openai: bool = False,
+              command: Callable[[ServerProcess], list[str]] | None = None) -> ServerProcess:
         server = ServerProcess(repo, *extra, log_path=tmp_path / f"server{len(started)}.log",
-                               openai=openai)
+                               openai=openai, command=command)
         started.append(server)
         if wait:
             server.wait_ready()

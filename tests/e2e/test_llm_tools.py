@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,32 @@ def test_without_a_parser_tools_need_one(tmp_path: Path, start_server: Any) -> N
         answer = ask(sdk, '{"city": "Oslo"}', tools=TOOLS,
                      tool_choice={"type": "function", "function": {"name": "get_weather"}})
         assert answer.choices[0].message.tool_calls[0].function.arguments == '{"city": "Oslo"}'
+
+
+def test_a_streamed_parse_past_its_limit_ends_and_stops_the_model(
+        tmp_path: Path, start_server: Any) -> None:
+    """--max-tool-call-parse-bytes (Triton's, 128 KiB by default): a streamed chat whose text
+    the tool-call parser would read past the limit ends with finish_reason "length", and the
+    model's inference is cancelled (llm_echo's "forever" prompt never ends by itself)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "llm_echo", repo / "llm_echo")
+    tokenizer = write_tokenizer(tmp_path / "tokenizer")
+    server: ServerProcess = start_server(
+        repo, "--tokenizer", str(tokenizer), "--chat-template", TEMPLATE,
+        "--tool-call-parser", "hermes", "--max-tool-call-parse-bytes", "64", openai=True)
+    with openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0,
+                       timeout=60) as sdk:
+        text, finishes = "", []
+        for chunk in ask(sdk, "talk forever", stream=True, tools=TOOLS,
+                         stream_options={"include_usage": True}):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finishes.append(chunk.choices[0].finish_reason)
+        assert finishes[-1] == "length" and finishes.count("length") == 1, (text, finishes)
+        assert text.startswith("talk forever talk") and len(text) <= 64
+        deadline = time.monotonic() + 30  # bounded wait for the model to see the cancel
+        while json.loads(ask(sdk, "__stats__").choices[0].message.content)["cancelled"] < 1:
+            assert time.monotonic() < deadline, "the model was never cancelled"
+            time.sleep(0.05)
+    assert "Streaming tool-call parse buffer limit set to 64 bytes" in server.log()
+    assert "Streaming tool-call parse buffer exceeded 64 bytes" in server.log()

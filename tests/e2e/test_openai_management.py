@@ -8,14 +8,19 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-from collections.abc import Iterator
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
-from tests.conftest import ServerProcess, running_server
+from tests.conftest import ROOT, ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -173,3 +178,77 @@ def test_the_start_up_line_names_the_header_not_its_value(server: ServerProcess)
     log = server.log()
     assert "API restrictions enabled. Restricted API endpoints: " in log
     assert "'inference': 'admin-key'" in log and SECRET not in log
+
+
+# -- Triton's OpenAI frontend's own command line ---------------------------------------------------
+
+def _frontend(repo: Path, *flags: str, kserve: bool = False
+              ) -> Callable[[ServerProcess], list[str]]:
+    """``python -m nursery openai`` with the frontend's flags, on the process's free ports."""
+    def command(proc: ServerProcess) -> list[str]:
+        argv = [sys.executable, "-m", "nursery", "openai", "--model-repository", str(repo),
+                "--host", "127.0.0.1", "--openai-port", str(proc.openai_port), *flags]
+        if kserve:
+            argv += ["--enable-kserve-frontends", "--kserve-http-port", str(proc.http_port),
+                     "--kserve-grpc-port", str(proc.grpc_port)]
+        return argv
+    return command
+
+
+def test_the_frontends_command_line(tmp_path: Path, start_server: type) -> None:
+    repo = _repo(tmp_path)
+    proc = start_server(repo, openai=True, wait=False, command=_frontend(
+        repo, "--model-control-mode", "explicit", "--load-model", "llm_plain",
+        "--tritonserver-log-verbose-level", "1", "--uvicorn-log-level", "warning",
+        "--openai-restricted-api", "metrics", "m-key", "m-value"))
+    _wait(proc)
+    with openai.OpenAI(base_url=proc.openai_url, api_key="unused", max_retries=0) as client:
+        assert [m.id for m in client.models.list()] == ["llm_plain"]
+        assert client.completions.create(model="llm_plain", prompt="hi there").choices[0].text \
+            == "HI THERE"
+    assert _call(proc, "GET", "/metrics")[0] == 401
+    assert _call(proc, "GET", "/metrics", {"m-key": "m-value"})[0] == 200
+    assert _call(proc, "POST", "/v1/models/llm_embed/load")[0] == 200
+    log = proc.log()
+    # no KServe ports and no metrics port unless asked for, as Triton's frontend
+    assert "Started HTTPService" not in log and "Started GRPCInferenceService" not in log
+    assert "Started Metrics Service" not in log
+
+
+def test_the_frontends_kserve_ports(tmp_path: Path, start_server: type) -> None:
+    repo = _repo(tmp_path)
+    proc = start_server(repo, openai=True, wait=False, command=_frontend(repo, kserve=True))
+    proc.wait_ready()  # the KServe HTTP port
+    with httpclient.InferenceServerClient(proc.url) as client:
+        assert client.is_model_ready("llm_plain")
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{proc.grpc_port}") as client:
+        assert client.is_server_live()
+    assert _call(proc, "GET", "/health/ready")[0] == 200
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--load-model", "llm_plain"],
+     "Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well."),
+    (["--openai-restricted-api", "inference,inference", "k", "v"],
+     "[ERROR] Failed to initialize FastAPI frontend: restricted api 'inference' can not be "
+     "specified in multiple config groups"),
+])
+def test_the_frontends_refusals(tmp_path: Path, flags: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "nursery", "openai", "--model-repository",
+                           str(_repo(tmp_path)), *flags], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 1 and message in done.stderr
+
+
+def _wait(proc: ServerProcess, timeout: float = 60.0) -> None:
+    """Until the OpenAI port answers /health/ready (the frontend opens no KServe port)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.proc.poll() is None, proc.log()
+        try:
+            if _call(proc, "GET", "/health/ready")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(proc.log())

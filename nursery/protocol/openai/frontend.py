@@ -171,6 +171,9 @@ class OpenAIFrontend:
         if self.restrictions:
             log.info("API restrictions enabled. Restricted API endpoints: %s",
                      self.restrictions.summary())
+        if options.tool_call_parser:
+            log.info("Streaming tool-call parse buffer limit set to %d bytes",
+                     options.max_tool_call_parse_bytes)
         self.chat_template = load_chat_template(options.chat_template)
         # --tokenizer: one tokenizer for every model (Triton's frontend); the server reads it
         # before anything starts and hands it over
@@ -574,11 +577,13 @@ class OpenAIFrontend:
             plan = job.tools
             parsing = tools.parser(plan.parser).stream() if chat and plan.parser else None
             calls = 0  # tool calls sent (a named choice's one)
+            parsed = 0  # characters the tool-call parser has read
+            own = trio.CancelScope()  # this choice's request (cut short past the parse limit)
 
             async def on_part(part: Part) -> None:
-                nonlocal offset, calls
+                nonlocal offset, calls, parsed
                 async with lock:
-                    if failed:
+                    if failed or own.cancel_called:
                         return
                     if part.error is not None:
                         failed.append(part.error)
@@ -613,6 +618,18 @@ class OpenAIFrontend:
                             calls = 1
                         delta = {"tool_calls": [call]}
                     elif parsing is not None:
+                        parsed += len(text)
+                        limit = self.options.max_tool_call_parse_bytes
+                        if parsed > limit:  # Triton's bound: the stream ends, the model stops
+                            log.warning(
+                                "Streaming tool-call parse buffer exceeded %d bytes (request "
+                                "%s); truncating response and cancelling backend inference.",
+                                limit, job.id)
+                            await writer.send(chunk([{  # before the cancel, which would
+                                "index": choice.index, "delta": {"content": ""},  # stop it
+                                "logprobs": None, "finish_reason": "length"}]))
+                            own.cancel()
+                            return
                         content, made = parsing.feed(text)
                         if part.final:
                             more, last = parsing.finish()
@@ -631,7 +648,8 @@ class OpenAIFrontend:
                     entry["finish_reason"] = finish
                     await writer.send(chunk([entry]))
 
-            await self.core.client.stream(request, on_part)
+            with own:
+                await self.core.client.stream(request, on_part)
 
         async with trio.open_nursery() as nursery:
             for choice, request in zip(choices, job.requests, strict=True):
