@@ -446,7 +446,9 @@ class _Manager:
         restart ask), and a model made of ``files`` has no namespace, as in Triton."""
         poll_error = f"failed to load '{name}', failed to poll from model repository"
         invalid = check_model_name(name)
-        if invalid is not None:
+        if invalid is not None:  # looked up nowhere: a name is one folder of a repository
+            log.error("failed to poll model '%s': %s", name, "Invalid model name" if not name
+                      else f"model not found in any model repository. ({invalid})")
             return InternalError(f"{poll_error}: {invalid}")
         if files and override is None:
             return InternalError(f"{poll_error}: file overrides require a 'config' override")
@@ -479,6 +481,8 @@ class _Manager:
             one_location = repo.models.get(name)
             found = [] if one_location is None else [(ModelId("", name), one_location)]
         if not found:
+            log.error("failed to poll model '%s': model not found in any model repository.",
+                      name)  # Triton's line, for startup models and load requests alike
             # a bucket that cannot be read may hold it: say why it could not be looked at
             why = [r for root, r in repo.unreadable.items() if isinstance(root, CloudRoot)]
             return InternalError(f"{poll_error}: {why[0]}" if why else poll_error)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import json
 import logging
 import math
@@ -155,7 +156,7 @@ class Server:
 
     def __init__(self, model_repository: str | os.PathLike[str] | Sequence[Any] | None = None,
                  *, exclusive: bool = True, custom_metrics: CustomMetrics | None = None,
-                 **flags: Any) -> None:
+                 sample_metrics: bool = False, **flags: Any) -> None:
         self._closed = True  # until started
         repos = model_repository
         if repos is None:
@@ -171,6 +172,9 @@ class Server:
                           **flags})
             self.settings: Settings = settings_from_args(argv, prog="nursery.Server",
                                                          raise_errors=True)
+            if sample_metrics:  # the figures the metrics port shows, without the port
+                self.settings = dataclasses.replace(self.settings, allow_metrics=True,
+                                                    open_metrics_port=False)
         except BaseException:
             shutil.rmtree(self._private, ignore_errors=True)
             raise

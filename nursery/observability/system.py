@@ -32,7 +32,7 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class SystemSample:
-    cpu_utilization: float | None = None  # None until two readings exist
+    cpu_utilization: float | None = None  # None with CPU metrics off (0.0 until two readings)
     memory_total: int | None = None
     memory_used: int | None = None
     gpus: tuple[GpuSample, ...] = field(default_factory=tuple)
@@ -138,7 +138,8 @@ class SystemSampler:
 
     def _read(self, before: tuple[int, int] | None, after: tuple[int, int] | None,
               nvml: _Nvml | None) -> SystemSample:
-        util = cpu_utilization(before, after) if before and after else None
+        # 0 until two readings exist, as Triton's gauge starts at 0
+        util = cpu_utilization(before, after) if before and after else 0.0
         memory = read_memory() if self.cpu else None
         gpus = nvml.sample() if nvml is not None and nvml.handles else ()
         return SystemSample(

@@ -191,9 +191,12 @@ def test_embeddings(client: openai.OpenAI) -> None:
 
 
 def test_bad_requests_get_openai_shaped_errors(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError) as nf:
+    # an unknown model is a client error (400), as Triton's frontend answers it; the message
+    # also under "detail", where Triton's frontend puts it
+    with pytest.raises(openai.BadRequestError) as nf:
         client.chat.completions.create(model="no_such_model", messages=HELLO)
     assert nf.value.body["code"] == "model_not_found"  # type: ignore[index]
+    assert nf.value.response.json()["detail"] == "Unknown model: no_such_model"
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=f"llm_echo{SEP}nope", prompt="x")
     assert f"Unknown LoRA: nope; for model: llm_echo{SEP}nope" in str(caught.value)

@@ -13,11 +13,12 @@ model client (``ModelClient.stream``: every response of a decoupled model as it 
 its first response is still a plain JSON error with its status. A client that disconnects
 cancels its requests (the request's cancel scope, ``protocol/http/streaming.py``).
 
-Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (the model management
-and health routes answer ``{"detail": ...}``, as Triton's frontend does there): 400
-``invalid_request_error`` for a bad request (Triton's frontend messages where it has one), 404
-``model_not_found`` for an unknown model, and the model's own error with the status the KServe
-port would give it. The request's supervision boundary is here too: anything unexpected costs
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with the message also
+under ``detail``, where Triton's frontend (FastAPI) puts it; the model management and health
+routes answer ``{"detail": ...}`` alone, as Triton's frontend does there: 400
+``invalid_request_error`` for a bad request (Triton's frontend messages where it has one), 400
+``model_not_found`` for an unknown model (404 from ``GET /v1/models/{model}``), and the
+model's own error with the status the KServe port would give it. The request's supervision boundary is here too: anything unexpected costs
 that request a 500 in the same shape, one log line and one count (``unit="openai"``).
 """
 
@@ -167,6 +168,9 @@ class OpenAIFrontend:
         self.core = core
         self.options = options
         self.metrics = metrics  # the metrics port's text; None with --allow-metrics=false
+        # loads and unloads one at a time, as Triton's frontend takes them (so of several
+        # loads of one model, one answers 200 and the others "already loaded")
+        self._managing = trio.Lock()
         self.restrictions = restrictions.parse(options.restricted_apis)
         if self.restrictions:
             log.info("API restrictions enabled. Restricted API endpoints: %s",
@@ -190,7 +194,7 @@ class OpenAIFrontend:
         words and status)."""
         return ApiError(413, f"Request size of {size} bytes exceeds the maximum allowed input "
                         f"size of {limit} bytes. Use --openai-max-input-size to increase the "
-                        "limit.", "content_too_large").response()
+                        "limit.", "content_too_large", detail=False).response()
 
     # the request boundary ----------------------------------------------------------------
 
@@ -271,13 +275,14 @@ class OpenAIFrontend:
         """Load ``name`` and answer once it is ready, with its model object."""
         if self.core.services.control_mode != "explicit":
             return _detail(400, _EXPLICIT_ONLY)
-        if self._loaded(name):
-            return _detail(400, f"Model '{name}' is already loaded")
-        try:
-            await self.core.load_model(name)
-        except NurseryError as error:
-            status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
-            return _detail(status, f"Failed to load model '{name}': {error.message}")
+        async with self._managing:
+            if self._loaded(name):
+                return _detail(400, f"Model '{name}' is already loaded")
+            try:
+                await self.core.load_model(name)
+            except NurseryError as error:
+                status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
+                return _detail(status, f"Failed to load model '{name}': {error.message}")
         return 200, list(_JSON), dumps({"id": name, "object": "model",
                                         "created": int(time.time()), "owned_by": OWNED_BY})
 
@@ -285,13 +290,14 @@ class OpenAIFrontend:
         """Unload ``name``; in-flight requests finish first (the core's unload drains)."""
         if self.core.services.control_mode != "explicit":
             return _detail(400, _EXPLICIT_ONLY)
-        if not self._loaded(name):
-            return _detail(400, f"Unknown model: {name}")
-        try:
-            await self.core.unload_model(name)
-        except NurseryError as error:
-            status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
-            return _detail(status, f"Failed to unload model '{name}': {error.message}")
+        async with self._managing:
+            if not self._loaded(name):
+                return _detail(400, f"Unknown model: {name}")
+            try:
+                await self.core.unload_model(name)
+            except NurseryError as error:
+                status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
+                return _detail(status, f"Failed to unload model '{name}': {error.message}")
         return 200, list(_JSON), dumps({"status": "success", "model": name})
 
     def _loaded(self, name: str) -> bool:
@@ -353,7 +359,8 @@ class OpenAIFrontend:
             handle = await self.core.acquire(name, "")
         except NurseryError as error:
             if error.kind in (ErrorKind.NOT_FOUND, ErrorKind.UNAVAILABLE, ErrorKind.INVALID_ARG):
-                raise ApiError(404, f"Unknown model: {requested}", "model_not_found",
+                # Triton's frontend: a client error (400), as its engine raises it
+                raise ApiError(400, f"Unknown model: {requested}", "model_not_found",
                                "model") from None
             raise
         if lora is not None:

@@ -17,23 +17,28 @@ _JSON = [(b"content-type", b"application/json")]
 
 
 class ApiError(Exception):
-    """An answer in OpenAI's error shape."""
+    """An answer in OpenAI's error shape, with the message also under ``detail``, where
+    Triton's frontend puts it (FastAPI's ``HTTPException``), so clients written for either
+    read it; ``detail=False`` for the answers Triton's frontend gives in OpenAI's shape alone
+    (a body past the size limit)."""
 
     def __init__(self, status: int, message: str, code: str | None = None,
-                 param: str | None = None) -> None:
+                 param: str | None = None, detail: bool = True) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.detail = detail
 
     @property
     def body(self) -> bytes:
         kind = "invalid_request_error" if self.status < 500 else "internal_server_error"
-        if self.status == 404 and self.code == "model_not_found":
-            kind = "invalid_request_error"
-        return dumps({"error": {"message": self.message, "type": kind, "param": self.param,
-                                 "code": self.code}})
+        answer: dict[str, Any] = {"error": {"message": self.message, "type": kind,
+                                            "param": self.param, "code": self.code}}
+        if self.detail:
+            answer["detail"] = self.message
+        return dumps(answer)
 
     def response(self) -> Response:
         return self.status, list(_JSON), self.body

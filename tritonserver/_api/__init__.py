@@ -226,7 +226,8 @@ class Server:
         try:
             # several servers of a process may serve one repository, as Triton's may
             self._server = Embedded(model_repository=repos, exclusive=False,
-                                    custom_metrics=REGISTRY, **flags)
+                                    custom_metrics=REGISTRY,
+                                    sample_metrics=bool(self.options.metrics), **flags)
         except StartupError as exc:
             raise InternalError(str(exc).removeprefix("creating server: ")) from None
         except ValueError as exc:
@@ -476,7 +477,7 @@ class InferenceResponse:
     final: bool = False
 
 
-def _response(model: Model, request: InferenceRequest, part: Part) -> InferenceResponse:
+def _answer(model: Model, request: InferenceRequest, part: Part) -> InferenceResponse:
     result = InferenceResponse(model, request.request_id, final=part.final)
     if part.error is not None:
         result.error = triton_error(part.error)
@@ -510,7 +511,7 @@ class _Stream:
 
     def _deliver(self, item: Any) -> None:  # on the server's thread
         if isinstance(item, Part):
-            response = _response(self.model, self.request, item)
+            response = _answer(self.model, self.request, item)
             self._final_seen = self._final_seen or item.final
         elif isinstance(item, outcome.Error):
             if self._final_seen:
@@ -594,3 +595,8 @@ class AsyncResponseIterator:
     def cancel(self) -> None:
         self._stream.cancel()
 
+
+
+# Triton's package keeps each type in a submodule of its own; programs written for it name
+# some by that path (its OpenAI frontend: ``tritonserver._api._response.InferenceResponse``)
+from tritonserver._api import _response as _response  # noqa: E402
