@@ -10,6 +10,7 @@ import trio
 
 from nursery.errors import StartupError, first_error
 from nursery.observability.logs import LogManager, log_manager_for
+from nursery.protocol.openai.cli import main as openai_main
 from nursery.server import serve
 from nursery.settings import Settings, settings_from_args
 
@@ -45,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return analyze_main(rest)
     if command == "openai":  # Triton's OpenAI frontend's command line (openai_frontend/main.py)
-        from nursery.protocol.openai.cli import main as openai_main
-
         return openai_main(rest, run)
     if command != "serve":
         print(f"unknown command '{command}'\n\n{USAGE}", end="", file=sys.stderr)

@@ -18,8 +18,9 @@ under ``detail``, where Triton's frontend (FastAPI) puts it; the model managemen
 routes answer ``{"detail": ...}`` alone, as Triton's frontend does there: 400
 ``invalid_request_error`` for a bad request (Triton's frontend messages where it has one), 400
 ``model_not_found`` for an unknown model (404 from ``GET /v1/models/{model}``), and the
-model's own error with the status the KServe port would give it. The request's supervision boundary is here too: anything unexpected costs
-that request a 500 in the same shape, one log line and one count (``unit="openai"``).
+model's own error with the status the KServe port would give it. The request's supervision
+boundary is here too: anything unexpected costs that request a 500 in the same shape, one log
+line and one count (``unit="openai"``).
 """
 
 from __future__ import annotations
@@ -243,10 +244,8 @@ class OpenAIFrontend:
             return await routes[path](self._json(body))  # type: ignore[no-any-return]
         if path.startswith("/v1/models/") and method == "POST":
             name, _, action = path[len("/v1/models/"):].rpartition("/")
-            if action == "load" and name and "/" not in name:
-                return await self._load(name)
-            if action == "unload" and name and "/" not in name:
-                return await self._unload(name)
+            if action in ("load", "unload") and name and "/" not in name:
+                return await self._manage(name, load=action == "load")
             raise ApiError(404, f"Invalid URL ({method} {path})", "unknown_url")
         if path == "/v1/models" or path.startswith("/v1/models/"):
             if method not in ("GET", "HEAD"):
@@ -271,34 +270,26 @@ class OpenAIFrontend:
 
     # model management (Triton's frontend: explicit control mode only) ------------------------
 
-    async def _load(self, name: str) -> Response:
-        """Load ``name`` and answer once it is ready, with its model object."""
+    async def _manage(self, name: str, load: bool) -> Response:
+        """Load ``name`` (answered once it is ready, with its model object) or unload it
+        (once its requests in flight are answered: the core's unload drains); explicit mode
+        only, one at a time, in the words of Triton's frontend."""
         if self.core.services.control_mode != "explicit":
             return _detail(400, _EXPLICIT_ONLY)
         async with self._managing:
-            if self._loaded(name):
-                return _detail(400, f"Model '{name}' is already loaded")
+            if self._loaded(name) == load:
+                return _detail(400, f"Model '{name}' is already loaded" if load
+                               else f"Unknown model: {name}")
             try:
-                await self.core.load_model(name)
+                await (self.core.load_model(name) if load else self.core.unload_model(name))
             except NurseryError as error:
                 status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
-                return _detail(status, f"Failed to load model '{name}': {error.message}")
+                verb = "load" if load else "unload"
+                return _detail(status, f"Failed to {verb} model '{name}': {error.message}")
+        if not load:
+            return 200, list(_JSON), dumps({"status": "success", "model": name})
         return 200, list(_JSON), dumps({"id": name, "object": "model",
                                         "created": int(time.time()), "owned_by": OWNED_BY})
-
-    async def _unload(self, name: str) -> Response:
-        """Unload ``name``; in-flight requests finish first (the core's unload drains)."""
-        if self.core.services.control_mode != "explicit":
-            return _detail(400, _EXPLICIT_ONLY)
-        async with self._managing:
-            if not self._loaded(name):
-                return _detail(400, f"Unknown model: {name}")
-            try:
-                await self.core.unload_model(name)
-            except NurseryError as error:
-                status = 400 if error.kind is ErrorKind.INVALID_ARG else 500
-                return _detail(status, f"Failed to unload model '{name}': {error.message}")
-        return 200, list(_JSON), dumps({"status": "success", "model": name})
 
     def _loaded(self, name: str) -> bool:
         try:
