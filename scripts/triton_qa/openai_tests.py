@@ -14,6 +14,10 @@ Two kinds of test are in that folder, and both run here:
   (``setup_server``): they run Triton's own frontend code on nursery's ``tritonserver``
   package.
 
+With ``--triton-frontend`` the stand-in is left out: the tests start Triton's own frontend
+program (FastAPI and uvicorn, in the test venv, ``python3`` on the ``PATH`` being the venv's),
+which runs on nursery's ``tritonserver`` and ``tritonfrontend`` packages.
+
 The tests' models are their own (``tests/test_models``: ``mock_llm``, ``identity_py``, Python
 models); the files that need vLLM or TensorRT-LLM and their LLM weights (chat, completions,
 embeddings, tool calling and LoRA with a real model) are not run by default. The test
@@ -53,16 +57,18 @@ STAND_IN = textwrap.dedent('''\
     ''')
 
 
-def prepare(triton_server: Path, work: Path) -> None:
-    """The frontend and its tests copied into ``work``, the stand-in in place, a tokenizer."""
+def prepare(triton_server: Path, work: Path, stand_in: bool) -> None:
+    """The frontend and its tests copied into ``work``, the stand-in in place (unless Triton's
+    own frontend is to run), a tokenizer."""
     source = triton_server / "python" / "openai"
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     for part in ("openai_frontend", "tests"):
         shutil.copytree(source / part, work / part)
-    (work / "openai_frontend" / "main.py").write_text(
-        STAND_IN.format(root=str(ROOT), python=sys.executable))
+    if stand_in:
+        (work / "openai_frontend" / "main.py").write_text(
+            STAND_IN.format(root=str(ROOT), python=sys.executable))
     sys.path.insert(0, str(ROOT))
     from tests.llm_tokenizer import write_tokenizer
 
@@ -85,12 +91,22 @@ def main() -> int:
                         help="a checkout of triton-inference-server/server")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nursery-oai"))
     parser.add_argument("--venv", type=Path, default=Path("/tmp/oai-venv"))
+    parser.add_argument("--triton-frontend", action="store_true",
+                        help="run Triton's own frontend program on nursery's tritonserver "
+                        "package instead of `python -m nursery openai`")
     parser.add_argument("files", nargs="*", default=DEFAULT_FILES,
                         help=f"test files of python/openai/tests (default: {DEFAULT_FILES})")
     args = parser.parse_args()
-    prepare(args.triton_server, args.work)
+    prepare(args.triton_server, args.work, stand_in=not args.triton_frontend)
     python = venv(args.venv)
-    env = {**os.environ,
+    path = os.environ.get("PATH", "")
+    if args.triton_frontend:  # the tests start `python3 main.py`: the venv's python3
+        wrapper = args.work / "bin" / "python3"
+        wrapper.parent.mkdir()
+        wrapper.write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
+        wrapper.chmod(0o755)
+        path = os.pathsep.join([str(wrapper.parent), path])
+    env = {**os.environ, "PATH": path,
            "TEST_BACKEND": "vllm", "TEST_MODEL": "mock_llm",
            "TEST_MODEL_REPOSITORY": str(args.work / "tests" / "test_models"),
            "TEST_TOKENIZER": str(args.work / "tokenizer"),
