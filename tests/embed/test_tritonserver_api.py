@@ -290,6 +290,8 @@ def test_custom_metrics_appear_in_the_servers_metrics(server: tritonserver.Serve
     assert 'app_requests_total{route="a"} 3.5' in text
     assert "app_queue_depth 7" in text
     assert 'app_latency_ms_bucket{route="a",le="10"} 1' in text
+    # Options.metrics (on by default): Triton's CPU figures, with no metrics port opened
+    assert "nv_cpu_utilization " in text and "nv_cpu_memory_total_bytes " in text
     with pytest.raises(tritonserver.InvalidArgumentError):
         counter.increment(-1)  # a counter only increases
     with pytest.raises(tritonserver.InvalidArgumentError):
