@@ -63,8 +63,7 @@ class OpenAISettings:
     backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
     tool_call_parser: str = ""  # --tool-call-parser llama3|hermes|mistral: tool calls in chat answers
     max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
-    # --openai-restricted-api <APIs> <header> <value>, each occurrence as given
-    restricted_apis: tuple[tuple[str, str, str], ...] = ()
+    restrictions: Restrictions = Restrictions()  # --openai-restricted-api <APIs> <header> <value>
     # --max-tool-call-parse-bytes: a streamed chat's text the tool-call parser reads, at most
     max_tool_call_parse_bytes: int = 128 * 1024
 
@@ -767,7 +766,7 @@ def _openai_settings(parser: argparse.ArgumentParser,
     if args.max_tool_call_parse_bytes <= 0:
         parser.error("--max-tool-call-parse-bytes must be positive")
     try:  # Triton's frontend refuses these at start-up, in these words
-        restrictions.parse(args.openai_restricted_api)
+        restricted = restrictions.parse(args.openai_restricted_api)
     except restrictions.RestrictionError as exc:
         parser.error(f"--openai-restricted-api: {exc}")
     if args.tokenizer and not os.path.isdir(args.tokenizer):
@@ -784,8 +783,7 @@ def _openai_settings(parser: argparse.ArgumentParser,
         tool_call_parser=args.tool_call_parser,
         max_input_size=args.openai_max_input_size,
         max_tool_call_parse_bytes=args.max_tool_call_parse_bytes,
-        restricted_apis=tuple([(apis, key, value)
-                               for apis, key, value in args.openai_restricted_api]),
+        restrictions=restricted,
     )
 
 

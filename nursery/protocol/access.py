@@ -20,6 +20,7 @@ Pure: no sockets, no trio. The flags are parsed here (``settings.py`` calls
 
 from __future__ import annotations
 
+import hmac
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -63,8 +64,10 @@ class Restrictions:
         key, expected = rule
         wanted = key.lower()
         for name, value in headers:
-            if name == wanted:
-                return None if value == expected else key  # the first one decides
+            if name == wanted:  # the first one decides, compared in constant time
+                same = hmac.compare_digest(value.encode("utf-8", "surrogatepass"),
+                                           expected.encode("utf-8", "surrogatepass"))
+                return None if same else key
         return key
 
 

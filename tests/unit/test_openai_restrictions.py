@@ -1,4 +1,5 @@
-"""``--openai-restricted-api``'s parsing and matching (nursery/protocol/openai/restrictions.py)."""
+"""``--openai-restricted-api``'s parsing and matching (nursery/protocol/openai/restrictions.py;
+the check itself is the KServe ports', ``protocol/access.py``)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,46 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nursery.protocol.openai.restrictions import ENDPOINTS, RestrictionError, parse
+from nursery.protocol.openai.restrictions import (
+    ENDPOINTS,
+    ROUTES,
+    RestrictionError,
+    group_of,
+    message,
+    parse,
+    summary,
+)
 
 
 def test_groups_headers_and_summary() -> None:
     r = parse([("inference,model-repository", "Admin-Key", "v1"), ("metrics", "m", "v2")])
-    assert r.summary() == {"inference": "Admin-Key", "model-repository": "Admin-Key",
-                           "metrics": "m"}
-    assert r.required("POST", "/v1/chat/completions") == ("Admin-Key", "v1")
-    assert r.required("GET", "/v1/models/x") == ("Admin-Key", "v1")
-    assert r.required("HEAD", "/v1/models") == ("Admin-Key", "v1")
-    assert r.required("POST", "/v1/models/x/load") == ("Admin-Key", "v1")
-    assert r.required("GET", "/metrics") == ("m", "v2")
-    assert r.required("GET", "/health/ready") is None
-    assert r.required("GET", "/health", route_group="health") is None  # not restricted
-    assert r.required("GET", "/elsewhere", route_group="inference") == ("Admin-Key", "v1")
+    assert summary(r) == {"inference": "Admin-Key", "model-repository": "Admin-Key",
+                          "metrics": "m"}
+
+    def required(method: str, path: str) -> tuple[str, str] | None:
+        group = group_of(method, path)
+        return None if group is None else r.rule(group)
+
+    assert required("POST", "/v1/chat/completions") == ("Admin-Key", "v1")
+    assert required("GET", "/v1/models/x") == ("Admin-Key", "v1")
+    assert required("HEAD", "/v1/models") == ("Admin-Key", "v1")
+    assert required("POST", "/v1/models/x/load") == ("Admin-Key", "v1")
+    assert required("GET", "/metrics") == ("m", "v2")
+    assert required("GET", "/health/ready") is None
+    assert required("GET", "/health") is None  # nursery's alias: health, not restricted
+    assert required("POST", "/v1/completions/") == ("Admin-Key", "v1")  # by its route
+    assert required("POST", "/v1/chat/completionsX") == ("Admin-Key", "v1")  # Triton's prefix
+    assert required("GET", "/elsewhere") is None
     assert not parse([])
 
 
 def test_values_compare_exactly() -> None:
-    need = ("k", "sécret")
-    r = parse([("health", *need)])
-    assert r.allows(need, "sécret".encode())
-    assert not r.allows(need, b"secret") and not r.allows(need, None)
-    assert r.message(need) == "This API is restricted, expecting header 'k' with valid value"
+    r = parse([("health", "K", "sécret")])
+    assert r.refusal("health", [("k", "sécret")]) is None
+    assert r.refusal("health", [("k", "secret")]) == "K"
+    assert r.refusal("health", [("other", "sécret")]) == "K"
+    assert r.refusal("health", [("k", "secret"), ("k", "sécret")]) == "K"  # the first decides
+    assert message("K") == "This API is restricted, expecting header 'K' with valid value"
 
 
 @pytest.mark.parametrize(("groups", "message"), [
@@ -52,6 +69,8 @@ def test_every_route_of_a_restricted_group_needs_the_header(apis: set[str], tail
     r = parse([(",".join(sorted(apis)), "k", "v")])
     for api in apis:
         for method, prefix in ENDPOINTS[api]:
-            assert r.required(method, prefix + tail) == ("k", "v")
-    for api in set(ENDPOINTS) - apis:
-        assert r.required("GET", "/", route_group=api) is None
+            assert r.refusal(group_of(method, prefix + tail), []) == "k"
+    for route, api in ROUTES.items():  # every route nursery serves: by its own group
+        for method in ("GET", "HEAD", "POST"):
+            expected = "k" if api in apis else None
+            assert r.refusal(group_of(method, route + "/"), []) == expected

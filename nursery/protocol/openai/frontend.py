@@ -60,10 +60,6 @@ _SSE = [(b"content-type", SSE_TYPE), (b"cache-control", b"no-cache")]
 DONE = b"data: [DONE]\n\n"
 OWNED_BY = "Triton Inference Server"
 _EXPLICIT_ONLY = "Model load/unload requires --model-control-mode=explicit"
-# the restricted group of each route nursery serves (beside Triton's prefix rule)
-_ROUTE_GROUPS = {"/v1/chat/completions": "inference", "/v1/completions": "inference",
-                 "/v1/embeddings": "inference", "/v1/models": "model-repository",
-                 "/metrics": "metrics", "/health/ready": "health", "/health": "health"}
 
 
 def _detail(status: int, message: str) -> Response:
@@ -172,10 +168,9 @@ class OpenAIFrontend:
         # loads and unloads one at a time, as Triton's frontend takes them (so of several
         # loads of one model, one answers 200 and the others "already loaded")
         self._managing = trio.Lock()
-        self.restrictions = restrictions.parse(options.restricted_apis)
-        if self.restrictions:
+        if options.restrictions:
             log.info("API restrictions enabled. Restricted API endpoints: %s",
-                     self.restrictions.summary())
+                     restrictions.summary(options.restrictions))
         if options.tool_call_parser:
             log.info("Streaming tool-call parse buffer limit set to %d bytes",
                      options.max_tool_call_parse_bytes)
@@ -218,18 +213,18 @@ class OpenAIFrontend:
 
     def _restricted(self, head: http1.RequestHead) -> Response | None:
         """401 in Triton's words for a request to a restricted group without its header."""
-        if not self.restrictions:
+        rules = self.options.restrictions
+        if not rules:
             return None
-        raw = unquote(head.path.decode("latin-1"))
-        path = raw.rstrip("/")
-        group = _ROUTE_GROUPS.get(path)
-        if group is None and path.startswith("/v1/models/"):
-            group = "model-repository"
-        need = self.restrictions.required(head.method.decode("latin-1"), raw, group)
-        if need is None or self.restrictions.allows(need, head.header(need[0].lower().encode())):
+        group = restrictions.group_of(head.method.decode("latin-1"),
+                                      unquote(head.path.decode("latin-1")))
+        # values as the client's UTF-8: a configured value is compared as the text it is
+        key = rules.refusal(group, [(k.decode("latin-1"), v.decode("utf-8", "surrogateescape"))
+                                    for k, v in head.headers])
+        if key is None:
             return None
         return 401, list(_JSON), dumps({"error": {
-            "message": self.restrictions.message(need), "type": "authentication_error",
+            "message": restrictions.message(key), "type": "authentication_error",
             "code": "invalid_auth"}})
 
     async def _route(self, head: http1.RequestHead, body: bytes) -> Response | Streaming:
