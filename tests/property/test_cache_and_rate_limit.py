@@ -340,6 +340,32 @@ def test_priority_weights_the_turns() -> None:
     assert turns.count("a") == pytest.approx(2 * turns.count("b"), rel=0.05)
 
 
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_priority_turns_keep_tritons_cycle_whoever_asks_first(first: str) -> None:
+    """Two always-busy instances, priorities 1 and 2, one copy of the resource (L0_rate_limiter's
+    cross-model case): after the start, the turns run a, a, b as Triton 2.51 gives them, so
+    when ``a`` is granted its 2k-th turn, ``b`` has had fewer than k (the test stops ``b`` at
+    ``a``'s 72nd answer and needs ``b`` at 35 or fewer then)."""
+    policy = RateLimitPolicy()
+    policy.register("a", 0, (ResourceNeed("R", 1),), 1)
+    policy.register("b", 0, (ResourceNeed("R", 1),), 2)
+    policy.request(first)  # alone at first: granted at once
+    turns = policy.grants()
+    policy.request("b" if first == "a" else "a")
+    for _ in range(120):
+        policy.release(turns[-1])
+        policy.request(turns[-1])
+        granted = policy.grants()
+        assert len(granted) == 1
+        turns.append(granted[0])
+    settled = "".join(turns[turns.index("b", 1):])  # from b's first turn after the start
+    assert "aab" * 10 in settled, "".join(turns)
+    for i, turn in enumerate(turns):
+        a = turns[:i + 1].count("a")
+        if turn == "a" and a >= 4 and a % 2 == 0:
+            assert turns[:i].count("b") < a // 2, "".join(turns)
+
+
 def test_a_running_instance_asking_ahead_keeps_its_weighted_turns() -> None:
     """The worker asks for its next turn while its batch runs (L0_rate_limiter's two models,
     one resource, priorities 1 and 2, each always busy): the release reaches the limiter
