@@ -13,7 +13,8 @@ of that pool asks for), so the model fails to load instead of deadlocking. So do
 that one instance lists as global and another per device.
 
 Who goes next: stride scheduling over the waiting instances. Each instance's *pass* starts at
-its ``priority`` (0 counts as 1; a newcomer's on top of the lowest pass already there) and
+its ``priority`` (0 counts as 1; a newcomer's on top of where the furthest-behind instance
+stands before its next turn) and
 grows by it every time it is granted, and the waiting instance with the lowest pass goes first
 (ties: the lower priority value, then the earlier request), so an instance with priority 2
 gets half the chances of one with priority 1. Starting at the stride, not at 0, is what puts
@@ -139,8 +140,9 @@ class RateLimitPolicy:
                         f'Resource count for "{name}" is limited to {available} which will '
                         f"prevent scheduling of one or more model instances, the minimum "
                         f"required count is {required}")
-        waiting_passes = [i.pass_value for i in self.instances.values()]
-        start = min(waiting_passes, default=0.0)  # newcomers do not jump the queue
+        # newcomers do not jump the queue: they start where the furthest-behind instance is
+        # before its next turn, so instances registered together start together, in any order
+        start = min((i.pass_value - i.priority for i in self.instances.values()), default=0.0)
         stride = max(1, priority)
         self.instances[key] = _Instance(device, needs, stride, start + stride)
 

@@ -340,15 +340,17 @@ def test_priority_weights_the_turns() -> None:
     assert turns.count("a") == pytest.approx(2 * turns.count("b"), rel=0.05)
 
 
+@pytest.mark.parametrize("registered", ["ab", "ba"])
 @pytest.mark.parametrize("first", ["a", "b"])
-def test_priority_turns_keep_tritons_cycle_whoever_asks_first(first: str) -> None:
+def test_priority_turns_keep_tritons_cycle_whoever_asks_first(first: str, registered: str) -> None:
     """Two always-busy instances, priorities 1 and 2, one copy of the resource (L0_rate_limiter's
-    cross-model case): after the start, the turns run a, a, b as Triton 2.51 gives them, so
-    when ``a`` is granted its 2k-th turn, ``b`` has had fewer than k (the test stops ``b`` at
-    ``a``'s 72nd answer and needs ``b`` at 35 or fewer then)."""
+    cross-model case), registered and asking in either order: after the start, the turns run
+    a, a, b as Triton 2.51 gives them, so when ``a`` is granted its 2k-th turn, ``b`` has had
+    fewer than k (the test stops ``b`` at ``a``'s 72nd answer and needs ``b`` at 35 or fewer
+    then)."""
     policy = RateLimitPolicy()
-    policy.register("a", 0, (ResourceNeed("R", 1),), 1)
-    policy.register("b", 0, (ResourceNeed("R", 1),), 2)
+    for key in registered:  # the models load in parallel: either may register first
+        policy.register(key, 0, (ResourceNeed("R", 1),), {"a": 1, "b": 2}[key])
     policy.request(first)  # alone at first: granted at once
     turns = policy.grants()
     policy.request("b" if first == "a" else "a")
