@@ -28,8 +28,8 @@ thread serving requests gets, on a machine whose cores are all busy; at nice 19 
 where nothing else wants the core, so it still catches the next call at once on an idle
 machine. No call waits on it: ONNX Runtime's calling thread runs every part of a parallel
 loop that no pool thread has taken. Measured on the 2-core machine (peer MLP, no batching,
-interleaved rounds): HTTP JSON c=16 1.09x, the other rows unchanged; beside two busy
-processes, c=1 p99 5.8-6.1 ms against 8.1-8.4 and c=16 1.3-1.45x.
+interleaved rounds): HTTP JSON c=16 1.09-1.15x, gRPC c=16 1.23x, the c=1 rows unchanged;
+beside two busy processes, c=1 p99 5.8-6.1 ms against 8.1-8.4 and c=16 1.3-1.45x.
 """
 
 from __future__ import annotations

@@ -14,14 +14,14 @@ that one instance lists as global and another per device.
 
 Who goes next: stride scheduling over the waiting instances. Each instance's *pass* starts at
 its ``priority`` (0 counts as 1; a newcomer's on top of where the furthest-behind instance
-stands before its next turn) and
-grows by it every time it is granted, and the waiting instance with the lowest pass goes first
-(ties: the lower priority value, then the earlier request), so an instance with priority 2
-gets half the chances of one with priority 1. Starting at the stride, not at 0, is what puts
-the turns of two busy instances with priorities 1 and 2 in Triton's cycle (1, 1, 2, and again),
-whichever asked first: the priority-1 instance takes both of its turns before the other's, as
-Triton's limiter gives them (L0_rate_limiter's cross-model case counts on that phase: its
-80 to 44 is 80 to 45 in the other). An instance may ask
+stands before its next turn) and grows by it every time it is granted, and the waiting
+instance with the lowest pass goes first (ties: the lower priority value, then the earlier
+request), so an instance with priority 2 gets half the chances of one with priority 1.
+Starting at the stride, not at 0, puts the turns of two busy instances with priorities 1 and
+2 in Triton's cycle (1, 1, 2, and again) whichever registered or asked first: the priority-1
+instance takes both of its turns before the other's, as Triton's limiter gives them
+(L0_rate_limiter's cross-model case counts on that phase: its 80 to 44 is 80 to 45 in the
+other). An instance may ask
 for its next turn while its batch still runs (its next batch is queued): it is granted only
 after it releases, and then competes with the others by its pass, so a busy instance is not
 passed over because its release reached the limiter before its next request did. An instance

@@ -100,20 +100,27 @@ def _values(seq: int, steps: int) -> list[int]:
 
 
 def _run_sequences(url: str, model: str, ids: list[int | str], steps: int) -> dict:
-    """One thread per sequence, each sending its requests in order; the running sums seen."""
+    """One thread per sequence, each sending its requests in order, the sequences' first
+    requests at once (a barrier: starts of several sequences queue together however fast the
+    server answers; only the first, since a sequence in a model's backlog waits for others to
+    end); the running sums seen."""
     seen: dict = {}
     errors: list[BaseException] = []
+    together = threading.Barrier(len(ids))
 
     def one(n: int, sid: int | str) -> None:
         client = httpclient.InferenceServerClient(url)
         try:
             out = []
             for k, v in enumerate(_values(n, steps)):
+                if k == 0:
+                    together.wait(timeout=30)
                 r = client.infer(model, [_http_input(v)], sequence_id=sid,
                                  sequence_start=k == 0, sequence_end=k == steps - 1)
                 out.append(int(r.as_numpy("OUTPUT")[0, 0]))
             seen[sid] = out
         except BaseException as exc:  # reported below
+            together.abort()  # the others stop waiting for this one
             errors.append(exc)
         finally:
             client.close()
