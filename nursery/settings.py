@@ -47,6 +47,10 @@ DEFAULT_METRICS_MAX_CONNECTIONS = 64
 # Triton's gRPC server takes messages up to INT32_MAX bytes (its MAX_GRPC_MESSAGE_SIZE; its
 # qa/L0_large_payload sends 1.9 GB tensors); bytes are buffered only as they arrive
 DEFAULT_GRPC_MAX_INPUT_SIZE = 2**31 - 1
+# --max-tool-call-parse-bytes (Triton's OpenAI frontend's default, 128 KiB)
+DEFAULT_TOOL_CALL_PARSE_BYTES = 128 * 1024
+# --openai-max-input-size (Triton's OpenAI frontend's --http-max-input-size: 64 MiB)
+DEFAULT_OPENAI_MAX_INPUT_SIZE = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,10 @@ class OpenAISettings:
     chat_template: str = ""  # --chat-template: a Jinja file that replaces the tokenizer's
     backend: str = ""  # --backend vllm|tensorrtllm: the request format for every model
     tool_call_parser: str = ""  # --tool-call-parser llama3|hermes|mistral: tool calls in chat answers
-    max_input_size: int = 1 << 26  # --openai-max-input-size (Triton's frontend: 64 MiB)
+    max_input_size: int = DEFAULT_OPENAI_MAX_INPUT_SIZE  # --openai-max-input-size
     restrictions: Restrictions = Restrictions()  # --openai-restricted-api <APIs> <header> <value>
     # --max-tool-call-parse-bytes: a streamed chat's text the tool-call parser reads, at most
-    max_tool_call_parse_bytes: int = 128 * 1024
+    max_tool_call_parse_bytes: int = DEFAULT_TOOL_CALL_PARSE_BYTES
 
 
 @dataclass(frozen=True)
@@ -731,12 +735,14 @@ def _openai_flags(parser: argparse.ArgumentParser) -> None:
                        "text: 'llama3' (JSON calls), 'hermes' (<tool_call> blocks) or "
                        "'mistral' ([TOOL_CALLS] and a JSON list). Needed for requests with "
                        "tools and an \"auto\" tool_choice.")
-    group.add_argument("--max-tool-call-parse-bytes", type=int, default=128 * 1024,
+    group.add_argument("--max-tool-call-parse-bytes", type=int,
+                       default=DEFAULT_TOOL_CALL_PARSE_BYTES,
                        metavar="<int>",
                        help="The most output (characters of text) the streaming tool-call "
                        "parser reads per request; past it the stream ends with finish_reason "
                        "'length' and the model's inference is cancelled. Default is 131072.")
-    group.add_argument("--openai-max-input-size", type=int, default=1 << 26, metavar="<int>",
+    group.add_argument("--openai-max-input-size", type=int,
+                       default=DEFAULT_OPENAI_MAX_INPUT_SIZE, metavar="<int>",
                        help="The largest OpenAI request body in bytes. Default is 67108864 "
                        "(64 MiB, Triton's frontend's --http-max-input-size).")
     group.add_argument("--openai-restricted-api", nargs=3, action="append", default=[],

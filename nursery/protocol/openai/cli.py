@@ -24,7 +24,12 @@ import sys
 from collections.abc import Callable
 
 from nursery.protocol.openai import restrictions
-from nursery.settings import Settings, settings_from_args
+from nursery.settings import (
+    DEFAULT_OPENAI_MAX_INPUT_SIZE,
+    DEFAULT_TOOL_CALL_PARSE_BYTES,
+    Settings,
+    settings_from_args,
+)
 
 PROG = "python -m nursery openai"
 
@@ -52,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     triton.add_argument("--tool-call-parser", default=None,
                         help="The parser for tool calls in responses: llama3, hermes or "
                         "mistral")
-    triton.add_argument("--max-tool-call-parse-bytes", type=int, default=128 * 1024,
+    triton.add_argument("--max-tool-call-parse-bytes", type=int,
+                        default=DEFAULT_TOOL_CALL_PARSE_BYTES,
                         help="Most output the streaming tool-call parser reads per request; "
                         "past it the stream ends with finish_reason 'length' and the "
                         "inference is cancelled. Default: 131072.")
@@ -75,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar=("APIs", "Restricted Key", "Restricted Value"),
                         help="Restrict access to groups of the OpenAI routes: '<API_1>,"
                         "<API_2>,... <restricted-key> <restricted-value>'")
-    openai.add_argument("--http-max-input-size", type=int, default=1 << 26,
+    openai.add_argument("--http-max-input-size", type=int,
+                        default=DEFAULT_OPENAI_MAX_INPUT_SIZE,
                         help="Largest OpenAI request body in bytes (default: 67108864)")
     kserve = parser.add_argument_group("Triton KServe Frontend")
     kserve.add_argument("--enable-kserve-frontends", action="store_true",
